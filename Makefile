@@ -1,0 +1,21 @@
+# The two set-up commands of the README. Each installs what it needs, idempotently.
+SHELL := /bin/bash
+VENV := .venv
+PYTEST_ARGS ?=
+
+.PHONY: demo test bench setup clean
+
+demo:
+	@bash scripts/setup.sh
+	@bash scripts/demo.sh
+
+test:
+	@bash scripts/setup.sh --test
+	@$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+bench:
+	@bash scripts/setup.sh --test
+	@for b in tests/bench/bench_*.py; do echo "== $$b"; $(VENV)/bin/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .synapse-venv build *.egg-info .pytest_cache demo-captures

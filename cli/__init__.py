@@ -1,0 +1,86 @@
+"""dcptool.cli: the click commands. Subcommands are imported only when invoked, so that
+`dcptool --help` stays fast (no pyarrow, numpy or pyspark on that path)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from dcptool import __version__
+
+# name -> (module:attribute, one-line help shown by `dcptool --help` without importing it)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "stream": ("dcptool.cli.stream:stream", "Print a live change stream, decoded."),
+    "capture": ("dcptool.cli.capture:capture", "Record every frame or line into Parquet captures."),
+    "replay": ("dcptool.cli.replay:replay", "Process captures deterministically (in-process or Spark)."),
+    "inspect": ("dcptool.cli.inspect:inspect_cmd", "Summarise captures."),
+    "decode": ("dcptool.cli.decode:decode", "Decode a raw byte stream of DCP frames."),
+    "serve": ("dcptool.cli.serve:serve", "Run a built-in DCP producer or Synapse replication server."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name):
+        entry = COMMANDS.get(name)
+        if entry is None:
+            return None
+        module, _, attr = entry[0].partition(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except ImportError as exc:  # a command whose module is missing must not break --help
+            return _broken(name, exc)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            raise
+        except BaseException as exc:  # noqa: BLE001 - mapped to exit codes in one place
+            if isinstance(exc, SystemExit):
+                raise
+            from dcptool.cli.errors import handle
+            handle(ctx, exc)
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, help_) for name, (_, help_) in COMMANDS.items()]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+def _broken(name, exc):
+    @click.command(name, help=f"(unavailable: {exc})")
+    def cmd():
+        raise click.ClickException(f"{name} is unavailable: {exc}")
+    return cmd
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="dcptool")
+@click.option("-v", "--verbose", is_flag=True, help="Tracebacks and protocol-level logging on stderr.")
+@click.pass_context
+def cli(ctx, verbose):
+    """Capture, stream and replay Couchbase DCP and Synapse replication streams.
+
+    Sources: couchbase://HOST[:PORT]/BUCKET, couchbases://..., synapse://HOST:PORT,
+    synapse+redis://HOST[:PORT][/DB]?server_name=NAME. Exit codes: 0 done, 1 runtime
+    failure, 2 usage, 3 could not connect, 4 auth refused, 5 protocol error, 130 interrupted.
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["verbose"] = verbose
+    if verbose:
+        import logging
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr,
+                            format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def main(argv=None):
+    return cli.main(args=argv, prog_name="dcptool")
+
+
+if __name__ == "__main__":  # python -m dcptool.cli
+    main()

@@ -1,0 +1,81 @@
+"""The only place that turns errors into exit codes (CLI.md)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from dcptool.protocol.errors import (AuthRefused, ConnectFailed, ConnectionLost, ErrorCode,
+                                     ProtocolError)
+
+EXIT_OK = 0
+EXIT_RUNTIME = 1
+EXIT_USAGE = 2
+EXIT_CONNECT = 3
+EXIT_AUTH = 4
+EXIT_PROTOCOL = 5
+EXIT_INTERRUPTED = 130
+
+AUTH_STATUSES = {0x1F, 0x20, 0x24}  # auth stale, auth error, access denied
+
+
+class Interrupted(Exception):
+    """Raised by a command after it closed everything cleanly on Ctrl-C."""
+
+
+def exit_code_for(exc: BaseException) -> int:
+    if isinstance(exc, (KeyboardInterrupt, Interrupted)):
+        return EXIT_INTERRUPTED
+    if isinstance(exc, ConnectFailed):
+        return EXIT_CONNECT
+    if isinstance(exc, AuthRefused):
+        return EXIT_AUTH
+    if isinstance(exc, ProtocolError):
+        if exc.code == ErrorCode.AUTH_FAILED or exc.status in AUTH_STATUSES:
+            return EXIT_AUTH
+        return EXIT_PROTOCOL
+    if isinstance(exc, ConnectionLost):
+        return EXIT_RUNTIME
+    return EXIT_RUNTIME
+
+
+def describe(exc: BaseException) -> str:
+    if isinstance(exc, ProtocolError):
+        extra = f" (status 0x{exc.status:02x})" if exc.status is not None else ""
+        return f"{exc.message}{extra}"
+    text = str(exc) or type(exc).__name__
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def error_line(message: str) -> None:
+    """One clear line on stderr."""
+    from dcptool.cli.console import err_console
+    err_console().print(f"[bold red]dcptool:[/] {message}", highlight=False, soft_wrap=True)
+
+
+def handle(ctx: click.Context, exc: BaseException):
+    """Turn an exception escaping a command into one stderr line and an exit code."""
+    if isinstance(exc, (click.exceptions.Exit, click.ClickException, click.exceptions.Abort)):
+        raise exc
+    if isinstance(exc, BrokenPipeError):
+        # the reader of our stdout went away (`| head`): not an error
+        _silence_stdout()
+        ctx.exit(EXIT_OK)
+    if isinstance(exc, (KeyboardInterrupt, Interrupted)):
+        error_line("interrupted")
+        ctx.exit(EXIT_INTERRUPTED)
+    if (ctx.obj or {}).get("verbose"):
+        import traceback
+        traceback.print_exception(exc)
+    error_line(describe(exc))
+    ctx.exit(exit_code_for(exc))
+
+
+def _silence_stdout():
+    import os
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass

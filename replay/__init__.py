@@ -1,0 +1,1 @@
+"""dcptool.replay: captures at rest and everything that reads or writes them."""
