@@ -1,0 +1,120 @@
+"""Options shared by `stream` and `capture`, and the dispatch to the protocol runners
+(cli/dcp_live.py, cli/synapse_live.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+
+import click
+
+from dcptool.cli.sources import (Source, parse_duration, parse_size, parse_source,
+                                 parse_vbuckets, read_password, user_from)
+
+
+@dataclasses.dataclass
+class LiveOptions:
+    source: Source
+    user: str | None
+    password: str | None = dataclasses.field(repr=False, default=None)
+    # DCP
+    vbuckets: list[int] | None = None
+    from_: str = "0"
+    to: str = "now"
+    name: str | None = None
+    no_value: bool = False
+    xattrs: bool = False
+    collections: bool = False
+    buffer_size: int = 20 * 1024 * 1024
+    noop_interval: float = 30.0
+    ca_cert: str | None = None
+    insecure: bool = False
+    sasl_plain: bool = False
+    # Synapse
+    streams: list[str] | None = None
+    replicate: bool = True
+    # bounds and output
+    max_messages: int | None = None
+    duration: float | None = None
+    values: bool = False
+    raw: bool = False
+    fmt: str | None = None
+    verbose: bool = False
+
+    def safe_dict(self) -> dict:
+        """Options as recorded in captures: no password, ever."""
+        d = dataclasses.asdict(self)
+        d.pop("password", None)
+        d["source"] = self.source.url
+        return d
+
+
+def connection_options(fn):
+    opts = [
+        click.argument("source"),
+        click.option("--user", help="User name (or DCPTOOL_USER). The password comes from "
+                     "DCPTOOL_PASSWORD, --password-file, or a prompt on a TTY."),
+        click.option("--password-file", type=click.Path(dir_okay=False),
+                     help="File holding the password (first line)."),
+        click.option("--ca-cert", type=click.Path(exists=True, dir_okay=False),
+                     help="CA certificate for couchbases:// and rediss."),
+        click.option("--insecure", is_flag=True, help="TLS without certificate verification."),
+        click.option("--sasl-plain", is_flag=True,
+                     help="Allow SASL PLAIN over plain TCP (always allowed over TLS)."),
+        click.option("--vbuckets", default=None, help="DCP: vbuckets, e.g. 0-15,32 (default: all)."),
+        click.option("--from", "from_", default="0", show_default=True,
+                     help="DCP: start at 0, now, or a seqno."),
+        click.option("--to", default="now", show_default=True,
+                     help="DCP: stop at now (high seqno at stream start), forever, or a seqno."),
+        click.option("--name", default=None, help="Connection name (DCP default dcptool-<host>-<pid>)."),
+        click.option("--no-value", is_flag=True, help="DCP: ask the producer to leave values out."),
+        click.option("--xattrs", is_flag=True, help="DCP: include extended attributes."),
+        click.option("--collections", is_flag=True, help="DCP: negotiate collections."),
+        click.option("--buffer-size", default="20MiB", show_default=True,
+                     help="DCP: flow-control buffer (0 turns flow control off)."),
+        click.option("--noop-interval", default="30s", show_default=True,
+                     help="DCP: noop interval; the connection is dead after twice this silent."),
+        click.option("--streams", default=None, help="Synapse: only these streams, e.g. events,caches."),
+        click.option("--replicate/--no-replicate", default=True, show_default=True,
+                     help="Synapse: send REPLICATE to obtain POSITIONs."),
+        click.option("--max-messages", type=click.IntRange(min=1), default=None,
+                     help="Stop after N messages received."),
+        click.option("--duration", default=None, help="Stop after this long, e.g. 30s."),
+    ]
+    for o in reversed(opts):
+        fn = o(fn)
+    return fn
+
+
+def build_options(ctx: click.Context, kw: dict) -> LiveOptions:
+    source = parse_source(kw.pop("source"))
+    user = user_from(kw.pop("user"), source.url)
+    password_file = kw.pop("password_file")
+    password = read_password(password_file, needed=user is not None)
+    vb = kw.pop("vbuckets")
+    buffer_size = parse_size(kw.pop("buffer_size"), "--buffer-size")
+    noop = parse_duration(kw.pop("noop_interval"), "--noop-interval")
+    duration = kw.pop("duration")
+    streams = kw.pop("streams")
+    name = kw.pop("name")
+    if source.protocol == "dcp" and not name:
+        name = f"dcptool-{source.host}-{os.getpid()}"
+    for opt, val in (("--from", kw["from_"]), ("--to", kw["to"])):
+        allowed = ("0", "now") if opt == "--from" else ("now", "forever")
+        if val not in allowed and not val.isdigit():
+            raise click.BadParameter(f"{val!r}: use {' or '.join(allowed)} or a seqno", param_hint=opt)
+    return LiveOptions(
+        source=source, user=user, password=password,
+        vbuckets=parse_vbuckets(vb) if vb else None,
+        buffer_size=buffer_size, noop_interval=noop,
+        duration=parse_duration(duration, "--duration") if duration else None,
+        streams=[s for s in streams.split(",") if s] if streams else None,
+        name=name, verbose=bool((ctx.find_root().obj or {}).get("verbose")),
+        **kw,
+    )
+
+
+def runner(protocol: str, what: str):
+    module = importlib.import_module(f"dcptool.cli.{protocol}_live")
+    return getattr(module, what)

@@ -1,0 +1,162 @@
+"""Source URLs (CLI.md) and credentials. Passwords never come from argv or URLs."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import urllib.parse
+
+import click
+
+DEFAULT_PORTS = {"couchbase": 11210, "couchbases": 11207, "synapse": None, "synapse+redis": 6379}
+PROTOCOL_OF = {"couchbase": "dcp", "couchbases": "dcp", "synapse": "synapse",
+               "synapse+redis": "synapse", "synapse+rediss": "synapse"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    scheme: str               # couchbase, couchbases, synapse, synapse+redis, synapse+rediss
+    host: str
+    port: int
+    bucket: str | None = None       # couchbase
+    db: int = 0                     # synapse+redis
+    server_name: str | None = None  # synapse+redis (required), synapse (optional: expected SERVER)
+    tls: bool = False
+    url: str = ""                   # safe to print and record: never holds a password
+
+    @property
+    def protocol(self) -> str:
+        return PROTOCOL_OF[self.scheme]
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def parse_source(url: str) -> Source:
+    """Parse a SOURCE argument; raise click.BadParameter with one clear line."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError as exc:
+        raise click.BadParameter(f"not a URL: {exc}", param_hint="SOURCE") from None
+    scheme = parts.scheme.lower()
+    if scheme not in PROTOCOL_OF:
+        raise click.BadParameter(
+            f"unknown scheme {scheme or '(none)'!r} in {url!r}; use couchbase://, couchbases://, "
+            "synapse:// or synapse+redis://", param_hint="SOURCE")
+    if parts.password is not None:
+        raise click.BadParameter(
+            "a password in the URL is refused: use DCPTOOL_PASSWORD, --password-file or the prompt",
+            param_hint="SOURCE")
+    host = parts.hostname
+    if not host:
+        raise click.BadParameter(f"no host in {url!r}", param_hint="SOURCE")
+    try:
+        port = parts.port
+    except ValueError:
+        raise click.BadParameter(f"bad port in {url!r}", param_hint="SOURCE") from None
+    if port is None:
+        port = DEFAULT_PORTS.get(scheme.replace("rediss", "redis"))
+        if port is None:
+            raise click.BadParameter(f"{scheme}:// needs a port: {scheme}://HOST:PORT",
+                                     param_hint="SOURCE")
+    query = urllib.parse.parse_qs(parts.query)
+    path = parts.path.strip("/")
+    user_part = f"{parts.username}@" if parts.username else ""
+    safe = urllib.parse.urlunsplit((scheme, f"{user_part}{_host_for_url(host)}:{port}",
+                                    parts.path, parts.query, ""))
+    if scheme in ("couchbase", "couchbases"):
+        if not path or "/" in path:
+            raise click.BadParameter(f"{scheme}:// needs exactly one bucket: {scheme}://HOST[:PORT]/BUCKET",
+                                     param_hint="SOURCE")
+        return Source(scheme, host, port, bucket=urllib.parse.unquote(path),
+                      tls=scheme == "couchbases", url=safe)
+    server_name = (query.get("server_name") or [None])[0]
+    if scheme == "synapse":
+        return Source(scheme, host, port, server_name=server_name, url=safe)
+    db = 0
+    if path:
+        if not path.isdigit():
+            raise click.BadParameter(f"the Redis database must be a number, not {path!r}",
+                                     param_hint="SOURCE")
+        db = int(path)
+    if not server_name:
+        raise click.BadParameter("synapse+redis:// needs ?server_name=NAME (the Synapse server name)",
+                                 param_hint="SOURCE")
+    return Source(scheme, host, port, db=db, server_name=server_name,
+                  tls=scheme.endswith("rediss"), url=safe)
+
+
+def _host_for_url(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def user_from(option_user: str | None, source_url: str) -> str | None:
+    if option_user:
+        return option_user
+    env = os.environ.get("DCPTOOL_USER")
+    if env:
+        return env
+    name = urllib.parse.urlsplit(source_url).username
+    return urllib.parse.unquote(name) if name else None
+
+
+def read_password(password_file: str | None, *, needed: bool) -> str | None:
+    """DCPTOOL_PASSWORD, then --password-file, then a prompt when stdin is a TTY."""
+    env = os.environ.get("DCPTOOL_PASSWORD")
+    if env is not None:
+        return env
+    if password_file:
+        try:
+            with open(password_file, encoding="utf-8") as fh:
+                return fh.read().rstrip("\r\n")
+        except OSError as exc:
+            raise click.BadParameter(f"cannot read {password_file}: {exc.strerror}",
+                                     param_hint="--password-file") from None
+    if needed and sys.stdin is not None and sys.stdin.isatty():
+        return click.prompt("Password", hide_input=True, err=True)
+    return None
+
+
+def parse_vbuckets(text: str, limit: int = 1024) -> list[int]:
+    """'0-15,32' -> [0..15, 32]; raises click.BadParameter."""
+    out: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+            else:
+                lo = hi = int(part)
+        except ValueError:
+            raise click.BadParameter(f"not a vbucket range: {part!r}", param_hint="--vbuckets") from None
+        if lo < 0 or hi >= limit or lo > hi:
+            raise click.BadParameter(f"vbucket range {part!r} outside 0-{limit - 1}",
+                                     param_hint="--vbuckets")
+        out.update(range(lo, hi + 1))
+    if not out:
+        raise click.BadParameter("no vbuckets selected", param_hint="--vbuckets")
+    return sorted(out)
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
+          "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3}
+
+
+def parse_size(text: str, hint: str) -> int:
+    import re
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise click.BadParameter(f"not a size: {text!r} (e.g. 256MiB)", param_hint=hint)
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def parse_duration(text: str, hint: str) -> float:
+    import re
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", text)
+    if not m:
+        raise click.BadParameter(f"not a duration: {text!r} (e.g. 30s, 5m)", param_hint=hint)
+    return float(m.group(1)) * {"ms": 0.001, "s": 1, None: 1, "m": 60, "h": 3600}[m.group(2)]
