@@ -14,8 +14,8 @@ What it keeps, per (stream, instance):
 Keep-alive (TCP only): send PING when nothing was sent for ``ping_interval``; once a PING was
 received, a connection silent for ``timeout`` is dead (RemoteError DEAD_CONNECTION).
 
-The per-line loop for RDATA is kept to a bytes split and a dict update because it runs for
-every line of a capture.
+The per-line work for RDATA is one dict update (the split is shared with the capture, see
+bulk.py) because it runs for every line of a capture.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import dataclasses
 
 from dcptool.protocol.errors import ErrorCode, RemoteError
 from dcptool.protocol.synapse import commands as C
+from dcptool.protocol.synapse.bulk import SplitLines, split_lines
 
 PING_INTERVAL = 5.0
 PING_TIMEOUT = 25.0
@@ -132,34 +133,35 @@ class SynapseClient:
         return []
 
     # -- receiving --------------------------------------------------------------------------
-    def receive(self, lines: list[bytes], now: float) -> list:
-        """Feed received lines (without newline). Returns events (Gap, ServerError,
-        ServerName). A condition we cannot continue from is left in ``self.error`` after
-        all lines were processed, so the caller can record them first."""
+    def receive(self, lines: list[bytes], now: float, split: SplitLines | None = None) -> list:
+        """Feed received lines (without newline); ``split`` is ``split_lines(lines)`` when
+        the caller already has it. Returns events (Gap, ServerError, ServerName). A
+        condition we cannot continue from is left in ``self.error`` after all lines were
+        processed, so the caller can record them first."""
         if not lines:
             return []
         self._last_recv = now
+        if split is None:
+            split = split_lines(lines)
         events: list = []
         committed = self._committed
         pending = self._pending
-        for line in lines:
-            if line[:6] == b"RDATA ":
-                parts = line.split(b" ", 4)
-                if len(parts) != 5:
-                    continue
-                key = (parts[1], parts[2])
-                tok = parts[3]
-                if tok == b"batch":
+        slow = split.slow
+        parts = split.parts
+        start = 0
+        for stop in slow + [len(lines)]:
+            # a run of plain RDATA lines, then one other line
+            for p, tok in zip(parts[start:stop], split.tokens[start:stop]):
+                key = (p[1], p[2])
+                if tok is None:
                     pending[key] = pending.get(key, 0) + 1
-                    continue
-                try:
-                    committed[key] = int(tok)
-                except ValueError:
-                    continue
-                if pending:
-                    pending.pop(key, None)
-            elif line:
-                self._other(line, events)
+                else:
+                    committed[key] = tok
+                    if pending:
+                        pending.pop(key, None)
+            if stop < len(lines) and lines[stop]:
+                self._other(lines[stop], events)
+            start = stop + 1
         return events
 
     def _other(self, line: bytes, events: list) -> None:
