@@ -1,0 +1,72 @@
+"""`dcptool decode [FILE|-]`: decode a raw byte stream of DCP frames without a network."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from dcptool.cli.output import FORMATS, Sink, default_format
+
+CHUNK = 4 * 1024 * 1024
+
+
+@click.command()
+@click.argument("file", default="-", type=click.File("rb"))
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
+              help="jsonl in a pipe (default), table on a TTY.")
+@click.option("--collections", is_flag=True, help="Keys carry a LEB128 collection-id prefix.")
+@click.option("--raw", is_flag=True, help="Add each whole frame (base64 in JSON).")
+@click.option("--values", is_flag=True, help="Add each value (base64 in JSON).")
+@click.option("--max-body", type=click.IntRange(min=0), default=None,
+              help="Refuse frames whose body length is above this (default 20 MiB).")
+def decode(file, fmt, collections, raw, values, max_body):
+    """Decode concatenated DCP frames (as they crossed the wire) from FILE or stdin.
+
+    One JSON object per frame with the column names of the capture format. A response's
+    vbucket comes from the earlier request with the same opaque. A truncated last frame or a
+    hostile length is reported (exit 5) after every whole frame before it was printed.
+
+    \b
+    Example:
+      dcptool decode frames.bin | jq -c '{op, vbucket, by_seqno}'
+    """
+    from dcptool.protocol.dcp import columnar
+    from dcptool.protocol.dcp.constants import DEFAULT_MAX_BODY
+    from dcptool.protocol.dcp.frames import header_lengths
+    from dcptool.protocol.errors import ErrorCode, RemoteError
+
+    cap = DEFAULT_MAX_BODY if max_body is None else max_body
+    sink = Sink(default_format(fmt))
+    opaque_vb: dict[int, int] = {}
+    buf = b""
+    base = 0  # stream offset of buf[0]
+    try:
+        while True:
+            chunk = file.read(CHUNK)
+            buf = buf + chunk if buf else chunk
+            offsets, lengths, consumed, err = columnar.scan(buf, cap)
+            batch = columnar.decode_batch(buf, offsets, lengths, collections=collections,
+                                          opaque_vbuckets=opaque_vb)
+            rows = columnar.to_rows(batch, raw=raw)
+            if values:
+                for row, off, ln in zip(rows, offsets.tolist(), lengths.tolist()):
+                    if "value_len" in row and row.get("op") not in ("sasl_auth", "sasl_step"):
+                        row["value"] = buf[off + ln - row["value_len"]:off + ln]
+            sink.write_many(rows)
+            if err is not None:
+                err.args = (err.message.replace(f"at byte {consumed}", f"at byte {base + consumed}"),)
+                raise err
+            buf = buf[consumed:]
+            base += consumed
+            if not chunk:
+                break
+        if buf:
+            need = ""
+            if len(buf) >= 24:
+                need = f" of {24 + header_lengths(buf[:24])[3]}"
+            raise RemoteError(ErrorCode.TRUNCATED,
+                              f"truncated frame at byte {base}: input ends after {len(buf)}{need} bytes")
+    finally:
+        sink.close()
+    sys.stdout.flush()

@@ -1,0 +1,342 @@
+"""Columnar decoding of a batch of DCP frames for captures: frame boundaries in one tight
+loop, then every fixed-offset header and extras field gathered with numpy for the whole
+batch. The common data frames (mutation, deletion, expiration, snapshot marker V1, seqno
+advanced, system event, stream end, noop) never become Python objects; every other frame
+takes the message decoder (messages.decode + to_row), so both paths give the same columns.
+
+Output: a dict of column name -> numpy values with a validity mask, plus slices
+(start, length) into the buffer for the binary columns, ready for zero-copy Arrow arrays.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from dcptool.protocol.dcp import messages
+from dcptool.protocol.dcp.constants import ALL_MAGICS, DEFAULT_MAX_BODY, HEADER_LEN
+from dcptool.protocol.dcp.frames import parse_frame
+from dcptool.protocol.errors import ErrorCode, RemoteError
+
+_BODYLEN = struct.Struct(">I").unpack_from
+_MAGIC_OK = bytes(1 if i in ALL_MAGICS else 0 for i in range(256))
+
+# numeric capture columns produced here, with their numpy dtypes
+NUMERIC = {
+    "magic": np.uint8, "opcode": np.uint8, "status": np.uint16, "vbucket": np.uint16,
+    "opaque": np.uint32, "cas": np.uint64, "datatype": np.uint8, "stream_id": np.uint16,
+    "collection_id": np.uint32, "value_len": np.uint32, "by_seqno": np.int64,
+    "rev_seqno": np.int64, "item_flags": np.uint32, "expiration": np.uint32,
+    "lock_time": np.uint32, "delete_time": np.uint32, "snap_start": np.int64,
+    "snap_end": np.int64, "snap_flags": np.uint32, "max_visible_seqno": np.int64,
+    "high_completed_seqno": np.int64, "purge_seqno": np.int64, "high_prepared_seqno": np.int64,
+    "stream_end_reason": np.uint32, "rollback_seqno": np.int64, "req_flags": np.uint32,
+    "req_start_seqno": np.int64, "req_end_seqno": np.uint64, "req_vbucket_uuid": np.uint64,
+    "req_snap_start": np.int64, "req_snap_end": np.int64, "system_event_id": np.uint32,
+}
+OBJECT = ("snap_version", "decode_error", "failover_log")
+
+
+def scan(buf, max_body: int = DEFAULT_MAX_BODY, start: int = 0):
+    """Boundaries of the whole frames in buf[start:]: (offsets, lengths, consumed, error).
+
+    A short tail is not consumed; a bad magic, a length above max_body or inconsistent
+    lengths stop the scan with a RemoteError and every frame before it returned."""
+    offs = []
+    append = offs.append
+    pos, n = start, len(buf)
+    err = None
+    magic_ok = _MAGIC_OK
+    while pos + HEADER_LEN <= n:
+        if not magic_ok[buf[pos]]:
+            err = RemoteError(ErrorCode.BAD_MAGIC, f"bad magic 0x{buf[pos]:02x} at byte {pos}")
+            break
+        bl = _BODYLEN(buf, pos + 8)[0]
+        if bl > max_body:
+            err = RemoteError(ErrorCode.BODY_TOO_LARGE,
+                              f"body length {bl} above the cap of {max_body} bytes at byte {pos}")
+            break
+        end = pos + HEADER_LEN + bl
+        if end > n:
+            break
+        append(pos)
+        pos = end
+    offsets = np.array(offs, dtype=np.int64)
+    if len(offsets):
+        lengths = np.diff(np.append(offsets, pos))
+        bad = _bad_lengths(buf, offsets, lengths)
+        if bad is not None:
+            p = int(offsets[bad])
+            err = RemoteError(ErrorCode.BAD_LENGTHS, f"extras, key and framing extras exceed the body at byte {p}")
+            offsets, lengths, pos = offsets[:bad], lengths[:bad], p
+    else:
+        lengths = np.zeros(0, dtype=np.int64)
+    return offsets, lengths, pos - start, err
+
+
+def _u8(buf):
+    return np.frombuffer(buf, dtype=np.uint8)
+
+
+def _be(u8, pos, width):
+    """Big-endian unsigned ints of `width` bytes at byte positions pos."""
+    if len(pos) == 0:
+        return np.zeros(0, dtype={1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[width])
+    if width == 1:
+        return u8[pos]
+    idx = pos[:, None] + np.arange(width)
+    return np.ascontiguousarray(u8[idx]).view(f">u{width}").ravel().astype(f"u{width}")
+
+
+def _header(u8, offsets):
+    magic = u8[offsets]
+    flex = (magic == 0x08) | (magic == 0x18)
+    b2 = u8[offsets + 2].astype(np.int64)
+    b3 = u8[offsets + 3].astype(np.int64)
+    fe = np.where(flex, b2, 0)
+    kl = np.where(flex, b3, (b2 << 8) | b3)
+    el = u8[offsets + 4].astype(np.int64)
+    bl = _be(u8, offsets + 8, 4).astype(np.int64)
+    return magic, flex, fe, kl, el, bl
+
+
+def _bad_lengths(buf, offsets, lengths):
+    u8 = _u8(buf)
+    _, _, fe, kl, el, bl = _header(u8, offsets)
+    bad = np.nonzero(fe + el + kl > bl)[0]
+    return int(bad[0]) if len(bad) else None
+
+
+class Batch:
+    """Columns of one batch. `numeric[name] = (values, valid)`; `key` and `raw` are
+    (starts, lengths, valid) slices into `buf`; `objects[name]` a list or None."""
+
+    __slots__ = ("buf", "n", "numeric", "key", "raw", "objects")
+
+    def __init__(self, buf, n):
+        self.buf = buf
+        self.n = n
+        self.numeric: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.objects: dict[str, list | None] = {name: None for name in OBJECT}
+        self.key = None
+        self.raw = None
+
+    def set(self, name, idx, values):
+        col = self.numeric.get(name)
+        if col is None:
+            col = (np.zeros(self.n, dtype=NUMERIC[name]), np.zeros(self.n, dtype=bool))
+            self.numeric[name] = col
+        col[0][idx] = values
+        col[1][idx] = True
+
+    def set_object(self, name, i, value):
+        col = self.objects[name]
+        if col is None:
+            col = self.objects[name] = [None] * self.n
+        col[i] = value
+
+
+# opcode -> (expected extras length) for the vectorised path
+_FAST = {0x57: 31, 0x58: (18, 21), 0x59: 20, 0x56: 20, 0x64: 8, 0x5F: 13, 0x55: 4, 0x5C: 0}
+_ITEM_OPS = (0x57, 0x58, 0x59)
+_REQUEST_MAGICS = np.array([0x80, 0x82, 0x08], dtype=np.uint8)
+
+
+def decode_batch(buf, offsets: np.ndarray, lengths: np.ndarray, *, collections: bool = False,
+                 opaque_vbuckets: dict | None = None) -> Batch:
+    """Decode the whole frames at offsets/lengths in buf into columns.
+
+    opaque_vbuckets maps a request's opaque to its vbucket; it is updated from the requests
+    in this batch (in order) and gives responses their `vbucket`."""
+    u8 = _u8(buf)
+    n = len(offsets)
+    b = Batch(buf, n)
+    b.raw = (offsets, lengths)
+    if n == 0:
+        b.key = (offsets, lengths, np.zeros(0, dtype=bool))
+        return b
+    magic, flex, fe, kl, el, bl = _header(u8, offsets)
+    opcode = u8[offsets + 1]
+    is_req = np.isin(magic, _REQUEST_MAGICS)
+    every = np.arange(n)
+    b.set("magic", every, magic)
+    b.set("opcode", every, opcode)
+    b.set("datatype", every, u8[offsets + 5])
+    vs = _be(u8, offsets + 6, 2)
+    b.set("opaque", every, _be(u8, offsets + 12, 4))
+    b.set("cas", every, _be(u8, offsets + 16, 8))
+    ex = offsets + HEADER_LEN + fe
+    key_start = ex + el
+    key_len = kl.copy()
+    value_len = bl - fe - el - kl
+
+    # which frames the vectorised path can take
+    fast = np.zeros(n, dtype=bool)
+    for op, size in _FAST.items():
+        m = opcode == op
+        m &= np.isin(el, size) if isinstance(size, tuple) else (el == size)
+        fast |= m
+    fast &= is_req
+    # a flexible frame is fast only with exactly the 3-byte stream-id element
+    if flex.any():
+        fx = np.nonzero(flex & fast)[0]
+        ok = (fe[fx] == 3) & (u8[offsets[fx] + HEADER_LEN] == 0x22)
+        fast[fx[~ok]] = False
+        sid = fx[ok]
+        b.set("stream_id", sid, _be(u8, offsets[sid] + HEADER_LEN + 1, 2))
+    snap_v1 = (opcode == 0x56) & fast
+    fast[snap_v1 & (value_len != 0)] = False
+    noop = (opcode == 0x5C) & fast
+    fast[noop & ((kl != 0) | (value_len != 0))] = False
+    # collection prefixes: the one-byte form inline, longer ones through the slow path
+    if collections:
+        items = np.nonzero(fast & np.isin(opcode, _ITEM_OPS))[0]
+        first = np.where(kl[items] > 0, u8[np.minimum(key_start[items], len(u8) - 1)], 0x80)
+        one = first < 0x80
+        fast[items[~one]] = False
+        it1 = items[one]
+        b.set("collection_id", it1, first[one])
+        key_start[it1] += 1
+        key_len[it1] -= 1
+
+    fidx = np.nonzero(fast)[0]
+    b.set("vbucket", fidx, vs[fidx])
+    fop = opcode[fidx]
+    fex = ex[fidx]
+
+    def sel(mask):
+        return fidx[mask], fex[mask]
+
+    items, iex = sel(np.isin(fop, _ITEM_OPS))
+    b.set("value_len", items, value_len[items])
+    b.set("by_seqno", items, _be(u8, iex, 8).astype(np.int64))
+    b.set("rev_seqno", items, _be(u8, iex + 8, 8).astype(np.int64))
+    mut, mex = sel(fop == 0x57)
+    b.set("item_flags", mut, _be(u8, mex + 16, 4))
+    b.set("expiration", mut, _be(u8, mex + 20, 4))
+    b.set("lock_time", mut, _be(u8, mex + 24, 4))
+    dt, dex = sel(((fop == 0x58) & (el[fidx] == 21)) | (fop == 0x59))
+    b.set("delete_time", dt, _be(u8, dex + 16, 4))
+    sn, sex = sel(fop == 0x56)
+    b.set("snap_start", sn, _be(u8, sex, 8).astype(np.int64))
+    b.set("snap_end", sn, _be(u8, sex + 8, 8).astype(np.int64))
+    b.set("snap_flags", sn, _be(u8, sex + 16, 4))
+    sa, saex = sel(fop == 0x64)
+    b.set("by_seqno", sa, _be(u8, saex, 8).astype(np.int64))
+    se, seex = sel(fop == 0x5F)
+    b.set("by_seqno", se, _be(u8, seex, 8).astype(np.int64))
+    b.set("system_event_id", se, _be(u8, seex + 8, 4))
+    b.set("value_len", se, value_len[se])
+    en, enex = sel(fop == 0x55)
+    b.set("stream_end_reason", en, _be(u8, enex, 4))
+    key_valid = np.zeros(n, dtype=bool)
+    key_valid[items] = True
+    key_valid[se] = True
+    if len(sn):
+        versions = b.objects["snap_version"] = [None] * n
+        for i in sn.tolist():
+            versions[i] = "1"
+
+    # everything else: one frame at a time through the message decoder, in frame order
+    slow = np.nonzero(~fast)[0]
+    opaques = b.numeric["opaque"][0]
+    if opaque_vbuckets is None:
+        opaque_vbuckets = {}
+    raw_bytes = buf
+    for i in slow.tolist():
+        off = int(offsets[i])
+        frame = parse_frame(raw_bytes, off, int(lengths[i]))
+        msg = messages.decode(frame, collections)
+        row = messages.to_row(msg)
+        if frame.magic in (0x80, 0x82, 0x08):
+            opaque_vbuckets[frame.opaque] = frame.vbucket_or_status
+        else:
+            vb = opaque_vbuckets.get(frame.opaque)
+            if vb is not None:
+                row["vbucket"] = vb
+        for name, v in row.items():
+            if name in NUMERIC:
+                if name not in ("magic", "opcode", "datatype", "opaque", "cas"):
+                    b.set(name, i, v)
+            elif name in OBJECT:
+                b.set_object(name, i, v)
+            elif name == "key":
+                key_valid[i] = True
+                # the key is a slice of the frame: its last len(key) bytes before the value
+                klen = len(v)
+                kend = int(key_start[i] + kl[i])
+                key_start[i] = kend - klen
+                key_len[i] = klen
+    b.key = (key_start, key_len, key_valid)
+    return b
+
+
+# capture column order of the per-frame columns (CAPTURE_FORMAT.md)
+ROW_ORDER = ("magic", "opcode", "op", "status", "vbucket", "opaque", "cas", "datatype",
+             "stream_id", "collection_id", "key", "value_len", "by_seqno", "rev_seqno",
+             "item_flags", "expiration", "lock_time", "delete_time", "snap_version",
+             "snap_start", "snap_end", "snap_flags", "max_visible_seqno",
+             "high_completed_seqno", "purge_seqno", "high_prepared_seqno",
+             "stream_end_reason", "rollback_seqno", "failover_log", "req_flags",
+             "req_start_seqno", "req_end_seqno", "req_vbucket_uuid", "req_snap_start",
+             "req_snap_end", "system_event_id", "decode_error")
+
+
+def to_rows(batch: Batch, *, raw: bool = False) -> list[dict]:
+    """One dict per frame with the columns it carries (the same dicts messages.to_row
+    gives). Rows that carry the same set of columns are built together, column-wise."""
+    from dcptool.protocol.dcp.constants import OP_NAME_TABLE
+    n = batch.n
+    if n == 0:
+        return []
+    names, cols, valids = [], [], []
+    buf = batch.buf
+    for name in ROW_ORDER:
+        if name == "op":
+            names.append(name)
+            cols.append(np.asarray(OP_NAME_TABLE, dtype=object)[batch.numeric["opcode"][0]])
+            valids.append(np.ones(n, dtype=bool))
+        elif name == "key":
+            starts, lens, valid = batch.key
+            if valid.any():
+                keys = np.empty(n, dtype=object)
+                for i, s, ln in zip(np.nonzero(valid)[0].tolist(), starts[valid].tolist(), lens[valid].tolist()):
+                    keys[i] = buf[s:s + ln]
+                names.append(name)
+                cols.append(keys)
+                valids.append(valid)
+        elif name in NUMERIC:
+            col = batch.numeric.get(name)
+            if col is not None and col[1].any():
+                names.append(name)
+                cols.append(col[0])
+                valids.append(col[1])
+        else:
+            vals = batch.objects.get(name)
+            if vals is not None:
+                arr = np.empty(n, dtype=object)
+                arr[:] = vals
+                names.append(name)
+                cols.append(arr)
+                valids.append(np.array([v is not None for v in vals], dtype=bool))
+    if raw:
+        offs, lens = batch.raw
+        arr = np.empty(n, dtype=object)
+        arr[:] = [buf[o:o + ln] for o, ln in zip(offs.tolist(), lens.tolist())]
+        names.append("raw")
+        cols.append(arr)
+        valids.append(np.ones(n, dtype=bool))
+    bits = np.packbits(np.stack(valids, axis=1), axis=1, bitorder="little")
+    sig = np.zeros((n, 8), dtype=np.uint8)
+    sig[:, :bits.shape[1]] = bits
+    sig = sig.view(np.uint64).ravel()
+    out: list = [None] * n
+    for s in np.unique(sig).tolist():
+        idx = np.nonzero(sig == s)[0]
+        present = [j for j in range(len(names)) if (s >> j) & 1]
+        keys = [names[j] for j in present]
+        lists = [cols[j][idx].tolist() for j in present]
+        for i, values in zip(idx.tolist(), zip(*lists)):
+            out[i] = dict(zip(keys, values))
+    return out

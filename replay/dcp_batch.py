@@ -1,0 +1,103 @@
+"""DCP frames -> Arrow record batches in the capture schema, built from the columns of
+protocol/dcp/columnar.py: numeric columns from numpy without copies where possible, the
+`raw` column zero-copy over the receive buffer, `op` as a dictionary over all 256 opcode
+names (the opcode byte is the index)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from dcptool.protocol.dcp import columnar
+from dcptool.protocol.dcp.constants import OP_NAME_TABLE
+from dcptool.replay.schema import DCP_FIELDS, FAILOVER_ENTRY, capture_schema
+
+SCHEMA = capture_schema("dcp")
+_OP_DICT = pa.array(OP_NAME_TABLE, pa.string())
+_DIRECTIONS = pa.array(["in", "out"], pa.string())
+_TYPES = dict(DCP_FIELDS)
+
+
+def _binary(buf, starts: np.ndarray, lengths: np.ndarray, valid: np.ndarray | None) -> pa.Array:
+    n = len(starts)
+    lengths = np.where(valid, lengths, 0) if valid is not None else lengths
+    offs = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offs[1:])
+    total = int(offs[-1])
+    if n and (valid is None or valid.all()) and np.array_equal(starts[1:], starts[:-1] + lengths[:-1]):
+        # contiguous slices (the raw frames): no copy, offsets over the buffer itself
+        base = int(starts[0])
+        data = pa.py_buffer(buf)[base:base + total]
+    elif total:
+        u8 = np.frombuffer(buf, dtype=np.uint8)
+        idx = np.repeat(starts - offs[:-1], lengths) + np.arange(total)
+        data = pa.py_buffer(u8[idx])
+    else:
+        data = pa.py_buffer(b"")
+    if total < 2**31:
+        offsets = pa.py_buffer(offs.astype(np.int32))
+        typ = pa.binary()
+    else:
+        offsets = pa.py_buffer(offs)
+        typ = pa.large_binary()
+    validity = None if valid is None or valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    arr = pa.Array.from_buffers(typ, n, [validity, offsets, data])
+    return arr if typ == pa.binary() else arr.cast(pa.binary())
+
+
+def _numeric(name, col, n):
+    typ = _TYPES[name]
+    if col is None:
+        return pa.nulls(n, typ)
+    values, valid = col
+    return pa.array(values, typ, mask=~valid) if not valid.all() else pa.array(values, typ)
+
+
+def to_record_batch(batch: columnar.Batch, *, frame_no: np.ndarray, conn: int | np.ndarray,
+                    ts_ns: np.ndarray, mono_ns: np.ndarray, direction: np.ndarray) -> pa.RecordBatch:
+    """direction: uint8 array, 0 = in, 1 = out. capture_id is left to the writer."""
+    n = batch.n
+    cols = {
+        "frame_no": pa.array(frame_no, pa.int64()),
+        "conn": pa.array(np.broadcast_to(np.asarray(conn, dtype=np.int32), (n,)), pa.int32()),
+        "ts": pa.array(ts_ns.astype("datetime64[ns]"), pa.timestamp("ns", tz="UTC")) if n else
+        pa.array([], pa.timestamp("ns", tz="UTC")),
+        "mono_ns": pa.array(mono_ns, pa.int64()),
+        "direction": pa.DictionaryArray.from_arrays(pa.array(direction.astype(np.int32), pa.int32()), _DIRECTIONS),
+        "raw": _binary(batch.buf, batch.raw[0], batch.raw[1], None),
+        "decode_error": pa.array(batch.objects["decode_error"] or [None] * n, pa.string())
+        if batch.objects["decode_error"] else pa.nulls(n, pa.string()),
+    }
+    opcode = batch.numeric["opcode"][0] if n else np.zeros(0, np.uint8)
+    for name, _typ in DCP_FIELDS:
+        if name == "op":
+            cols[name] = pa.DictionaryArray.from_arrays(pa.array(opcode.astype(np.int32), pa.int32()), _OP_DICT)
+        elif name == "key":
+            s, l, v = batch.key
+            cols[name] = _binary(batch.buf, s, l, v)
+        elif name == "snap_version":
+            vals = batch.objects["snap_version"]
+            cols[name] = pa.array(vals, pa.string()).dictionary_encode() if vals else \
+                pa.nulls(n, pa.dictionary(pa.int32(), pa.string()))
+        elif name == "failover_log":
+            vals = batch.objects["failover_log"]
+            cols[name] = pa.array(vals, pa.list_(FAILOVER_ENTRY)) if vals else pa.nulls(n, pa.list_(FAILOVER_ENTRY))
+        else:
+            cols[name] = _numeric(name, batch.numeric.get(name), n)
+    arrays = [cols[f.name] if f.name in cols else pa.nulls(n, f.type) for f in SCHEMA]
+    arrays = [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, SCHEMA)]
+    return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
+
+
+def frames_to_record_batch(buf, *, collections=False, opaque_vbuckets=None, frame_no_start=0,
+                           conn=0, ts_ns=0, mono_ns=0, direction=0, max_body=None):
+    """Convenience for tests and `decode`: every whole frame in buf as one record batch
+    (all with the same timestamp and direction). Returns (batch, consumed, error)."""
+    kw = {} if max_body is None else {"max_body": max_body}
+    offsets, lengths, consumed, err = columnar.scan(buf, **kw)
+    b = columnar.decode_batch(buf, offsets, lengths, collections=collections, opaque_vbuckets=opaque_vbuckets)
+    n = len(offsets)
+    rb = to_record_batch(b, frame_no=np.arange(frame_no_start, frame_no_start + n, dtype=np.int64), conn=conn,
+                         ts_ns=np.full(n, ts_ns, dtype=np.int64), mono_ns=np.full(n, mono_ns, dtype=np.int64),
+                         direction=np.full(n, direction, dtype=np.uint8))
+    return rb, consumed, err
