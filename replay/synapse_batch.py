@@ -97,15 +97,20 @@ def _parse_other(line: bytes) -> dict:
 
 def build_batch(lines: list[bytes], *, frame_no: int, conn: int, ts_ns: int, mono_ns: int,
                 direction: str = "in", channel: str | None = None,
-                split: SplitLines | None = None) -> pa.RecordBatch:
+                split: SplitLines | None = None,
+                errors: dict[int, str] | None = None) -> pa.RecordBatch:
     """``lines`` (without newlines) -> RecordBatch; frame_no counts up from ``frame_no``.
-    ``split`` is ``split_lines(lines)`` when the caller already has it."""
+    ``split`` is ``split_lines(lines)`` when the caller already has it; ``errors`` gives a
+    decode_error for some lines (framing problems the caller saw: an over-long line, a
+    last line without newline)."""
     n = len(lines)
     if n == 0:
         return _empty()
     if split is None:
         split = split_lines(lines)
     slow = set(split.slow)
+    if errors:
+        slow.update(errors)
     raw = _binary(lines)
     try:
         raw.cast(pa.string())  # validates UTF-8 for the whole batch in one pass
@@ -129,6 +134,8 @@ def build_batch(lines: list[bytes], *, frame_no: int, conn: int, ts_ns: int, mon
             tokens[i] = e.get("token")
             row = e.get("row")
             rows[i] = row.encode("utf-8") if row is not None else b""
+            if errors and i in errors:
+                e["decode_error"] = errors[i]
         if raw_values != lines:
             raw = _binary(raw_values)
     rows_arr = _binary(rows, pa.string())

@@ -127,6 +127,8 @@ class Batch:
         if col is None:
             col = (np.zeros(self.n, dtype=NUMERIC[name]), np.zeros(self.n, dtype=bool))
             self.numeric[name] = col
+        if type(values) is int and col[0].dtype == np.int64 and values >= 1 << 63:
+            values -= 1 << 64  # seqnos are int64 in the capture (as in Couchbase); the raw frame keeps all 64 bits
         col[0][idx] = values
         col[1][idx] = True
 

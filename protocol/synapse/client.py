@@ -83,7 +83,7 @@ class SynapseClient:
         self._ping_seen = False
 
     # -- connection lifecycle -------------------------------------------------------------
-    def connect(self, now: float) -> list[str]:
+    def connect(self, now: float, wall_ms: int | None = None) -> list[str]:
         """A (re)connection was made: reset what belongs to the connection and return the
         lines to send (TCP: NAME, PING, REPLICATE; Redis: REPLICATE only)."""
         self.connections += 1
@@ -95,7 +95,8 @@ class SynapseClient:
         self._last_sent = now
         out = []
         if self.keepalive:
-            out += [C.format_line(C.Name(self.name)), C.format_line(C.Ping(str(int(now * 1000))))]
+            ms = wall_ms if wall_ms is not None else int(now * 1000)
+            out += [C.format_line(C.Name(self.name)), C.format_line(C.Ping(str(ms)))]
         if self.replicate:
             out.append(C.format_line(C.Replicate(not self.keepalive)))
         return out

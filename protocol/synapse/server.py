@@ -168,10 +168,14 @@ class ServerConnection:
     _last_sent: float = 0.0
     _last_recv: float = 0.0
     _ping_seen: bool = False
+    wall_ms: "object" = None  # callable giving wall-clock ms; None: derive from `now`
+
+    def _ms(self, now: float) -> int:
+        return self.wall_ms() if self.wall_ms is not None else int(now * 1000)
 
     def connect(self, now: float) -> list[str]:
         self._last_sent = self._last_recv = now
-        return [C.format_line(C.Server(self.server_name)), C.format_line(C.Ping(str(int(now * 1000))))]
+        return [C.format_line(C.Server(self.server_name)), C.format_line(C.Ping(str(self._ms(now))))]
 
     def receive(self, lines: list[bytes], now: float) -> list[str]:
         out: list[str] = []
@@ -211,5 +215,5 @@ class ServerConnection:
             return [C.format_line(C.Error("ping timeout"))], True
         if now - self._last_sent >= self.ping_interval:
             self._last_sent = now
-            return [C.format_line(C.Ping(str(int(now * 1000))))], False
+            return [C.format_line(C.Ping(str(self._ms(now))))], False
         return [], False

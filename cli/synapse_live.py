@@ -1,0 +1,338 @@
+"""`dcptool stream|capture synapse://... | synapse+redis://...`: runs the Synapse transports
+(protocol/transport/synapse.py) and sends what crosses the wire to stdout (stream) or to
+the capture writer (capture)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from dcptool.cli.console import err_console
+from dcptool.cli.errors import Interrupted
+from dcptool.cli.live import LiveOptions
+from dcptool.protocol.synapse.client import Gap, ServerError, SynapseClient
+
+# Knobs the tests turn down (keep-alive and reconnects); the protocol's own values otherwise.
+DEFAULTS = {"ping_interval": 5.0, "timeout": 25.0, "max_reconnects": 5,
+            "backoff_base": 0.2, "backoff_cap": 10.0, "connect_timeout": 10.0}
+
+TABLE_COLUMNS = ["frame_no", "conn", "direction", "command", "stream", "instance", "token",
+                 "detail"]
+
+
+def _detail(r: dict) -> str:
+    """One readable cell: named row fields, POSITION tokens, or the arguments."""
+    if r.get("decode_error"):
+        return "error: " + r["decode_error"]
+    if r.get("fields"):
+        return " ".join(f"{k}={_short(v)}" for k, v in r["fields"].items() if v is not None)
+    if r.get("command") == "POSITION":
+        return f"{r['prev_token']} -> {r['new_token']}"
+    text = r.get("args") or ""
+    if r.get("channel"):
+        text = f"[{r['channel']}] {text}"
+    return text
+
+
+def _short(v) -> str:
+    s = v if isinstance(v, str) else __import__("json").dumps(v, separators=(",", ":"))
+    return s if len(s) <= 48 else s[:45] + "..."
+
+
+def _client(opts: LiveOptions, committed=None) -> SynapseClient:
+    src = opts.source
+    tcp = src.scheme == "synapse"
+    name = opts.name or f"dcptool-{src.host}-{os.getpid()}"
+    return SynapseClient(name, expected_server=src.server_name if tcp else None,
+                         replicate=opts.replicate, keepalive=tcp,
+                         ping_interval=DEFAULTS["ping_interval"], timeout=DEFAULTS["timeout"],
+                         committed=committed)
+
+
+async def _transport(opts: LiveOptions, client: SynapseClient, handler) -> None:
+    from dcptool.protocol.transport import synapse as T
+    src = opts.source
+
+    def backoff(n):
+        return T.backoff_delay(n, DEFAULTS["backoff_base"], DEFAULTS["backoff_cap"])
+
+    common = dict(max_reconnects=DEFAULTS["max_reconnects"], backoff=backoff,
+                  connect_timeout=DEFAULTS["connect_timeout"])
+    if src.scheme == "synapse":
+        await T.run_tcp(src.host, src.port, client, handler, **common)
+    else:
+        await T.run_redis(src.host, src.port, src.server_name, client, handler, db=src.db,
+                          password=opts.password, username=opts.user, tls=src.tls,
+                          ca_cert=opts.ca_cert, insecure=opts.insecure, **common)
+
+
+class _Base:
+    """Stop conditions and the stderr notes shared by stream and capture."""
+
+    def __init__(self, opts: LiveOptions):
+        self.opts = opts
+        self.received = 0
+        self.deadline = time.monotonic() + opts.duration if opts.duration else None
+        self.stop = False
+        self.gaps: list[Gap] = []
+        self.server_errors: list[str] = []
+        self.streams = set(opts.streams) if opts.streams else None
+
+    def should_stop(self) -> bool:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            self.stop = True
+        return self.stop
+
+    def count_in(self, n: int) -> None:
+        self.received += n
+        if self.opts.max_messages and self.received >= self.opts.max_messages:
+            self.stop = True
+
+    def events(self, events: list) -> None:
+        con = err_console()
+        for ev in events:
+            if isinstance(ev, Gap):
+                self.gaps.append(ev)
+                con.print(f"[yellow]gap:[/] {ev.stream}/{ev.instance}: committed {ev.committed}, "
+                          f"POSITION {ev.prev_token} -> {ev.new_token} ({ev.kind})", highlight=False)
+            elif isinstance(ev, ServerError):
+                self.server_errors.append(ev.text)
+            elif type(ev).__name__ == "Reconnecting":
+                con.print(f"[yellow]reconnecting[/] in {ev.delay:.1f} s: {ev.reason}", highlight=False)
+
+    def paused(self) -> bool:
+        return False
+
+    def tick(self) -> None:
+        pass
+
+
+def _run(opts: LiveOptions, client: SynapseClient, handler) -> None:
+    try:
+        asyncio.run(_transport(opts, client, handler))
+    except KeyboardInterrupt:
+        raise Interrupted() from None
+
+
+# ------------------------------------------------------------------------------ stream
+
+class _StreamHandler(_Base):
+    def __init__(self, opts: LiveOptions, sink):
+        super().__init__(opts)
+        self.sink = sink
+        self.frame_no = 0
+
+    def lines(self, direction, lines, split, *, conn, ts_ns, mono_ns, channel=None, errors=None):
+        from dcptool.protocol.synapse.rows import decode_row
+        from dcptool.replay.synapse_batch import build_batch
+        batch = build_batch(lines, frame_no=self.frame_no, conn=conn, ts_ns=ts_ns, mono_ns=mono_ns,
+                            direction=direction, channel=channel, split=split, errors=errors)
+        self.frame_no += len(lines)
+        rows = batch.to_pylist()
+        out = []
+        for r in rows:
+            if self.streams is not None and r["stream"] is not None and r["stream"] not in self.streams:
+                continue
+            raw = r.pop("raw")
+            if self.opts.raw:
+                r["raw"] = raw
+            if r["command"] == "RDATA" and r["row"] is not None:
+                try:
+                    r["fields"] = decode_row(r["stream"], r["row"])
+                except ValueError:
+                    r["fields"] = None
+            if r["batch"]:
+                r["token"] = "batch"
+            if self.sink.fmt != "jsonl":
+                r["detail"] = _detail(r)
+            out.append(r)
+            if direction == "in":
+                self.count_in(1)
+                if self.stop:
+                    break
+        self.sink.write_many(out)
+        if self.sink.fmt != "table":
+            self.sink.flush()
+
+
+def run_stream(opts: LiveOptions) -> None:
+    from dcptool.cli.output import Sink, default_format
+    fmt = default_format(opts.fmt)
+    sink = Sink(fmt, columns=TABLE_COLUMNS if fmt != "jsonl" else None)
+    handler = _StreamHandler(opts, sink)
+    client = _client(opts)
+    try:
+        _run(opts, client, handler)
+    finally:
+        sink.close()
+
+
+# ------------------------------------------------------------------------------ capture
+
+def resume_state(directory: str) -> tuple[dict[tuple[str, str], int], list[dict]]:
+    """Committed tokens per (stream, instance) from the Synapse captures in ``directory``
+    (finishing leftover in-progress segments first), replayed through the client state
+    machine in capture order. Returns (tokens, finished leftovers)."""
+    from dcptool.protocol.synapse.bulk import split_lines
+    from dcptool.replay.reader import find_captures, read_capture_table
+    from dcptool.replay.writer import IN_PROGRESS_SUFFIX, finish_in_progress
+
+    finished = []
+    if os.path.isdir(directory):
+        for name in sorted(os.listdir(directory)):
+            if name.startswith("synapse-") and name.endswith(IN_PROGRESS_SUFFIX):
+                info = finish_in_progress(os.path.join(directory, name))
+                if info:
+                    finished.append(info)
+    files = [f for f in find_captures([directory]) if f.protocol == "synapse"] \
+        if os.path.isdir(directory) else []
+    if not files:
+        return {}, finished
+    table = read_capture_table(files, columns=["capture_id", "conn", "direction", "raw"])
+    client = SynapseClient(keepalive=False)
+    cols = table.to_pydict()
+    last = None
+    batch: list[bytes] = []
+
+    def feed():
+        if batch:
+            client.receive(batch, 0.0, split_lines(batch))
+            batch.clear()
+
+    for cid, conn, direction, raw in zip(cols["capture_id"], cols["conn"], cols["direction"],
+                                         cols["raw"]):
+        if (cid, conn) != last:
+            feed()
+            client.connection_lost()  # a batch never spans connections
+            last = (cid, conn)
+        if direction == "in":
+            batch.append(raw)
+    feed()
+    return client.committed(), finished
+
+
+class _CaptureHandler(_Base):
+    def __init__(self, opts: LiveOptions, bg, progress):
+        super().__init__(opts)
+        self.bg = bg
+        self.frame_no = 0
+        self.bytes = 0
+        self.progress = progress
+        self.client: SynapseClient | None = None
+
+    def lines(self, direction, lines, split, *, conn, ts_ns, mono_ns, channel=None, errors=None):
+        from dcptool.replay.synapse_batch import build_batch
+        batch = build_batch(lines, frame_no=self.frame_no, conn=conn, ts_ns=ts_ns,
+                            mono_ns=mono_ns, direction=direction, channel=channel, split=split,
+                            errors=errors)
+        self.frame_no += len(lines)
+        self.bytes += sum(map(len, lines))
+        self.bg.submit(batch)
+        if direction == "in":
+            self.count_in(len(lines))
+
+    def paused(self) -> bool:
+        if self.bg.error is not None:
+            raise self.bg.error
+        return self.bg.congested
+
+    def tick(self) -> None:
+        if self.bg.error is not None:
+            raise self.bg.error
+        if self.progress is not None:
+            self.progress(self)
+
+
+def _progress_printer():
+    from rich.live import Live
+    from rich.text import Text
+    con = err_console()
+    live = Live(Text(""), console=con, redirect_stdout=False, redirect_stderr=False,
+                transient=True, auto_refresh=False)
+    state = {"t0": time.monotonic(), "last": (time.monotonic(), 0, 0)}
+
+    def show(h: _CaptureHandler):
+        now = time.monotonic()
+        t, n, b = state["last"]
+        dt = max(1e-6, now - t)
+        lps = (h.frame_no - n) / dt
+        mbs = (h.bytes - b) / dt / 1e6
+        state["last"] = (now, h.frame_no, h.bytes)
+        toks = ""
+        if h.client is not None:
+            items = sorted(h.client.committed().items())[:6]
+            toks = "  ".join(f"{s}/{i}={t}" for (s, i), t in items)
+        live.update(Text(f"{h.frame_no} lines  {lps:,.0f} lines/s  {mbs:.1f} MB/s  "
+                         f"gaps {len(h.gaps)}  {toks}"), refresh=True)
+
+    return live, show
+
+
+def run_capture(opts: LiveOptions, settings: dict) -> None:
+    from dcptool.replay.writer import BackgroundWriter, CaptureWriter
+
+    out = settings["output"]
+    committed: dict = {}
+    leftovers: list[dict] = []
+    if settings.get("resume"):
+        committed, leftovers = resume_state(out)
+        if committed:
+            err_console().print(f"resuming: committed tokens for {len(committed)} streams "
+                                f"from the captures in {out}", highlight=False)
+    options = opts.safe_dict()
+    options["synapse"] = {"name": opts.name, "replicate": opts.replicate,
+                          "streams": opts.streams, "server_name": opts.source.server_name,
+                          "resumed_from": {f"{s}/{i}": t for (s, i), t in committed.items()}}
+    writer = CaptureWriter(out, "synapse", source=opts.source.url, options=options,
+                           compression=settings.get("compression", "zstd"),
+                           rotate_size=settings.get("rotate_size", 256 * 2**20),
+                           rotate_interval=settings.get("rotate_interval", 300.0))
+    bg = BackgroundWriter(writer)
+    live = show = None
+    if not settings.get("quiet"):
+        live, show = _progress_printer()
+        live.start()
+    handler = _CaptureHandler(opts, bg, show)
+    client = _client(opts, committed=committed)
+    handler.client = client
+    error: BaseException | None = None
+    try:
+        _run(opts, client, handler)
+    except BaseException as exc:  # noqa: BLE001 - files are closed first, then re-raised
+        error = exc
+    finally:
+        if live is not None:
+            live.stop()
+    segments = bg.close()
+    _summary(opts, settings, writer, segments, leftovers, handler, client)
+    if error is not None:
+        raise error
+
+
+def _summary(opts, settings, writer, segments, leftovers, handler, client) -> None:
+    summary = {
+        "capture_id": writer.capture_id,
+        "source": opts.source.url,
+        "files": segments,
+        "finished_leftovers": leftovers,
+        "lines": handler.frame_no,
+        "received": handler.received,
+        "gaps": [{"stream": g.stream, "instance": g.instance, "committed": g.committed,
+                  "prev_token": g.prev_token, "new_token": g.new_token, "kind": g.kind}
+                 for g in handler.gaps],
+        "committed": {f"{s}/{i}": t for (s, i), t in sorted(client.committed().items())},
+        "server_errors": handler.server_errors,
+    }
+    if settings.get("json_summary"):
+        import sys
+
+        import orjson
+        sys.stdout.buffer.write(orjson.dumps(summary) + b"\n")
+        sys.stdout.flush()
+    if not settings.get("quiet") or not settings.get("json_summary"):
+        con = err_console()
+        for f in segments:
+            con.print(f"wrote {f['path']} ({f['rows']} rows, {f['bytes']} bytes)", highlight=False)
+        if handler.gaps:
+            con.print(f"[yellow]{len(handler.gaps)} gap(s) seen[/]", highlight=False)

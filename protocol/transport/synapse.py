@@ -1,0 +1,448 @@
+"""The I/O edge for Synapse replication: asyncio TCP (the line protocol) and Redis pub/sub
+(redis-py's asyncio client), plus the asyncio loop of the built-in TCP server.
+
+Both client loops drive a sans-IO ``SynapseClient`` and hand every line that crosses the
+wire, in either direction, to a ``Handler`` before anything else happens to it, so a capture
+sees lines in wire order. Reconnects use exponential back-off; the client keeps its
+committed tokens across them, so POSITIONs after a reconnect are checked for gaps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl as ssl_mod
+import time
+from typing import Callable, Protocol
+
+from dcptool.protocol.errors import ConnectFailed, ConnectionLost, ErrorCode, RemoteError
+from dcptool.protocol.synapse.bulk import SplitLines, split_lines
+from dcptool.protocol.synapse.client import SynapseClient
+from dcptool.protocol.synapse.framing import MAX_LINE, LineFramer
+
+log = logging.getLogger("dcptool.synapse")
+
+READ_SIZE = 1 << 18
+
+
+class Handler(Protocol):
+    def lines(self, direction: str, lines: list[bytes], split: SplitLines | None, *, conn: int,
+              ts_ns: int, mono_ns: int, channel: str | None = None,
+              errors: dict[int, str] | None = None) -> None: ...
+
+    def events(self, events: list) -> None: ...
+
+    def tick(self) -> None: ...
+
+    def should_stop(self) -> bool: ...
+
+    def paused(self) -> bool: ...
+
+
+class _HandlerFailed(Exception):
+    """An error raised by the handler (a broken stdout, a disk error): never mistaken for a
+    lost connection; the original is re-raised."""
+
+    def __init__(self, exc: BaseException):
+        super().__init__(str(exc))
+        self.exc = exc
+
+
+class _Guarded:
+    """Calls into the handler with its OSErrors wrapped in _HandlerFailed."""
+
+    def __init__(self, handler):
+        self._h = handler
+
+    def __getattr__(self, name):
+        fn = getattr(self._h, name)
+
+        def call(*a, **k):
+            try:
+                return fn(*a, **k)
+            except (OSError, ValueError) as exc:
+                raise _HandlerFailed(exc) from exc
+        return call
+
+
+def _now() -> tuple[int, int]:
+    return time.time_ns(), time.monotonic_ns()
+
+
+def backoff_delay(failures: int, base: float = 0.2, cap: float = 10.0) -> float:
+    return min(cap, base * (2 ** max(0, failures - 1)))
+
+
+def make_ssl(ca_cert: str | None, insecure: bool) -> ssl_mod.SSLContext:
+    ctx = ssl_mod.create_default_context(cafile=ca_cert)
+    if insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl_mod.CERT_NONE
+    return ctx
+
+
+async def _wait_paused(handler: Handler) -> None:
+    # the writer is behind: stop reading (TCP back-pressure reaches the server)
+    while handler.paused():
+        await asyncio.sleep(0.02)
+
+
+async def run_tcp(host: str, port: int, client: SynapseClient, handler: Handler, *,
+                  ssl: ssl_mod.SSLContext | None = None, connect_timeout: float = 10.0,
+                  max_reconnects: int = 5, max_line: int = MAX_LINE,
+                  tick_interval: float = 0.25, clock: Callable[[], float] = time.monotonic,
+                  backoff: Callable[[int], float] = backoff_delay) -> None:
+    """Run the TCP line protocol until the handler stops it or an error ends it."""
+    try:
+        await _run_tcp(host, port, client, _Guarded(handler), ssl=ssl,
+                       connect_timeout=connect_timeout, max_reconnects=max_reconnects,
+                       max_line=max_line, tick_interval=tick_interval, clock=clock,
+                       backoff=backoff)
+    except _HandlerFailed as exc:
+        raise exc.exc from None
+
+
+async def _run_tcp(host, port, client, handler, *, ssl, connect_timeout, max_reconnects,
+                   max_line, tick_interval, clock, backoff) -> None:
+    conn_no = -1
+    failures = 0
+    ever_connected = False
+    while True:
+        if handler.should_stop():
+            return
+        conn_no += 1
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, ssl=ssl, limit=max(READ_SIZE, max_line * 2)),
+                connect_timeout)
+        except (OSError, asyncio.TimeoutError, ssl_mod.SSLError) as exc:
+            why = f"cannot connect to synapse://{host}:{port}: {exc or type(exc).__name__}"
+            if not ever_connected:
+                raise ConnectFailed(why) from None
+            failures += 1
+            if failures > max_reconnects:
+                raise ConnectionLost(f"{why} (gave up after {failures} attempts)") from None
+            log.info("%s; retrying in %.1f s", why, backoff(failures))
+            await asyncio.sleep(backoff(failures))
+            continue
+        ever_connected = True
+        received = False
+        framer = LineFramer(max_line)
+
+        def send(lines: list[str]) -> None:
+            if not lines:
+                return
+            data = [ln.encode("utf-8") for ln in lines]
+            ts, mono = _now()
+            handler.lines("out", data, None, conn=conn_no, ts_ns=ts, mono_ns=mono)
+            writer.write(b"\n".join(data) + b"\n")
+            client.sent(clock())
+
+        try:
+            send(client.connect(clock(), time.time_ns() // 1_000_000))
+            next_tick = clock() + tick_interval
+            while True:
+                if handler.should_stop():
+                    return
+                now = clock()
+                deadline = client.next_deadline()
+                wake = next_tick if deadline is None else min(deadline, next_tick)
+                try:
+                    data = await asyncio.wait_for(reader.read(READ_SIZE), max(0.0, wake - now))
+                except asyncio.TimeoutError:
+                    data = None
+                now = clock()
+                if data is None:
+                    if now >= next_tick:
+                        handler.tick()
+                        next_tick = now + tick_interval
+                    send(client.tick(now, time.time_ns() // 1_000_000))
+                    continue
+                if not data:
+                    tail = framer.eof()
+                    if tail:
+                        ts, mono = _now()
+                        handler.lines("in", [tail], None, conn=conn_no, ts_ns=ts, mono_ns=mono,
+                                      errors={0: "connection closed inside this line (no newline)"})
+                    raise ConnectionLost(f"synapse://{host}:{port} closed the connection")
+                lines = framer.feed(data)
+                if lines:
+                    received = True
+                    ts, mono = _now()
+                    sp = split_lines(lines)
+                    events = client.receive(lines, now, sp)
+                    handler.lines("in", lines, sp, conn=conn_no, ts_ns=ts, mono_ns=mono)
+                    if events:
+                        handler.events(events)
+                if framer.error is not None:
+                    ts, mono = _now()
+                    handler.lines("in", [framer.overlong], None, conn=conn_no, ts_ns=ts,
+                                  mono_ns=mono, errors={0: framer.error.message + " (truncated)"})
+                    raise framer.error
+                if client.error is not None:
+                    raise client.error
+                if now >= next_tick:
+                    handler.tick()
+                    next_tick = now + tick_interval
+                await _wait_paused(handler)
+        except (ConnectionLost, OSError, asyncio.IncompleteReadError) as exc:
+            why = str(exc) or type(exc).__name__
+        except RemoteError as exc:
+            if exc.code != ErrorCode.DEAD_CONNECTION:
+                raise
+            why = exc.message
+        finally:
+            client.connection_lost()
+            writer.close()
+            try:
+                await asyncio.wait_for(writer.wait_closed(), 1.0)
+            except (OSError, asyncio.TimeoutError, ssl_mod.SSLError):
+                pass
+        if received:
+            failures = 0
+        failures += 1
+        if failures > max_reconnects:
+            raise ConnectionLost(f"{why} (gave up after {failures} attempts)")
+        delay = backoff(failures)
+        handler.events([Reconnecting(why, delay, conn_no + 1)])
+        await asyncio.sleep(delay)
+
+
+class Reconnecting:
+    """Emitted before a reconnect attempt."""
+    __slots__ = ("reason", "delay", "conn")
+
+    def __init__(self, reason: str, delay: float, conn: int):
+        self.reason, self.delay, self.conn = reason, delay, conn
+
+    def __repr__(self):
+        return f"Reconnecting({self.reason!r}, {self.delay}, {self.conn})"
+
+
+async def run_redis(host: str, port: int, server_name: str, client: SynapseClient,
+                    handler: Handler, *, db: int = 0, password: str | None = None,
+                    username: str | None = None, tls: bool = False, ca_cert: str | None = None,
+                    insecure: bool = False, connect_timeout: float = 10.0,
+                    max_reconnects: int = 5, tick_interval: float = 0.25,
+                    clock: Callable[[], float] = time.monotonic,
+                    backoff: Callable[[int], float] = backoff_delay) -> None:
+    """Subscribe to ``server_name`` and ``server_name/USER_IP`` and record every message.
+    The only thing ever published is what ``client.connect`` returns (REPLICATE)."""
+    try:
+        await _run_redis(host, port, server_name, client, _Guarded(handler), db=db,
+                         password=password, username=username, tls=tls, ca_cert=ca_cert,
+                         insecure=insecure, connect_timeout=connect_timeout,
+                         max_reconnects=max_reconnects, tick_interval=tick_interval,
+                         clock=clock, backoff=backoff)
+    except _HandlerFailed as exc:
+        raise exc.exc from None
+
+
+async def _run_redis(host, port, server_name, client, handler, *, db, password, username, tls,
+                     ca_cert, insecure, connect_timeout, max_reconnects, tick_interval, clock,
+                     backoff) -> None:
+    import redis.asyncio as aioredis
+    import redis.exceptions as rexc
+
+    channels = [server_name, server_name + "/USER_IP"]
+    conn_no = -1
+    failures = 0
+    ever_connected = False
+    while True:
+        if handler.should_stop():
+            return
+        conn_no += 1
+        kwargs = dict(host=host, port=port, db=db, password=password, username=username,
+                      socket_connect_timeout=connect_timeout, decode_responses=False)
+        if tls:
+            kwargs.update(ssl=True, ssl_ca_certs=ca_cert,
+                          ssl_cert_reqs="none" if insecure else "required",
+                          ssl_check_hostname=not insecure)
+        r = aioredis.Redis(**kwargs)
+        pubsub = r.pubsub()
+        received = False
+        try:
+            try:
+                await pubsub.subscribe(*channels)
+                # wait until both subscriptions are confirmed before REPLICATE, or the
+                # POSITION answers could arrive before we listen (Synapse does the same)
+                confirmed = 0
+                t_end = clock() + connect_timeout
+                while confirmed < len(channels):
+                    msg = await pubsub.get_message(timeout=max(0.01, t_end - clock()))
+                    if msg is None and clock() > t_end:
+                        raise rexc.TimeoutError("no SUBSCRIBE confirmation")
+                    if msg and msg.get("type") == "subscribe":
+                        confirmed += 1
+            except rexc.AuthenticationError as exc:
+                from dcptool.protocol.errors import AuthRefused
+                raise AuthRefused(f"Redis refused the credentials: {exc}") from None
+            except rexc.ResponseError as exc:
+                text = str(exc)
+                if "NOAUTH" in text or "WRONGPASS" in text or "NOPERM" in text:
+                    from dcptool.protocol.errors import AuthRefused
+                    raise AuthRefused(f"Redis refused access: {text}") from None
+                raise ConnectFailed(f"Redis at {host}:{port}: {text}") from None
+            except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+                why = f"cannot connect to Redis at {host}:{port}: {exc}"
+                if not ever_connected:
+                    raise ConnectFailed(why) from None
+                failures += 1
+                if failures > max_reconnects:
+                    raise ConnectionLost(f"{why} (gave up after {failures} attempts)") from None
+                await asyncio.sleep(backoff(failures))
+                continue
+            ever_connected = True
+            for line in client.connect(clock(), time.time_ns() // 1_000_000):
+                data = line.encode("utf-8")
+                ts, mono = _now()
+                handler.lines("out", [data], None, conn=conn_no, ts_ns=ts, mono_ns=mono,
+                              channel=server_name)
+                await r.publish(server_name, data)
+            next_tick = clock() + tick_interval
+            while True:
+                if handler.should_stop():
+                    return
+                msg = await pubsub.get_message(ignore_subscribe_messages=True,
+                                               timeout=max(0.0, next_tick - clock()))
+                now = clock()
+                if msg is not None and msg.get("type") in ("message", "pmessage"):
+                    data = msg["data"]
+                    if isinstance(data, str):
+                        data = data.encode("utf-8")
+                    channel = msg["channel"]
+                    if isinstance(channel, bytes):
+                        channel = channel.decode("utf-8", "replace")
+                    received = True
+                    ts, mono = _now()
+                    lines = [data]
+                    sp = split_lines(lines)
+                    events = client.receive(lines, now, sp)
+                    handler.lines("in", lines, sp, conn=conn_no, ts_ns=ts, mono_ns=mono,
+                                  channel=channel)
+                    if events:
+                        handler.events(events)
+                    if client.error is not None and client.error.code != ErrorCode.SERVER_ERROR:
+                        raise client.error
+                if now >= next_tick:
+                    handler.tick()
+                    next_tick = now + tick_interval
+                await _wait_paused(handler)
+        except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+            why = f"Redis connection lost: {exc}"
+        finally:
+            client.connection_lost()
+            try:
+                await pubsub.aclose() if hasattr(pubsub, "aclose") else await pubsub.close()
+                await r.aclose() if hasattr(r, "aclose") else await r.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
+        if received:
+            failures = 0
+        failures += 1
+        if failures > max_reconnects:
+            raise ConnectionLost(f"{why} (gave up after {failures} attempts)")
+        delay = backoff(failures)
+        handler.events([Reconnecting(why, delay, conn_no + 1)])
+        await asyncio.sleep(delay)
+
+
+# -- the built-in TCP server ----------------------------------------------------------------
+
+async def serve_tcp(bind: str, port: int, make_connection, feed, *, on_listening,
+                    rate: float = 0.0, chunk: int = 2000, drop_after: int | None = None,
+                    skip_on_reconnect: int = 0, silent_after: int | None = None,
+                    error_after: int | None = None, long_line_after: int | None = None,
+                    max_connections: int | None = None, stop: asyncio.Event | None = None,
+                    clock: Callable[[], float] = time.monotonic) -> None:
+    """Accept replication clients on bind:port. ``make_connection()`` returns a sans-IO
+    ``ServerConnection`` bound to the shared ``feed``. Scenario switches (counts are RDATA
+    lines sent on one connection): drop_after closes the connection, silent_after stops
+    sending anything (PINGs included), error_after sends ERROR and closes, long_line_after
+    sends a line over the cap; skip_on_reconnect drops that many feed lines between
+    connections (so the next POSITION shows a gap)."""
+    from dcptool.protocol.synapse import commands as C
+    state = {"connections": 0}
+    stop = stop or asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        state["connections"] += 1
+        if state["connections"] > 1 and skip_on_reconnect:
+            feed.skip(skip_on_reconnect)
+        sc = make_connection()
+        framer = LineFramer()
+        silent = False
+        sent_rdata = 0
+
+        def write(lines: list[str]) -> None:
+            if lines and not silent:
+                writer.write(("\n".join(lines) + "\n").encode("utf-8"))
+                sc.sent(clock())
+
+        async def reader_task():
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    return
+                lines = framer.feed(data)
+                if framer.error is not None:
+                    write([C.format_line(C.Error("line too long"))])
+                    return
+                write(sc.receive(lines, clock()))
+                await writer.drain()
+
+        rt = asyncio.ensure_future(reader_task())
+        try:
+            write(sc.connect(clock()))
+            t0 = clock()
+            while not rt.done() and not stop.is_set():
+                out, close = sc.tick(clock())
+                write(out)
+                if close:
+                    break
+                if not sc.replicated or feed.done or silent:
+                    await asyncio.wait([rt], timeout=0.05)
+                    continue
+                n = chunk
+                if rate > 0:
+                    allowed = int((clock() - t0) * rate) - sent_rdata
+                    if allowed <= 0:
+                        await asyncio.wait([rt], timeout=min(0.05, 1.0 / rate))
+                        continue
+                    n = min(n, allowed)
+                for limit in (drop_after, silent_after, error_after, long_line_after):
+                    if limit is not None and sent_rdata < limit:
+                        n = min(n, limit - sent_rdata)
+                lines = feed.take(n)
+                write(lines)
+                sent_rdata += len(lines)
+                await writer.drain()
+                if drop_after is not None and sent_rdata >= drop_after:
+                    break
+                if error_after is not None and sent_rdata >= error_after:
+                    write([C.format_line(C.Error("dcptool serve: scripted error"))])
+                    break
+                if long_line_after is not None and sent_rdata >= long_line_after:
+                    writer.write(b"RDATA events master batch " + b"x" * (sc.max_line + 10) + b"\n")
+                    break
+                if silent_after is not None and sent_rdata >= silent_after:
+                    silent = True
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            rt.cancel()
+            try:
+                await writer.drain()
+            except (ConnectionError, OSError):
+                pass
+            writer.close()
+            try:
+                await asyncio.wait_for(writer.wait_closed(), 1.0)
+            except (ConnectionError, OSError, asyncio.TimeoutError):
+                pass
+
+    server = await asyncio.start_server(handle, bind, port)
+    sock = server.sockets[0].getsockname()
+    on_listening(sock[0], sock[1])
+    async with server:
+        await stop.wait()
