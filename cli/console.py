@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-import functools
 import sys
 
+_console = None
 
-@functools.lru_cache(maxsize=1)
+
 def err_console():
-    from rich.console import Console
-    return Console(file=sys.stderr, stderr=True)
+    """The stderr console (re-made when sys.stderr was replaced, as test runners do)."""
+    global _console
+    if _console is None or _console.file is not sys.stderr:
+        from rich.console import Console
+        _console = Console(file=sys.stderr, stderr=True)
+    return _console
 
 
 def stdout_is_tty() -> bool:

@@ -9,6 +9,11 @@ import click
 from dcptool.cli.output import FORMATS, Sink, default_format
 
 CHUNK = 4 * 1024 * 1024
+# what a person wants to see per frame; JSON lines carry every column
+TABLE_COLUMNS = ["op", "magic", "status", "vbucket", "opaque", "stream_id", "collection_id", "key",
+                 "value_len", "by_seqno", "rev_seqno", "snap_version", "snap_start", "snap_end",
+                 "snap_flags", "stream_end_reason", "rollback_seqno", "failover_log", "req_start_seqno",
+                 "req_end_seqno", "decode_error"]
 
 
 @click.command()
@@ -37,7 +42,7 @@ def decode(file, fmt, collections, raw, values, max_body):
     from dcptool.protocol.errors import ErrorCode, RemoteError
 
     cap = DEFAULT_MAX_BODY if max_body is None else max_body
-    sink = Sink(default_format(fmt))
+    sink = Sink(default_format(fmt), columns=None if raw or values else TABLE_COLUMNS)
     opaque_vb: dict[int, int] = {}
     buf = b""
     base = 0  # stream offset of buf[0]

@@ -93,7 +93,7 @@ class Sink:
         from rich.console import Console
         from rich.table import Table
         cols = self.columns or _union_keys(rows)
-        cols = [c for c in cols if any(r.get(c) is not None for r in rows)] if not self.columns else cols
+        cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
         table = Table(show_header=not self._header_done, title=None if self._header_done else self.title,
                       box=None, pad_edge=False)
         for c in cols:
@@ -101,7 +101,13 @@ class Sink:
         for r in rows:
             table.add_row(*[_text(r.get(c)) for c in cols])
         self._header_done = True
-        Console(file=self.out, soft_wrap=False).print(table)
+        Console(file=self.out, soft_wrap=False, width=None if self._is_tty() else 200).print(table)
+
+    def _is_tty(self) -> bool:
+        try:
+            return self.out.isatty()
+        except (AttributeError, ValueError):
+            return False
 
 
 def _union_keys(rows: list[dict]) -> list[str]:

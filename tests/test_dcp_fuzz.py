@@ -1,0 +1,79 @@
+"""Fuzzing the DCP parser: random and mutated frames never raise anything but our coded
+protocol errors, and a hostile length never drives an allocation."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from dcptool.protocol.dcp import columnar, messages as M
+from dcptool.protocol.dcp.frames import FrameParser
+from dcptool.protocol.errors import ProtocolError
+from tests.dcp_vectors import VECTORS
+
+GOLDEN = [v[1] for v in VECTORS]
+CAP = 64 * 1024
+
+
+def _parse_all(data: bytes, chunk: int):
+    parser = FrameParser(max_body=CAP)
+    frames = []
+    try:
+        for i in range(0, len(data), chunk):
+            frames += parser.feed(data[i:i + chunk])
+    except ProtocolError as exc:
+        assert exc.code is not None
+        frames += getattr(exc, "frames", [])
+    for f in frames:
+        msg = M.decode(f, collections=True)   # never raises
+        M.to_row(msg)
+        if getattr(msg, "decode_error", None) is None:
+            assert M.encode(msg) == f.raw
+    try:
+        o, ln, _, _ = columnar.scan(data, CAP)
+        rows = columnar.to_rows(columnar.decode_batch(data, o, ln, collections=True))
+        assert len(rows) == len(o)
+    except ProtocolError as exc:  # pragma: no cover - scan returns errors, never raises
+        raise AssertionError(exc)
+    return frames
+
+
+@settings(max_examples=400, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=400), st.integers(min_value=1, max_value=64))
+def test_random_bytes(data, chunk):
+    _parse_all(data, chunk)
+
+
+@st.composite
+def mutated(draw):
+    frames = [draw(st.sampled_from(GOLDEN)) for _ in range(draw(st.integers(1, 4)))]
+    data = bytearray(b"".join(frames))
+    for _ in range(draw(st.integers(0, 6))):
+        pos = draw(st.integers(0, len(data) - 1))
+        data[pos] = draw(st.integers(0, 255))
+    if draw(st.booleans()):
+        data = data[:draw(st.integers(0, len(data)))]
+    return bytes(data)
+
+
+@settings(max_examples=600, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(mutated(), st.integers(min_value=1, max_value=50))
+def test_mutated_golden_frames(data, chunk):
+    _parse_all(data, chunk)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.integers(min_value=CAP + 1, max_value=2**32 - 1), st.sampled_from(GOLDEN))
+def test_hostile_lengths_allocate_nothing(body_len, frame):
+    data = bytearray(frame)
+    data[8:12] = body_len.to_bytes(4, "big")
+    tracemalloc.start()
+    try:
+        _parse_all(bytes(data) + bytes(100), 7)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1024 * 1024
