@@ -1,0 +1,210 @@
+"""Where a restarted capture continues from (`dcptool capture --resume`): the state recorded
+in the captures already in the output directory.
+
+* `recover_in_progress(directory)` first turns the in-progress segments a crashed run left
+  behind into normal Parquet segments, so that what follows reads finished files only.
+* `dcp_resume_state(paths)`: per vbucket, the newest failover log, the last seqno received,
+  the snapshot that seqno belongs to and whether it was complete, and whether the stream
+  ended with reason OK. `VbResume.stream_request()` gives the arguments of the stream
+  request that continues without a gap or a duplicate.
+* `synapse_resume_state(paths)`: per (stream, instance), the last committed token under the
+  batch-token rule of REPLAY.md.
+
+Only `in` frames change state (REPLAY.md); outgoing stream requests only reset "ended".
+The passes read a few columns (never `raw`), and skip the bulk of the items with one
+vectorised mask per segment, so resuming over a large directory stays cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dcptool.replay.reader import CaptureFile, find_captures, iter_capture_tables
+from dcptool.replay.writer import IN_PROGRESS_SUFFIX, finish_in_progress
+
+STATUS_ROLLBACK = 0x23
+# ops whose by_seqno is a position in the vbucket's history
+SEQNO_OPS = ("mutation", "deletion", "expiration", "system_event", "seqno_advanced",
+             "prepare", "commit", "abort")
+CONTROL_OPS = ("snapshot_marker", "stream_req", "get_failover_log", "stream_end")
+DCP_COLUMNS = ["direction", "op", "status", "vbucket", "by_seqno", "snap_start", "snap_end",
+               "stream_end_reason", "rollback_seqno", "failover_log"]
+
+
+@dataclasses.dataclass
+class VbResume:
+    vbucket: int
+    failover_log: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # newest first
+    last_seqno: int = 0
+    snap_start: int = 0
+    snap_end: int = 0
+    snapshot_complete: bool = True
+    ended: bool = False                # a stream end with reason 0 (OK) after the last request
+    stream_end_reason: int | None = None
+    rollbacks: int = 0
+    # a marker whose snapshot becomes current once one of its items arrives
+    pending_snapshot: tuple[int, int] | None = dataclasses.field(default=None, repr=False)
+
+    @property
+    def vbucket_uuid(self) -> int:
+        return self.failover_log[0][0] if self.failover_log else 0
+
+    def stream_request(self) -> dict:
+        """start_seqno, vbucket_uuid, snap_start, snap_end for the stream request that
+        continues after `last_seqno`: inside an unfinished snapshot the producer gets the
+        snapshot's range (it resumes or asks for a rollback); after a complete one, the
+        range collapses onto the last seqno."""
+        if self.snapshot_complete:
+            start = end = self.last_seqno
+        else:
+            start, end = self.snap_start, self.snap_end
+        return {"start_seqno": self.last_seqno, "vbucket_uuid": self.vbucket_uuid,
+                "snap_start": min(start, self.last_seqno), "snap_end": max(end, self.last_seqno)}
+
+
+def recover_in_progress(directory) -> list[str]:
+    """Turn every leftover `.arrows` segment in `directory` (not held by a live writer)
+    into a normal Parquet segment; the paths of the segments written."""
+    directory = os.fspath(directory)
+    if not os.path.isdir(directory):
+        return []
+    done = []
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(IN_PROGRESS_SUFFIX) and not name.startswith("."):
+            info = finish_in_progress(os.path.join(directory, name))
+            if info is not None:
+                done.append(info["path"])
+    return done
+
+
+def _files(paths, protocol: str) -> list[CaptureFile]:
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    paths = list(paths)
+    if paths and all(isinstance(p, CaptureFile) for p in paths):
+        files = paths
+    else:
+        paths = [os.fspath(p) for p in paths if os.path.exists(os.fspath(p))]
+        if not paths:
+            return []
+        files = find_captures(paths)
+    return [f for f in files if f.protocol == protocol]
+
+
+def _dcp_rows_that_matter(t: pa.Table) -> pa.Table:
+    """In-frames that change resume state: every control frame, and of the items only
+    the last one before each control frame of its vbucket (and the last one overall)."""
+    n = t.num_rows
+    if n == 0:
+        return t
+    op = t.column("op").combine_chunks()
+    op = op.dictionary_decode() if pa.types.is_dictionary(op.type) else op
+    direction = t.column("direction").combine_chunks()
+    direction = direction.dictionary_decode() if pa.types.is_dictionary(direction.type) else direction
+    is_in = pc.fill_null(pc.equal(direction, "in"), False).to_numpy(zero_copy_only=False)
+    is_out_req = pc.fill_null(pc.and_(pc.equal(direction, "out"), pc.equal(op, "stream_req")),
+                              False).to_numpy(zero_copy_only=False)
+    status = t.column("status")
+    is_req = pc.is_null(status).to_numpy(zero_copy_only=False)
+    is_ctrl = pc.fill_null(pc.is_in(op, pa.array(CONTROL_OPS)), False).to_numpy(zero_copy_only=False)
+    is_ctrl |= pc.fill_null(pc.equal(status, STATUS_ROLLBACK), False).to_numpy(zero_copy_only=False)
+    is_ctrl = (is_ctrl & is_in) | is_out_req
+    is_item = (pc.fill_null(pc.is_in(op, pa.array(SEQNO_OPS)), False).to_numpy(zero_copy_only=False)
+               & is_in & is_req & pc.is_valid(t.column("by_seqno")).to_numpy(zero_copy_only=False))
+    vb = pc.fill_null(t.column("vbucket").cast(pa.int32()), -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    interesting = np.nonzero(is_ctrl | is_item)[0]
+    if len(interesting) == 0:
+        return t.slice(0, 0)
+    # stable sort by vbucket keeps frame order within a vbucket
+    order = interesting[np.argsort(vb[interesting], kind="stable")]
+    v, ctrl = vb[order], is_ctrl[order]
+    nxt_same_vb = np.zeros(len(order), bool)
+    nxt_same_vb[:-1] = v[1:] == v[:-1]
+    nxt_ctrl = np.zeros(len(order), bool)
+    nxt_ctrl[:-1] = ctrl[1:]
+    keep = ctrl | ~nxt_same_vb | nxt_ctrl
+    return t.take(pa.array(np.sort(order[keep])))
+
+
+def dcp_resume_state(files) -> dict[int, VbResume]:
+    """Resume state per vbucket from DCP captures (paths, directories or CaptureFiles),
+    in capture order."""
+    state: dict[int, VbResume] = {}
+    for t in iter_capture_tables(_files(files, "dcp"), DCP_COLUMNS):
+        rows = _dcp_rows_that_matter(t)
+        if rows.num_rows == 0:
+            continue
+        cols = rows.to_pydict()
+        for i in range(rows.num_rows):
+            vb = cols["vbucket"][i]
+            if vb is None:
+                continue
+            s = state.get(vb)
+            if s is None:
+                s = state[vb] = VbResume(vb)
+            op, status, direction = cols["op"][i], cols["status"][i], cols["direction"][i]
+            if direction == "out":                       # a new stream request went out
+                s.ended = False
+                continue
+            if status is not None:                       # a response
+                if status == STATUS_ROLLBACK and cols["rollback_seqno"][i] is not None:
+                    rb = cols["rollback_seqno"][i]
+                    s.rollbacks += 1
+                    s.last_seqno = min(s.last_seqno, rb)
+                    s.snap_start = s.snap_end = s.last_seqno
+                    s.snapshot_complete = True
+                elif status == 0 and op in ("stream_req", "get_failover_log") \
+                        and cols["failover_log"][i]:
+                    s.failover_log = [(e["vbucket_uuid"], e["seqno"]) for e in cols["failover_log"][i]]
+                continue
+            if op == "snapshot_marker":
+                if s.last_seqno >= s.snap_end or (cols["snap_start"][i] or 0) > s.snap_end:
+                    s.snapshot_complete = True
+                s.pending_snapshot = (cols["snap_start"][i] or 0, cols["snap_end"][i] or 0)
+            elif op == "stream_end":
+                s.stream_end_reason = cols["stream_end_reason"][i]
+                s.ended = s.stream_end_reason == 0
+            elif cols["by_seqno"][i] is not None:
+                if s.pending_snapshot is not None:
+                    s.snap_start, s.snap_end = s.pending_snapshot
+                    s.pending_snapshot = None
+                s.last_seqno = cols["by_seqno"][i]
+                s.snapshot_complete = s.last_seqno >= s.snap_end
+    return state
+
+
+def synapse_resume_state(files) -> dict[tuple[str, str], int]:
+    """Last committed token per (stream, instance): RDATA with a numeric token commits at
+    that token (and commits the `batch` rows waiting before it); `batch` rows alone commit
+    nothing; POSITION moves the position to its new token."""
+    tokens: dict[tuple[str, str], int] = {}
+    cols_wanted = ["direction", "command", "stream", "instance", "token", "new_token"]
+    for t in iter_capture_tables(_files(files, "synapse"), cols_wanted):
+        direction = t.column("direction")
+        command = t.column("command")
+        keep = pc.and_(
+            pc.equal(direction.cast(pa.string()) if pa.types.is_dictionary(direction.type) else direction, "in"),
+            pc.or_(pc.and_(pc.equal(command.cast(pa.string()), "RDATA"), pc.is_valid(t.column("token"))),
+                   pc.and_(pc.equal(command.cast(pa.string()), "POSITION"), pc.is_valid(t.column("new_token")))))
+        rows = t.filter(pc.fill_null(keep, False)).select(["command", "stream", "instance",
+                                                          "token", "new_token"]).to_pydict()
+        for cmd, stream, inst, tok, new in zip(rows["command"], rows["stream"], rows["instance"],
+                                               rows["token"], rows["new_token"]):
+            if stream is None:
+                continue
+            tokens[(stream, inst)] = tok if cmd == "RDATA" else new
+    return tokens
+
+
+def resume_summary(state: dict[int, VbResume]) -> list[dict]:
+    """A JSON-friendly view of a DCP resume state, one row per vbucket."""
+    return [{"vbucket": vb, "vbucket_uuid": s.vbucket_uuid, "last_seqno": s.last_seqno,
+             "snap_start": s.snap_start, "snap_end": s.snap_end,
+             "snapshot_complete": s.snapshot_complete, "ended": s.ended}
+            for vb, s in sorted(state.items())]
