@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from dcptool.cli.output import FORMATS, Sink, default_format
+from dcptool.cli.output import FORMATS, Sink, bulk_rows, default_format
 
 CHUNK = 4 * 1024 * 1024
 # what a person wants to see per frame; JSON lines carry every column
@@ -36,42 +36,48 @@ def decode(file, fmt, collections, raw, values, max_body):
     Example:
       dcptool decode frames.bin | jq -c '{op, vbucket, by_seqno}'
     """
-    from dcptool.protocol.dcp import columnar
     from dcptool.protocol.dcp.constants import DEFAULT_MAX_BODY
-    from dcptool.protocol.dcp.frames import header_lengths
-    from dcptool.protocol.errors import ErrorCode, RemoteError
 
     cap = DEFAULT_MAX_BODY if max_body is None else max_body
     sink = Sink(default_format(fmt), columns=None if raw or values else TABLE_COLUMNS)
-    opaque_vb: dict[int, int] = {}
-    buf = b""
-    base = 0  # stream offset of buf[0]
     try:
-        while True:
-            chunk = file.read(CHUNK)
-            buf = buf + chunk if buf else chunk
-            offsets, lengths, consumed, err = columnar.scan(buf, cap)
-            batch = columnar.decode_batch(buf, offsets, lengths, collections=collections,
-                                          opaque_vbuckets=opaque_vb)
-            rows = columnar.to_rows(batch, raw=raw)
-            if values:
-                for row, off, ln in zip(rows, offsets.tolist(), lengths.tolist()):
-                    if "value_len" in row and row.get("op") not in ("sasl_auth", "sasl_step"):
-                        row["value"] = buf[off + ln - row["value_len"]:off + ln]
-            sink.write_many(rows)
-            if err is not None:
-                err.args = (err.message.replace(f"at byte {consumed}", f"at byte {base + consumed}"),)
-                raise err
-            buf = buf[consumed:]
-            base += consumed
-            if not chunk:
-                break
-        if buf:
-            need = ""
-            if len(buf) >= 24:
-                need = f" of {24 + header_lengths(buf[:24])[3]}"
-            raise RemoteError(ErrorCode.TRUNCATED,
-                              f"truncated frame at byte {base}: input ends after {len(buf)}{need} bytes")
+        with bulk_rows():
+            _decode_stream(file, sink, cap, collections, raw, values)
     finally:
         sink.close()
     sys.stdout.flush()
+
+
+def _decode_stream(file, sink, cap, collections, raw, values):
+    from dcptool.protocol.dcp import columnar
+    from dcptool.protocol.dcp.frames import header_lengths
+    from dcptool.protocol.errors import ErrorCode, RemoteError
+
+    opaque_vb: dict[int, int] = {}
+    buf = b""
+    base = 0  # stream offset of buf[0]
+    while True:
+        chunk = file.read(CHUNK)
+        buf = buf + chunk if buf else chunk
+        offsets, lengths, consumed, err = columnar.scan(buf, cap)
+        batch = columnar.decode_batch(buf, offsets, lengths, collections=collections,
+                                      opaque_vbuckets=opaque_vb)
+        rows = columnar.to_rows(batch, raw=raw)
+        if values:
+            for row, off, ln in zip(rows, offsets.tolist(), lengths.tolist()):
+                if "value_len" in row and row.get("op") not in ("sasl_auth", "sasl_step"):
+                    row["value"] = buf[off + ln - row["value_len"]:off + ln]
+        sink.write_many(rows)
+        if err is not None:
+            err.args = (err.message.replace(f"at byte {consumed}", f"at byte {base + consumed}"),)
+            raise err
+        buf = buf[consumed:]
+        base += consumed
+        if not chunk:
+            break
+    if buf:
+        need = ""
+        if len(buf) >= 24:
+            need = f" of {24 + header_lengths(buf[:24])[3]}"
+        raise RemoteError(ErrorCode.TRUNCATED,
+                          f"truncated frame at byte {base}: input ends after {len(buf)}{need} bytes")

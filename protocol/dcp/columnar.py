@@ -47,11 +47,7 @@ def scan(buf, max_body: int = DEFAULT_MAX_BODY, start: int = 0):
     append = offs.append
     pos, n = start, len(buf)
     err = None
-    magic_ok = _MAGIC_OK
     while pos + HEADER_LEN <= n:
-        if not magic_ok[buf[pos]]:
-            err = RemoteError(ErrorCode.BAD_MAGIC, f"bad magic 0x{buf[pos]:02x} at byte {pos}")
-            break
         bl = _BODYLEN(buf, pos + 8)[0]
         if bl > max_body:
             err = RemoteError(ErrorCode.BODY_TOO_LARGE,
@@ -62,17 +58,34 @@ def scan(buf, max_body: int = DEFAULT_MAX_BODY, start: int = 0):
             break
         append(pos)
         pos = end
+    if pos + HEADER_LEN <= n and not _MAGIC_OK[buf[pos]]:
+        # the scan stopped on a header that is no header: that, not its length, is the error
+        err = RemoteError(ErrorCode.BAD_MAGIC, f"bad magic 0x{buf[pos]:02x} at byte {pos}")
     offsets = np.array(offs, dtype=np.int64)
+    lengths = np.diff(np.append(offsets, pos)) if len(offsets) else np.zeros(0, dtype=np.int64)
     if len(offsets):
-        lengths = np.diff(np.append(offsets, pos))
-        bad = _bad_lengths(buf, offsets, lengths)
-        if bad is not None:
-            p = int(offsets[bad])
-            err = RemoteError(ErrorCode.BAD_LENGTHS, f"extras, key and framing extras exceed the body at byte {p}")
-            offsets, lengths, pos = offsets[:bad], lengths[:bad], p
-    else:
-        lengths = np.zeros(0, dtype=np.int64)
+        # the loop trusted every length field; the first bad magic or inconsistent header
+        # ends the batch there, and its error replaces any later one
+        bad_magic = np.nonzero(np.frombuffer(_MAGIC_OK, np.uint8)[np.frombuffer(buf, np.uint8)[offsets]] == 0)[0]
+        bad_len = _bad_lengths(buf, offsets, lengths)
+        candidates = ([int(bad_magic[0])] if len(bad_magic) else []) + ([bad_len] if bad_len is not None else [])
+        first = min(candidates, default=None)
+        if first is not None:
+            p = int(offsets[first])
+            if len(bad_magic) and int(bad_magic[0]) == first:
+                err = RemoteError(ErrorCode.BAD_MAGIC, f"bad magic 0x{buf[p]:02x} at byte {p}")
+            else:
+                err = RemoteError(ErrorCode.BAD_LENGTHS,
+                                  f"extras, key and framing extras exceed the body at byte {p}")
+            offsets, lengths, pos = offsets[:first], lengths[:first], p
     return offsets, lengths, pos - start, err
+
+
+def _bad_lengths(buf, offsets, lengths):
+    u8 = _u8(buf)
+    _, _, fe, kl, el, bl = _header(u8, offsets)
+    bad = np.nonzero(fe + el + kl > bl)[0]
+    return int(bad[0]) if len(bad) else None
 
 
 def _u8(buf):
@@ -80,13 +93,15 @@ def _u8(buf):
 
 
 def _be(u8, pos, width):
-    """Big-endian unsigned ints of `width` bytes at byte positions pos."""
-    if len(pos) == 0:
-        return np.zeros(0, dtype={1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[width])
+    """Big-endian unsigned ints of `width` bytes at byte positions pos: one gather from a
+    view that has an int starting at every byte of the buffer (stride 1)."""
     if width == 1:
         return u8[pos]
-    idx = pos[:, None] + np.arange(width)
-    return np.ascontiguousarray(u8[idx]).view(f">u{width}").ravel().astype(f"u{width}")
+    n = len(u8) - width + 1
+    if n <= 0 or len(pos) == 0:
+        return np.zeros(len(pos), dtype=f"u{width}")
+    view = np.ndarray(shape=(n,), dtype=f">u{width}", buffer=u8.data, offset=0, strides=(1,))
+    return view[pos].astype(f"u{width}")
 
 
 def _header(u8, offsets):
@@ -99,13 +114,6 @@ def _header(u8, offsets):
     el = u8[offsets + 4].astype(np.int64)
     bl = _be(u8, offsets + 8, 4).astype(np.int64)
     return magic, flex, fe, kl, el, bl
-
-
-def _bad_lengths(buf, offsets, lengths):
-    u8 = _u8(buf)
-    _, _, fe, kl, el, bl = _header(u8, offsets)
-    bad = np.nonzero(fe + el + kl > bl)[0]
-    return int(bad[0]) if len(bad) else None
 
 
 class Batch:
