@@ -77,6 +77,7 @@ class SynapseClient:
         self.server_name: str | None = None
         self.error: RemoteError | None = None
         self.connections = 0
+        self.data_lines = 0  # RDATA and POSITION lines received, over all connections
         self.positions_seen: set[tuple[str, str]] = set()
         self._last_sent = 0.0
         self._last_recv = 0.0
@@ -149,6 +150,7 @@ class SynapseClient:
         pending = self._pending
         slow = split.slow
         parts = split.parts
+        self.data_lines += len(lines) - len(slow)
         start = 0
         for stop in slow + [len(lines)]:
             # a run of plain RDATA lines, then one other line
@@ -171,6 +173,7 @@ class SynapseClient:
         except (UnicodeDecodeError, RemoteError):
             return  # recorded with its decode_error by the capture; nothing to track
         if isinstance(cmd, C.Position):
+            self.data_lines += 1
             key = (cmd.stream.encode(), cmd.instance.encode())
             self.positions_seen.add((cmd.stream, cmd.instance))
             have = self._committed.get(key)

@@ -43,7 +43,9 @@ class Feed:
         self.sent = 0
 
     def take(self, n: int) -> list[str]:
-        out = []
+        out: list[str] = []
+        if n <= 0 or self.done:
+            return out
         for line in self._it:
             self._track(line)
             out.append(line)

@@ -126,7 +126,7 @@ async def _run_tcp(host, port, client, handler, *, ssl, connect_timeout, max_rec
             await asyncio.sleep(backoff(failures))
             continue
         ever_connected = True
-        received = False
+        data_before = client.data_lines
         framer = LineFramer(max_line)
 
         def send(lines: list[str]) -> None:
@@ -167,7 +167,6 @@ async def _run_tcp(host, port, client, handler, *, ssl, connect_timeout, max_rec
                     raise ConnectionLost(f"synapse://{host}:{port} closed the connection")
                 lines = framer.feed(data)
                 if lines:
-                    received = True
                     ts, mono = _now()
                     sp = split_lines(lines)
                     events = client.receive(lines, now, sp)
@@ -193,6 +192,7 @@ async def _run_tcp(host, port, client, handler, *, ssl, connect_timeout, max_rec
             why = exc.message
         finally:
             client.connection_lost()
+            received = client.data_lines > data_before  # a useful connection resets back-off
             writer.close()
             try:
                 await asyncio.wait_for(writer.wait_closed(), 1.0)
@@ -400,6 +400,8 @@ async def serve_tcp(bind: str, port: int, make_connection, feed, *, on_listening
                 write(out)
                 if close:
                     break
+                if silent_after is not None and sent_rdata >= silent_after:
+                    silent = True
                 if not sc.replicated or feed.done or silent:
                     await asyncio.wait([rt], timeout=0.05)
                     continue
@@ -425,8 +427,6 @@ async def serve_tcp(bind: str, port: int, make_connection, feed, *, on_listening
                 if long_line_after is not None and sent_rdata >= long_line_after:
                     writer.write(b"RDATA events master batch " + b"x" * (sc.max_line + 10) + b"\n")
                     break
-                if silent_after is not None and sent_rdata >= silent_after:
-                    silent = True
         except (ConnectionError, OSError):
             pass
         finally:
