@@ -81,9 +81,12 @@ class Sink:
 
     def write_many(self, rows: Iterable[dict]) -> None:
         if self.fmt == "jsonl":
-            data = b"".join(jsonl_bytes(r) for r in rows)
-            n = data.count(b"\n")
-            self.count += n
+            # append each line at once: a kept orjson result pins a page-sized buffer
+            data = bytearray()
+            dumps, default = orjson.dumps, _json_default
+            for r in rows:
+                data += dumps(r, default=default, option=_OPTS)
+                self.count += 1
             if self._bin is not None:
                 self._bin.write(data)
             else:
