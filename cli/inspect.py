@@ -1,0 +1,358 @@
+"""`dcptool inspect CAPTURE...`: what a capture holds, without replaying it.
+
+Files, rows, time span, rows per `op` (DCP) or `command` (Synapse), per-vbucket seqno
+ranges, snapshots, rollbacks, stream ends and decode errors; for Synapse, positions per
+stream and the gaps in them. Finished segments, in-progress segments and directories are
+all accepted. The summary is the command's data, so it goes to stdout: tables for people,
+one JSON document with `--json`. Segments are read one at a time and only the columns
+needed (never `raw` or values), so memory stays bounded by the largest segment.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import sys
+
+import click
+
+_DCP_COLUMNS = ["frame_no", "capture_id", "ts", "direction", "decode_error", "op", "status",
+                "vbucket", "by_seqno", "snap_start", "snap_end", "stream_end_reason",
+                "rollback_seqno"]
+_SYN_COLUMNS = ["frame_no", "capture_id", "conn", "ts", "direction", "decode_error", "command",
+                "stream", "instance", "token", "batch", "prev_token", "new_token"]
+_MAX_EXAMPLES = 10
+_ROLLBACK = 0x23
+
+
+def _iso(ns: int | None) -> str | None:
+    if ns is None:
+        return None
+    secs, frac = divmod(int(ns), 1_000_000_000)
+    return _dt.datetime.fromtimestamp(secs, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S") \
+        + f".{frac:09d}Z"
+
+
+def _plain(arr):
+    import pyarrow as pa
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    return arr.dictionary_decode() if pa.types.is_dictionary(arr.type) else arr
+
+
+def _counts(arr) -> dict:
+    import pyarrow.compute as pc
+    out = {}
+    for item in pc.value_counts(_plain(arr)).to_pylist():
+        out[item["values"]] = item["counts"]
+    return out
+
+
+def _add(into: dict, more: dict) -> None:
+    for k, v in more.items():
+        into[k] = into.get(k, 0) + v
+
+
+def summarize(paths) -> dict:
+    """The inspect summary of the captures named by `paths` (files or directories)."""
+    from dcptool.replay.reader import CaptureError, find_captures, read_file
+    files = find_captures(paths)
+    if not files:
+        raise CaptureError(f"no capture files found in {', '.join(map(str, paths))}")
+    protocol = files[0].protocol
+    s = _Summary(protocol)
+    for f in files:
+        table = read_file(f, _DCP_COLUMNS if protocol == "dcp" else _SYN_COLUMNS)
+        s.file(f, table)
+    return s.result()
+
+
+class _Summary:
+    def __init__(self, protocol: str):
+        self.protocol = protocol
+        self.files: list[dict] = []
+        self.captures: dict[str, dict] = {}
+        self.rows = 0
+        self.ts_min = self.ts_max = None
+        self.directions: dict = {}
+        self.kinds: dict = {}           # op or command -> rows
+        self.decode_errors = 0
+        self.error_examples: list[dict] = []
+        # DCP
+        self.vbs: dict[int, dict] = {}
+        self.rollbacks: list[dict] = []
+        self.stream_ends: list[dict] = []
+        # Synapse
+        self.streams: dict[tuple, dict] = {}
+        self.gaps: list[dict] = []
+        self._conn = None
+
+    # -- per segment ---------------------------------------------------------------------
+
+    def file(self, f, t) -> None:
+        import pyarrow.compute as pc
+        n = t.num_rows
+        self.files.append({"path": f.path, "capture_id": f.capture_id, "segment": f.segment,
+                           "in_progress": f.in_progress, "started_at": f.started_at, "rows": n})
+        cap = self.captures.setdefault(f.capture_id, {
+            "capture_id": f.capture_id, "started_at": f.started_at,
+            "source": f.metadata.get("dcptool.source"), "version": f.metadata.get("dcptool.version"),
+            "segments": 0, "rows": 0})
+        cap["segments"] += 1
+        cap["rows"] += n
+        self.rows += n
+        if n == 0:
+            return
+        ts = pc.min_max(t.column("ts").cast("int64"))
+        lo, hi = ts["min"].as_py(), ts["max"].as_py()
+        if lo is not None:
+            self.ts_min = lo if self.ts_min is None else min(self.ts_min, lo)
+            self.ts_max = hi if self.ts_max is None else max(self.ts_max, hi)
+        _add(self.directions, _counts(t.column("direction")))
+        _add(self.kinds, _counts(t.column("op" if self.protocol == "dcp" else "command")))
+        errs = t.filter(pc.is_valid(t.column("decode_error")))
+        self.decode_errors += errs.num_rows
+        for row in errs.slice(0, _MAX_EXAMPLES - len(self.error_examples)).to_pylist() \
+                if len(self.error_examples) < _MAX_EXAMPLES else []:
+            self.error_examples.append({"capture_id": f.capture_id, "frame_no": row["frame_no"],
+                                        "error": row["decode_error"]})
+        if self.protocol == "dcp":
+            self._dcp(f, t)
+        else:
+            self._synapse(f, t)
+
+    def _vb(self, vb: int) -> dict:
+        d = self.vbs.get(vb)
+        if d is None:
+            d = self.vbs[vb] = {"vbucket": vb, "items": 0, "first_seqno": None, "last_seqno": None,
+                                "min_seqno": None, "max_seqno": None, "snapshots": 0,
+                                "rollbacks": 0, "stream_end_reason": None}
+        return d
+
+    def _dcp(self, f, t) -> None:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        from dcptool.protocol.dcp.constants import stream_end_reason_name
+        is_in = pc.fill_null(pc.equal(_plain(t.column("direction")), "in"), False)
+        op = _plain(t.column("op"))
+        items = t.filter(pc.and_(pc.and_(is_in, pc.is_null(t.column("status"))),
+                                 pc.is_valid(t.column("by_seqno"))))
+        if items.num_rows:
+            g = items.select(["vbucket", "by_seqno"]).group_by("vbucket", use_threads=False).aggregate(
+                [("by_seqno", "first"), ("by_seqno", "last"), ("by_seqno", "count"),
+                 ("by_seqno", "min"), ("by_seqno", "max")])
+            for r in g.to_pylist():
+                if r["vbucket"] is None:
+                    continue
+                d = self._vb(r["vbucket"])
+                if d["first_seqno"] is None:
+                    d["first_seqno"] = r["by_seqno_first"]
+                d["last_seqno"] = r["by_seqno_last"]
+                d["items"] += r["by_seqno_count"]
+                d["min_seqno"] = r["by_seqno_min"] if d["min_seqno"] is None else min(d["min_seqno"], r["by_seqno_min"])
+                d["max_seqno"] = r["by_seqno_max"] if d["max_seqno"] is None else max(d["max_seqno"], r["by_seqno_max"])
+        markers = t.filter(pc.and_(is_in, pc.fill_null(pc.equal(op, "snapshot_marker"), False)))
+        if markers.num_rows:
+            for r in pc.value_counts(markers.column("vbucket")).to_pylist():
+                if r["values"] is not None:
+                    self._vb(r["values"])["snapshots"] += r["counts"]
+        rb = t.filter(pc.and_(is_in, pc.fill_null(pc.equal(t.column("status"), pa.scalar(_ROLLBACK, pa.uint16())), False)))
+        for r in rb.select(["vbucket", "rollback_seqno", "frame_no", "ts"]).to_pylist():
+            self.rollbacks.append({"vbucket": r["vbucket"], "rollback_seqno": r["rollback_seqno"],
+                                   "capture_id": f.capture_id, "frame_no": r["frame_no"]})
+            if r["vbucket"] is not None:
+                self._vb(r["vbucket"])["rollbacks"] += 1
+        ends = t.filter(pc.and_(is_in, pc.fill_null(pc.equal(op, "stream_end"), False)))
+        for r in ends.select(["vbucket", "stream_end_reason", "frame_no"]).to_pylist():
+            reason = r["stream_end_reason"]
+            self.stream_ends.append({
+                "vbucket": r["vbucket"], "reason": reason,
+                "reason_name": stream_end_reason_name(reason) if reason is not None else None,
+                "capture_id": f.capture_id, "frame_no": r["frame_no"]})
+            if r["vbucket"] is not None:
+                self._vb(r["vbucket"])["stream_end_reason"] = reason
+
+    def _synapse(self, f, t) -> None:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        is_in = pc.fill_null(pc.equal(_plain(t.column("direction")), "in"), False)
+        cmd = _plain(t.column("command"))
+        wanted = pc.and_(is_in, pc.fill_null(pc.is_in(cmd, value_set=pa.array(["RDATA", "POSITION"])),
+                                             False))
+        rel = t.filter(wanted).select(["frame_no", "conn", "command", "stream", "instance",
+                                       "token", "batch", "prev_token", "new_token"]).to_pylist()
+        for r in rel:
+            self._connection((f.capture_id, r["conn"]))
+            key = (r["stream"], r["instance"])
+            st = self.streams.get(key)
+            if st is None:
+                st = self.streams[key] = {"stream": r["stream"], "instance": r["instance"],
+                                          "token": None, "rows": 0, "batches": 0,
+                                          "positions": 0, "gaps": 0, "dropped": 0,
+                                          "waiting": 0}
+            if r["command"] == "RDATA":
+                if r["batch"]:
+                    st["waiting"] += 1
+                elif r["token"] is not None:
+                    if st["waiting"]:
+                        st["batches"] += 1
+                    st["rows"] += st["waiting"] + 1
+                    st["waiting"] = 0
+                    st["token"] = r["token"]
+            else:
+                st["positions"] += 1
+                prev, new = r["prev_token"], r["new_token"]
+                if st["token"] is not None and prev is not None and st["token"] < prev:
+                    st["gaps"] += 1
+                    self.gaps.append({"stream": r["stream"], "instance": r["instance"],
+                                      "from_token": st["token"], "to_token": prev,
+                                      "capture_id": f.capture_id, "frame_no": r["frame_no"]})
+                if new is not None:
+                    st["token"] = new
+        # a change of connection drops the rows still waiting for a token (REPLAY.md)
+        self._connection((f.capture_id, t.column("conn")[-1].as_py()))
+
+    def _connection(self, conn) -> None:
+        if conn != self._conn:
+            if self._conn is not None:
+                for st in self.streams.values():
+                    st["dropped"] += st["waiting"]
+                    st["waiting"] = 0
+            self._conn = conn
+
+    # -- result --------------------------------------------------------------------------
+
+    def result(self) -> dict:
+        span = None
+        if self.ts_min is not None:
+            span = {"first": _iso(self.ts_min), "last": _iso(self.ts_max),
+                    "seconds": (self.ts_max - self.ts_min) / 1e9}
+        out = {
+            "protocol": self.protocol,
+            "files": self.files,
+            "captures": list(self.captures.values()),
+            "rows": self.rows,
+            "time_span": span,
+            "directions": dict(sorted(self.directions.items(), key=lambda kv: str(kv[0]))),
+        }
+        kinds = dict(sorted(self.kinds.items(), key=lambda kv: (-kv[1], str(kv[0]))))
+        if self.protocol == "dcp":
+            out["ops"] = kinds
+            out["vbuckets"] = [self.vbs[k] for k in sorted(self.vbs)]
+            out["snapshots"] = sum(v["snapshots"] for v in self.vbs.values())
+            out["rollbacks"] = self.rollbacks
+            out["stream_ends"] = self.stream_ends
+        else:
+            out["commands"] = kinds
+            out["positions"] = [self.streams[k] for k in sorted(self.streams, key=lambda k: (str(k[0]), str(k[1])))]
+            out["gaps"] = self.gaps
+        out["decode_errors"] = {"count": self.decode_errors, "examples": self.error_examples}
+        return out
+
+
+# ----------------------------------------------------------------------------- rendering
+
+def render(summary: dict, console) -> None:
+    from rich.table import Table
+
+    def table(title, *cols):
+        t = Table(title=title, title_justify="left", title_style="bold")
+        for c in cols:
+            t.add_column(c, justify="right" if c not in ("file", "op", "command", "stream",
+                                                          "instance", "reason", "error",
+                                                          "capture_id", "started_at") else "left")
+        return t
+
+    files = table("files", "file", "capture_id", "segment", "rows")
+    for f in summary["files"]:
+        files.add_row(f["path"] + (" (in progress)" if f["in_progress"] else ""),
+                      f["capture_id"][:8], str(f["segment"]), f"{f['rows']:,}")
+    console.print(files)
+    span = summary["time_span"]
+    console.print(f"protocol {summary['protocol']}, {len(summary['captures'])} capture(s), "
+                  f"{summary['rows']:,} rows"
+                  + (f", {span['first']} .. {span['last']} ({span['seconds']:.3f} s)" if span else "")
+                  + "; " + ", ".join(f"{k}: {v:,}" for k, v in summary["directions"].items()),
+                  highlight=False)
+    kind = "op" if summary["protocol"] == "dcp" else "command"
+    kinds = table(f"rows per {kind}", kind, "rows")
+    for k, v in summary["ops" if kind == "op" else "commands"].items():
+        kinds.add_row(str(k), f"{v:,}")
+    console.print(kinds)
+    if summary["protocol"] == "dcp":
+        vbs = table("vbuckets", "vbucket", "items", "first seqno", "last seqno", "min", "max",
+                    "snapshots", "rollbacks", "stream end")
+        for v in summary["vbuckets"]:
+            vbs.add_row(*[("" if v[k] is None else f"{v[k]}") for k in
+                          ("vbucket", "items", "first_seqno", "last_seqno", "min_seqno",
+                           "max_seqno", "snapshots", "rollbacks", "stream_end_reason")])
+        console.print(vbs)
+        console.print(f"snapshots: {summary['snapshots']:,}", highlight=False)
+        if summary["rollbacks"]:
+            rb = table("rollbacks", "vbucket", "rollback seqno", "frame_no")
+            for r in summary["rollbacks"]:
+                rb.add_row(str(r["vbucket"]), str(r["rollback_seqno"]), str(r["frame_no"]))
+            console.print(rb)
+        else:
+            console.print("rollbacks: none", highlight=False)
+        if summary["stream_ends"]:
+            se = table("stream ends", "vbucket", "reason", "frame_no")
+            for r in summary["stream_ends"]:
+                se.add_row(str(r["vbucket"]), f"{r['reason']} ({r['reason_name']})", str(r["frame_no"]))
+            console.print(se)
+        else:
+            console.print("stream ends: none", highlight=False)
+    else:
+        pos = table("positions", "stream", "instance", "token", "rows", "batches", "positions",
+                    "gaps", "dropped", "waiting")
+        for p in summary["positions"]:
+            pos.add_row(*[("" if p[k] is None else str(p[k])) for k in
+                          ("stream", "instance", "token", "rows", "batches", "positions", "gaps",
+                           "dropped", "waiting")])
+        console.print(pos)
+        if summary["gaps"]:
+            gaps = table("gaps", "stream", "instance", "from token", "to token", "frame_no")
+            for g in summary["gaps"]:
+                gaps.add_row(str(g["stream"]), str(g["instance"]), str(g["from_token"]),
+                             str(g["to_token"]), str(g["frame_no"]))
+            console.print(gaps)
+        else:
+            console.print("gaps: none", highlight=False)
+    de = summary["decode_errors"]
+    if de["count"]:
+        errs = table(f"decode errors ({de['count']:,})", "capture_id", "frame_no", "error")
+        for e in de["examples"]:
+            errs.add_row(e["capture_id"][:8], str(e["frame_no"]), e["error"])
+        console.print(errs)
+    else:
+        console.print("decode errors: none", highlight=False)
+
+
+@click.command("inspect")
+@click.argument("captures", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+def inspect_cmd(captures, as_json):
+    """Summarise captures: files, rows, time span, rows per op/command, seqno ranges per
+    vbucket, snapshots, rollbacks, stream ends, Synapse positions and gaps, decode errors.
+
+    CAPTURE is a segment (.parquet or in-progress .arrows), a directory, or - to read paths
+    from stdin.
+
+    \b
+    Examples:
+      dcptool inspect captures/
+      dcptool inspect captures/ --json | jq '.vbuckets[] | select(.vbucket == 0)'
+    """
+    paths = []
+    for c in captures:
+        if c == "-":
+            paths.extend(line.strip() for line in sys.stdin if line.strip())
+        else:
+            paths.append(c)
+    summary = summarize(paths)
+    if as_json:
+        sys.stdout.write(json.dumps(summary, separators=(",", ":")) + "\n")
+        sys.stdout.flush()
+        return
+    from rich.console import Console
+    render(summary, Console(file=sys.stdout, highlight=False))
