@@ -253,7 +253,8 @@ async def _run_redis(host, port, server_name, client, handler, *, db, password, 
             return
         conn_no += 1
         kwargs = dict(host=host, port=port, db=db, password=password, username=username,
-                      socket_connect_timeout=connect_timeout, decode_responses=False)
+                      socket_connect_timeout=connect_timeout, decode_responses=False,
+                      client_name="".join(c if c.isprintable() and c != " " else "_" for c in client.name))
         if tls:
             kwargs.update(ssl=True, ssl_ca_certs=ca_cert,
                           ssl_cert_reqs="none" if insecure else "required",
