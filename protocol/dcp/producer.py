@@ -205,7 +205,7 @@ class Bucket:
                  seed: int = 0, value_size: int = 61, checkpoint_items: int = 100):
         if not 1 <= num_vbuckets <= MAX_VBUCKETS:
             raise ValueError(f"vbuckets must be 1..{MAX_VBUCKETS}")
-        value_size = max(value_size, 22)
+        value_size = max(value_size, 24)
         self.name = name
         self.num_vbuckets = num_vbuckets
         self.seed = seed
@@ -229,18 +229,18 @@ class Bucket:
         self.generation = 0        # bumps when items are added (wakes idle streams)
 
     def _values(self, n: int, size: int) -> np.ndarray:
-        """`{"n":NNNNNNNN,"r":"<hex>"}` exactly `size` bytes, hex from the seeded RNG."""
+        """`{"n":"NNNNNNNN","r":"<hex>"}` exactly `size` bytes, hex from the seeded RNG."""
         out = np.zeros((n, size), np.uint8)
         if n == 0:
             return out
         gen = np.random.default_rng(self.seed)
-        out[:, 0:5] = np.frombuffer(b'{"n":', np.uint8)
+        out[:, 0:6] = np.frombuffer(b'{"n":"', np.uint8)
         digits = np.arange(n, dtype=np.int64)
         for j in range(8):
-            out[:, 12 - j] = 48 + (digits // 10 ** j) % 10
-        out[:, 13:19] = np.frombuffer(b',"r":"', np.uint8)
+            out[:, 13 - j] = 48 + (digits // 10 ** j) % 10
+        out[:, 14:21] = np.frombuffer(b'","r":"', np.uint8)
         hexchars = np.frombuffer(b"0123456789abcdef", np.uint8)
-        out[:, 19:size - 2] = hexchars[gen.integers(0, 16, size=(n, size - 21))]
+        out[:, 21:size - 2] = hexchars[gen.integers(0, 16, size=(n, size - 23))]
         out[:, size - 2:] = np.frombuffer(b'"}', np.uint8)
         return out
 
@@ -882,7 +882,7 @@ class ProducerConnection:
             if self.closed:
                 break
         self.stats["bytes_sent"] += sum(len(x) for x in out)
-        if sc.slow:
+        if sc.slow and total:
             self.next_send = now + sc.slow
         return out
 

@@ -1,0 +1,610 @@
+"""The DCP consumer state machine, sans-IO: handshake (HELLO, SASL, SELECT_BUCKET,
+DCP_OPEN, DCP_CONTROL), stream requests with a bounded number in flight, the rollback loop,
+per-vbucket failover logs and snapshots, noop answers, buffer acks, stream ends and the end
+condition of `--to`.
+
+Bytes in: `receive(buf, offsets, lengths, now)` with the whole frames of one read (or
+`feed(data, now)`, which splits for you). Bytes out: `outgoing()` (a list of frames, so a
+capture can record each one). Time is an argument; `check(now)` raises when the connection
+has been silent for twice the noop interval.
+
+Hot path: data frames (mutation, deletion, expiration, system event, seqno advanced) are
+never decoded into messages: opcode, vbucket, opaque and by_seqno are read with one
+struct.unpack_from at fixed offsets and only per-vbucket state is updated. Everything else
+is rare and decoded fully with protocol.dcp.messages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from typing import Callable
+
+from dcptool.protocol.dcp import messages as m
+from dcptool.protocol.dcp import sasl
+from dcptool.protocol.dcp.constants import (SEQNO_INFINITY, Feature, OpenFlag, SnapshotFlag, Status,
+                                            StreamEndReason, StreamRequestFlag, status_name,
+                                            stream_end_reason_name)
+from dcptool.protocol.dcp.frames import parse_frame, split_until_error
+from dcptool.protocol.errors import (AuthRefused, ErrorCode, LocalError, ProtocolError,
+                                     RemoteError)
+
+_DATA = struct.Struct(">BB4xH4xI8xQ")     # magic opcode . vbucket . opaque . by_seqno
+DATA_OPS = frozenset({0x57, 0x58, 0x59, 0x5F, 0x64})
+NUM_VB_SLOTS = 1024
+DEFAULT_REOPEN = frozenset({StreamEndReason.STATE_CHANGED, StreamEndReason.DISCONNECTED,
+                           StreamEndReason.TOO_SLOW, StreamEndReason.BACKFILL_FAIL,
+                           StreamEndReason.ROLLBACK})
+
+
+# --------------------------------------------------------------------------- state
+
+@dataclasses.dataclass
+class VbState:
+    """What a consumer keeps per vbucket to resume (PROTOCOLS.md "Consumer rules")."""
+    failover_log: list = dataclasses.field(default_factory=list)   # [(uuid, seqno)], newest first
+    last_seqno: int = 0
+    snap_start: int = 0
+    snap_end: int = 0
+    snapshot_complete: bool = True
+    ended_reason: int | None = None    # the stream ended for good (not re-requested on resume)
+
+    def request_seqnos(self) -> tuple[int, int, int, int]:
+        """(start, vbucket uuid, snap start, snap end) of a resuming stream request."""
+        uuid = self.failover_log[0][0] if self.failover_log else 0
+        s = self.last_seqno
+        if self.snapshot_complete or not self.snap_start <= s <= self.snap_end:
+            return s, uuid, s, s
+        return s, uuid, self.snap_start, self.snap_end
+
+
+@dataclasses.dataclass
+class ConsumerConfig:
+    bucket: str
+    name: str
+    user: str | None = None
+    password: str | None = dataclasses.field(default=None, repr=False)
+    vbuckets: list[int] | None = None     # None: every vbucket the bucket has
+    start: str = "0"                      # "0", "now" or a seqno
+    to: str = "now"                       # "now", "forever" or a seqno
+    no_value: bool = False
+    xattrs: bool = False
+    collections: bool = False
+    buffer_size: int = 20 * 1024 * 1024   # 0: no flow control
+    noop_interval: float = 30.0           # 0: no noops
+    tls: bool = False
+    allow_plain: bool = False             # PLAIN over plain TCP
+    max_in_flight: int = 64
+    agent: str = "dcptool"
+    reopen_reasons: frozenset = DEFAULT_REOPEN
+    max_reopens: int = 5
+    max_rollbacks: int = 20
+    ack_ratio: float = 0.5
+
+
+# --------------------------------------------------------------------------- events
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HandshakeComplete:
+    features: tuple
+    controls: dict
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ControlRefused:
+    key: str
+    value: str
+    status: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamOpened:
+    vbucket: int
+    start: int
+    failover_log: tuple
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rollback:
+    vbucket: int
+    seqno: int          # everything above it is void; the stream is re-requested from it
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamFailed:
+    vbucket: int
+    status: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamEnded:
+    vbucket: int
+    reason: int
+    final: bool         # False: the consumer re-requests the stream
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Finished:
+    ended: int
+    failed: int
+
+
+# per-vbucket phase
+_WAIT, _FLOG, _REQ, _OPEN, _DONE = range(5)
+
+
+class Consumer:
+    def __init__(self, config: ConsumerConfig, resume: dict[int, VbState] | None = None, now: float = 0.0):
+        self.cfg = config
+        self.states: dict[int, VbState] = {vb: dataclasses.replace(s, failover_log=list(s.failover_log))
+                                           for vb, s in (resume or {}).items()}
+        self.features: tuple = ()
+        self.controls: dict[str, str] = {}
+        self.refused: dict[str, int] = {}
+        self.should_pause: Callable[[], bool] | None = None
+        self.phase = "hello"
+        self.finished = False
+        self.closing = False
+        self._out: list[bytes] = []
+        self._events: list = []
+        self._pending: dict[int, Callable] = {}
+        self._opaque = 0
+        self._tail = b""
+        self.last_rx = now
+        self.noop_active = False
+        self.buffer_active = False
+        self._unacked = 0
+        self.acked_total = 0
+        self.frames_in = 0
+        self.data_frames = 0
+        self.noops_answered = 0
+        # per-vbucket arrays for the hot path
+        self._last = [0] * NUM_VB_SLOTS
+        self._sopq = [-1] * NUM_VB_SLOTS          # opaque of the open stream, -1 none
+        for vb, st in self.states.items():
+            self._last[vb] = st.last_seqno
+        self._phase: dict[int, int] = {}
+        self._queue: list[int] = []
+        self._in_flight = 0
+        self._reopens: dict[int, int] = {}
+        self._rollbacks: dict[int, int] = {}
+        self.vb_opaque: dict[int, int] = {}       # request opaque -> vbucket (for rows)
+        self._sasl = None
+        self._mech = None
+        self._end_seqno: dict[int, int] = {}
+
+    # ---- public
+    def start(self, now: float) -> None:
+        """Queue the first request (HELLO)."""
+        self.last_rx = now
+        feats = [Feature.XERROR, Feature.SELECT_BUCKET, Feature.JSON, Feature.SNAPPY, Feature.DUPLEX,
+                 Feature.TCP_NODELAY]
+        if self.cfg.xattrs:
+            feats.append(Feature.XATTR)
+        if self.cfg.collections:
+            feats.append(Feature.COLLECTIONS)
+        self._request(m.Hello(agent=self.cfg.agent.encode(), features=tuple(int(f) for f in feats)),
+                      self._on_hello)
+
+    def outgoing(self) -> list[bytes]:
+        out, self._out = self._out, []
+        return out
+
+    def events(self) -> list:
+        ev, self._events = self._events, []
+        return ev
+
+    @property
+    def collections(self) -> bool:
+        return Feature.COLLECTIONS in self.features
+
+    def feed(self, data: bytes, now: float) -> list:
+        """Convenience: split data (with any kept tail) into frames and receive them."""
+        buf = self._tail + bytes(data)
+        bounds, consumed, err = split_until_error(buf)
+        self._tail = buf[consumed:]
+        ev = self.receive(buf, [o for o, _ in bounds], [n for _, n in bounds], now)
+        if err is not None:
+            raise err
+        return ev
+
+    def resume_state(self) -> dict[int, VbState]:
+        """Per-vbucket state to restart streams from on a new connection."""
+        out = {}
+        for vb, st in self.states.items():
+            st.last_seqno = self._last[vb]
+            st.snapshot_complete = st.snapshot_complete or st.last_seqno >= st.snap_end
+            out[vb] = dataclasses.replace(st, failover_log=list(st.failover_log))
+        return out
+
+    def check(self, now: float) -> None:
+        """Raise RemoteError(DEAD_CONNECTION) after 2x the noop interval without a frame."""
+        if self.noop_active and now - self.last_rx > 2 * self.cfg.noop_interval:
+            raise RemoteError(ErrorCode.DEAD_CONNECTION,
+                              f"no frame from the producer for {now - self.last_rx:.1f} s "
+                              f"(noop interval {self.cfg.noop_interval:g} s)")
+
+    def next_check(self) -> float | None:
+        return self.last_rx + 2 * self.cfg.noop_interval if self.noop_active else None
+
+    def close_streams(self) -> None:
+        """Ask the producer to close every open stream (Ctrl-C, --max-messages)."""
+        self.closing = True
+        for vb, ph in self._phase.items():
+            if ph == _OPEN:
+                self._request(m.CloseStream(vbucket=vb), lambda f, vb=vb: None)
+
+    def flush_acks(self) -> None:
+        """Send the pending buffer ack if it is due and nothing asks us to pause."""
+        if (self.buffer_active and self._unacked >= self.cfg.buffer_size * self.cfg.ack_ratio
+                and not (self.should_pause is not None and self.should_pause())):
+            self._out.append(m.encode(m.BufferAck(bytes_acked=self._unacked)))
+            self.acked_total += self._unacked
+            self._unacked = 0
+
+    # ---- receive
+    def receive(self, buf, offsets, lengths, now: float) -> list:
+        """Process the whole frames at offsets/lengths in buf. Returns the events."""
+        if hasattr(offsets, "tolist"):
+            offsets, lengths = offsets.tolist(), lengths.tolist()
+        n = len(offsets)
+        if n == 0:
+            return self.events()
+        self.last_rx = now
+        self.frames_in += n
+        unpack = _DATA.unpack_from
+        last = self._last
+        sopq = self._sopq
+        unacked = 0
+        data = 0
+        for i in range(n):
+            off = offsets[i]
+            ln = lengths[i]
+            op = buf[off + 1]
+            if op in DATA_OPS and ln >= 32 and buf[off] == 0x80:
+                _, _, vb, opaque, seq = unpack(buf, off)
+                if opaque == sopq[vb] and seq > last[vb]:
+                    last[vb] = seq
+                    unacked += ln
+                    data += 1
+                    continue
+            magic = buf[off]
+            if (magic == 0x80 or magic == 0x08) and op != 0x5C:
+                unacked += ln
+            self._unacked += unacked
+            unacked = 0
+            self._slow(parse_frame(buf, off, ln), now)
+        self._unacked += unacked
+        self.data_frames += data
+        self.flush_acks()
+        return self.events()
+
+    def _slow(self, frame, now: float) -> None:
+        msg = m.decode(frame, self.collections)
+        if msg.IS_RESPONSE:
+            handler = self._pending.pop(msg.opaque, None)
+            if handler is not None:
+                handler(msg)
+            return
+        magic = frame.magic
+        op = msg.op_code
+        if magic == 0x82:   # server-initiated request (Duplex): acknowledge
+            self._out.append(m.encode(m.Response(opcode=op, opaque=msg.opaque, magic=0x83)))
+            return
+        if op == 0x5C:
+            self._out.append(m.encode(m.Response(opcode=0x5C, opaque=msg.opaque)))
+            self.noops_answered += 1
+            return
+        vb = getattr(msg, "vbucket", None)
+        if vb is None or vb >= NUM_VB_SLOTS or msg.opaque != self._sopq[vb]:
+            return   # a frame of a stream we no longer have (closed, replaced): ignore
+        t = type(msg)
+        st = self.states[vb]
+        if t is m.SnapshotMarker:
+            st.last_seqno = self._last[vb]
+            st.snap_start, st.snap_end = msg.snap_start, msg.snap_end
+            st.snapshot_complete = st.last_seqno >= st.snap_end
+            if msg.snap_flags & SnapshotFlag.ACK:
+                self._out.append(m.encode(m.Response(opcode=0x56, opaque=msg.opaque)))
+        elif t is m.StreamEnd:
+            self._stream_end(vb, msg.reason)
+        elif t is m.SetVbucketState:
+            self._out.append(m.encode(m.Response(opcode=0x5B, opaque=msg.opaque)))
+        elif op in DATA_OPS or t in (m.Prepare, m.Commit, m.Abort):
+            seq = getattr(msg, "by_seqno", None)
+            if seq is None:
+                seq = getattr(msg, "commit_seqno", None) or getattr(msg, "abort_seqno", None)
+            if seq is not None:
+                if seq <= self._last[vb]:
+                    raise RemoteError(ErrorCode.UNEXPECTED_MESSAGE,
+                                      f"vbucket {vb}: seqno {seq} after {self._last[vb]}")
+                self._last[vb] = seq
+        elif getattr(msg, "decode_error", None) and op in DATA_OPS:
+            raise RemoteError(ErrorCode.BAD_EXTRAS, f"vbucket {vb}: {msg.decode_error}")
+
+    # ---- requests and handshake
+    def _request(self, msg, handler) -> int:
+        self._opaque += 1
+        opaque = self._opaque
+        msg = dataclasses.replace(msg, opaque=opaque)
+        self._pending[opaque] = handler
+        if hasattr(msg, "vbucket"):
+            self.vb_opaque[opaque] = msg.vbucket
+        self._out.append(m.encode(msg))
+        return opaque
+
+    def _on_hello(self, rsp) -> None:
+        if rsp.status != Status.SUCCESS:
+            raise RemoteError(ErrorCode.STATUS, f"HELLO refused: {status_name(rsp.status)}", rsp.status)
+        self.features = tuple(getattr(rsp, "features", ()))
+        if self.cfg.collections and Feature.COLLECTIONS not in self.features:
+            raise RemoteError(ErrorCode.UNSUPPORTED, "the server does not offer collections")
+        if self.cfg.user:
+            self.phase = "sasl"
+            self._request(m.SaslListMechs(), self._on_mechs)
+        else:
+            self._select()
+
+    def _on_mechs(self, rsp) -> None:
+        if rsp.status != Status.SUCCESS:
+            raise AuthRefused(f"SASL mechanisms not listed: {status_name(rsp.status)}", rsp.status)
+        mech = sasl.choose_mechanism(rsp.value, allow_plain=self.cfg.tls or self.cfg.allow_plain)
+        self._mech = mech
+        if mech == "PLAIN":
+            data = sasl.plain_message(self.cfg.user, self.cfg.password or "")
+        else:
+            self._sasl = sasl.ScramClient(mech, self.cfg.user, self.cfg.password or "")
+            data = self._sasl.first()
+        self._request(m.SaslAuth(mechanism=mech.encode(), data=data), self._on_sasl)
+
+    def _on_sasl(self, rsp) -> None:
+        st = rsp.status
+        if st == Status.AUTH_CONTINUE and self._sasl is not None:
+            data = self._sasl.final(rsp.value)
+            self._request(m.SaslStep(mechanism=self._mech.encode(), data=data), self._on_sasl)
+            return
+        if st != Status.SUCCESS:
+            raise AuthRefused(f"authentication as {self.cfg.user!r} refused ({self._mech}): "
+                              f"{status_name(st)}; check the user and DCPTOOL_PASSWORD", st)
+        if self._sasl is not None:
+            self._sasl.verify(rsp.value)
+            self._sasl = None
+        self._select()
+
+    def _select(self) -> None:
+        self.phase = "select"
+        self._request(m.SelectBucket(bucket=self.cfg.bucket.encode()), self._on_select)
+
+    def _on_select(self, rsp) -> None:
+        st = rsp.status
+        if st in (Status.EACCESS, Status.AUTH_ERROR, Status.AUTH_STALE):
+            raise AuthRefused(f"access to bucket {self.cfg.bucket!r} denied: {status_name(st)}", st)
+        if st in (Status.KEY_ENOENT, Status.NO_BUCKET):
+            raise RemoteError(ErrorCode.STATUS, f"bucket {self.cfg.bucket!r} does not exist on the server", st)
+        if st != Status.SUCCESS:
+            raise RemoteError(ErrorCode.STATUS, f"SELECT_BUCKET {self.cfg.bucket!r} failed: {status_name(st)}", st)
+        if self.cfg.vbuckets is None:
+            self._request(m.GetAllVbSeqnos(), self._on_vb_seqnos)
+        else:
+            self._open()
+
+    def _on_vb_seqnos(self, rsp) -> None:
+        if rsp.status == Status.SUCCESS and getattr(rsp, "seqnos", None):
+            self.cfg = dataclasses.replace(self.cfg, vbuckets=sorted(v for v, _ in rsp.seqnos))
+        else:
+            self.cfg = dataclasses.replace(self.cfg, vbuckets=list(range(NUM_VB_SLOTS)))
+        self._open()
+
+    def _open(self) -> None:
+        self.phase = "open"
+        flags = OpenFlag.PRODUCER | OpenFlag.INCLUDE_DELETE_TIMES
+        if self.cfg.no_value:
+            flags |= OpenFlag.NO_VALUE
+        if self.cfg.xattrs:
+            flags |= OpenFlag.INCLUDE_XATTRS
+        self._request(m.DcpOpen(name=self.cfg.name.encode(), flags=int(flags)), self._on_open)
+
+    def _on_open(self, rsp) -> None:
+        st = rsp.status
+        if st in (Status.EACCESS, Status.AUTH_ERROR):
+            raise AuthRefused(f"DCP_OPEN on {self.cfg.bucket!r} denied: {status_name(st)}", st)
+        if st != Status.SUCCESS:
+            raise RemoteError(ErrorCode.STATUS, f"DCP_OPEN refused: {status_name(st)}", st)
+        self.phase = "control"
+        cfg = self.cfg
+        controls = []
+        if cfg.buffer_size:
+            controls.append(("connection_buffer_size", str(cfg.buffer_size)))
+        if cfg.noop_interval:
+            controls.append(("set_noop_interval", f"{cfg.noop_interval:g}"))
+            controls.append(("enable_noop", "true"))
+        controls.append(("send_stream_end_on_client_close_stream", "true"))
+        controls.append(("enable_expiry_opcode", "true"))
+        if cfg.collections:
+            controls.append(("max_marker_version", "2.2"))
+        self._controls_left = len(controls)
+        for key, val in controls:
+            self._request(m.Control(key=key.encode(), value=val.encode()),
+                          lambda rsp, k=key, v=val: self._on_control(k, v, rsp))
+
+    def _required(self, key: str) -> bool:
+        noop_needed = self.cfg.collections or self.cfg.xattrs
+        return noop_needed and key in ("enable_noop", "set_noop_interval")
+
+    def _on_control(self, key: str, val: str, rsp) -> None:
+        if rsp.status == Status.SUCCESS:
+            self.controls[key] = val
+        else:
+            self.refused[key] = rsp.status
+            if self._required(key):
+                raise RemoteError(ErrorCode.UNSUPPORTED,
+                                  f"DCP_CONTROL {key}={val} refused ({status_name(rsp.status)}); "
+                                  "noops are required with collections or xattrs", rsp.status)
+            self._events.append(ControlRefused(key, val, rsp.status))
+        self._controls_left -= 1
+        if self._controls_left == 0:
+            self.noop_active = self.controls.get("enable_noop") == "true"
+            self.buffer_active = "connection_buffer_size" in self.controls
+            self.phase = "streaming"
+            self._events.append(HandshakeComplete(self.features, dict(self.controls)))
+            self._start_streams()
+
+    # ---- streams
+    def _start_streams(self) -> None:
+        for vb in self.cfg.vbuckets or ():
+            st = self.states.get(vb)
+            if st is not None and st.ended_reason is not None:
+                continue
+            if st is None:
+                self.states[vb] = VbState()
+            self._phase[vb] = _WAIT
+            self._queue.append(vb)
+        self._pump()
+        self._check_finished()
+
+    def _pump(self) -> None:
+        while self._queue and self._in_flight < self.cfg.max_in_flight and not self.closing:
+            vb = self._queue.pop(0)
+            self._in_flight += 1
+            self._send_stream_req(vb)
+
+    def _fresh(self, vb: int) -> bool:
+        st = self.states[vb]
+        return not st.failover_log and st.last_seqno == 0
+
+    def _send_stream_req(self, vb: int) -> None:
+        st = self.states[vb]
+        cfg = self.cfg
+        flags = 0
+        if self._fresh(vb):
+            if cfg.start == "now":
+                flags |= StreamRequestFlag.FROM_LATEST
+                start = uuid = ss = se = 0
+            elif cfg.start not in ("0", "") and int(cfg.start) > 0 and not st.failover_log:
+                self._phase[vb] = _FLOG   # a start seqno needs the branch it belongs to
+                self._request(m.GetFailoverLog(vbucket=vb), lambda rsp, vb=vb: self._on_flog(vb, rsp))
+                return
+            else:
+                start = uuid = ss = se = 0
+        else:
+            start, uuid, ss, se = st.request_seqnos()
+        if cfg.to == "now":
+            flags |= StreamRequestFlag.TO_LATEST
+            end = SEQNO_INFINITY
+        elif cfg.to == "forever":
+            end = SEQNO_INFINITY
+        else:
+            end = int(cfg.to)
+            if start >= end and not flags & StreamRequestFlag.FROM_LATEST:
+                self._in_flight -= 1
+                self._events.append(StreamEnded(vb, StreamEndReason.OK, True))
+                self._finish_vb(vb, StreamEndReason.OK)
+                return
+        self._phase[vb] = _REQ
+        self._end_seqno[vb] = end
+        req = m.StreamRequest(vbucket=vb, flags=int(flags), start_seqno=start, end_seqno=end,
+                              vbucket_uuid=uuid, snap_start=ss, snap_end=se)
+        self._request(req, lambda rsp, vb=vb, start=start: self._on_stream_rsp(vb, start, rsp))
+
+    def _on_flog(self, vb: int, rsp) -> None:
+        st = self.states[vb]
+        if rsp.status != Status.SUCCESS or not rsp.failover_log:
+            self._in_flight -= 1
+            self._stream_failed(vb, rsp.status)
+            self._pump()
+            return
+        want = int(self.cfg.start)
+        st.failover_log = list(rsp.failover_log)
+        st.last_seqno = self._last[vb] = want
+        st.snap_start = st.snap_end = want
+        st.snapshot_complete = True
+        self._send_stream_req(vb)
+
+    def _on_stream_rsp(self, vb: int, start: int, rsp) -> None:
+        st = self.states[vb]
+        status = rsp.status
+        if status == Status.SUCCESS or status == Status.KEY_EEXISTS:
+            if rsp.failover_log is not None:
+                st.failover_log = list(rsp.failover_log)
+            self._in_flight -= 1
+            self._phase[vb] = _OPEN
+            self._sopq[vb] = rsp.opaque
+            self._last[vb] = st.last_seqno = start
+            self._events.append(StreamOpened(vb, start, tuple(st.failover_log)))
+            self._pump()
+            return
+        if status == Status.ROLLBACK:
+            r = rsp.rollback_seqno or 0
+            n = self._rollbacks.get(vb, 0) + 1
+            self._rollbacks[vb] = n
+            if n > self.cfg.max_rollbacks:
+                raise RemoteError(ErrorCode.STATUS, f"vbucket {vb}: more than {self.cfg.max_rollbacks} rollbacks",
+                                  status)
+            self._rollback(vb, r)
+            self._events.append(Rollback(vb, r))
+            self._send_stream_req(vb)
+            return
+        if status in (Status.EACCESS, Status.AUTH_ERROR):
+            raise AuthRefused(f"stream request for vbucket {vb} denied: {status_name(status)}", status)
+        if status in (Status.NOT_SUPPORTED, Status.EINVAL):
+            raise RemoteError(ErrorCode.STATUS, f"stream request for vbucket {vb} refused: "
+                              f"{status_name(status)}", status)
+        self._in_flight -= 1
+        self._stream_failed(vb, status)
+        self._pump()
+
+    def _rollback(self, vb: int, r: int) -> None:
+        st = self.states[vb]
+        st.failover_log = [e for e in st.failover_log if e[1] <= r]
+        if r < self._last[vb] or not st.failover_log:
+            self._last[vb] = r
+        st.last_seqno = self._last[vb] = min(self._last[vb], r)
+        st.snap_start = st.snap_end = st.last_seqno
+        st.snapshot_complete = True
+
+    def _stream_failed(self, vb: int, status: int) -> None:
+        self._phase[vb] = _DONE
+        self._events.append(StreamFailed(vb, status))
+        self._check_finished()
+
+    def _finish_vb(self, vb: int, reason: int) -> None:
+        self._phase[vb] = _DONE
+        self._sopq[vb] = -1
+        st = self.states[vb]
+        st.ended_reason = reason
+        st.last_seqno = self._last[vb]
+        self._check_finished()
+
+    def _stream_end(self, vb: int, reason: int) -> None:
+        st = self.states[vb]
+        st.last_seqno = self._last[vb]
+        st.snapshot_complete = st.snapshot_complete or st.last_seqno >= st.snap_end
+        self._sopq[vb] = -1
+        n = self._reopens.get(vb, 0)
+        if reason in self.cfg.reopen_reasons and n < self.cfg.max_reopens and not self.closing:
+            self._reopens[vb] = n + 1
+            self._events.append(StreamEnded(vb, reason, False))
+            self._phase[vb] = _WAIT
+            self._queue.append(vb)
+            self._pump()
+            return
+        self._events.append(StreamEnded(vb, reason, True))
+        self._finish_vb(vb, reason)
+
+    def _check_finished(self) -> None:
+        if self.finished or self.phase != "streaming":
+            return
+        if all(p == _DONE for p in self._phase.values()):
+            self.finished = True
+            failed = sum(1 for vb in self._phase if self.states[vb].ended_reason is None)
+            self._events.append(Finished(len(self._phase) - failed, failed))
+
+    # ---- introspection
+    def open_streams(self) -> int:
+        return sum(1 for p in self._phase.values() if p == _OPEN)
+
+    def last_seqno(self, vb: int) -> int:
+        return self._last[vb]
+
+    def describe_end(self, reason: int) -> str:
+        return stream_end_reason_name(reason)
