@@ -1,0 +1,254 @@
+"""Reading captures at rest: finds capture files (finished Parquet segments and in-progress
+Arrow IPC streams), orders them, and returns their rows in the capture schema of
+replay/schema.py in frame order (started_at of the capture, capture_id, frame_no).
+
+An in-progress segment is an Arrow IPC *stream* file ending in `.arrows`; after a crash
+its last message may be cut short, so it is read batch by batch and the truncated tail is
+ignored. When both `.arrows` and `.parquet` of one segment exist, the `.parquet` wins."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from dcptool.replay.schema import (META_CAPTURE_ID, META_PROTOCOL, META_SEGMENT, META_STARTED_AT,
+                                   PROTOCOLS, capture_schema)
+
+FINISHED_SUFFIX = ".parquet"
+IN_PROGRESS_SUFFIX = ".arrows"
+
+_NAME_RE = re.compile(r"^(dcp|synapse)-(\d{8}T\d{6}\.\d{6}Z)-([0-9a-fA-F]{1,8})-(\d{6})\.(parquet|arrows)$")
+
+
+class CaptureError(Exception):
+    """A path that is not a readable capture, or captures that cannot be replayed together."""
+
+
+@dataclass(frozen=True)
+class CaptureFile:
+    path: str
+    protocol: str
+    capture_id: str
+    segment: int
+    started_at: str  # ISO 8601 UTC, as in the dcptool.started_at metadata
+    in_progress: bool
+    metadata: dict[str, str] = field(hash=False, compare=False)
+
+
+def _parse_started(text: str) -> _dt.datetime:
+    try:
+        t = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise CaptureError(f"bad dcptool.started_at {text!r}") from exc
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=_dt.timezone.utc)
+    return t.astimezone(_dt.timezone.utc)
+
+
+def _order_key(f: CaptureFile):
+    return (_parse_started(f.started_at), f.capture_id, f.segment)
+
+
+def _schema_of(path: str, in_progress: bool) -> pa.Schema:
+    if in_progress:
+        with pa.OSFile(path, "rb") as fh:
+            return ipc.open_stream(fh).schema
+    return pq.read_schema(path)
+
+
+def _describe(path: str) -> CaptureFile:
+    in_progress = path.endswith(IN_PROGRESS_SUFFIX)
+    try:
+        schema = _schema_of(path, in_progress)
+    except (OSError, pa.ArrowException) as exc:
+        raise CaptureError(f"{path}: not a readable capture file ({exc})") from exc
+    meta = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace")
+            for k, v in (schema.metadata or {}).items() if k.startswith(b"dcptool.")}
+    protocol = meta.get(META_PROTOCOL)
+    if protocol not in PROTOCOLS or META_CAPTURE_ID not in meta or META_STARTED_AT not in meta:
+        raise CaptureError(f"{path}: not a dcptool capture (dcptool.* metadata missing)")
+    try:
+        segment = int(meta.get(META_SEGMENT, "0"))
+    except ValueError as exc:
+        raise CaptureError(f"{path}: bad dcptool.segment {meta.get(META_SEGMENT)!r}") from exc
+    _parse_started(meta[META_STARTED_AT])
+    return CaptureFile(path=path, protocol=protocol, capture_id=meta[META_CAPTURE_ID],
+                       segment=segment, started_at=meta[META_STARTED_AT],
+                       in_progress=in_progress, metadata=meta)
+
+
+def find_captures(paths: Iterable[str]) -> list[CaptureFile]:
+    """Capture files named by `paths` (files, or directories whose *.parquet and *.arrows
+    are taken, not recursively), sorted by (started_at, capture_id, segment)."""
+    candidates: list[tuple[str, bool]] = []  # (path, found inside a directory)
+    for p in paths:
+        if os.path.isdir(p):
+            for name in sorted(os.listdir(p)):
+                if name.endswith((FINISHED_SUFFIX, IN_PROGRESS_SUFFIX)) and not name.startswith("."):
+                    full = os.path.join(p, name)
+                    if os.path.isfile(full):
+                        candidates.append((full, True))
+        elif os.path.isfile(p):
+            candidates.append((p, False))
+        else:
+            raise CaptureError(f"{p}: no such file or directory")
+    seen: set[str] = set()
+    by_segment: dict[tuple[str, int], CaptureFile] = {}
+    for path, in_dir in candidates:
+        real = os.path.realpath(path)
+        if real in seen:
+            continue
+        seen.add(real)
+        if in_dir and path.endswith(IN_PROGRESS_SUFFIX) and os.path.getsize(path) == 0:
+            continue  # a writer that has just opened its segment: nothing to read yet
+        f = _describe(path)
+        key = (f.capture_id, f.segment)
+        old = by_segment.get(key)
+        if old is None or (old.in_progress and not f.in_progress):
+            by_segment[key] = f
+        elif old.in_progress == f.in_progress:
+            raise CaptureError(f"{path}: segment {f.segment} of capture {f.capture_id} "
+                               f"also in {old.path}")
+    files = sorted(by_segment.values(), key=_order_key)
+    protocols = {f.protocol for f in files}
+    if len(protocols) > 1:
+        raise CaptureError(f"captures of different protocols given together: {sorted(protocols)}")
+    return files
+
+
+def capture_ranks(files: list[CaptureFile]) -> dict[str, int]:
+    """capture_id -> its rank in frame order (0 for the earliest capture)."""
+    ranks: dict[str, int] = {}
+    for f in sorted(files, key=_order_key):
+        ranks.setdefault(f.capture_id, len(ranks))
+    return ranks
+
+
+def protocol_of(files: list[CaptureFile]) -> str:
+    if not files:
+        raise CaptureError("no capture files found")
+    return files[0].protocol
+
+
+def _read_in_progress(path: str) -> pa.Table:
+    """Every complete record batch of an Arrow IPC stream; a truncated tail is ignored."""
+    batches = []
+    with pa.OSFile(path, "rb") as fh:
+        try:
+            reader = ipc.open_stream(fh)
+        except (OSError, pa.ArrowException) as exc:
+            raise CaptureError(f"{path}: unreadable in-progress segment ({exc})") from exc
+        schema = reader.schema
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                break
+            except (OSError, pa.ArrowException, EOFError):
+                break  # cut short by a crash: what came before is whole
+            batches.append(batch)
+    return pa.Table.from_batches(batches, schema=schema)
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`table` with exactly the columns of `schema` (missing ones null), cast to its types."""
+    cols = []
+    for fld in schema:
+        if fld.name in table.column_names:
+            col = table.column(fld.name)
+            if col.type != fld.type:
+                col = col.cast(fld.type)
+            cols.append(col)
+        else:
+            cols.append(pa.nulls(table.num_rows, fld.type))
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def read_file(f: CaptureFile, columns: list[str] | None = None) -> pa.Table:
+    """One segment in the capture schema (restricted to `columns`), rows in frame_no order."""
+    full = capture_schema(f.protocol)
+    schema = full if columns is None else pa.schema([full.field(c) for c in columns])
+    try:
+        if f.in_progress:
+            table = _read_in_progress(f.path)
+            table = table.select([c for c in schema.names if c in table.column_names])
+        else:
+            present = set(pq.read_schema(f.path).names)
+            table = pq.read_table(f.path, columns=[c for c in schema.names if c in present])
+    except CaptureError:
+        raise
+    except (OSError, pa.ArrowException) as exc:
+        raise CaptureError(f"{f.path}: unreadable ({exc})") from exc
+    table = conform(table, schema)
+    if "frame_no" in table.column_names and table.num_rows > 1:
+        fn = table.column("frame_no")
+        if not pc.all(pc.greater_equal(fn.slice(1), fn.slice(0, len(fn) - 1))).as_py():
+            table = table.take(pc.sort_indices(fn))
+    return table
+
+
+def iter_capture_tables(files: list[CaptureFile], columns: list[str] | None = None) -> Iterator[pa.Table]:
+    """Each capture's rows, in frame order, one table per segment when segments do not
+    overlap (the normal case), else one sorted table for the whole capture. Always
+    includes `frame_no` so that order can be checked."""
+    files = sorted(files, key=_order_key)
+    cols = None if columns is None else list(dict.fromkeys(["frame_no", *columns]))
+    i = 0
+    while i < len(files):
+        j = i
+        while j < len(files) and files[j].capture_id == files[i].capture_id:
+            j += 1
+        tables = [read_file(f, cols) for f in files[i:j]]
+        last = None
+        ordered = True
+        for t in tables:
+            if t.num_rows == 0:
+                continue
+            first = t.column("frame_no")[0].as_py()
+            if last is not None and first is not None and first <= last:
+                ordered = False
+                break
+            last = t.column("frame_no")[-1].as_py()
+        if ordered:
+            yield from (t for t in tables if t.num_rows)
+        else:
+            whole = pa.concat_tables(tables)
+            yield whole.take(pc.sort_indices(whole.column("frame_no")))
+        i = j
+
+
+def read_capture_table(files: list[CaptureFile], columns: list[str] | None = None) -> pa.Table:
+    """All rows of `files` (the full schema of their protocol, or `columns`), missing
+    columns filled with nulls, ordered by (started_at, capture_id, frame_no)."""
+    protocol = protocol_of(files)
+    full = capture_schema(protocol)
+    schema = full if columns is None else pa.schema([full.field(c) for c in columns])
+    tables = [t.select(schema.names) for t in iter_capture_tables(files, columns)]
+    if not tables:
+        return schema.empty_table()
+    return pa.concat_tables(tables)
+
+
+def parquet_paths(files: list[CaptureFile], tmpdir: str) -> list[str]:
+    """Parquet paths for Spark: finished segments as they are, in-progress segments
+    converted (their complete batches) to Parquet in `tmpdir`."""
+    out = []
+    for f in files:
+        if not f.in_progress:
+            out.append(f.path)
+            continue
+        table = read_file(f)
+        table = table.replace_schema_metadata(capture_schema(f.protocol, f.metadata).metadata)
+        name = os.path.basename(f.path)[: -len(IN_PROGRESS_SUFFIX)] + FINISHED_SUFFIX
+        dest = os.path.join(tmpdir, name)
+        pq.write_table(table, dest, compression="zstd")
+        out.append(dest)
+    return out
