@@ -1,0 +1,347 @@
+"""The Spark engine: the rules of REPLAY.md on DataFrames, for captures larger than one
+machine. The only module that imports pyspark (lazily, inside functions).
+
+Frames never come to the driver. Each vbucket (DCP) or (stream, instance) (Synapse) is one
+group of `groupBy(...).applyInArrow`; inside the group the frames are sorted by their frame
+order and handed to the same functions the local engine runs (local.DcpState,
+local.synapse_tables), so the two engines share their semantics and the result does not
+depend on partitioning. Results (not frames) are brought to the driver as Arrow to be
+printed, written or check-summed, in the canonical form of replay/tables.py.
+
+Spark has no unsigned types and no nanosecond timestamps: inside Spark, uint8/16/32 are
+widened to the next signed type, uint64 becomes decimal(20,0), and timestamps are bigint
+nanoseconds since the epoch (Parquet nanosecond timestamps are read as such)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dcptool.replay import local, reader, tables as T
+from dcptool.replay.schema import capture_schema
+
+SEQ_SHIFT = 44
+LOOPBACK = "127.0.0.1"
+
+
+# --- session ----------------------------------------------------------------------------
+
+def _is_loopback_master(master: str) -> bool:
+    if master.startswith("local"):
+        return True
+    host = urlparse(master).hostname or ""
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
+@contextlib.contextmanager
+def _quiet_fd2(enabled: bool):
+    """Point file descriptor 2 at /dev/null while the JVM starts: it inherits that stderr,
+    so log4j's console output never reaches the terminal."""
+    if not enabled:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def make_session(master: str = "local[*]", app_name: str = "dcptool", conf: dict | None = None,
+                 verbose: bool = False):
+    """A SparkSession for replay. Local (and loopback) masters bind the driver to
+    127.0.0.1; the UI is off; Spark's logging stays off the terminal unless `verbose`."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder.master(master).appName(app_name)
+    settings = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.legacy.parquet.nanosAsLong": "true",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.shuffle.partitions": "8",
+    }
+    if _is_loopback_master(master):
+        os.environ["SPARK_LOCAL_IP"] = LOOPBACK
+        settings.update({"spark.driver.host": LOOPBACK, "spark.driver.bindAddress": LOOPBACK})
+    settings.update(conf or {})
+    for k, v in settings.items():
+        builder = builder.config(k, v)
+    with _quiet_fd2(not verbose):
+        session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("INFO" if verbose else "ERROR")
+    return session
+
+
+# --- types between Arrow-as-captured and Arrow-as-Spark-sees-it -----------------------------
+
+def spark_arrow_type(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_dictionary(t):
+        return spark_arrow_type(t.value_type)
+    if t == pa.uint8():
+        return pa.int16()
+    if t == pa.uint16():
+        return pa.int32()
+    if t == pa.uint32():
+        return pa.int64()
+    if t == pa.uint64():
+        return pa.decimal128(20, 0)
+    if pa.types.is_timestamp(t):
+        return pa.int64()
+    if pa.types.is_list(t):
+        return pa.list_(spark_arrow_type(t.value_type))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, spark_arrow_type(f.type)) for f in t])
+    return t
+
+
+def spark_arrow_schema(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([pa.field(f.name, spark_arrow_type(f.type)) for f in schema])
+
+
+def to_spark_arrow(table: pa.Table) -> pa.Table:
+    return table.cast(spark_arrow_schema(table.schema))
+
+
+def from_spark_arrow(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Columns of `table` named in `schema`, cast back to its types."""
+    cols = [table.column(f.name).cast(f.type) if table.column(f.name).type != f.type else table.column(f.name)
+            for f in schema]
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def spark_schema(schema: pa.Schema):
+    """The pyspark StructType for an Arrow schema (after spark_arrow_schema)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+    return from_arrow_schema(spark_arrow_schema(schema))
+
+
+# --- reading ----------------------------------------------------------------------------
+
+def read_frames(spark, files: list, tmpdir: str):
+    """All frames as a DataFrame (capture columns in Spark types) plus `_rank` (the
+    capture's rank in frame order) and `_seq` (rank << 44 | frame_no)."""
+    from pyspark.sql import functions as F
+
+    protocol = reader.protocol_of(files)
+    paths = reader.parquet_paths(files, tmpdir)
+    df = spark.read.schema(spark_schema(capture_schema(protocol))).parquet(*paths)
+    ranks = reader.capture_ranks(files)
+    pairs = [x for cid, r in ranks.items() for x in (F.lit(cid), F.lit(r))]
+    rank = F.element_at(F.create_map(*pairs), F.col("capture_id")).cast("long")
+    return (df.withColumn("_rank", rank)
+              .withColumn("_seq", F.shiftleft(F.col("_rank"), SEQ_SHIFT) + F.col("frame_no")))
+
+
+def _dense_seq(t: pa.Table) -> pa.Table:
+    """Replace _seq (rank << 44 | frame_no) by its rank in the group, which fits the local
+    engine's 44 bits whatever the frame numbers are."""
+    seq = local._np(t.column("_seq"), dtype=np.int64)
+    order = np.argsort(seq, kind="stable")
+    t = t.take(order)
+    return t.set_column(t.column_names.index("_seq"), "_seq", pa.array(np.arange(t.num_rows, dtype=np.int64)))
+
+
+# --- packing several result tables into one grouped output ------------------------------
+
+def _packed_schema(protocol: str, names: list[str]) -> pa.Schema:
+    fields = [pa.field("_t", pa.int32())]
+    for name in names:
+        for f in T.schema_of(protocol, name):
+            fields.append(pa.field(f"{name}__{f.name}", spark_arrow_type(f.type)))
+    return pa.schema(fields)
+
+
+def _pack(protocol: str, names: list[str], results: dict[str, pa.Table]) -> pa.Table:
+    schema = _packed_schema(protocol, names)
+    parts = []
+    for i, name in enumerate(names):
+        t = to_spark_arrow(results[name])
+        n = t.num_rows
+        cols = []
+        for f in schema:
+            if f.name == "_t":
+                cols.append(pa.array(np.full(n, i, np.int32)))
+            elif f.name.startswith(name + "__"):
+                cols.append(t.column(f.name[len(name) + 2:]))
+            else:
+                cols.append(pa.nulls(n, f.type))
+        parts.append(pa.Table.from_arrays(cols, schema=schema))
+    return pa.concat_tables(parts)
+
+
+def _unpack(protocol: str, names: list[str], packed: pa.Table) -> dict[str, pa.Table]:
+    out = {}
+    t_col = local._np(packed.column("_t"), dtype=np.int32)
+    for i, name in enumerate(names):
+        part = packed.filter(pa.array(t_col == i))
+        schema = T.schema_of(protocol, name)
+        renamed = pa.table({f.name: part.column(f"{name}__{f.name}") for f in schema})
+        out[name] = T.canonical(protocol, name, from_spark_arrow(renamed, schema))
+    return out
+
+
+DCP_RESULTS = ["documents", "vbuckets", "snapshots", "rollbacks", "failover"]
+SYN_RESULTS = ["positions", "rows", "gaps"]
+
+
+def _state_schema(protocol: str, cols: list[str], extra: list[str]) -> pa.Schema:
+    cap = capture_schema(protocol)
+    return pa.schema([cap.field(c) for c in cols] + [pa.field(c, pa.int64()) for c in extra])
+
+
+def _dcp_group(table: pa.Table) -> pa.Table:
+    t = from_spark_arrow(table, _state_schema("dcp", local.DCP_STATE_COLUMNS, ["_seq"]))
+    return _pack("dcp", DCP_RESULTS, local.dcp_group_tables(_dense_seq(t)))
+
+
+def _synapse_group(max_conn: int, table: pa.Table) -> pa.Table:
+    t = from_spark_arrow(table, _state_schema("synapse", local.SYN_STATE_COLUMNS, ["_seq", "_conn"]))
+    return _pack("synapse", SYN_RESULTS, local.synapse_tables(_dense_seq(t), max_conn))
+
+
+# --- the engine -------------------------------------------------------------------------
+
+@dataclass
+class SparkReplay:
+    """Result of a Spark replay: DataFrames by name (Spark types), and canonical Arrow
+    tables on demand (`table(name)`), equal to the local engine's."""
+    protocol: str
+    frames_df: object
+    packed_df: object
+    result_names: list[str]
+    extra: dict = field(default_factory=dict)   # name -> DataFrame computed without groups
+    _results: dict = field(default_factory=dict)
+    _tmp: object = None
+
+    def names(self) -> list[str]:
+        return T.table_names(self.protocol)
+
+    def dataframe(self, name: str):
+        from pyspark.sql import functions as F
+        if name == "frames":
+            return self.frames_df
+        if name in self.extra:
+            return self.extra[name]
+        i = self.result_names.index(name)
+        return self.packed_df.filter(F.col("_t") == i).select(
+            [F.col(f"{name}__{f.name}").alias(f.name) for f in T.schema_of(self.protocol, name)])
+
+    def register_views(self) -> None:
+        for name in self.names():
+            self.dataframe(name).createOrReplaceTempView(name)
+
+    def table(self, name: str) -> pa.Table:
+        if name not in self._results:
+            if name in self.result_names:
+                self._results.update(_unpack(self.protocol, self.result_names, self.packed_df.toArrow()))
+            else:
+                schema = T.schema_of(self.protocol, name)
+                arrow = self.dataframe(name).toArrow()
+                self._results[name] = T.canonical(self.protocol, name, from_spark_arrow(arrow, schema))
+        return self._results[name]
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.packed_df.unpersist()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+def replay_spark(spark, files: list) -> SparkReplay:
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    protocol = reader.protocol_of(files)
+    tmp = tempfile.TemporaryDirectory(prefix="dcptool-replay-")
+    df = read_frames(spark, files, tmp.name)
+    frames = df.select(T.frames_schema(protocol).names)
+    if protocol == "dcp":
+        vb_frames = df.filter((F.col("direction") == "in") & F.col("vbucket").isNotNull()
+                              & F.col("decode_error").isNull() & F.col("op").isin(*local.VB_OPS))
+        grouped = vb_frames.select(local.DCP_STATE_COLUMNS + ["_seq"]).groupBy("vbucket")
+        packed = grouped.applyInArrow(_dcp_group, spark_schema(_packed_schema("dcp", DCP_RESULTS)))
+        result = SparkReplay(protocol, frames, packed, DCP_RESULTS, _tmp=tmp)
+    else:
+        conn_key = F.shiftleft(F.col("_rank"), 32) + F.col("conn").cast("long")
+        df = df.withColumn("_conn", conn_key)
+        max_conn = df.agg(F.max("_conn")).first()[0]  # one number, not frames
+        max_conn = -1 if max_conn is None else int(max_conn)
+        group_frames = df.filter((F.col("direction") == "in") & F.col("stream").isNotNull()
+                                 & F.col("decode_error").isNull()
+                                 & F.col("command").isin(*local.SYN_GROUP_COMMANDS))
+        grouped = group_frames.select(local.SYN_STATE_COLUMNS + ["_seq", "_conn"]).groupBy("stream", "instance")
+        def synapse_group(table):
+            return _synapse_group(max_conn, table)
+
+        packed = grouped.applyInArrow(synapse_group,
+                                      spark_schema(_packed_schema("synapse", SYN_RESULTS)))
+        commands = (df.filter(F.col("command").isNotNull()).groupBy("command")
+                      .agg(F.count(F.lit(1)).alias("count"), F.min("ts").alias("first_ts"),
+                           F.max("ts").alias("last_ts")))
+        result = SparkReplay(protocol, frames, packed, SYN_RESULTS, extra={"commands": commands}, _tmp=tmp)
+    result.packed_df = packed.persist(StorageLevel.MEMORY_AND_DISK)
+    return result
+
+
+# --- user code ----------------------------------------------------------------------------
+
+def _apply_group(protocol: str, fn, key, table: pa.Table) -> pa.Table:
+    schema = capture_schema(protocol)
+    t = from_spark_arrow(table, pa.schema(list(schema) + [pa.field("_seq", pa.int64())]))
+    t = t.take(np.argsort(local._np(t.column("_seq"), dtype=np.int64), kind="stable")).drop_columns(["_seq"])
+    k = tuple(x.as_py() for x in key)
+    k = k[0] if protocol == "dcp" else k
+    result = fn(k, t)
+    sink = io.BytesIO()
+    if result is not None:
+        with pa.ipc.new_stream(sink, result.schema) as w:
+            w.write_table(result)
+    keys = {"vbucket": [k]} if protocol == "dcp" else {"stream": [k[0]], "instance": [k[1]]}
+    types = {"vbucket": pa.int32(), "stream": pa.string(), "instance": pa.string()}
+    cols = {c: pa.array(v, types[c]) for c, v in keys.items()}
+    cols["ipc"] = pa.array([sink.getvalue() if result is not None else None], pa.binary())
+    return pa.table(cols)
+
+
+def apply_spark(spark, files: list, fn) -> pa.Table | None:
+    """`fn(key, table)` per group of `in` frames, in capture order; the results come to
+    the driver (they are the user's output, not frames) and are concatenated by key."""
+    from pyspark.sql import functions as F
+
+    protocol = reader.protocol_of(files)
+    with tempfile.TemporaryDirectory(prefix="dcptool-apply-") as tmp:
+        df = read_frames(spark, files, tmp)
+        key_col = "vbucket" if protocol == "dcp" else "stream"
+        frames = df.filter((F.col("direction") == "in") & F.col(key_col).isNotNull())
+        frames = frames.select(capture_schema(protocol).names + ["_seq"])
+        keys = ["vbucket"] if protocol == "dcp" else ["stream", "instance"]
+        out_schema = "vbucket int, ipc binary" if protocol == "dcp" else "stream string, instance string, ipc binary"
+
+        def apply_group(key, table):
+            return _apply_group(protocol, fn, key, table)
+
+        out = frames.groupBy(*keys).applyInArrow(apply_group, out_schema).toArrow()
+    results = []
+    for row in out.to_pylist():
+        key = row["vbucket"] if protocol == "dcp" else (row["stream"], row["instance"])
+        table = pa.ipc.open_stream(row["ipc"]).read_all() if row["ipc"] is not None else None
+        results.append((key, table))
+    return local.concat_results(results)
