@@ -123,6 +123,10 @@ class _StreamHandler(_Base):
         self.sink = sink
         self.frame_no = 0
 
+    def block(self, direction, scan, *, conn, ts_ns, mono_ns, channel=None):
+        self.lines(direction, scan.lines(), None, conn=conn, ts_ns=ts_ns, mono_ns=mono_ns,
+                   channel=channel)
+
     def lines(self, direction, lines, split, *, conn, ts_ns, mono_ns, channel=None, errors=None):
         from dcptool.protocol.synapse.rows import decode_row
         from dcptool.replay.synapse_batch import build_batch
@@ -231,6 +235,16 @@ class _CaptureHandler(_Base):
         self.bg.submit(batch)
         if direction == "in":
             self.count_in(len(lines))
+
+    def block(self, direction, scan, *, conn, ts_ns, mono_ns, channel=None):
+        from dcptool.replay.synapse_batch import build_batch_scan
+        batch = build_batch_scan(scan, frame_no=self.frame_no, conn=conn, ts_ns=ts_ns,
+                                 mono_ns=mono_ns, direction=direction, channel=channel)
+        self.frame_no += scan.n
+        self.bytes += len(scan.buf)
+        self.bg.submit(batch)
+        if direction == "in":
+            self.count_in(scan.n)
 
     def paused(self) -> bool:
         if self.bg.error is not None:

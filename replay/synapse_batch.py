@@ -205,3 +205,80 @@ def _is_utf8(b: bytes) -> bool:
 def batch_schema() -> pa.Schema:
     """The schema of build_batch's output: the Synapse capture schema without capture_id."""
     return BATCH_SCHEMA
+
+
+def _views(arr: np.ndarray, buf_obj, starts: np.ndarray, lens: np.ndarray, typ) -> pa.Array:
+    """A binary_view/string_view array of (start, length) slices of one buffer, built with
+    numpy: no Python object per slice."""
+    n = len(starts)
+    v = np.zeros((n, 16), np.uint8)
+    v32 = v.view(np.int32).reshape(n, 4)
+    v32[:, 0] = lens
+    last = max(len(arr) - 1, 0)
+    short = lens <= 12
+    if short.any():
+        j = np.arange(12)
+        ss, sl = starts[short], lens[short]
+        v[short, 4:16] = np.where(j[None, :] < sl[:, None],
+                                  arr[np.minimum(ss[:, None] + j[None, :], last)], 0)
+    long_ = ~short
+    ls = starts[long_]
+    j4 = np.arange(4)
+    v[long_, 4:8] = arr[np.minimum(ls[:, None] + j4[None, :], last)]
+    v32[long_, 3] = ls
+    return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(v), buf_obj])
+
+
+def build_batch_scan(scan, *, frame_no: int, conn: int, ts_ns: int, mono_ns: int,
+                     direction: str = "in", channel: str | None = None) -> pa.RecordBatch:
+    """Like ``build_batch`` for a bulk.Scan block. A block of only well-formed RDATA lines
+    is built from numpy offsets into the receive buffer (views, then one C++ copy per
+    column); anything else goes through ``build_batch``."""
+    n = scan.n
+    if n == 0:
+        return _empty()
+    if not scan.all_fast:
+        return build_batch(scan.lines(), frame_no=frame_no, conn=conn, ts_ns=ts_ns,
+                           mono_ns=mono_ns, direction=direction, channel=channel)
+    buf_obj = pa.py_buffer(scan.buf)
+    lens = scan.ends - scan.starts
+    raw_v = _views(scan.arr, buf_obj, scan.starts, lens, pa.binary_view())
+    try:
+        raw_v.cast(pa.string_view())  # UTF-8 validation of the whole block
+        row_start = scan.s4 + 1
+        rows = _views(scan.arr, buf_obj, row_start, scan.ends - row_start, pa.string_view())
+        rows = rows.cast(pa.string())
+    except pa.ArrowInvalid:
+        return build_batch(scan.lines(), frame_no=frame_no, conn=conn, ts_ns=ts_ns,
+                           mono_ns=mono_ns, direction=direction, channel=channel)
+    raw = raw_v.cast(pa.binary())
+    # stream / instance dictionaries from the scan's key dictionary
+    streams: dict[bytes, int] = {}
+    insts: dict[bytes, int] = {}
+    k_stream = np.array([streams.setdefault(s, len(streams)) for s, _ in scan.keys], np.int32)
+    k_inst = np.array([insts.setdefault(i, len(insts)) for _, i in scan.keys], np.int32)
+    stream = pa.DictionaryArray.from_arrays(
+        pa.array(k_stream[scan.inv]), pa.array([s.decode() for s in streams], pa.string()))
+    instance = pa.DictionaryArray.from_arrays(
+        pa.array(k_inst[scan.inv]), pa.array([s.decode() for s in insts], pa.string()))
+    is_batch = scan.is_batch
+    cols = [
+        pa.array(np.arange(frame_no, frame_no + n, dtype=np.int64)),
+        pa.array(np.full(n, conn, dtype=np.int32)),
+        pa.array(np.full(n, ts_ns, dtype=np.int64)).cast(_TYPES["ts"]),
+        pa.array(np.full(n, mono_ns, dtype=np.int64)),
+        _const_dict(direction, n),
+        raw,
+        pa.nulls(n, pa.string()),
+        _const_dict(channel, n),
+        _const_dict("RDATA", n),
+        stream,
+        instance,
+        pa.array(scan.tokens, mask=is_batch),
+        pa.array(is_batch),
+        pa.nulls(n, pa.int64()),
+        pa.nulls(n, pa.int64()),
+        rows,
+        pa.nulls(n, pa.string()),
+    ]
+    return pa.RecordBatch.from_arrays(cols, schema=BATCH_SCHEMA)

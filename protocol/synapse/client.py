@@ -167,6 +167,35 @@ class SynapseClient:
             start = stop + 1
         return events
 
+    def receive_scan(self, scan, now: float) -> list:
+        """Like ``receive`` for a bulk.Scan block; a block of only well-formed RDATA lines is
+        applied with numpy (last numeric token per key, batch rows after it pending)."""
+        if scan.n == 0:
+            return []
+        if not scan.all_fast:
+            return self.receive(scan.lines(), now)
+        import numpy as np
+        self._last_recv = now
+        self.data_lines += scan.n
+        nk = len(scan.keys)
+        numeric = np.flatnonzero(~scan.is_batch)
+        last = np.full(nk, -1, np.int64)
+        np.maximum.at(last, scan.inv[numeric], numeric)
+        bidx = np.flatnonzero(scan.is_batch)
+        after = bidx > last[scan.inv[bidx]]
+        counts = np.bincount(scan.inv[bidx[after]], minlength=nk)
+        tokens = scan.tokens
+        for u, key in enumerate(scan.keys):
+            if last[u] >= 0:
+                self._committed[key] = int(tokens[last[u]])
+                if counts[u]:
+                    self._pending[key] = int(counts[u])
+                else:
+                    self._pending.pop(key, None)
+            elif counts[u]:
+                self._pending[key] = self._pending.get(key, 0) + int(counts[u])
+        return []
+
     def _other(self, line: bytes, events: list) -> None:
         try:
             cmd = C.parse_line(line.decode("utf-8"))

@@ -46,6 +46,33 @@ class LineFramer:
         self._check_tail()
         return lines
 
+    def feed_block(self, data: bytes) -> bytes:
+        """Like ``feed`` but returns the complete lines as one block of bytes (each line
+        with its newline), for bulk.Scan; b"" when no line is complete. On an over-long
+        line the block holds the lines before it and ``error`` is set."""
+        if self.error is not None:
+            return b""
+        buf = self._buf + data if self._buf else bytes(data)
+        end = buf.rfind(b"\n")
+        if end < 0:
+            self._buf = buf
+            self._check_tail()
+            return b""
+        block = buf[:end + 1]
+        self._buf = buf[end + 1:]
+        if end > self.max_line:
+            import numpy as np
+            nl = np.flatnonzero(np.frombuffer(block, np.uint8) == 10)
+            lens = np.diff(nl, prepend=-1) - 1
+            over = np.flatnonzero(lens > self.max_line)
+            if len(over):
+                i = int(over[0])
+                start = int(nl[i - 1]) + 1 if i else 0
+                self._fail(block[start:int(nl[i])])
+                return block[:start]
+        self._check_tail()
+        return block
+
     def _check_tail(self) -> None:
         if len(self._buf) > self.max_line:
             self._fail(self._buf)

@@ -16,19 +16,22 @@ import time
 from typing import Callable, Protocol
 
 from dcptool.protocol.errors import ConnectFailed, ConnectionLost, ErrorCode, RemoteError
-from dcptool.protocol.synapse.bulk import SplitLines, split_lines
+from dcptool.protocol.synapse.bulk import Scan, SplitLines, split_lines
 from dcptool.protocol.synapse.client import SynapseClient
 from dcptool.protocol.synapse.framing import MAX_LINE, LineFramer
 
 log = logging.getLogger("dcptool.synapse")
 
-READ_SIZE = 1 << 18
+READ_SIZE = 1 << 20
 
 
 class Handler(Protocol):
     def lines(self, direction: str, lines: list[bytes], split: SplitLines | None, *, conn: int,
               ts_ns: int, mono_ns: int, channel: str | None = None,
               errors: dict[int, str] | None = None) -> None: ...
+
+    def block(self, direction: str, scan: Scan, *, conn: int, ts_ns: int, mono_ns: int,
+              channel: str | None = None) -> None: ...
 
     def events(self, events: list) -> None: ...
 
@@ -165,12 +168,12 @@ async def _run_tcp(host, port, client, handler, *, ssl, connect_timeout, max_rec
                         handler.lines("in", [tail], None, conn=conn_no, ts_ns=ts, mono_ns=mono,
                                       errors={0: "connection closed inside this line (no newline)"})
                     raise ConnectionLost(f"synapse://{host}:{port} closed the connection")
-                lines = framer.feed(data)
-                if lines:
+                block = framer.feed_block(data)
+                if block:
                     ts, mono = _now()
-                    sp = split_lines(lines)
-                    events = client.receive(lines, now, sp)
-                    handler.lines("in", lines, sp, conn=conn_no, ts_ns=ts, mono_ns=mono)
+                    scan = Scan(block)
+                    events = client.receive_scan(scan, now)
+                    handler.block("in", scan, conn=conn_no, ts_ns=ts, mono_ns=mono)
                     if events:
                         handler.events(events)
                 if framer.error is not None:

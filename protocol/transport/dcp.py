@@ -1,0 +1,463 @@
+"""The I/O edge of DCP: an asyncio client connection that feeds the sans-IO consumer
+(big reads into one buffer, whole frames handed over in batches, writes coalesced, an
+optional tap that sees every frame both ways), a session loop that reconnects and resumes
+streams, and an asyncio server for the sans-IO producer.
+
+Errors: connection refused, DNS failure, TLS failure and timeouts raise ConnectFailed; a
+connection that ends before the consumer is done raises ConnectionLost (after the allowed
+reconnects); protocol and auth errors from the consumer propagate as they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import ssl
+import threading
+import time
+from typing import Callable, Protocol
+
+from dcptool.protocol.dcp import columnar
+from dcptool.protocol.dcp.consumer import Consumer, ConsumerConfig, VbState
+from dcptool.protocol.dcp.constants import DEFAULT_MAX_BODY
+from dcptool.protocol.dcp.producer import ServerModel, rate_items
+from dcptool.protocol.errors import (ConnectFailed, ConnectionLost, ErrorCode, ProtocolError,
+                                     RemoteError)
+
+log = logging.getLogger("dcptool.transport.dcp")
+
+READ_BUFFER = 8 * 1024 * 1024
+
+
+class Tap(Protocol):
+    """Sees every frame. `buf` holds whole frames only and is valid during the call only
+    (it is a bytes object: keep it, or copy what you need)."""
+
+    def on_received(self, buf, offsets, lengths, ts_ns: int, mono_ns: int) -> None: ...
+
+    def on_sent(self, frame: bytes, ts_ns: int, mono_ns: int) -> None: ...
+
+
+def tls_context(ca_cert: str | None = None, insecure: bool = False) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=ca_cert)
+    if insecure:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+# --------------------------------------------------------------------------- client
+
+class _ClientProtocol(asyncio.BufferedProtocol):
+    def __init__(self, consumer: Consumer, tap: Tap | None, on_events: Callable | None,
+                 max_body: int = DEFAULT_MAX_BODY):
+        self.consumer = consumer
+        self.tap = tap
+        self.on_events = on_events
+        self.max_body = max_body
+        self._buf = bytearray(READ_BUFFER)
+        self._end = 0
+        self.transport: asyncio.Transport | None = None
+        self.done: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._paused = False
+        self._check_handle = None
+        self.bytes_in = 0
+
+    # ---- asyncio callbacks
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+            except OSError:
+                pass
+        now = time.monotonic()
+        self.consumer.start(now)
+        self._flush()
+        self._schedule_check()
+
+    def get_buffer(self, sizehint: int):
+        if self._end >= len(self._buf) - 65536:
+            self._buf.extend(bytes(len(self._buf)))   # a frame larger than the buffer
+        return memoryview(self._buf)[self._end:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._end += nbytes
+        self.bytes_in += nbytes
+        try:
+            self._process()
+        except BaseException as exc:  # noqa: BLE001 - handed to the session
+            self._fail(exc)
+
+    def eof_received(self):
+        return False
+
+    def connection_lost(self, exc) -> None:
+        if self._check_handle is not None:
+            self._check_handle.cancel()
+        if not self.done.done():
+            if self.consumer.finished or self.consumer.closing:
+                self.done.set_result(None)
+            else:
+                self.done.set_exception(ConnectionLost(
+                    f"connection closed by the server{': ' + str(exc) if exc else ''}"))
+
+    # ---- work
+    def _process(self) -> None:
+        mv = memoryview(self._buf)[:self._end]
+        offsets, lengths, consumed, err = columnar.scan(mv, self.max_body)
+        del mv
+        if consumed:
+            chunk = bytes(self._buf[:consumed])
+            tail = self._end - consumed
+            self._buf[:tail] = self._buf[consumed:self._end]
+            self._end = tail
+            now = time.monotonic()
+            if self.tap is not None:
+                self.tap.on_received(chunk, offsets, lengths, time.time_ns(), time.monotonic_ns())
+            events = self.consumer.receive(chunk, offsets, lengths, now)
+            self._flush()
+            if events and self.on_events is not None:
+                self.on_events(events)
+            if self.consumer.finished and not self.done.done():
+                self.done.set_result(None)
+        if err is not None:
+            raise err
+        self._maybe_pause()
+
+    def _flush(self) -> None:
+        frames = self.consumer.outgoing()
+        if not frames or self.transport is None or self.transport.is_closing():
+            return
+        if self.tap is not None:
+            ts, mono = time.time_ns(), time.monotonic_ns()
+            for f in frames:
+                self.tap.on_sent(f, ts, mono)
+        self.transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
+
+    def _maybe_pause(self) -> None:
+        sp = self.consumer.should_pause
+        if sp is not None and not self._paused and sp():
+            self._paused = True
+            self.transport.pause_reading()
+            asyncio.get_running_loop().call_later(0.005, self._unpause)
+
+    def _unpause(self) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        sp = self.consumer.should_pause
+        if sp is not None and sp():
+            asyncio.get_running_loop().call_later(0.005, self._unpause)
+            return
+        self._paused = False
+        self.consumer.flush_acks()
+        self._flush()
+        self.transport.resume_reading()
+
+    def _schedule_check(self) -> None:
+        interval = self.consumer.cfg.noop_interval
+        period = min(0.5, interval / 4) if interval else 0.5
+        self._check_handle = asyncio.get_running_loop().call_later(period, self._check)
+
+    def _check(self) -> None:
+        try:
+            if not self._paused:   # while we hold reads back, silence is ours, not the server's
+                self.consumer.check(time.monotonic())
+            else:
+                self.consumer.last_rx = time.monotonic()
+        except BaseException as exc:  # noqa: BLE001
+            self._fail(exc)
+            return
+        self._schedule_check()
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self.done.done():
+            self.done.set_exception(exc)
+        if self.transport is not None:
+            self.transport.close()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+async def open_connection(consumer: Consumer, host: str, port: int, *, tls: ssl.SSLContext | None = None,
+                          server_hostname: str | None = None, tap: Tap | None = None,
+                          on_events: Callable | None = None, timeout: float = 10.0) -> _ClientProtocol:
+    loop = asyncio.get_running_loop()
+    where = f"{host}:{port}"
+    try:
+        _, proto = await asyncio.wait_for(
+            loop.create_connection(lambda: _ClientProtocol(consumer, tap, on_events), host, port, ssl=tls,
+                                   server_hostname=(server_hostname or host) if tls else None),
+            timeout)
+    except ConnectionRefusedError:
+        raise ConnectFailed(f"connection refused by {where}: is the server running and the port right?") from None
+    except socket.gaierror as exc:
+        raise ConnectFailed(f"cannot resolve host {host!r}: {exc.strerror or exc}") from None
+    except ssl.SSLCertVerificationError as exc:
+        raise ConnectFailed(f"TLS certificate of {where} not trusted: {exc.verify_message or exc.reason}; "
+                            "use --ca-cert FILE (or --insecure to skip verification)") from None
+    except ssl.SSLError as exc:
+        raise ConnectFailed(f"TLS handshake with {where} failed: {exc.reason or exc}") from None
+    except (asyncio.TimeoutError, TimeoutError):
+        raise ConnectFailed(f"timed out connecting to {where} after {timeout:g} s") from None
+    except (ConnectionResetError, ConnectionAbortedError, EOFError) as exc:
+        what = "TLS handshake with" if tls else "connection to"
+        raise ConnectFailed(f"{what} {where} failed: the server closed the connection ({exc or 'EOF'})") from None
+    except OSError as exc:
+        raise ConnectFailed(f"cannot connect to {where}: {exc.strerror or exc}") from None
+    return proto
+
+
+class Session:
+    """Runs the consumer over one or more TCP connections until it is finished or stopped.
+    `conn` counts connections (1 for the first); `resume` restarts streams on reconnect."""
+
+    def __init__(self, cfg: ConsumerConfig, host: str, port: int, *, tls: ssl.SSLContext | None = None,
+                 server_hostname: str | None = None, tap: Tap | None = None,
+                 on_events: Callable | None = None, on_connect: Callable | None = None,
+                 resume: dict[int, VbState] | None = None,
+                 should_pause: Callable[[], bool] | None = None, reconnects: int = 3,
+                 connect_timeout: float = 10.0):
+        self.cfg = cfg
+        self.host, self.port = host, port
+        self.tls, self.server_hostname = tls, server_hostname
+        self.tap, self.on_events, self.on_connect = tap, on_events, on_connect
+        self.resume = resume
+        self.should_pause = should_pause
+        self.reconnects = reconnects
+        self.connect_timeout = connect_timeout
+        self.conn = 0
+        self.consumer: Consumer | None = None
+        self._proto: _ClientProtocol | None = None
+        self._stop: asyncio.Event | None = None
+        self.stopped = False
+
+    def stop(self) -> None:
+        """Close the streams and end the session (thread-safe within the loop)."""
+        self.stopped = True
+        if self._stop is not None:
+            self._stop.set()
+
+    async def run(self) -> Consumer:
+        self._stop = asyncio.Event()
+        if self.stopped:
+            self._stop.set()
+        attempts = 0
+        while True:
+            self.conn += 1
+            consumer = Consumer(self.cfg, self.resume, time.monotonic())
+            consumer.should_pause = self.should_pause
+            self.consumer = consumer
+            if self.on_connect is not None:
+                self.on_connect(self.conn, consumer)
+            proto = await open_connection(consumer, self.host, self.port, tls=self.tls,
+                                          server_hostname=self.server_hostname, tap=self.tap,
+                                          on_events=self.on_events, timeout=self.connect_timeout)
+            self._proto = proto
+            stop_wait = asyncio.ensure_future(self._stop.wait())
+            try:
+                await asyncio.wait({proto.done, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+                if self._stop.is_set() and not proto.done.done():
+                    await self._close_streams(proto)
+                    return consumer
+                try:
+                    proto.done.result()
+                    return consumer
+                except (ConnectionLost, RemoteError) as exc:
+                    if isinstance(exc, RemoteError) and exc.code != ErrorCode.DEAD_CONNECTION:
+                        raise
+                    progressed = consumer.phase == "streaming"
+                    if not progressed or attempts >= self.reconnects:
+                        if isinstance(exc, RemoteError):
+                            raise ConnectionLost(exc.message) from None
+                        raise
+                    attempts += 1
+                    log.info("connection %d lost (%s); reconnecting", self.conn, exc)
+                    self.resume = consumer.resume_state()
+                    await asyncio.sleep(min(0.1 * attempts, 1.0))
+            finally:
+                stop_wait.cancel()
+                proto.close()
+
+    async def _close_streams(self, proto: _ClientProtocol, wait: float = 1.0) -> None:
+        consumer = proto.consumer
+        if consumer.phase == "streaming" and not consumer.finished:
+            consumer.close_streams()
+            proto._flush()
+            try:
+                await asyncio.wait_for(asyncio.shield(proto.done), wait)
+            except (asyncio.TimeoutError, TimeoutError, ConnectionLost, ProtocolError):
+                pass
+        proto.close()
+
+
+# --------------------------------------------------------------------------- server
+
+class _ServerProtocol(asyncio.Protocol):
+    def __init__(self, server: "ProducerServer"):
+        self.server = server
+        self.conn = None
+        self.transport = None
+        self.wake = asyncio.Event()
+        self.can_write = asyncio.Event()
+        self.can_write.set()
+        self.task = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        transport.set_write_buffer_limits(high=4 * 1024 * 1024)
+        self.conn = self.server.model.connect(time.monotonic())
+        self.server.protocols.add(self)
+        self.task = asyncio.get_running_loop().create_task(self._writer())
+
+    def data_received(self, data: bytes) -> None:
+        self.conn.receive(data, time.monotonic())
+        self.wake.set()
+
+    def connection_lost(self, exc) -> None:
+        self.server.protocols.discard(self)
+        if self.conn is not None:
+            self.conn.close(self.conn.closed or "client disconnected")
+            log.info("connection %d closed: %s", self.conn.conn_id, self.conn.closed)
+        if self.task is not None:
+            self.task.cancel()
+
+    def pause_writing(self) -> None:
+        self.can_write.clear()
+
+    def resume_writing(self) -> None:
+        self.can_write.set()
+
+    async def _writer(self) -> None:
+        conn = self.conn
+        try:
+            while True:
+                now = time.monotonic()
+                conn.tick(now)
+                chunks = conn.pull(now)
+                if chunks:
+                    self.transport.writelines(chunks)
+                if conn.closed:
+                    self.transport.close()   # flushes what is buffered first
+                    return
+                if chunks:
+                    if not self.can_write.is_set():
+                        await self.can_write.wait()
+                    else:
+                        await asyncio.sleep(0)   # let acks and requests in
+                    continue
+                self.wake.clear()
+                deadline = conn.next_deadline()
+                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    await asyncio.wait_for(self.wake.wait(), timeout)
+                except (asyncio.TimeoutError, TimeoutError):
+                    pass
+        except asyncio.CancelledError:
+            pass
+        except Exception:  # noqa: BLE001 - a producer bug must not kill the server
+            log.exception("producer connection failed")
+            self.transport.abort()
+
+
+class ProducerServer:
+    """Serves a ServerModel on a TCP (or TLS) port; live updates at `rate` items/s."""
+
+    def __init__(self, model: ServerModel, rate: float = 0.0, tick: float = 0.01):
+        self.model = model
+        self.rate = rate
+        self.tick = tick
+        self.protocols: set[_ServerProtocol] = set()
+        self._server = None
+        self._rate_task = None
+        self.address: tuple[str, int] | None = None
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0, tls: ssl.SSLContext | None = None):
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _ServerProtocol(self), host, port, ssl=tls,
+                                                reuse_address=True)
+        sock = self._server.sockets[0]
+        self.address = sock.getsockname()[:2]
+        if self.rate > 0:
+            self._rate_task = loop.create_task(self._live())
+        return self.address
+
+    async def _live(self) -> None:
+        since = time.monotonic()
+        carry = 0.0
+        buckets = list(self.model.buckets.values())
+        while True:
+            await asyncio.sleep(self.tick)
+            now = time.monotonic()
+            n, carry = rate_items(self.rate, since, now, carry)
+            since = now
+            if n:
+                for b in buckets:
+                    b.mutate_random(n)
+                for p in list(self.protocols):
+                    p.wake.set()
+
+    async def serve_forever(self) -> None:
+        await self._server.serve_forever()
+
+    async def close(self) -> None:
+        if self._rate_task is not None:
+            self._rate_task.cancel()
+        if self._server is not None:
+            self._server.close()
+        for p in list(self.protocols):
+            if p.transport is not None:
+                p.transport.abort()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+
+class ThreadedServer:
+    """A ProducerServer on its own event loop in a daemon thread (tests, benchmarks)."""
+
+    def __init__(self, model: ServerModel, host: str = "127.0.0.1", port: int = 0, rate: float = 0.0,
+                 tls: ssl.SSLContext | None = None):
+        self.server = ProducerServer(model, rate)
+        self.loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(host, port, tls), daemon=True)
+        self._thread.start()
+        if not self._ready.wait(30) or self._error is not None:
+            raise RuntimeError(f"producer did not start: {self._error}")
+        self.host, self.port = self.server.address
+
+    def _run(self, host, port, tls) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self.server.start(host, port, tls))
+        except BaseException as exc:  # noqa: BLE001
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        self.loop.run_forever()
+        self.loop.run_until_complete(self.server.close())
+        self.loop.close()
+
+    def stop(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
