@@ -1,0 +1,229 @@
+"""`dcptool replay CAPTURE...`: the deterministic offline processing of REPLAY.md, in-process
+(default) or on Spark (`--spark`). Tables and checksums go to stdout; progress and Spark's
+own chatter go to stderr (Spark's only with -v)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+
+import click
+
+from dcptool.cli.output import Sink, default_format
+
+
+def _paths(captures: tuple[str, ...]) -> list[str]:
+    out = []
+    for c in captures:
+        if c == "-":
+            out.extend(line.strip() for line in sys.stdin if line.strip())
+        else:
+            out.append(c)
+    if not out:
+        raise click.UsageError("no capture paths given (stdin was empty)")
+    return out
+
+
+def _table_choice(protocol: str, requested: tuple[str, ...], default_all: bool) -> list[str]:
+    from dcptool.replay import tables as T
+    names = T.table_names(protocol)
+    wanted = [n.strip() for r in requested for n in r.split(",") if n.strip()]
+    if not wanted:
+        return [n for n in names if n != "frames"] if default_all else [names[0]]
+    if wanted == ["all"]:
+        return names
+    bad = [w for w in wanted if w not in names]
+    if bad:
+        raise click.UsageError(f"unknown table {bad[0]!r} for {protocol} captures; "
+                               f"choose from {', '.join(names)} or all")
+    return wanted
+
+
+def _rows(table):
+    return table.to_pylist()
+
+
+@contextlib.contextmanager
+def _spark_progress(session, label: str):
+    """A status line on stderr with Spark's stage progress while a job runs."""
+    from dcptool.cli.console import err_console
+    console = err_console()
+    stop = threading.Event()
+    with console.status(f"{label}: starting", spinner="dots") as status:
+        def poll():
+            tracker = session.sparkContext.statusTracker()
+            while not stop.wait(0.5):
+                try:
+                    done = total = 0
+                    for sid in tracker.getActiveStageIds():
+                        info = tracker.getStageInfo(sid)
+                        if info is not None:
+                            done += info.numCompletedTasks
+                            total += info.numTasks
+                    status.update(f"{label}: {done}/{total} tasks" if total else f"{label}: working")
+                except Exception:  # noqa: BLE001 - progress must never break the replay
+                    pass
+        t = threading.Thread(target=poll, daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            t.join(timeout=2)
+
+
+@click.command("replay")
+@click.argument("captures", nargs=-1, required=True)
+@click.option("--spark", "use_spark", is_flag=True, help="Run on a Spark session instead of in-process.")
+@click.option("--master", default="local[*]", show_default=True,
+              help="Spark master URL (local[N], spark://HOST:PORT, yarn, k8s://...). Implies --spark.")
+@click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE", help="Extra Spark setting (repeatable).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Write each chosen table to DIR/NAME.parquet.")
+@click.option("--format", "fmt", type=click.Choice(["table", "jsonl"]), default=None,
+              help="How tables print: table on a TTY, jsonl in a pipe (default).")
+@click.option("--table", "tables", multiple=True, metavar="NAME",
+              help="Tables to print or write (repeatable or comma list; `all` adds frames). Default: every table but frames.")
+@click.option("--sql", help="A Spark SQL query over the tables as temporary views (needs --spark).")
+@click.option("--apply", "apply_spec", metavar="MODULE:FUNCTION",
+              help="Run function(key, table) per vbucket / (stream, instance) over its in frames.")
+@click.option("--checksum", is_flag=True, help="Print SHA-256 of each chosen table in canonical form.")
+@click.pass_context
+def replay(ctx, captures, use_spark, master, spark_conf, out_dir, fmt, tables, sql, apply_spec, checksum):
+    """Replay captures (files, directories, or - for paths on stdin) into result tables.
+
+    \b
+    DCP tables: documents vbuckets snapshots rollbacks failover frames
+    Synapse tables: positions rows gaps commands frames
+
+    \b
+    Examples:
+      dcptool replay captures/ --table documents --format jsonl | jq .key
+      dcptool replay captures/ --checksum
+      dcptool replay captures/ --spark --checksum          # same checksums
+      dcptool replay captures/ --spark --sql "SELECT vbucket, count(*) FROM documents GROUP BY 1"
+      dcptool replay captures/ --out results/
+      ls captures/*.parquet | dcptool replay -
+    """
+    from dcptool.cli.console import err_console
+    from dcptool.replay import local, reader, tables as T
+
+    verbose = bool((ctx.find_root().obj or {}).get("verbose"))
+    source = ctx.get_parameter_source("master")
+    if source is not None and source.name != "DEFAULT":
+        use_spark = True
+    if sql and not use_spark:
+        raise click.UsageError("--sql runs on Spark: add --spark")
+    if sum(bool(x) for x in (sql, apply_spec, checksum)) > 1:
+        raise click.UsageError("choose one of --sql, --apply, --checksum")
+    conf = {}
+    for item in spark_conf:
+        k, sep, v = item.partition("=")
+        if not sep:
+            raise click.UsageError(f"--conf wants KEY=VALUE, got {item!r}")
+        conf[k] = v
+    files = reader.find_captures(_paths(captures))
+    protocol = reader.protocol_of(files)
+    fn = None
+    if apply_spec:
+        try:
+            fn = local.load_function(apply_spec)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise click.UsageError(f"--apply {apply_spec}: {exc}") from exc
+    names = _table_choice(protocol, tables, default_all=True)
+    console = err_console()
+
+    session = None
+    if use_spark:
+        import warnings
+        if not verbose:
+            warnings.filterwarnings("ignore", module="pyspark")
+            warnings.filterwarnings("ignore", category=FutureWarning)
+        from dcptool.replay import spark as S
+        with console.status(f"starting Spark ({master})", spinner="dots"):
+            session = S.make_session(master, app_name="dcptool-replay", conf=conf, verbose=verbose)
+    try:
+        if fn is not None:
+            if session is not None:
+                with _spark_progress(session, "apply"):
+                    result = S.apply_spark(session, files, fn)
+            else:
+                result = local.apply_local(files, fn)
+            _emit(ctx, {"apply": result} if result is not None else {}, fmt, out_dir)
+            return
+        if session is not None:
+            rep = S.replay_spark(session, files)
+        else:
+            with console.status("replaying", spinner="dots"):
+                rep = local.replay_local(files)
+        progress = _spark_progress(session, "replay") if session is not None else contextlib.nullcontext()
+        with progress:
+            if sql:
+                rep.register_views()
+                result = session.sql(sql).toArrow()
+                _emit(ctx, {"sql": result}, fmt, out_dir)
+                return
+            chosen = {n: rep.table(n) for n in names}
+        if checksum:
+            _print_checksums(chosen, fmt)
+            return
+        if out_dir:
+            _write(out_dir, chosen, console)
+            if fmt is None:
+                return
+        _print_tables(chosen, fmt)
+    finally:
+        if session is not None:
+            with contextlib.suppress(Exception):
+                rep.close()  # noqa: F821 - bound when the replay ran
+            session.stop()
+
+
+def _print_checksums(chosen, fmt):
+    from dcptool.replay import tables as T
+    out = sys.stdout
+    for name, table in chosen.items():
+        digest = T.checksum(name, table)
+        if fmt == "jsonl":
+            import orjson
+            out.write(orjson.dumps({"table": name, "sha256": digest, "rows": table.num_rows}).decode() + "\n")
+        else:
+            out.write(f"{digest}  {name}\n")
+    out.flush()
+
+
+def _write(out_dir, chosen, console):
+    import os
+    import pyarrow.parquet as pq
+    os.makedirs(out_dir, exist_ok=True)
+    for name, table in chosen.items():
+        path = os.path.join(out_dir, f"{name}.parquet")
+        pq.write_table(table, path, compression="zstd")
+        console.print(f"wrote {path} ({table.num_rows} rows)", highlight=False)
+
+
+def _print_tables(chosen, fmt):
+    fmt = default_format(fmt)
+    several = len(chosen) > 1
+    for name, table in chosen.items():
+        if fmt == "jsonl":
+            sink = Sink("jsonl")
+            rows = _rows(table)
+            sink.write_many(({"table": name, **r} for r in rows) if several else rows)
+        else:
+            sink = Sink("table", columns=table.column_names, title=f"{name} ({table.num_rows} rows)")
+            for r in _rows(table):
+                sink.write(r)
+            if table.num_rows == 0:
+                from dcptool.cli.console import err_console
+                err_console().print(f"{name}: no rows", highlight=False)
+        sink.close()
+
+
+def _emit(ctx, chosen, fmt, out_dir):
+    from dcptool.cli.console import err_console
+    if out_dir:
+        _write(out_dir, chosen, err_console())
+        if fmt is None:
+            return
+    _print_tables(chosen, fmt)
