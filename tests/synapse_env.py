@@ -57,14 +57,14 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 class RedisServer:
-    def __init__(self, workdir: pathlib.Path):
+    def __init__(self, workdir: pathlib.Path, *extra: str):
         self.port = free_port()
         self.dir = workdir
         self.log = workdir / "redis.log"
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", str(workdir), "--logfile", str(self.log),
-             "--daemonize", "no", "--protected-mode", "yes"],
+             "--daemonize", "no", "--protected-mode", "yes", *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         _wait_port(self.port, self.proc, 20, "redis-server", self.log)
 

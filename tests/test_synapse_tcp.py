@@ -254,3 +254,19 @@ def test_serve_answers_nonsense_with_error(serve):
         f.write(b"HELLO there\n")
         f.flush()
         assert f.readline() == b"ERROR invalid command: HELLO\n"
+
+
+def test_summarize_for_inspect(serve, tmp_path):
+    from dcptool.replay.synapse_batch import summarize
+    s = serve("--items", "300", "--drop-after", "100", "--skip-on-reconnect", "20", "--seed", "4")
+    res = run("capture", f"synapse://{s.address}", "-o", str(tmp_path), "--quiet", "--json",
+              "--max-messages", str(2 * (GREETING + 100)), "--duration", "30s")
+    assert res.exit_code == 0, res.stderr
+    live = orjson.loads(res.stdout)
+    files = [f for f in find_captures([str(tmp_path)]) if f.protocol == "synapse"]
+    summary = summarize(read_capture_table(files))
+    assert summary["gaps"] == live["gaps"] and summary["gaps"]
+    assert summary["committed"] == live["committed"]
+    assert summary["commands"]["RDATA"] == 200 and summary["commands"]["POSITION"] == 36
+    ev = summary["streams"]["events/master"]
+    assert ev["rdata"] > 150 and ev["last_token"] == live["committed"]["events/master"]

@@ -246,6 +246,8 @@ async def _run_redis(host, port, server_name, client, handler, *, db, password, 
                      backoff) -> None:
     import redis.asyncio as aioredis
     import redis.exceptions as rexc
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
 
     channels = [server_name, server_name + "/USER_IP"]
     conn_no = -1
@@ -257,6 +259,7 @@ async def _run_redis(host, port, server_name, client, handler, *, db, password, 
         conn_no += 1
         kwargs = dict(host=host, port=port, db=db, password=password, username=username,
                       socket_connect_timeout=connect_timeout, decode_responses=False,
+                      retry=Retry(NoBackoff(), 0),  # reconnects are ours, with our back-off
                       client_name="".join(c if c.isprintable() and c != " " else "_" for c in client.name))
         if tls:
             kwargs.update(ssl=True, ssl_ca_certs=ca_cert,
