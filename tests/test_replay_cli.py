@@ -1,0 +1,82 @@
+"""`dcptool replay` through click's CliRunner (local engine): stdout carries only data,
+errors are one line with the right exit code."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pyarrow.parquet as pq
+from click.testing import CliRunner
+
+from dcptool.cli import cli
+from dcptool.replay import local, reader, tables as T
+from tests import capgen
+
+
+def _capture(tmp_path, protocol="dcp", s=3):
+    d = tmp_path / protocol
+    paths = capgen.write_captures(capgen.generate(protocol, s, n_events=150), str(d), seed=s)
+    return str(d), paths
+
+
+def _run(*args, input=None):
+    return CliRunner().invoke(cli, ["replay", *args], input=input, catch_exceptions=False)
+
+
+def test_checksum_lines_match_library(tmp_path):
+    d, _ = _capture(tmp_path)
+    r = _run(d, "--checksum")
+    assert r.exit_code == 0, r.output
+    rep = local.replay_local(reader.find_captures([d]))
+    want = [f"{T.checksum(n, rep.table(n))}  {n}" for n in rep.names() if n != "frames"]
+    assert r.stdout.splitlines() == want
+    r2 = _run(d, "--checksum", "--table", "frames", "--format", "jsonl")
+    row = json.loads(r2.stdout)
+    assert row["table"] == "frames" and row["rows"] == rep.table("frames").num_rows
+
+
+def test_jsonl_table_and_stdin_paths(tmp_path):
+    d, paths = _capture(tmp_path)
+    r = _run("-", "--table", "documents", "--format", "jsonl", input="\n".join(reversed(paths)) + "\n")
+    assert r.exit_code == 0
+    rows = [json.loads(x) for x in r.stdout.splitlines()]
+    docs = local.replay_local(reader.find_captures([d])).table("documents")
+    assert len(rows) == docs.num_rows > 0
+    assert base64.b64decode(rows[0]["key"]) == docs.column("key")[0].as_py()
+    assert "table" not in rows[0]
+
+
+def test_out_writes_parquet_per_table(tmp_path):
+    d, _ = _capture(tmp_path, "synapse")
+    out = tmp_path / "out"
+    r = _run(d, "--out", str(out))
+    assert r.exit_code == 0 and r.stdout == ""
+    rep = local.replay_local(reader.find_captures([d]))
+    for name in ("positions", "rows", "gaps", "commands"):
+        t = pq.read_table(out / f"{name}.parquet")
+        assert t.equals(rep.table(name)), name
+    assert not (out / "frames.parquet").exists()
+
+
+def test_apply_prints_user_results(tmp_path):
+    d, _ = _capture(tmp_path)
+    r = _run(d, "--apply", "tests.test_replay_spark:_apply_fn", "--format", "jsonl")
+    assert r.exit_code == 0, r.output
+    keys = [json.loads(json.loads(x)["key"]) for x in r.stdout.splitlines()]
+    assert keys == sorted(keys) and keys
+
+
+def test_usage_and_runtime_errors(tmp_path):
+    d, _ = _capture(tmp_path)
+    r = _run(d, "--sql", "SELECT 1")
+    assert r.exit_code == 2 and "--spark" in r.output
+    r = _run(d, "--table", "nope")
+    assert r.exit_code == 2 and "unknown table" in r.output
+    r = _run(d, "--apply", "no_such_module_xyz:f")
+    assert r.exit_code == 2
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"junk")
+    r = _run(str(bad))
+    assert r.exit_code == 1 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and "bad.parquet" in r.stderr

@@ -1,0 +1,88 @@
+"""The Spark engine gives the local engine's tables, whatever the partitioning: generated
+captures (hypothesis, a handful of seeds), 1 and 17 shuffle partitions, local[1] vs
+local[2] (in a subprocess), and --apply."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from dcptool.replay import local, reader, spark as S, tables as T
+from tests import capgen
+
+pytestmark = pytest.mark.spark
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _files(tmp, protocol, s, n=200, in_progress=False):
+    d = tmp / f"{protocol}-{s}-{in_progress}"
+    capgen.write_captures(capgen.generate(protocol, s, n_events=n), str(d), seed=s,
+                          in_progress_last=in_progress, truncate_bytes=13 if in_progress else 0)
+    return reader.find_captures([str(d)])
+
+
+def _assert_same(files, rep):
+    want = local.replay_local(files)
+    try:
+        for name in want.names():
+            assert rep.table(name).equals(want.table(name)), name
+    finally:
+        rep.close()
+
+
+@settings(max_examples=4, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(s=st.integers(0, 2**32 - 1), protocol=st.sampled_from(["dcp", "synapse"]), in_progress=st.booleans())
+def test_spark_equals_local(spark, tmp_path_factory, s, protocol, in_progress):
+    files = _files(tmp_path_factory.mktemp("s"), protocol, s, in_progress=in_progress)
+    _assert_same(files, S.replay_spark(spark, files))
+
+
+@pytest.mark.parametrize("partitions", ["1", "17"])
+def test_shuffle_partitions_do_not_matter(spark, tmp_path, partitions):
+    old = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", partitions)
+    try:
+        for protocol in ("dcp", "synapse"):
+            files = _files(tmp_path, protocol, 77, n=300)
+            _assert_same(files, S.replay_spark(spark, files))
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", old)
+
+
+def _apply_fn(key, table):
+    return pa.table({"key": [json.dumps(key)], "frames": [table.num_rows],
+                     "order": [json.dumps(table.column("frame_no").to_pylist())],
+                     "captures": [len(set(table.column("capture_id").to_pylist()))]})
+
+
+@pytest.mark.parametrize("protocol", ["dcp", "synapse"])
+def test_apply_is_the_same_on_both_engines(spark, tmp_path, protocol):
+    files = _files(tmp_path, protocol, 5)
+    a = local.apply_local(files, _apply_fn)
+    b = S.apply_spark(spark, files, _apply_fn)
+    assert a.num_rows > 0 and a.equals(b)
+
+
+def test_local1_and_local2_give_the_same_checksums(spark, tmp_path):
+    files = _files(tmp_path, "dcp", 31, n=300)
+    d = os.path.dirname(files[0].path)
+    rep = S.replay_spark(spark, files)
+    try:
+        in_session = {n: T.checksum(n, rep.table(n)) for n in rep.names() if n != "frames"}
+    finally:
+        rep.close()
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-m", "dcptool.cli", "replay", "--spark", "--master", "local[1]",
+                           "--conf", "spark.sql.shuffle.partitions=3", "--checksum", "--format", "jsonl", d],
+                          capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr
+    sums = {r["table"]: r["sha256"] for r in map(json.loads, proc.stdout.splitlines())}
+    assert sums == in_session
+    assert "log4j" not in proc.stderr and "WARN" not in proc.stderr
