@@ -234,10 +234,10 @@ class Consumer:
             if ph == _OPEN:
                 self._request(m.CloseStream(vbucket=vb), lambda f, vb=vb: None)
 
-    def flush_acks(self) -> None:
+    def flush_acks(self, check_pause: bool = True) -> None:
         """Send the pending buffer ack if it is due and nothing asks us to pause."""
         if (self.buffer_active and self._unacked >= self.cfg.buffer_size * self.cfg.ack_ratio
-                and not (self.should_pause is not None and self.should_pause())):
+                and not (check_pause and self.should_pause is not None and self.should_pause())):
             self._out.append(m.encode(m.BufferAck(bytes_acked=self._unacked)))
             self.acked_total += self._unacked
             self._unacked = 0

@@ -62,6 +62,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self.done: asyncio.Future = asyncio.get_running_loop().create_future()
         self._paused = False
         self._check_handle = None
+        self._closed_by_us = False
         self.bytes_in = 0
 
     # ---- asyncio callbacks
@@ -99,7 +100,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         if self._check_handle is not None:
             self._check_handle.cancel()
         if not self.done.done():
-            if self.consumer.finished or self.consumer.closing:
+            if self.consumer.finished or self.consumer.closing or self._closed_by_us:
                 self.done.set_result(None)
             else:
                 self.done.set_exception(ConnectionLost(
@@ -153,7 +154,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             asyncio.get_running_loop().call_later(0.005, self._unpause)
             return
         self._paused = False
-        self.consumer.flush_acks()
+        self.consumer.flush_acks(check_pause=False)   # we just asked: not paused
         self._flush()
         self.transport.resume_reading()
 
@@ -166,6 +167,8 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         try:
             if not self._paused:   # while we hold reads back, silence is ours, not the server's
                 self.consumer.check(time.monotonic())
+                self.consumer.flush_acks()   # an ack held back while paused
+                self._flush()
             else:
                 self.consumer.last_rx = time.monotonic()
         except BaseException as exc:  # noqa: BLE001
@@ -180,6 +183,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             self.transport.close()
 
     def close(self) -> None:
+        self._closed_by_us = True
         if self.transport is not None:
             self.transport.close()
 
