@@ -5,7 +5,7 @@ Every batch handed to `CaptureWriter.write` goes two ways:
 
 * into the in-progress segment, an Arrow IPC stream `<segment>.arrows` written through an
   unbuffered OS file, so that what was written is in the page cache at once and survives a
-  SIGKILL of the process (fsync'ed at most every `flush_interval` for power loss);
+  SIGKILL of the process (with `fsync_in_progress=True` also fsync'ed each `flush_interval`, for power loss);
 * into a bounded row-group buffer that is encoded to `<segment>.parquet.tmp` whenever it
   holds `ROW_GROUP_BYTES`.
 
@@ -45,7 +45,12 @@ ROW_GROUP_BYTES = 64 * 2**20       # uncompressed Arrow bytes buffered per Parqu
 ROW_GROUP_ROWS = 1_000_000
 COALESCE_BYTES = 4 * 2**20         # small batches are merged up to this size ...
 COALESCE_ROWS = 32_768             # ... or this many rows before they reach the IPC stream
+COALESCE_MIN_ROWS = 4_096          # batches at least this big on average are not merged
 COMPRESSIONS = ("zstd", "snappy", "none")
+# The in-progress copy is compressed per buffer: the many all-null columns of a DCP row
+# shrink to nothing, which costs less CPU than pushing their zeros through the page cache
+# (and later the disk) for a file that is deleted once its Parquet twin is in place.
+IPC_COMPRESSION = "zstd"
 IN_PROGRESS_SUFFIX = ".arrows"
 TMP_SUFFIX = ".tmp"
 
@@ -330,7 +335,8 @@ class CaptureWriter:
 
     def __init__(self, directory, protocol, *, source: str, options: dict,
                  capture_id: str | None = None, compression="zstd",
-                 rotate_size=256 * 2**20, rotate_interval=300.0, flush_interval=1.0):
+                 rotate_size=256 * 2**20, rotate_interval=300.0, flush_interval=1.0,
+                 fsync_in_progress: bool = False):
         if protocol not in S.PROTOCOLS:
             raise ValueError(f"unknown protocol {protocol!r}")
         self.directory = os.fspath(directory)
@@ -340,6 +346,9 @@ class CaptureWriter:
         self.rotate_size = int(rotate_size) if rotate_size else 0
         self.rotate_interval = float(rotate_interval) if rotate_interval else 0.0
         self.flush_interval = float(flush_interval)
+        # SIGKILL does not need it (the page cache outlives the process); a power cut does,
+        # at the price of writing every in-progress byte to the disk each second
+        self.fsync_in_progress = bool(fsync_in_progress)
         self.capture_id = capture_id or str(uuid.uuid4())
         started = _utcnow()
         self._started_dt = started
@@ -416,7 +425,8 @@ class CaptureWriter:
             self._guard(self._flush_pending, now)
         else:
             self._guard(self._maybe_rotate, now)
-        if self._lock_fd is not None and now - self._last_fsync >= self.flush_interval:
+        if self.fsync_in_progress and self._lock_fd is not None \
+                and now - self._last_fsync >= self.flush_interval:
             self._guard(self._fsync_in_progress, now)
 
     def flush(self) -> None:
@@ -563,7 +573,8 @@ class CaptureWriter:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         # an unbuffered OS file: each IPC message is in the page cache when write returns
         self._ipc_sink = pa.OSFile(arrows, "wb")
-        self._ipc = ipc.new_stream(self._ipc_sink, schema)
+        self._ipc = ipc.new_stream(self._ipc_sink, schema,
+                                   options=ipc.IpcWriteOptions(compression=IPC_COMPRESSION))
         self._pq = _ParquetSegment(final, schema, self.compression)
         self._seg_bytes = 0
         self._seg_rows = 0
@@ -574,18 +585,22 @@ class CaptureWriter:
     def _flush_pending(self, now: float, rotate: bool = True) -> None:
         if self._pending:
             batches, since = self._pending, self._pending_since
+            rows = self._pending_rows
             self._pending, self._pending_bytes, self._pending_rows = [], 0, 0
-            batch = batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+            if len(batches) > 1 and rows < COALESCE_MIN_ROWS * len(batches):
+                # many small batches: one copy buys one IPC message instead of many
+                batches = [pa.concat_batches(batches)]
             if self._ipc is None:
                 # the segment's age counts from its first row, not from this flush
                 self._open_segment(min(since, now))
-            self._ipc.write_batch(batch)
+            for batch in batches:
+                self._ipc.write_batch(batch)
+                self._pq.add(batch)
+                self._seg_bytes += batch.nbytes
+                self._seg_rows += batch.num_rows
             pos = self._ipc_sink.tell()
             self.bytes_written += pos - self._ipc_bytes
             self._ipc_bytes = pos
-            self._pq.add(batch)
-            self._seg_bytes += batch.nbytes
-            self._seg_rows += batch.num_rows
         if rotate:
             self._maybe_rotate(now)
 
