@@ -420,9 +420,15 @@ class ProducerServer:
             self._rate_task.cancel()
         if self._server is not None:
             self._server.close()
+        tasks = []
         for p in list(self.protocols):
             if p.transport is not None:
                 p.transport.abort()
+            if p.task is not None:
+                p.task.cancel()
+                tasks.append(p.task)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -452,12 +458,16 @@ class ThreadedServer:
             return
         self._ready.set()
         self.loop.run_forever()
-        self.loop.run_until_complete(self.server.close())
         self.loop.close()
+
+    async def _shutdown(self) -> None:
+        await self.server.close()
+        await asyncio.sleep(0)
+        self.loop.stop()
 
     def stop(self) -> None:
         if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop)
         self._thread.join(10)
 
     def __enter__(self):
