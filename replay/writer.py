@@ -483,6 +483,12 @@ class CaptureWriter:
 
     # -- conforming batches to the schema ------------------------------------------------
 
+    def set_options(self, options: dict) -> None:
+        """Replace the dcptool.options metadata of segments started from now on (a DCP
+        capture learns its negotiated features and controls after the handshake)."""
+        self._options_json = json.dumps(strip_secrets(dict(options or {})), sort_keys=True,
+                                        default=str, separators=(",", ":"))
+
     def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         n = batch.num_rows
         given = batch.schema.names
