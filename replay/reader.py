@@ -195,10 +195,38 @@ def read_file(f: CaptureFile, columns: list[str] | None = None) -> pa.Table:
     return table
 
 
-def iter_capture_tables(files: list[CaptureFile], columns: list[str] | None = None) -> Iterator[pa.Table]:
-    """Each capture's rows, in frame order, one table per segment when segments do not
-    overlap (the normal case), else one sorted table for the whole capture. Always
-    includes `frame_no` so that order can be checked."""
+def _frame_numbers(f: CaptureFile):
+    if f.in_progress:
+        return None
+    pf = pq.ParquetFile(f.path)
+    if "frame_no" not in pf.schema_arrow.names:
+        return None
+    return pf.read(columns=["frame_no"]).column("frame_no")
+
+
+def _sorted(fn) -> bool:
+    return fn.null_count == 0 and (len(fn) < 2 or pc.all(
+        pc.greater(fn.slice(1), fn.slice(0, len(fn) - 1))).as_py())
+
+
+def _stream_file(f: CaptureFile, cols, batch_rows: int) -> Iterator[pa.Table]:
+    full = capture_schema(f.protocol)
+    schema = full if cols is None else pa.schema([full.field(c) for c in cols])
+    pf = pq.ParquetFile(f.path)
+    present = set(pf.schema_arrow.names)
+    try:
+        for batch in pf.iter_batches(batch_size=batch_rows, columns=[c for c in schema.names if c in present]):
+            yield conform(pa.Table.from_batches([batch]), schema)
+    except (OSError, pa.ArrowException) as exc:
+        raise CaptureError(f"{f.path}: unreadable ({exc})") from exc
+
+
+def iter_capture_tables(files: list[CaptureFile], columns: list[str] | None = None,
+                        batch_rows: int = 1 << 20) -> Iterator[pa.Table]:
+    """Every row of `files` in frame order, as a sequence of tables of `columns` (always
+    with `frame_no`). Finished segments already in frame_no order (the normal case) are
+    streamed `batch_rows` at a time, so memory does not grow with the capture; anything
+    else is read whole and sorted, one capture at a time."""
     files = sorted(files, key=_order_key)
     cols = None if columns is None else list(dict.fromkeys(["frame_no", *columns]))
     i = 0
@@ -206,22 +234,26 @@ def iter_capture_tables(files: list[CaptureFile], columns: list[str] | None = No
         j = i
         while j < len(files) and files[j].capture_id == files[i].capture_id:
             j += 1
-        tables = [read_file(f, cols) for f in files[i:j]]
-        last = None
-        ordered = True
-        for t in tables:
-            if t.num_rows == 0:
-                continue
-            first = t.column("frame_no")[0].as_py()
-            if last is not None and first is not None and first <= last:
-                ordered = False
+        group = files[i:j]
+        streamable, last = True, None
+        for f in group:
+            fn = _frame_numbers(f)
+            if fn is None or not _sorted(fn):
+                streamable = False
                 break
-            last = t.column("frame_no")[-1].as_py()
-        if ordered:
-            yield from (t for t in tables if t.num_rows)
+            if len(fn):
+                if last is not None and fn[0].as_py() <= last:
+                    streamable = False
+                    break
+                last = fn[-1].as_py()
+        if streamable:
+            for f in group:
+                yield from _stream_file(f, cols, batch_rows)
         else:
-            whole = pa.concat_tables(tables)
-            yield whole.take(pc.sort_indices(whole.column("frame_no")))
+            tables = [read_file(f, cols) for f in group]
+            whole = pa.concat_tables(tables) if tables else None
+            if whole is not None and whole.num_rows:
+                yield whole.take(pc.sort_indices(whole.column("frame_no")))
         i = j
 
 

@@ -1,0 +1,208 @@
+"""Benchmark of `dcptool replay` on generated DCP captures of 1M and 10M frames.
+
+For each size it times, in the same run and on the same Parquet:
+  - `dcptool replay DIR --table documents --out OUT`            (local engine, a subprocess)
+  - `dcptool replay DIR --spark --table documents --out OUT`    (Spark local[*], start-up included)
+  - the same `documents` as one plain DuckDB SQL query (the baseline; installed into the
+    venv by this script when missing), written to Parquet too,
+checks that the three results are equal, and prints the ratios to DuckDB, the cost per
+million frames, and the local engine's peak RSS (which should follow distinct documents,
+not frames).
+
+    .venv/bin/python tests/bench/bench_replay.py            # 1M and 10M
+    .venv/bin/python tests/bench/bench_replay.py 1000000    # sizes to run
+The captures hold mutations, deletions, expirations over 1024 vbuckets, snapshot markers
+and stream-request responses, and no rollbacks (so last-write-wins SQL is the right answer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from dcptool.replay.schema import capture_schema  # noqa: E402
+
+OPS = np.array(["mutation", "deletion", "expiration", "snapshot_marker"])
+
+
+def generate(path: str, frames: int, docs: int, seed: int = 1, rows_per_group: int = 1 << 20) -> None:
+    """A single-segment capture written row group by row group (bounded memory)."""
+    rng = np.random.default_rng(seed)
+    cid = "b0000000-0000-4000-8000-%012d" % frames
+    meta = {"dcptool.format": "1", "dcptool.protocol": "dcp", "dcptool.capture_id": cid,
+            "dcptool.segment": "0", "dcptool.started_at": "2025-11-22T00:00:00.000000Z",
+            "dcptool.version": "bench", "dcptool.source": "couchbase://127.0.0.1/bench",
+            "dcptool.options": "{}"}
+    schema = capture_schema("dcp", meta)
+    seqno = np.zeros(1024, np.int64)
+    with pq.ParquetWriter(path, schema, compression="zstd") as w:
+        # stream-request success responses, one per vbucket
+        vb = np.arange(1024)
+        fl = pa.array([[{"vbucket_uuid": int(u), "seqno": 0}] for u in rng.integers(1, 2**63, 1024)],
+                      schema.field("failover_log").type)
+        head = _table(schema, frame_no=np.arange(1024), vbucket=vb, op=np.full(1024, "stream_req"),
+                      magic=np.full(1024, 0x81), status=np.zeros(1024), failover_log=fl)
+        w.write_table(head)
+        done = 1024
+        while done < frames:
+            n = min(rows_per_group, frames - done)
+            vb = rng.integers(0, 1024, n)
+            kind = rng.choice(4, n, p=[0.80, 0.10, 0.05, 0.05])
+            doc = rng.integers(0, docs, n)
+            key = np.char.add(b"doc-", doc.astype("S12"))
+            # per-vbucket increasing seqnos, in frame order
+            order = np.argsort(vb, kind="stable")
+            counts = np.bincount(vb, minlength=1024)
+            within = np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts)
+            by = np.empty(n, np.int64)
+            by[order] = seqno[vb[order]] + within + 1
+            seqno += counts
+            is_item = kind < 3
+            ts = (1_763_800_000_000_000_000 + (done + np.arange(n)) * 1000).astype(np.int64)
+            w.write_table(_table(
+                schema, frame_no=np.arange(done, done + n), vbucket=vb, op=OPS[kind],
+                magic=np.full(n, 0x80), ts=ts, key=np.where(is_item, key, None),
+                by_seqno=np.where(is_item, by, None), rev_seqno=np.where(is_item, 1, None),
+                cas=np.where(is_item, rng.integers(1, 2**63, n), None), datatype=np.where(is_item, 1, None),
+                value_len=np.where(kind == 0, rng.integers(10, 500, n), np.where(is_item, 0, None)),
+                item_flags=np.where(kind == 0, 0, None), expiration=np.where(kind == 0, 0, None),
+                snap_start=np.where(kind == 3, by, None), snap_end=np.where(kind == 3, by + 100, None),
+                snap_flags=np.where(kind == 3, 1, None), snap_version=np.where(kind == 3, "2.0", None),
+                raw=rng.integers(0, 2**63, n).astype("S8")))
+            done += n
+
+
+def _table(schema: pa.Schema, **cols) -> pa.Table:
+    n = len(next(iter(cols.values())))
+    arrays = []
+    for f in schema:
+        v = cols.get(f.name)
+        if f.name == "capture_id":
+            arrays.append(pa.array([schema.metadata[b"dcptool.capture_id"].decode()] * n).dictionary_encode().cast(f.type))
+        elif f.name == "direction":
+            v = np.where(np.asarray(cols.get("magic")) == 0x81, "in", "in")
+            arrays.append(pa.array(v).dictionary_encode().cast(f.type))
+        elif f.name == "ts" and v is None:
+            arrays.append(pa.array(np.arange(n, dtype=np.int64)).cast(f.type))
+        elif v is None:
+            arrays.append(pa.nulls(n, f.type))
+        elif isinstance(v, pa.Array):
+            arrays.append(v)
+        elif f.name == "ts":
+            arrays.append(pa.array(v).cast(f.type))
+        elif pa.types.is_dictionary(f.type):
+            arrays.append(pa.array(list(v) if v.dtype == object else v, pa.string()).dictionary_encode().cast(f.type))
+        elif v.dtype == object:
+            arrays.append(pa.array(list(v), f.type))
+        else:
+            arrays.append(pa.array(v).cast(f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def ensure_duckdb():
+    try:
+        import duckdb  # noqa: F401
+    except ImportError:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "duckdb"], check=True)
+    import duckdb
+    return duckdb
+
+
+def timed_cli(args: list[str]) -> tuple[float, int]:
+    """Wall seconds and peak RSS (MiB) of `dcptool ARGS` in a child process."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen([sys.executable, "-m", "dcptool.cli", *args], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=ROOT))
+    _, status, usage = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    err = p.stderr.read().decode()
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise SystemExit(f"dcptool {' '.join(args)} failed: {err}")
+    return wall, usage.ru_maxrss // 1024
+
+
+DUCKDB_SQL = """
+COPY (
+  SELECT vbucket, collection_id, key,
+         arg_max(by_seqno, frame_no) AS by_seqno, arg_max(rev_seqno, frame_no) AS rev_seqno,
+         arg_max(cas, frame_no) AS cas,
+         arg_max(CASE op WHEN 'mutation' THEN 'live' WHEN 'deletion' THEN 'deleted' ELSE 'expired' END, frame_no) AS state,
+         arg_max(value_len, frame_no) AS value_len, max(frame_no) AS frame_no
+  FROM read_parquet('{src}')
+  WHERE direction = 'in' AND vbucket IS NOT NULL AND decode_error IS NULL
+    AND op IN ('mutation', 'deletion', 'expiration')
+  GROUP BY vbucket, collection_id, key
+) TO '{dst}' (FORMAT parquet)
+"""
+
+
+def run(frames: int, docs: int, workdir: str, spark: bool) -> dict:
+    duckdb = ensure_duckdb()
+    cap = os.path.join(workdir, f"cap-{frames}-{docs}")
+    os.makedirs(cap, exist_ok=True)
+    src = os.path.join(cap, "dcp-20251122T000000.000000Z-b0000000-000000.parquet")
+    if not os.path.exists(src):
+        t0 = time.perf_counter()
+        generate(src, frames, docs)
+        print(f"  generated {frames:,} frames / {docs:,} documents in {time.perf_counter() - t0:.1f}s "
+              f"({os.path.getsize(src) / 2**20:.0f} MiB)", flush=True)
+    out = {"frames": frames, "docs": docs}
+    dd = os.path.join(workdir, f"duck-{frames}-{docs}.parquet")
+    con = duckdb.connect()
+    con.execute("SET threads TO 2")
+    t0 = time.perf_counter()
+    con.execute(DUCKDB_SQL.format(src=src, dst=dd))
+    out["duckdb_s"] = time.perf_counter() - t0
+    lo = os.path.join(workdir, f"local-{frames}-{docs}")
+    out["local_s"], out["local_rss_mib"] = timed_cli(["replay", cap, "--table", "documents", "--out", lo])
+    if spark:
+        so = os.path.join(workdir, f"spark-{frames}-{docs}")
+        out["spark_s"], _ = timed_cli(["replay", cap, "--spark", "--table", "documents", "--out", so])
+    # the three results are the same documents
+    duck = pq.read_table(dd).sort_by([("vbucket", "ascending"), ("key", "ascending")])
+    mine = pq.read_table(os.path.join(lo, "documents.parquet"))
+    assert duck.num_rows == mine.num_rows, (duck.num_rows, mine.num_rows)
+    for c in ("by_seqno", "state", "frame_no"):
+        assert duck.column(c).to_pylist() == mine.column(c).to_pylist(), c
+    if spark:
+        assert pq.read_table(os.path.join(so, "documents.parquet")).equals(mine)
+    return out
+
+
+def main(argv: list[str]) -> None:
+    sizes = [int(a) for a in argv if a.isdigit()] or [1_000_000, 10_000_000]
+    spark = "--no-spark" not in argv
+    configs = []
+    for n in sizes:
+        configs.append((n, 100_000))
+    if len(sizes) > 1:
+        configs.append((max(sizes), 1_000_000))
+    results = []
+    with tempfile.TemporaryDirectory(prefix="dcptool-bench-") as work:
+        for frames, docs in configs:
+            print(f"== {frames:,} frames, {docs:,} distinct documents", flush=True)
+            r = run(frames, docs, work, spark)
+            results.append(r)
+            line = (f"  duckdb {r['duckdb_s']:.2f}s | local {r['local_s']:.2f}s "
+                    f"({r['local_s'] / r['duckdb_s']:.2f}x duckdb, {r['local_s'] / frames * 1e6:.2f}s/M frames, "
+                    f"peak RSS {r['local_rss_mib']} MiB)")
+            if spark:
+                line += f" | spark {r['spark_s']:.2f}s ({r['spark_s'] / r['duckdb_s']:.2f}x duckdb)"
+            print(line, flush=True)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
