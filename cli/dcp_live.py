@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import datetime
 import os
 import signal
@@ -121,8 +122,26 @@ class RowTap:
         if self.remaining is not None and len(offs) > self.remaining:
             offs, lens = offs[:self.remaining], lens[:self.remaining]
         ts = iso_ns(ts_ns)
-        row = self.row
-        self.sink.write_many([row(buf, o, n, ts, "in") for o, n in zip(offs, lens)])
+        conn = self.conn
+        fast = not (self.consumer is not None and self.consumer.collections) and not self.values and not self.raw
+        b64 = self.b64
+        unpack = _MUT.unpack_from
+        enc = binascii.b2a_base64
+        rows = []
+        append = rows.append
+        for off, ln in zip(offs, lens):
+            if fast and buf[off + 1] == 0x57 and buf[off] == 0x80 and buf[off + 4] == 31:
+                # the hot path: the same dict as to_row(decode(frame)), built directly
+                magic, op, kl, _el, dt, vb, bl, opq, cas, by, rev, fl, exp, lock = unpack(buf, off)
+                key = buf[off + 55:off + 55 + kl]
+                append({"ts": ts, "conn": conn, "direction": "in", "magic": magic, "opcode": op,
+                        "op": "mutation", "vbucket": vb, "opaque": opq, "cas": cas, "datatype": dt,
+                        "key": enc(key, newline=False).decode("ascii") if b64 else key,
+                        "value_len": bl - 31 - kl, "by_seqno": by, "rev_seqno": rev,
+                        "item_flags": fl, "expiration": exp, "lock_time": lock})
+            else:
+                append(self.row(buf, off, ln, ts, "in"))
+        self.sink.write_many(rows)
         self.received += len(offs)
         if self.remaining is not None:
             self.remaining -= len(offs)
@@ -160,7 +179,7 @@ class EventLog:
                     self._say(f"[yellow]vbucket {e.vbucket}: stream request failed[/] ({status_name(e.status)})")
             elif t is C.StreamEnded:
                 self.ends[e.vbucket] = e.reason
-                if e.reason:
+                if e.reason and e.reason != 1:   # 1: closed because we asked
                     again = "" if e.final else "; re-requesting"
                     self._say(f"vbucket {e.vbucket}: stream end ({stream_end_reason_name(e.reason)}){again}")
 
@@ -225,7 +244,7 @@ def run_stream(opts: LiveOptions) -> None:
         err_console().print(
             f"{tap.received} frames received, {consumer.data_frames} items, "
             f"{len(events.ends)} streams ended, {events.rollbacks} rollbacks, "
-            f"{session.conn} connection(s), {elapsed:.2f} s", highlight=False, style="dim")
+            f"{session.conn} connection(s), {elapsed:.2f} s", highlight=False, style="dim", soft_wrap=True)
         opened = set(events.ends) | {vb for vb in consumer.states if vb not in events.failed}
         if events.failed and not opened and not session.stopped:
             status = next(iter(events.failed.values()))

@@ -289,3 +289,29 @@ def test_serve_subprocess_and_ctrl_c_exits_130():
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     assert proc.returncode == 0
+
+
+def test_batch_rows_equal_the_codec_in_jsonl():
+    from dcptool.cli.dcp_live import RowTap
+    import numpy as np
+    frames = [m.encode(m.Mutation(vbucket=3, opaque=4, cas=5 + i, datatype=1, key=b"key-%d" % i, value=b"{}",
+                                  by_seqno=10 + i, rev_seqno=1)) for i in range(3)]
+    frames.insert(1, m.encode(m.SnapshotMarker(vbucket=3, opaque=4, snap_start=1, snap_end=20, snap_flags=2)))
+    buf = b"".join(frames)
+    offs = np.cumsum([0] + [len(f) for f in frames[:-1]])
+    lens = np.array([len(f) for f in frames])
+
+    class Sink:
+        rows = []
+
+        def write_many(self, rows):
+            self.rows.extend(rows)
+
+    tap = RowTap(Sink(), values=False, raw=False, b64=True, max_messages=None)
+    tap.on_received(buf, offs, lens, 1_700_000_000_123_456_789, 0)
+    want = []
+    for f in frames:
+        row = {"ts": "2023-11-14T22:13:20.123456789Z", "conn": 0, "direction": "in", **m.to_row(m.decode_bytes(f))}
+        row["key"] = base64.b64encode(row["key"]).decode() if "key" in row else None
+        want.append({k: v for k, v in row.items() if v is not None})
+    assert Sink.rows == want and [list(r) for r in Sink.rows] == [list(r) for r in want]
