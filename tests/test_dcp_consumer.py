@@ -10,7 +10,7 @@ import pytest
 from dcptool.protocol.dcp import consumer as C
 from dcptool.protocol.dcp import messages as m
 from dcptool.protocol.dcp import producer as P
-from dcptool.protocol.dcp.constants import Status, StreamEndReason
+from dcptool.protocol.dcp.constants import SnapshotFlag, Status, StreamEndReason
 from dcptool.protocol.dcp.frames import split
 from dcptool.protocol.errors import AuthRefused, ErrorCode, RemoteError
 
@@ -300,3 +300,47 @@ def test_vbstate_request_seqnos():
     assert s.request_seqnos() == (5, 7, 0, 10)
     s = dataclasses.replace(s, snapshot_complete=True)
     assert s.request_seqnos() == (5, 7, 5, 5)
+
+
+def test_stream_requests_in_flight_are_bounded():
+    srv = P.server_from_options(vbuckets=16, items=160, seed=1)
+    pair = Pair(srv, cfg(max_in_flight=4))
+    in_flight_max = 0
+    for _ in range(1000):
+        out = pair.cons.outgoing()
+        reqs = sum(1 for f in out if f[1] == 0x53)
+        in_flight_max = max(in_flight_max, reqs)
+        for f in out:
+            pair.outbound.append(f)
+            pair.prod.receive(f, pair.now)
+        data = b"".join(bytes(x) for x in pair.prod.pull(pair.now))
+        if data:
+            pair.events += pair.cons.feed(data, pair.now)
+        if pair.cons.finished:
+            break
+    assert pair.cons.finished and in_flight_max == 4
+    assert sum(1 for f in pair.outbound if f[1] == 0x53) == 16
+
+
+def test_snapshot_ack_and_set_vbucket_state_are_answered():
+    srv = P.server_from_options(vbuckets=1, items=3)
+    pair = Pair(srv, cfg(to="forever")).run(max_steps=50)
+    opaque = pair.cons._sopq[0]
+    assert opaque > 0
+    marker = m.encode(m.SnapshotMarker(vbucket=0, opaque=opaque, snap_start=4, snap_end=4,
+                                       snap_flags=SnapshotFlag.MEMORY | SnapshotFlag.ACK))
+    state = m.encode(m.SetVbucketState(vbucket=0, opaque=opaque, state=1))
+    pair.cons.feed(marker + state, pair.now)
+    out = [m.decode_bytes(f) for f in pair.cons.outgoing()]
+    assert [(r.op_code, r.opaque, r.status) for r in out] == [(0x56, opaque, 0), (0x5B, opaque, 0)]
+    assert all(r.IS_RESPONSE for r in out)
+
+
+def test_seqno_regression_is_a_remote_error():
+    srv = P.server_from_options(vbuckets=1, items=5)
+    pair = Pair(srv, cfg(to="forever")).run(max_steps=50)
+    opaque = pair.cons._sopq[0]
+    bad = m.encode(m.Mutation(vbucket=0, opaque=opaque, key=b"k", by_seqno=2, rev_seqno=1))
+    with pytest.raises(RemoteError) as info:
+        pair.cons.feed(bad, pair.now)
+    assert info.value.code == ErrorCode.UNEXPECTED_MESSAGE

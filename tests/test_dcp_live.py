@@ -315,3 +315,11 @@ def test_batch_rows_equal_the_codec_in_jsonl():
         row["key"] = base64.b64encode(row["key"]).decode() if "key" in row else None
         want.append({k: v for k, v in row.items() if v is not None})
     assert Sink.rows == want and [list(r) for r in Sink.rows] == [list(r) for r in want]
+
+
+def test_unknown_host_exits_3(monkeypatch):
+    from dcptool.cli import dcp_live
+    monkeypatch.setitem(dcp_live.DEFAULTS, "connect_timeout", 5.0)
+    res = CliRunner().invoke(cli, ["stream", "couchbase://no-such-host.invalid:11210/default"])
+    assert res.exit_code == 3
+    assert "no-such-host.invalid" in res.output

@@ -15,6 +15,7 @@ Time is always an argument: `receive(data, now)`, `pull(now)`, `tick(now)`.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import hashlib
 import math
@@ -366,7 +367,6 @@ class _Var:
         self.i = 0
 
     def take(self, budget: int, max_frames: int):
-        import bisect
         s = self.starts
         lo = s[self.i]
         j = bisect.bisect_left(s, lo + budget, self.i + 1)   # frames starting before the budget ends
