@@ -107,7 +107,11 @@ class RowTap:
                 if vb is not None:
                     row["vbucket"] = vb
         if self.raw:
-            row["raw"] = buf[off:off + ln]
+            raw = bytes(buf[off:off + ln])
+            if raw[1] in (0x21, 0x22) and raw[0] == 0x80:   # SASL: credentials become '*' bytes
+                vstart = 24 + raw[4] + int.from_bytes(raw[2:4], "big")
+                raw = raw[:vstart] + b"*" * (len(raw) - vstart)
+            row["raw"] = raw
         if self.b64:
             for k in ("key", "value", "raw"):
                 v = row.get(k)

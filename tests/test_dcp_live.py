@@ -323,3 +323,16 @@ def test_unknown_host_exits_3(monkeypatch):
     res = CliRunner().invoke(cli, ["stream", "couchbase://no-such-host.invalid:11210/default"])
     assert res.exit_code == 3
     assert "no-such-host.invalid" in res.output
+
+
+def test_raw_sasl_frames_are_masked():
+    model = P.server_from_options(vbuckets=1, items=2, users={"admin": "s3cret"})
+    with ThreadedServer(model) as srv:
+        res, rows = stream(srv, "--user", "admin", "--raw", "--values", env={"DCPTOOL_PASSWORD": "s3cret"})
+    assert res.exit_code == 0, res.stderr
+    sasl_out = [r for r in rows if r["op"] in ("sasl_auth", "sasl_step") and r["direction"] == "out"]
+    assert len(sasl_out) == 2
+    for r in sasl_out:
+        raw = base64.b64decode(r["raw"])
+        assert raw.endswith(b"*" * r["value_len"]) and set(base64.b64decode(r["value"])) == {ord("*")}
+    assert b"s3cret" not in res.stdout.encode()
