@@ -23,7 +23,7 @@ from dcptool.cli import cli
 from dcptool.protocol.dcp import consumer as C
 from dcptool.protocol.dcp import messages as m
 from dcptool.protocol.dcp import producer as P
-from dcptool.protocol.transport.dcp import Session, ThreadedServer, tls_context
+from dcptool.protocol.transport.dcp import Session, ThreadedServer
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration

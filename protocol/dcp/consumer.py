@@ -26,8 +26,7 @@ from dcptool.protocol.dcp.constants import (SEQNO_INFINITY, Feature, OpenFlag, S
                                             StreamEndReason, StreamRequestFlag, status_name,
                                             stream_end_reason_name)
 from dcptool.protocol.dcp.frames import parse_frame, split_until_error
-from dcptool.protocol.errors import (AuthRefused, ErrorCode, LocalError, ProtocolError,
-                                     RemoteError)
+from dcptool.protocol.errors import AuthRefused, ErrorCode, RemoteError
 
 _DATA = struct.Struct(">BB4xH4xI8xQ")     # magic opcode . vbucket . opaque . by_seqno
 DATA_OPS = frozenset({0x57, 0x58, 0x59, 0x5F, 0x64})

@@ -26,7 +26,7 @@ import numpy as np
 
 from dcptool.protocol.dcp import messages as m
 from dcptool.protocol.dcp import sasl
-from dcptool.protocol.dcp.constants import (SEQNO_INFINITY, Feature, OpenFlag, SnapshotFlag,
+from dcptool.protocol.dcp.constants import (Feature, OpenFlag, SnapshotFlag,
                                             Status, StreamEndReason, StreamRequestFlag)
 from dcptool.protocol.dcp.frames import FrameParser
 from dcptool.protocol.errors import ProtocolError
