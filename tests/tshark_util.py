@@ -37,11 +37,12 @@ def tshark_frames(segments, port=11210) -> list[dict]:
     with tempfile.TemporaryDirectory() as d:
         path = f"{d}/frames.pcap"
         write_pcap(path, segments, server_port=port)
-        out = subprocess.run([exe, "-r", path, "-T", "json", "-d", f"tcp.port=={port},couchbase",
+        out = subprocess.run([exe, "-r", path, "-T", "json", "--no-duplicate-keys", "-d", f"tcp.port=={port},couchbase",
                               "-o", "tcp.desegment_tcp_streams:TRUE"],
                              capture_output=True, timeout=120, check=True)
     pdus = []
     for pkt in json.loads(out.stdout):
+        # with --no-duplicate-keys, several PDUs of one segment arrive as a list
         layer = pkt["_source"]["layers"].get("couchbase")
         if layer is None:
             continue
