@@ -30,6 +30,7 @@ from dcptool.replay import local, reader, tables as T
 from dcptool.replay.schema import capture_schema
 
 SEQ_SHIFT = 44
+VBUCKET_GROUPS = 64
 LOOPBACK = "127.0.0.1"
 
 
@@ -78,6 +79,8 @@ def make_session(master: str = "local[*]", app_name: str = "dcptool", conf: dict
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.shuffle.partitions": "8",
     }
+    if master.startswith("local"):
+        settings["spark.driver.memory"] = "2g"  # executors live in the driver JVM
     if _is_loopback_master(master):
         os.environ["SPARK_LOCAL_IP"] = LOOPBACK
         settings.update({"spark.driver.host": LOOPBACK, "spark.driver.bindAddress": LOOPBACK})
@@ -250,12 +253,10 @@ class SparkReplay:
 
     def table(self, name: str) -> pa.Table:
         if name not in self._results:
-            if name in self.result_names:
-                self._results.update(_unpack(self.protocol, self.result_names, self.packed_df.toArrow()))
-            else:
-                schema = T.schema_of(self.protocol, name)
-                arrow = self.dataframe(name).toArrow()
-                self._results[name] = T.canonical(self.protocol, name, from_spark_arrow(arrow, schema))
+            # one table's columns at a time: the packed rows are wide and mostly null
+            schema = T.schema_of(self.protocol, name)
+            arrow = self.dataframe(name).toArrow()
+            self._results[name] = T.canonical(self.protocol, name, from_spark_arrow(arrow, schema))
         return self._results[name]
 
     def close(self) -> None:
@@ -276,7 +277,11 @@ def replay_spark(spark, files: list) -> SparkReplay:
     if protocol == "dcp":
         vb_frames = df.filter((F.col("direction") == "in") & F.col("vbucket").isNotNull()
                               & F.col("decode_error").isNull() & F.col("op").isin(*local.VB_OPS))
-        grouped = vb_frames.select(local.DCP_STATE_COLUMNS + ["_seq"]).groupBy("vbucket")
+        # several vbuckets per group (a pure function of the vbucket, so the result cannot
+        # depend on partitioning): DcpState keeps vbuckets apart, and fewer, larger groups
+        # save the per-call overhead of the Python worker
+        grouped = (vb_frames.select(local.DCP_STATE_COLUMNS + ["_seq"])
+                   .withColumn("_g", F.col("vbucket") % VBUCKET_GROUPS).groupBy("_g"))
         packed = grouped.applyInArrow(_dcp_group, spark_schema(_packed_schema("dcp", DCP_RESULTS)))
         result = SparkReplay(protocol, frames, packed, DCP_RESULTS, _tmp=tmp)
     else:

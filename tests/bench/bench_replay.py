@@ -57,9 +57,9 @@ def generate(path: str, frames: int, docs: int, seed: int = 1, rows_per_group: i
         done = 1024
         while done < frames:
             n = min(rows_per_group, frames - done)
-            vb = rng.integers(0, 1024, n)
             kind = rng.choice(4, n, p=[0.80, 0.10, 0.05, 0.05])
             doc = rng.integers(0, docs, n)
+            vb = (doc * 2654435761) % 1024  # a document always lives in the same vbucket
             key = np.char.add(b"doc-", doc.astype("S12"))
             # per-vbucket increasing seqnos, in frame order
             order = np.argsort(vb, kind="stable")
