@@ -30,7 +30,23 @@ from dcptool.protocol.errors import AuthRefused, ErrorCode, RemoteError
 
 _DATA = struct.Struct(">BB4xH4xI8xQ")     # magic opcode . vbucket . opaque . by_seqno
 DATA_OPS = frozenset({0x57, 0x58, 0x59, 0x5F, 0x64})
+_DATA_OPS_ARRAY = sorted(DATA_OPS)
 NUM_VB_SLOTS = 1024
+_VECTOR_MIN = 48           # runs shorter than this take the per-frame loop
+
+
+def _tolist(a):
+    return a.tolist() if hasattr(a, "tolist") else list(a)
+
+
+def _be(u8, pos, width):
+    """Big-endian unsigned ints of `width` bytes at byte positions pos of a uint8 array."""
+    import numpy as np
+    if len(pos) == 0:
+        return np.zeros(0, dtype=f"u{width}")
+    n = len(u8) - width + 1
+    view = np.ndarray(shape=(n,), dtype=f">u{width}", buffer=u8.data, offset=0, strides=(1,))
+    return view[pos].astype(f"u{width}")
 DEFAULT_REOPEN = frozenset({StreamEndReason.STATE_CHANGED, StreamEndReason.DISCONNECTED,
                            StreamEndReason.TOO_SLOW, StreamEndReason.BACKFILL_FAIL,
                            StreamEndReason.ROLLBACK})
@@ -243,20 +259,77 @@ class Consumer:
 
     # ---- receive
     def receive(self, buf, offsets, lengths, now: float) -> list:
-        """Process the whole frames at offsets/lengths in buf. Returns the events."""
-        if hasattr(offsets, "tolist"):
-            offsets, lengths = offsets.tolist(), lengths.tolist()
+        """Process the whole frames at offsets/lengths in buf. Returns the events.
+
+        Long runs of data frames (a backfill) are applied column-wise: per vbucket the seqnos
+        are checked to rise and the last one kept; every other frame, and any run that breaks
+        a rule, goes through the per-frame path in wire order."""
         n = len(offsets)
         if n == 0:
             return self.events()
         self.last_rx = now
         self.frames_in += n
+        if n < _VECTOR_MIN or not hasattr(offsets, "dtype"):
+            self._receive_frames(buf, _tolist(offsets), _tolist(lengths), now)
+        else:
+            self._receive_vectorised(buf, offsets, lengths, now)
+        self.flush_acks()
+        return self.events()
+
+    def _receive_vectorised(self, buf, offsets, lengths, now: float) -> None:
+        import numpy as np
+        n = len(offsets)
+        u8 = np.frombuffer(buf, dtype=np.uint8)
+        data = np.isin(u8[offsets + 1], _DATA_OPS_ARRAY) & (u8[offsets] == 0x80) & (lengths >= 32)
+        idx = np.nonzero(data)[0]
+        vbs = _be(u8, offsets[idx] + 6, 2).astype(np.int64)
+        opq = _be(u8, offsets[idx] + 12, 4).astype(np.int64)
+        ok = opq == np.asarray(self._sopq, dtype=np.int64)[vbs]
+        # a run ends at every frame that is not a valid data frame
+        stop = np.ones(n, dtype=bool)
+        stop[idx[ok]] = False
+        stops = np.nonzero(stop)[0].tolist()
+        seqs = _be(u8, offsets[idx] + 24, 8)
+        pos_in_idx = np.full(n, -1, dtype=np.int64)
+        pos_in_idx[idx] = np.arange(len(idx))
+        prev = 0
+        for s in stops + [n]:
+            if s > prev:
+                self._apply_run(buf, offsets, lengths, prev, s, pos_in_idx, vbs, seqs, now)
+            if s < n:
+                self._receive_frames(buf, [int(offsets[s])], [int(lengths[s])], now)
+            prev = s + 1
+
+    def _apply_run(self, buf, offsets, lengths, a: int, b: int, pos_in_idx, vbs, seqs, now) -> None:
+        import numpy as np
+        if b - a < _VECTOR_MIN:
+            self._receive_frames(buf, offsets[a:b].tolist(), lengths[a:b].tolist(), now)
+            return
+        sel = pos_in_idx[a:b]
+        v = vbs[sel]
+        q = seqs[sel].astype(np.int64)
+        order = np.argsort(v, kind="stable")
+        v_sorted, q_sorted = v[order], q[order]
+        first = np.ones(len(v_sorted), dtype=bool)
+        first[1:] = v_sorted[1:] != v_sorted[:-1]
+        last = np.asarray(self._last, dtype=np.int64)
+        rising = np.where(first, q_sorted > last[v_sorted], np.r_[True, q_sorted[1:] > q_sorted[:-1]])
+        if not rising.all() or (seqs[sel] >= 1 << 63).any():
+            self._receive_frames(buf, offsets[a:b].tolist(), lengths[a:b].tolist(), now)
+            return
+        ends = np.r_[np.nonzero(first)[0][1:] - 1, len(v_sorted) - 1]
+        for vb, seq in zip(v_sorted[ends].tolist(), q_sorted[ends].tolist()):
+            self._last[vb] = seq
+        self._unacked += int(lengths[a:b].sum())
+        self.data_frames += b - a
+
+    def _receive_frames(self, buf, offsets: list, lengths: list, now: float) -> None:
         unpack = _DATA.unpack_from
         last = self._last
         sopq = self._sopq
         unacked = 0
         data = 0
-        for i in range(n):
+        for i in range(len(offsets)):
             off = offsets[i]
             ln = lengths[i]
             op = buf[off + 1]
@@ -275,8 +348,6 @@ class Consumer:
             self._slow(parse_frame(buf, off, ln), now)
         self._unacked += unacked
         self.data_frames += data
-        self.flush_acks()
-        return self.events()
 
     def _slow(self, frame, now: float) -> None:
         msg = m.decode(frame, self.collections)
