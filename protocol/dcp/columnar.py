@@ -92,7 +92,7 @@ def _u8(buf):
     return np.frombuffer(buf, dtype=np.uint8)
 
 
-def _be(u8, pos, width):
+def be_uint(u8, pos, width):
     """Big-endian unsigned ints of `width` bytes at byte positions pos: one gather from a
     view that has an int starting at every byte of the buffer (stride 1)."""
     if width == 1:
@@ -112,7 +112,7 @@ def _header(u8, offsets):
     fe = np.where(flex, b2, 0)
     kl = np.where(flex, b3, (b2 << 8) | b3)
     el = u8[offsets + 4].astype(np.int64)
-    bl = _be(u8, offsets + 8, 4).astype(np.int64)
+    bl = be_uint(u8, offsets + 8, 4).astype(np.int64)
     return magic, flex, fe, kl, el, bl
 
 
@@ -173,9 +173,9 @@ def decode_batch(buf, offsets: np.ndarray, lengths: np.ndarray, *, collections: 
     b.set("magic", every, magic)
     b.set("opcode", every, opcode)
     b.set("datatype", every, u8[offsets + 5])
-    vs = _be(u8, offsets + 6, 2)
-    b.set("opaque", every, _be(u8, offsets + 12, 4))
-    b.set("cas", every, _be(u8, offsets + 16, 8))
+    vs = be_uint(u8, offsets + 6, 2)
+    b.set("opaque", every, be_uint(u8, offsets + 12, 4))
+    b.set("cas", every, be_uint(u8, offsets + 16, 8))
     ex = offsets + HEADER_LEN + fe
     key_start = ex + el
     key_len = kl.copy()
@@ -194,7 +194,7 @@ def decode_batch(buf, offsets: np.ndarray, lengths: np.ndarray, *, collections: 
         ok = (fe[fx] == 3) & (u8[offsets[fx] + HEADER_LEN] == 0x22)
         fast[fx[~ok]] = False
         sid = fx[ok]
-        b.set("stream_id", sid, _be(u8, offsets[sid] + HEADER_LEN + 1, 2))
+        b.set("stream_id", sid, be_uint(u8, offsets[sid] + HEADER_LEN + 1, 2))
     snap_v1 = (opcode == 0x56) & fast
     fast[snap_v1 & (value_len != 0)] = False
     noop = (opcode == 0x5C) & fast
@@ -220,26 +220,26 @@ def decode_batch(buf, offsets: np.ndarray, lengths: np.ndarray, *, collections: 
 
     items, iex = sel(np.isin(fop, _ITEM_OPS))
     b.set("value_len", items, value_len[items])
-    b.set("by_seqno", items, _be(u8, iex, 8).astype(np.int64))
-    b.set("rev_seqno", items, _be(u8, iex + 8, 8).astype(np.int64))
+    b.set("by_seqno", items, be_uint(u8, iex, 8).astype(np.int64))
+    b.set("rev_seqno", items, be_uint(u8, iex + 8, 8).astype(np.int64))
     mut, mex = sel(fop == 0x57)
-    b.set("item_flags", mut, _be(u8, mex + 16, 4))
-    b.set("expiration", mut, _be(u8, mex + 20, 4))
-    b.set("lock_time", mut, _be(u8, mex + 24, 4))
+    b.set("item_flags", mut, be_uint(u8, mex + 16, 4))
+    b.set("expiration", mut, be_uint(u8, mex + 20, 4))
+    b.set("lock_time", mut, be_uint(u8, mex + 24, 4))
     dt, dex = sel(((fop == 0x58) & (el[fidx] == 21)) | (fop == 0x59))
-    b.set("delete_time", dt, _be(u8, dex + 16, 4))
+    b.set("delete_time", dt, be_uint(u8, dex + 16, 4))
     sn, sex = sel(fop == 0x56)
-    b.set("snap_start", sn, _be(u8, sex, 8).astype(np.int64))
-    b.set("snap_end", sn, _be(u8, sex + 8, 8).astype(np.int64))
-    b.set("snap_flags", sn, _be(u8, sex + 16, 4))
+    b.set("snap_start", sn, be_uint(u8, sex, 8).astype(np.int64))
+    b.set("snap_end", sn, be_uint(u8, sex + 8, 8).astype(np.int64))
+    b.set("snap_flags", sn, be_uint(u8, sex + 16, 4))
     sa, saex = sel(fop == 0x64)
-    b.set("by_seqno", sa, _be(u8, saex, 8).astype(np.int64))
+    b.set("by_seqno", sa, be_uint(u8, saex, 8).astype(np.int64))
     se, seex = sel(fop == 0x5F)
-    b.set("by_seqno", se, _be(u8, seex, 8).astype(np.int64))
-    b.set("system_event_id", se, _be(u8, seex + 8, 4))
+    b.set("by_seqno", se, be_uint(u8, seex, 8).astype(np.int64))
+    b.set("system_event_id", se, be_uint(u8, seex + 8, 4))
     b.set("value_len", se, value_len[se])
     en, enex = sel(fop == 0x55)
-    b.set("stream_end_reason", en, _be(u8, enex, 4))
+    b.set("stream_end_reason", en, be_uint(u8, enex, 4))
     key_valid = np.zeros(n, dtype=bool)
     key_valid[items] = True
     key_valid[se] = True

@@ -21,6 +21,7 @@ import struct
 from typing import Callable
 
 from dcptool.protocol.dcp import messages as m
+from dcptool.protocol.dcp.columnar import be_uint as _be
 from dcptool.protocol.dcp import sasl
 from dcptool.protocol.dcp.constants import (SEQNO_INFINITY, Feature, OpenFlag, SnapshotFlag, Status,
                                             StreamEndReason, StreamRequestFlag, status_name,
@@ -38,15 +39,6 @@ _VECTOR_MIN = 48           # runs shorter than this take the per-frame loop
 def _tolist(a):
     return a.tolist() if hasattr(a, "tolist") else list(a)
 
-
-def _be(u8, pos, width):
-    """Big-endian unsigned ints of `width` bytes at byte positions pos of a uint8 array."""
-    import numpy as np
-    if len(pos) == 0:
-        return np.zeros(0, dtype=f"u{width}")
-    n = len(u8) - width + 1
-    view = np.ndarray(shape=(n,), dtype=f">u{width}", buffer=u8.data, offset=0, strides=(1,))
-    return view[pos].astype(f"u{width}")
 DEFAULT_REOPEN = frozenset({StreamEndReason.STATE_CHANGED, StreamEndReason.DISCONNECTED,
                            StreamEndReason.TOO_SLOW, StreamEndReason.BACKFILL_FAIL,
                            StreamEndReason.ROLLBACK})
