@@ -21,3 +21,15 @@ def stdout_is_tty() -> bool:
         return sys.stdout.isatty()
     except (AttributeError, ValueError):
         return False
+
+
+def data_console(file=None, **kw):
+    """A rich console for data on stdout. A closed pipe (`| head`) ends the command
+    quietly with exit 0 through cli/errors.py, instead of rich's own exit 1."""
+    from rich.console import Console
+
+    class _DataConsole(Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError()
+
+    return _DataConsole(file=file if file is not None else sys.stdout, **kw)

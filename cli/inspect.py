@@ -16,6 +16,8 @@ import sys
 
 import click
 
+from dcptool.cli.console import data_console
+
 _DCP_COLUMNS = ["frame_no", "capture_id", "ts", "direction", "decode_error", "op", "status",
                 "vbucket", "by_seqno", "snap_start", "snap_end", "stream_end_reason",
                 "rollback_seqno"]
@@ -355,4 +357,4 @@ def inspect_cmd(captures, as_json):
         sys.stdout.flush()
         return
     from rich.console import Console
-    render(summary, Console(file=sys.stdout, highlight=False))
+    render(summary, data_console(sys.stdout, highlight=False))

@@ -108,8 +108,9 @@ class Sink:
         self.flush()
 
     def _print_table(self, rows: list[dict]) -> None:
-        from rich.console import Console
         from rich.table import Table
+
+        from dcptool.cli.console import data_console
         cols = self.columns or _union_keys(rows)
         cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
         table = Table(show_header=not self._header_done, title=None if self._header_done else self.title,
@@ -119,7 +120,7 @@ class Sink:
         for r in rows:
             table.add_row(*[_text(r.get(c)) for c in cols])
         self._header_done = True
-        Console(file=self.out, soft_wrap=False, width=None if self._is_tty() else 200).print(table)
+        data_console(self.out, soft_wrap=False, width=None if self._is_tty() else 200).print(table)
 
     def _is_tty(self) -> bool:
         try:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make demo`: start the built-in DCP producer, stream a few thousand changes from it and
-# show them, then stop the producer. Everything runs on 127.0.0.1 on a free port.
+# show them, capture them to Parquet, inspect the capture, replay it in-process and on a
+# local Spark session (same checksums), then stop the producer. Everything runs on 127.0.0.1 on a free port.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DCPTOOL="${DCPTOOL:-.venv/bin/dcptool}"
@@ -45,6 +46,31 @@ for (d, op), n in sorted(ops.items(), key=lambda x: -x[1]):
 items = [r for r in rows if r["op"] in ("mutation", "deletion", "expiration")]
 print(f"   {len(items)} changes from {len({r['vbucket'] for r in items})} vbuckets")
 PY
+
+echo
+echo "== dcptool capture $URL -o $WORK/caps  (every frame, both directions, into Parquet)"
+"$DCPTOOL" capture "$URL" -o "$WORK/caps" --quiet
+
+echo
+echo "== dcptool inspect $WORK/caps"
+"$DCPTOOL" inspect "$WORK/caps" | head -n 30
+
+echo
+echo "== dcptool replay $WORK/caps --table vbuckets  (the state a careful consumer builds)"
+"$DCPTOOL" replay "$WORK/caps" --table vbuckets --format table | head -n 12
+
+echo
+echo "== the same replay in-process and on a local Spark session: identical checksums"
+"$DCPTOOL" replay "$WORK/caps" --checksum >"$WORK/local.sum"
+"$DCPTOOL" replay "$WORK/caps" --spark --checksum >"$WORK/spark.sum"
+cat "$WORK/spark.sum"
+if cmp -s "$WORK/local.sum" "$WORK/spark.sum"; then
+  echo "   in-process and Spark agree"
+else
+  echo "   in-process and Spark DIFFER:" >&2
+  diff "$WORK/local.sum" "$WORK/spark.sum" >&2
+  exit 1
+fi
 
 echo
 echo "== the live tail: --from now --to forever for 2 s"
