@@ -237,8 +237,9 @@ def run_capture(opts: LiveOptions, settings: dict) -> None:
              "streams_ended": len(events.ends), "seconds": round(time.monotonic() - started, 3)}
     if recovered:
         extra["recovered_segments"] = recovered
-    print_summary(files, json_summary=settings.get("json_summary", False), quiet=settings.get("quiet", False),
-                  extra=extra)
+    if files or error is None:
+        print_summary(files, json_summary=settings.get("json_summary", False),
+                      quiet=settings.get("quiet", False), extra=extra)
     if error is not None:
         raise error
     if interrupted["flag"]:

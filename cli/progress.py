@@ -179,7 +179,7 @@ def print_summary(files: list[dict], *, json_summary: bool = False, quiet: bool 
                   extra: dict | None = None, console=None, stdout=None) -> dict:
     """The end-of-capture summary: files written with their rows and bytes, plus `extra`
     (capture_id, frames, vbuckets ...). As one JSON document on stdout with --json; as a
-    table on stderr otherwise (and also with --json unless --quiet)."""
+    table on stderr unless --quiet."""
     summary = {"files": [dict(f) for f in files],
                "rows": sum(int(f.get("rows", 0)) for f in files),
                "bytes": sum(int(f.get("bytes", 0)) for f in files)}
@@ -189,7 +189,7 @@ def print_summary(files: list[dict], *, json_summary: bool = False, quiet: bool 
         out = stdout if stdout is not None else sys.stdout
         out.write(json.dumps(summary, default=str, separators=(",", ":")) + "\n")
         out.flush()
-    if not json_summary or not quiet:
+    if not quiet:
         from rich.table import Table
         if console is None:
             from dcptool.cli.console import err_console
