@@ -223,3 +223,22 @@ def test_connection_cut_mid_frame_reconnects_and_loses_nothing(tmp_path):
     for vb, v in got.items():
         seqnos = [s for s, _, _ in v]
         assert len(seqnos) == len(set(seqnos))
+
+
+def test_ctrl_c_finishes_the_segment_and_exits_130(tmp_path):
+    model = P.server_from_options(vbuckets=4, items=500, seed=8)
+    out = tmp_path / "c"
+    with ThreadedServer(model, rate=500) as srv:
+        p = subprocess.Popen([DCPTOOL, "capture", f"couchbase://{srv.host}:{srv.port}/default", "-o", str(out),
+                              "--to", "forever", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 30
+        while not (out.exists() and any(f.endswith(".arrows") for f in os.listdir(out))):
+            assert time.monotonic() < deadline and p.poll() is None, p.stderr.read()
+            time.sleep(0.05)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=30)
+    assert p.returncode == 130, err
+    names = os.listdir(out)
+    assert names and all(n.endswith(".parquet") for n in names), names
+    t = table_of(out)
+    assert t.num_rows > 500 and "close_stream" in set(t.column("op").to_pylist())
