@@ -362,10 +362,26 @@ def _last_per_document(t: pa.Table) -> pa.Table:
     seq = _np(t.column("_seq"), dtype=np.int64)
     if len(seq) > 1 and not (seq[1:] >= seq[:-1]).all():
         t = t.take(np.argsort(seq, kind="stable"))
-    t = t.append_column("_row", pa.array(np.arange(t.num_rows), pa.int64()))
-    # an ordered (single-threaded) group-by keeps input order, so "last" is the latest frame
-    last = t.group_by(["vbucket", "collection_id", "key"], use_threads=False).aggregate([("_row", "last")])
-    return t.take(np.sort(_np(last.column("_row_last"), dtype=np.int64))).drop_columns(["_row"])
+    n = t.num_rows
+    if n == 0:
+        return t
+    # one int64 per document: (key's dictionary index, collection, vbucket); the last
+    # occurrence of each is the first one in the reversed order
+    key = t.column("key").combine_chunks()
+    indices = pc.dictionary_encode(key).indices
+    key_idx = np.where(_np(pc.is_null(indices)), 0, _np(indices, fill=0, dtype=np.int64) + 1)
+    cid_col = t.column("collection_id")
+    cid = np.where(_np(pc.is_null(cid_col)), -1, _np(cid_col, fill=0, dtype=np.int64))
+    _, cid_idx = np.unique(cid, return_inverse=True)
+    ncid = int(cid_idx.max()) + 1
+    vb = _np(t.column("vbucket"), dtype=np.int64)
+    if (int(key_idx.max()) + 1) * ncid >= 1 << 46:   # would not fit beside 16 vbucket bits
+        t = t.append_column("_row", pa.array(np.arange(n), pa.int64()))
+        last = t.group_by(["vbucket", "collection_id", "key"], use_threads=False).aggregate([("_row", "last")])
+        return t.take(np.sort(_np(last.column("_row_last"), dtype=np.int64))).drop_columns(["_row"])
+    doc = ((key_idx * ncid + cid_idx.astype(np.int64)) << 16) | vb
+    _, first_in_reversed = np.unique(doc[::-1], return_index=True)
+    return t.take(np.sort(n - 1 - first_in_reversed))
 
 
 def control_mask(t: pa.Table) -> np.ndarray:
