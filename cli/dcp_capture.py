@@ -7,7 +7,6 @@ stops acknowledging buffers, so the producer's flow control slows it and nothing
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import time
 
@@ -147,7 +146,7 @@ def resume_from(directory: str) -> tuple[dict[int, C.VbState], list[str]]:
 
 
 def run_capture(opts: LiveOptions, settings: dict) -> None:
-    from dcptool.cli.dcp_live import EventLog, consumer_config, tls_for
+    from dcptool.cli.dcp_live import EventLog, consumer_config, run_session, tls_for
     from dcptool.cli.progress import make_progress, print_summary
     from dcptool.protocol.transport.dcp import Session
     from dcptool.replay.writer import BackgroundWriter, CaptureWriter, WriterError
@@ -199,28 +198,11 @@ def run_capture(opts: LiveOptions, settings: dict) -> None:
                       should_pause=lambda: bg.backlog_bytes > pause_at or bg.error is not None,
                       reconnects=DEFAULTS["reconnects"], connect_timeout=DEFAULTS["connect_timeout"])
     box["session"] = session
-    interrupted = {"flag": False}
     started = time.monotonic()
-
-    async def main():
-        loop = asyncio.get_running_loop()
-
-        def on_sigint():
-            interrupted["flag"] = True
-            session.stop()
-        try:
-            loop.add_signal_handler(signal.SIGINT, on_sigint)
-            loop.add_signal_handler(signal.SIGTERM, on_sigint)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass
-        if opts.duration:
-            loop.call_later(opts.duration, session.stop)
-        return await session.run()
-
     error: BaseException | None = None
-    consumer = None
+    consumer, interrupted = None, False
     try:
-        consumer = asyncio.run(main())
+        consumer, interrupted = run_session(session, opts.duration, (signal.SIGINT, signal.SIGTERM))
     except BaseException as exc:  # noqa: BLE001 - the files are closed first, then it is re-raised
         error = exc
     finally:
@@ -242,7 +224,7 @@ def run_capture(opts: LiveOptions, settings: dict) -> None:
                       quiet=settings.get("quiet", False), extra=extra)
     if error is not None:
         raise error
-    if interrupted["flag"]:
+    if interrupted:
         raise Interrupted()
     if consumer is not None and events.failed and not events.ends and not session.stopped:
         from dcptool.protocol.dcp.constants import status_name

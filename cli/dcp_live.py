@@ -192,6 +192,38 @@ class EventLog:
             self.console.print(text, highlight=False)
 
 
+def run_session(session, duration: float | None, signals=(signal.SIGINT,)):
+    """Run a transport Session on a fresh event loop until it ends, `duration` passes, or a
+    signal asks it to close its streams: (consumer, interrupted by a signal)."""
+    interrupted = False
+
+    async def main():
+        nonlocal interrupted
+        loop = asyncio.get_running_loop()
+
+        def on_signal():
+            nonlocal interrupted
+            interrupted = True
+            session.stop()
+        installed = []
+        for sig in signals:
+            try:
+                loop.add_signal_handler(sig, on_signal)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
+        if duration:
+            loop.call_later(duration, session.stop)
+        try:
+            return await session.run()
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    consumer = asyncio.run(main())
+    return consumer, interrupted
+
+
 def run_stream(opts: LiveOptions) -> None:
     from dcptool.protocol.transport.dcp import Session
 
@@ -211,37 +243,12 @@ def run_stream(opts: LiveOptions) -> None:
                       tap=tap, on_events=events, on_connect=tap.attach, reconnects=DEFAULTS["reconnects"],
                       connect_timeout=DEFAULTS["connect_timeout"])
     session_box["session"] = session
-    interrupted = {"flag": False}
     started = time.monotonic()
-
-    async def main():
-        loop = asyncio.get_running_loop()
-
-        def on_sigint():
-            interrupted["flag"] = True
-            session.stop()
-        try:
-            loop.add_signal_handler(signal.SIGINT, on_sigint)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass
-        if opts.duration:
-            loop.call_later(opts.duration, session.stop)
-        try:
-            return await session.run()
-        finally:
-            try:
-                loop.remove_signal_handler(signal.SIGINT)
-            except (NotImplementedError, RuntimeError, ValueError):
-                pass
-
     try:
-        consumer = asyncio.run(main())
+        consumer, interrupted = run_session(session, opts.duration)
     finally:
-        try:
-            sink.close()
-        except BrokenPipeError:
-            raise
-    if interrupted["flag"]:
+        sink.close()
+    if interrupted:
         raise Interrupted()
     elapsed = time.monotonic() - started
     if consumer is not None:

@@ -6,9 +6,6 @@ wire order, are written to a pcap as TCP segments and handed to `tshark -r`."""
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
-import tempfile
 from collections import Counter
 
 import pytest
@@ -17,8 +14,7 @@ from dcptool.protocol.dcp import consumer as C
 from dcptool.protocol.dcp import messages as M
 from dcptool.protocol.dcp import producer as P
 from dcptool.protocol.transport.dcp import Session, ThreadedServer
-from tests.pcap import write_pcap
-from tests.tshark_util import _flat, compare, require_tshark
+from tests.tshark_util import compare, require_tshark, tshark_frames
 
 pytestmark = pytest.mark.integration
 SEGMENT = 32_000   # an IPv4 packet holds at most 65535 bytes: split big reads
@@ -42,24 +38,7 @@ class Recorder:
 
 
 def tshark_pdus(segments, port) -> list[dict]:
-    """Like tshark_util.tshark_frames, but with --no-duplicate-keys: a TCP segment holding
-    several PDUs gives several `couchbase` layers, which plain -T json writes as duplicate
-    keys (json.loads would keep only the last)."""
-    exe = require_tshark()
-    with tempfile.TemporaryDirectory() as d:
-        path = f"{d}/session.pcap"
-        write_pcap(path, segments, server_port=port)
-        out = subprocess.run([exe, "-r", path, "-T", "json", "--no-duplicate-keys",
-                              "-d", f"tcp.port=={port},couchbase", "-o", "tcp.desegment_tcp_streams:TRUE"],
-                             capture_output=True, timeout=120, check=True)
-    pdus = []
-    for pkt in json.loads(out.stdout):
-        layer = pkt["_source"]["layers"].get("couchbase")
-        if layer is None:
-            continue
-        for one in layer if isinstance(layer, list) else [layer]:
-            pdus.append(_flat(one, {}))
-    return pdus
+    return tshark_frames(segments, port=port)
 
 
 def _session(collections: bool) -> tuple[Recorder, int]:

@@ -131,24 +131,17 @@ def check_header(buf, pos: int, max_body: int) -> int:
 
 
 def split(buf, max_body: int = DEFAULT_MAX_BODY, start: int = 0) -> tuple[list[tuple[int, int]], int]:
-    """Frame boundaries in buf from start: ([(offset, length), ...], bytes consumed).
-
-    A short tail is left unconsumed (need more data); a bad header raises RemoteError after
-    the caller has had the chance to take the frames before it via `split_until_error`."""
-    out = []
-    pos, n = start, len(buf)
-    while pos + HEADER_LEN <= n:
-        length = check_header(buf, pos, max_body)
-        if pos + length > n:
-            break
-        out.append((pos, length))
-        pos += length
-    return out, pos - start
+    """Frame boundaries in buf from start: ([(offset, length), ...], bytes consumed). A
+    short tail is left unconsumed (need more data); a bad header raises RemoteError (use
+    `split_until_error` to keep the frames before it)."""
+    out, consumed, err = split_until_error(buf, max_body, start)
+    if err is not None:
+        raise err
+    return out, consumed
 
 
 def split_until_error(buf, max_body: int = DEFAULT_MAX_BODY, start: int = 0):
-    """Like split, but returns (boundaries, consumed, error or None) so that every frame
-    before a bad header is kept."""
+    """(boundaries, consumed, error or None): every frame before a bad header is kept."""
     out = []
     pos, n = start, len(buf)
     try:

@@ -1,0 +1,77 @@
+"""Benchmark: `dcptool capture` of one million ~128-byte mutations from `dcptool serve dcp`
+into zstd Parquet, in frames/s and MB/s, beside a bare client in the same run that does the
+same handshake and only drains the same bytes (tests/bench/bench_stream.py). Also 1 KiB and
+16 KiB values, and the capture's peak RSS.
+
+    .venv/bin/python tests/bench/bench_capture.py            # 1M x 128 B, 100k x 1 KiB, 10k x 16 KiB
+    BENCH_SCALE=0.1 .venv/bin/python tests/bench/bench_capture.py
+
+Targets (issue 4): >= 1,000,000 small mutations/s; 16 KiB values >= half the bare drain's
+MB/s; peak RSS under 500 MiB."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_stream  # noqa: E402  (the bare drain client)
+
+BIN = os.path.join(os.path.dirname(sys.executable), "dcptool")
+SCALE = float(os.environ.get("BENCH_SCALE", "1"))
+CASES = [(61, 1_000_000), (1024 - 67, 100_000), (16 * 1024 - 67, 10_000)]   # value bytes, items
+
+
+def start_server(items: int, value_size: int):
+    proc = subprocess.Popen([BIN, "serve", "dcp", "--port", "0", "--items", str(items), "--vbuckets",
+                             str(bench_stream.VBUCKETS), "--value-size", str(value_size)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    host, port = json.loads(proc.stdout.readline())["listening"].rsplit(":", 1)
+    return proc, host, int(port)
+
+
+def capture(host, port, outdir) -> tuple[float, dict, int]:
+    t0 = time.perf_counter()
+    p = subprocess.Popen([BIN, "capture", f"couchbase://{host}:{port}/default", "-o", outdir, "--quiet", "--json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(p.pid, 0)
+    wall = time.perf_counter() - t0
+    out, err = p.stdout.read(), p.stderr.read()
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise RuntimeError(err.decode())
+    return wall, json.loads(out), usage.ru_maxrss * 1024
+
+
+def main() -> None:
+    for value_size, items in CASES:
+        items = max(1000, int(items * SCALE))
+        proc, host, port = start_server(items, value_size)
+        tmp = tempfile.mkdtemp(prefix="bench-capture-")
+        try:
+            bench_stream.ITEMS = items
+            bare_s, bare_n, bare_bytes = bench_stream.bare_client(host, port)
+            wall, summary, rss = capture(host, port, tmp)
+            bare_s2, _, _ = bench_stream.bare_client(host, port)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+            shutil.rmtree(tmp, ignore_errors=True)
+        bare = min(bare_s, bare_s2)
+        frames, session = summary["frames"], summary["seconds"]
+        print(f"\n{items:,} mutations of {bare_bytes / items:,.0f} B on the wire; "
+              f"{summary['bytes'] / 1e6:,.1f} MB of Parquet ({summary['rows']:,} rows)")
+        print(f"  bare drain client:        {bare_n / bare:12,.0f} mutations/s {bare_bytes / bare / 1e6:9,.1f} MB/s")
+        print(f"  dcptool capture (session):{frames / session:12,.0f} frames/s    {bare_bytes / session / 1e6:9,.1f} MB/s"
+              f"   ratio to bare {bare / session:5.2f}")
+        print(f"  same, wall incl. start-up:{frames / wall:12,.0f} frames/s    {bare_bytes / wall / 1e6:9,.1f} MB/s")
+        print(f"  peak RSS of the capture:  {rss / 2**20:9,.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
