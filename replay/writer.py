@@ -207,6 +207,14 @@ def read_in_progress(path: str, columns: list[str] | None = None) -> pa.Table:
     return table.select(columns) if columns is not None else table
 
 
+def _statistics_columns(schema: pa.Schema) -> list[str]:
+    """Min/max statistics where readers prune with them (numbers, timestamps, names); not
+    on the frame bytes and keys, where they cost time and help no query."""
+    return [f.name for f in schema
+            if not (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)
+                    or pa.types.is_list(f.type) or f.name in ("row", "args"))]
+
+
 # ------------------------------------------------------------------------- Parquet segment
 
 class _ParquetSegment:
@@ -221,7 +229,8 @@ class _ParquetSegment:
         self._buffered = 0
         self._writer = pq.ParquetWriter(
             self.tmp, schema, compression=compression,
-            use_dictionary=_dictionary_columns(schema), write_statistics=True)
+            use_dictionary=_dictionary_columns(schema), write_statistics=_statistics_columns(schema),
+            data_page_version="2.0")
 
     def add(self, batch: pa.RecordBatch) -> None:
         self._batches.append(batch)
