@@ -231,15 +231,18 @@ class DcpState:
                 self.last_seqno[uf[better]] = iseq[last_i][better]
 
         # mutation, deletion, expiration: the document takes the change; the later frame wins
-        keep = sel[s_change & alive]
+        keep = sel[s_change & alive]   # in frame order within each vbucket
         if len(keep):
+            # only each document's last change in this chunk is taken out of it
+            doc = _document_ids(chunk, keep, vb[keep])
+            _, first_in_reversed = np.unique(doc[::-1], return_index=True)
+            keep = keep[np.sort(len(keep) - 1 - first_in_reversed)]
             cols = ["vbucket", "collection_id", "key", "by_seqno", "rev_seqno", "cas", "op",
                     "datatype", "item_flags", "expiration", "value_len", "capture_id", "frame_no",
                     "ts", "_seq"]
             part = chunk.select(cols).take(keep)
             part = part.set_column(cols.index("op"), "op", _str(part.column("op")))
             part = part.set_column(cols.index("capture_id"), "capture_id", _str(part.column("capture_id")))
-            part = _last_per_document(part)
             self.docs = part if self.docs is None else _last_per_document(
                 pa.concat_tables([self.docs, part]))
 
@@ -357,31 +360,38 @@ def _last_per_vbucket(t: pa.Table) -> pa.Table:
     return t.take(np.sort(_np(last.column("_row_max"), dtype=np.int64)))
 
 
-def _last_per_document(t: pa.Table) -> pa.Table:
-    """The row with the highest _seq of each (vbucket, collection_id, key)."""
-    seq = _np(t.column("_seq"), dtype=np.int64)
-    if len(seq) > 1 and not (seq[1:] >= seq[:-1]).all():
-        t = t.take(np.argsort(seq, kind="stable"))
-    n = t.num_rows
-    if n == 0:
-        return t
-    # one int64 per document: (key's dictionary index, collection, vbucket); the last
-    # occurrence of each is the first one in the reversed order
+def _document_ids(t: pa.Table, rows: np.ndarray | None = None, vb: np.ndarray | None = None) -> np.ndarray:
+    """One int64 per row (of `rows`, default all) naming its document (vbucket,
+    collection_id, key): the key's dictionary index, the collection's, the vbucket."""
     key = t.column("key").combine_chunks()
     indices = pc.dictionary_encode(key).indices
     key_idx = np.where(_np(pc.is_null(indices)), 0, _np(indices, fill=0, dtype=np.int64) + 1)
     cid_col = t.column("collection_id")
     cid = np.where(_np(pc.is_null(cid_col)), -1, _np(cid_col, fill=0, dtype=np.int64))
+    if rows is not None:
+        key_idx, cid = key_idx[rows], cid[rows]
+    if vb is None:
+        vb = _np(t.column("vbucket"), dtype=np.int64)
     _, cid_idx = np.unique(cid, return_inverse=True)
-    ncid = int(cid_idx.max()) + 1
-    vb = _np(t.column("vbucket"), dtype=np.int64)
-    if (int(key_idx.max()) + 1) * ncid >= 1 << 46:   # would not fit beside 16 vbucket bits
-        t = t.append_column("_row", pa.array(np.arange(n), pa.int64()))
-        last = t.group_by(["vbucket", "collection_id", "key"], use_threads=False).aggregate([("_row", "last")])
-        return t.take(np.sort(_np(last.column("_row_last"), dtype=np.int64))).drop_columns(["_row"])
-    doc = ((key_idx * ncid + cid_idx.astype(np.int64)) << 16) | vb
+    ncid = int(cid_idx.max()) + 1 if len(cid_idx) else 1
+    width = max(1, int(key_idx.max()) + 1 if len(key_idx) else 1)
+    if width * ncid >= 1 << 46:   # more documents than fit beside 16 vbucket bits: rank them
+        _, key_idx = np.unique(key_idx * ncid + cid_idx, return_inverse=True)
+        return (key_idx.astype(np.int64) << 16) | vb
+    return ((key_idx * ncid + cid_idx.astype(np.int64)) << 16) | vb
+
+
+def _last_per_document(t: pa.Table) -> pa.Table:
+    """The row with the highest _seq of each (vbucket, collection_id, key)."""
+    seq = _np(t.column("_seq"), dtype=np.int64)
+    if len(seq) > 1 and not (seq[1:] >= seq[:-1]).all():
+        t = t.take(np.argsort(seq, kind="stable"))
+    if t.num_rows == 0:
+        return t
+    # the last occurrence of each document is the first one in the reversed order
+    doc = _document_ids(t)
     _, first_in_reversed = np.unique(doc[::-1], return_index=True)
-    return t.take(np.sort(n - 1 - first_in_reversed))
+    return t.take(np.sort(t.num_rows - 1 - first_in_reversed))
 
 
 def control_mask(t: pa.Table) -> np.ndarray:
