@@ -53,6 +53,9 @@ SYN_STATE_COLUMNS = ["capture_id", "frame_no", "ts", "conn", "stream", "instance
                      "token", "batch", "prev_token", "new_token", "row"]
 
 NONE_TS = np.iinfo(np.int64).max
+# rows per chunk of the item pass: small enough to stay in cache and bound memory
+# (measured 1M frames: 1M-row chunks 2.2 s / 886 MB, 256k-row chunks 1.5 s / 697 MB)
+CHUNK_ROWS = 1 << 18
 
 
 def _np(col, fill=None, dtype=None) -> np.ndarray:
@@ -526,11 +529,12 @@ def commands_table(t: pa.Table) -> pa.Table:
 # ---------------------------------------------------------------------------------------
 # the engine: reads captures in order and runs the rules
 
-def _ordered(files, columns: list[str], ranks: dict[str, int]) -> Iterator[pa.Table]:
+def _ordered(files, columns: list[str], ranks: dict[str, int],
+             batch_rows: int = CHUNK_ROWS) -> Iterator[pa.Table]:
     """Tables of `columns` in frame order, with `_seq` (position in the replay) and
     `_conn` (capture rank << 32 | conn) when `conn` is asked for."""
     pos = 0
-    for t in reader.iter_capture_tables(files, columns):
+    for t in reader.iter_capture_tables(files, columns, batch_rows=batch_rows):
         n = t.num_rows
         t = t.append_column("_seq", pa.array(np.arange(pos, pos + n, dtype=np.int64)))
         pos += n
@@ -560,7 +564,7 @@ class Replay:
         return self.results[name]
 
 
-def replay_local(files: list, chunk_rows: int = 1 << 20) -> Replay:
+def replay_local(files: list, chunk_rows: int = CHUNK_ROWS) -> Replay:
     protocol = reader.protocol_of(files)
     ranks = reader.capture_ranks(files)
     if protocol == "dcp":
