@@ -160,6 +160,8 @@ class DcpState:
         self.high_seqno = np.full(size, -1, np.int64)
         self.has_high = np.zeros(size, bool)
         self.docs: pa.Table | None = None  # the last surviving change per document so far
+        self._parts: list[pa.Table] = []    # newer per-chunk changes not merged into docs yet
+        self._parts_rows = 0
 
     def feed(self, chunk: pa.Table) -> None:
         if chunk.num_rows == 0:
@@ -246,12 +248,22 @@ class DcpState:
             part = chunk.select(cols).take(keep)
             part = part.set_column(cols.index("op"), "op", _str(part.column("op")))
             part = part.set_column(cols.index("capture_id"), "capture_id", _str(part.column("capture_id")))
-            self.docs = part if self.docs is None else _last_per_document(
-                pa.concat_tables([self.docs, part]))
+            self._parts.append(part)
+            self._parts_rows += part.num_rows
+            # merge once the pending changes are as many as the documents: amortised linear
+            if self._parts_rows >= max(CHUNK_ROWS, self.docs.num_rows if self.docs is not None else 0):
+                self._merge_docs()
+
+    def _merge_docs(self) -> None:
+        if self._parts:
+            tables = ([self.docs] if self.docs is not None else []) + self._parts
+            self.docs = _last_per_document(pa.concat_tables(tables))
+            self._parts, self._parts_rows = [], 0
 
     def finish(self) -> dict[str, pa.Table]:
         out: dict[str, pa.Table] = {}
         # documents
+        self._merge_docs()
         if self.docs is None:
             docs = T.DCP_TABLES["documents"][0].empty_table()
         else:
