@@ -10,6 +10,7 @@ Output: a dict of column name -> numpy values with a validity mask, plus slices
 
 from __future__ import annotations
 
+import array
 import struct
 
 import numpy as np
@@ -43,7 +44,7 @@ def scan(buf, max_body: int = DEFAULT_MAX_BODY, start: int = 0):
 
     A short tail is not consumed; a bad magic, a length above max_body or inconsistent
     lengths stop the scan with a RemoteError and every frame before it returned."""
-    offs = []
+    offs = array.array("q")   # becomes the numpy offsets without a copy
     append = offs.append
     pos, n = start, len(buf)
     err = None
@@ -61,7 +62,7 @@ def scan(buf, max_body: int = DEFAULT_MAX_BODY, start: int = 0):
     if pos + HEADER_LEN <= n and not _MAGIC_OK[buf[pos]]:
         # the scan stopped on a header that is no header: that, not its length, is the error
         err = RemoteError(ErrorCode.BAD_MAGIC, f"bad magic 0x{buf[pos]:02x} at byte {pos}")
-    offsets = np.array(offs, dtype=np.int64)
+    offsets = np.frombuffer(offs, dtype=np.int64) if len(offs) else np.zeros(0, dtype=np.int64)
     lengths = np.diff(np.append(offsets, pos)) if len(offsets) else np.zeros(0, dtype=np.int64)
     if len(offsets):
         # the loop trusted every length field; the first bad magic or inconsistent header
