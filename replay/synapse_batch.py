@@ -68,6 +68,15 @@ def _const_dict(value: str | None, n: int) -> pa.Array:
                                           pa.array([value], pa.string()))
 
 
+def _position_columns(n: int, frame_no: int, conn: int, ts_ns: int, mono_ns: int, direction: str):
+    """frame_no, conn, ts, mono_ns and direction of n lines read (or sent) at one instant."""
+    return [pa.array(np.arange(frame_no, frame_no + n, dtype=np.int64)),
+            pa.array(np.full(n, conn, dtype=np.int32)),
+            pa.array(np.full(n, ts_ns, dtype=np.int64)).cast(_TYPES["ts"]),
+            pa.array(np.full(n, mono_ns, dtype=np.int64)),
+            _const_dict(direction, n)]
+
+
 def _parse_other(line: bytes) -> dict:
     """Columns of one non-fast-path line."""
     try:
@@ -168,11 +177,7 @@ def build_batch(lines: list[bytes], *, frame_no: int, conn: int, ts_ns: int, mon
         decode_error = pa.array(err, pa.string())
 
     cols = [
-        pa.array(np.arange(frame_no, frame_no + n, dtype=np.int64)),
-        pa.array(np.full(n, conn, dtype=np.int32)),
-        pa.array(np.full(n, ts_ns, dtype=np.int64)).cast(_TYPES["ts"]),
-        pa.array(np.full(n, mono_ns, dtype=np.int64)),
-        _const_dict(direction, n),
+        *_position_columns(n, frame_no, conn, ts_ns, mono_ns, direction),
         raw,
         decode_error,
         _const_dict(channel, n),
@@ -263,11 +268,7 @@ def build_batch_scan(scan, *, frame_no: int, conn: int, ts_ns: int, mono_ns: int
         pa.array(k_inst[scan.inv]), pa.array([s.decode() for s in insts], pa.string()))
     is_batch = scan.is_batch
     cols = [
-        pa.array(np.arange(frame_no, frame_no + n, dtype=np.int64)),
-        pa.array(np.full(n, conn, dtype=np.int32)),
-        pa.array(np.full(n, ts_ns, dtype=np.int64)).cast(_TYPES["ts"]),
-        pa.array(np.full(n, mono_ns, dtype=np.int64)),
-        _const_dict(direction, n),
+        *_position_columns(n, frame_no, conn, ts_ns, mono_ns, direction),
         raw,
         pa.nulls(n, pa.string()),
         _const_dict(channel, n),

@@ -76,6 +76,25 @@ def backoff_delay(failures: int, base: float = 0.2, cap: float = 10.0) -> float:
     return min(cap, base * (2 ** max(0, failures - 1)))
 
 
+class _Retry:
+    """The reconnect policy of both transports: the back-off grows with failures in a row,
+    a connection that brought data resets it, and more than max_reconnects gives up."""
+
+    def __init__(self, max_reconnects: int, backoff):
+        self.max_reconnects = max_reconnects
+        self.backoff = backoff
+        self.failures = 0
+
+    def failed(self, why: str, useful: bool = False) -> float:
+        """Count a failure; the delay before the next attempt (raises when giving up)."""
+        if useful:
+            self.failures = 0
+        self.failures += 1
+        if self.failures > self.max_reconnects:
+            raise ConnectionLost(f"{why} (gave up after {self.failures} attempts)") from None
+        return self.backoff(self.failures)
+
+
 def make_ssl(ca_cert: str | None, insecure: bool) -> ssl_mod.SSLContext:
     ctx = ssl_mod.create_default_context(cafile=ca_cert)
     if insecure:
@@ -108,7 +127,7 @@ async def run_tcp(host: str, port: int, client: SynapseClient, handler: Handler,
 async def _run_tcp(host, port, client, handler, *, ssl, connect_timeout, max_reconnects,
                    max_line, tick_interval, clock, backoff) -> None:
     conn_no = -1
-    failures = 0
+    retry = _Retry(max_reconnects, backoff)
     ever_connected = False
     while True:
         if handler.should_stop():
@@ -122,11 +141,9 @@ async def _run_tcp(host, port, client, handler, *, ssl, connect_timeout, max_rec
             why = f"cannot connect to synapse://{host}:{port}: {exc or type(exc).__name__}"
             if not ever_connected:
                 raise ConnectFailed(why) from None
-            failures += 1
-            if failures > max_reconnects:
-                raise ConnectionLost(f"{why} (gave up after {failures} attempts)") from None
-            log.info("%s; retrying in %.1f s", why, backoff(failures))
-            await asyncio.sleep(backoff(failures))
+            delay = retry.failed(why)
+            log.info("%s; retrying in %.1f s", why, delay)
+            await asyncio.sleep(delay)
             continue
         ever_connected = True
         data_before = client.data_lines
@@ -201,12 +218,7 @@ async def _run_tcp(host, port, client, handler, *, ssl, connect_timeout, max_rec
                 await asyncio.wait_for(writer.wait_closed(), 1.0)
             except (OSError, asyncio.TimeoutError, ssl_mod.SSLError):
                 pass
-        if received:
-            failures = 0
-        failures += 1
-        if failures > max_reconnects:
-            raise ConnectionLost(f"{why} (gave up after {failures} attempts)")
-        delay = backoff(failures)
+        delay = retry.failed(why, useful=received)
         handler.events([Reconnecting(why, delay, conn_no + 1)])
         await asyncio.sleep(delay)
 
@@ -251,7 +263,7 @@ async def _run_redis(host, port, server_name, client, handler, *, db, password, 
 
     channels = [server_name, server_name + "/USER_IP"]
     conn_no = -1
-    failures = 0
+    retry = _Retry(max_reconnects, backoff)
     ever_connected = False
     while True:
         if handler.should_stop():
@@ -294,10 +306,7 @@ async def _run_redis(host, port, server_name, client, handler, *, db, password, 
                 why = f"cannot connect to Redis at {host}:{port}: {exc}"
                 if not ever_connected:
                     raise ConnectFailed(why) from None
-                failures += 1
-                if failures > max_reconnects:
-                    raise ConnectionLost(f"{why} (gave up after {failures} attempts)") from None
-                await asyncio.sleep(backoff(failures))
+                await asyncio.sleep(retry.failed(why))
                 continue
             ever_connected = True
             for line in client.connect(clock(), time.time_ns() // 1_000_000):
@@ -344,12 +353,7 @@ async def _run_redis(host, port, server_name, client, handler, *, db, password, 
                 await r.aclose() if hasattr(r, "aclose") else await r.close()
             except Exception:  # noqa: BLE001 - closing a broken connection
                 pass
-        if received:
-            failures = 0
-        failures += 1
-        if failures > max_reconnects:
-            raise ConnectionLost(f"{why} (gave up after {failures} attempts)")
-        delay = backoff(failures)
+        delay = retry.failed(why, useful=received)
         handler.events([Reconnecting(why, delay, conn_no + 1)])
         await asyncio.sleep(delay)
 
