@@ -198,7 +198,6 @@ def run_session(session, duration: float | None, signals=(signal.SIGINT,)):
     interrupted = False
 
     async def main():
-        nonlocal interrupted
         loop = asyncio.get_running_loop()
 
         def on_signal():

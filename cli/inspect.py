@@ -356,5 +356,4 @@ def inspect_cmd(captures, as_json):
         sys.stdout.write(json.dumps(summary, separators=(",", ":")) + "\n")
         sys.stdout.flush()
         return
-    from rich.console import Console
     render(summary, data_console(sys.stdout, highlight=False))

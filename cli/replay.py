@@ -106,7 +106,7 @@ def replay(ctx, captures, use_spark, master, spark_conf, out_dir, fmt, tables, s
       ls captures/*.parquet | dcptool replay -
     """
     from dcptool.cli.console import err_console
-    from dcptool.replay import local, reader, tables as T
+    from dcptool.replay import local, reader
 
     verbose = bool((ctx.find_root().obj or {}).get("verbose"))
     source = ctx.get_parameter_source("master")

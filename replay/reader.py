@@ -139,23 +139,12 @@ def protocol_of(files: list[CaptureFile]) -> str:
 
 
 def _read_in_progress(path: str) -> pa.Table:
-    """Every complete record batch of an Arrow IPC stream; a truncated tail is ignored."""
-    batches = []
-    with pa.OSFile(path, "rb") as fh:
-        try:
-            reader = ipc.open_stream(fh)
-        except (OSError, pa.ArrowException) as exc:
-            raise CaptureError(f"{path}: unreadable in-progress segment ({exc})") from exc
-        schema = reader.schema
-        while True:
-            try:
-                batch = reader.read_next_batch()
-            except StopIteration:
-                break
-            except (OSError, pa.ArrowException, EOFError):
-                break  # cut short by a crash: what came before is whole
-            batches.append(batch)
-    return pa.Table.from_batches(batches, schema=schema)
+    """Every complete record batch of an in-progress segment; a torn tail is ignored."""
+    from dcptool.replay.writer import open_in_progress
+    schema, batches = open_in_progress(path)
+    if schema is None:
+        raise CaptureError(f"{path}: unreadable in-progress segment (no schema written)")
+    return pa.Table.from_batches(list(batches), schema=schema)
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -200,11 +199,3 @@ def synapse_resume_state(files) -> dict[tuple[str, str], int]:
                 continue
             tokens[(stream, inst)] = tok if cmd == "RDATA" else new
     return tokens
-
-
-def resume_summary(state: dict[int, VbResume]) -> list[dict]:
-    """A JSON-friendly view of a DCP resume state, one row per vbucket."""
-    return [{"vbucket": vb, "vbucket_uuid": s.vbucket_uuid, "last_seqno": s.last_seqno,
-             "snap_start": s.snap_start, "snap_end": s.snap_end,
-             "snapshot_complete": s.snapshot_complete, "ended": s.ended}
-            for vb, s in sorted(state.items())]

@@ -24,7 +24,6 @@ from urllib.parse import urlparse
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from dcptool.replay import local, reader, tables as T
 from dcptool.replay.schema import capture_schema
@@ -188,17 +187,6 @@ def _pack(protocol: str, names: list[str], results: dict[str, pa.Table]) -> pa.T
                 cols.append(pa.nulls(n, f.type))
         parts.append(pa.Table.from_arrays(cols, schema=schema))
     return pa.concat_tables(parts)
-
-
-def _unpack(protocol: str, names: list[str], packed: pa.Table) -> dict[str, pa.Table]:
-    out = {}
-    t_col = local._np(packed.column("_t"), dtype=np.int32)
-    for i, name in enumerate(names):
-        part = packed.filter(pa.array(t_col == i))
-        schema = T.schema_of(protocol, name)
-        renamed = pa.table({f.name: part.column(f"{name}__{f.name}") for f in schema})
-        out[name] = T.canonical(protocol, name, from_spark_arrow(renamed, schema))
-    return out
 
 
 DCP_RESULTS = ["documents", "vbuckets", "snapshots", "rollbacks", "failover"]

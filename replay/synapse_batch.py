@@ -207,11 +207,6 @@ def _is_utf8(b: bytes) -> bool:
         return False
 
 
-def batch_schema() -> pa.Schema:
-    """The schema of build_batch's output: the Synapse capture schema without capture_id."""
-    return BATCH_SCHEMA
-
-
 def _views(arr: np.ndarray, buf_obj, starts: np.ndarray, lens: np.ndarray, typ) -> pa.Array:
     """A binary_view/string_view array of (start, length) slices of one buffer, built with
     numpy: no Python object per slice."""

@@ -97,10 +97,6 @@ def schema_of(protocol: str, name: str) -> pa.Schema:
     return table_specs(protocol)[name][0]
 
 
-def keys_of(protocol: str, name: str) -> tuple[str, ...]:
-    return table_specs(protocol)[name][1]
-
-
 def canonical(protocol: str, name: str, table: pa.Table) -> pa.Table:
     """`table` cast to the schema of `name` and sorted by its key (nulls first)."""
     schema, keys = table_specs(protocol)[name]

@@ -198,15 +198,6 @@ def open_in_progress(path: str) -> tuple[pa.Schema | None, Iterator[pa.RecordBat
     return reader.schema, batches()
 
 
-def read_in_progress(path: str, columns: list[str] | None = None) -> pa.Table:
-    """Every whole batch of an in-progress segment as a Table (schema metadata kept)."""
-    schema, batches = open_in_progress(path)
-    if schema is None:
-        raise WriterError(f"{path}: not a readable in-progress capture segment")
-    table = pa.Table.from_batches(list(batches), schema=schema)
-    return table.select(columns) if columns is not None else table
-
-
 def _statistics_columns(schema: pa.Schema) -> list[str]:
     """Min/max statistics where readers prune with them (numbers, timestamps, names); not
     on the frame bytes and keys, where they cost time and help no query."""

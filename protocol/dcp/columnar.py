@@ -251,7 +251,6 @@ def decode_batch(buf, offsets: np.ndarray, lengths: np.ndarray, *, collections: 
 
     # everything else: one frame at a time through the message decoder, in frame order
     slow = np.nonzero(~fast)[0]
-    opaques = b.numeric["opaque"][0]
     if opaque_vbuckets is None:
         opaque_vbuckets = {}
     raw_bytes = buf

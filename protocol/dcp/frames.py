@@ -101,10 +101,6 @@ def stream_id_of(framing_extras: bytes) -> int | None:
     return None
 
 
-def stream_id_info(stream_id: int | None) -> tuple:
-    return () if stream_id is None else ((FrameInfoId.DCP_STREAM_ID, stream_id.to_bytes(2, "big")),)
-
-
 def header_lengths(buf, pos: int = 0) -> tuple[int, int, int, int]:
     """(framing extras length, extras length, key length, body length) of the header at pos."""
     magic = buf[pos]
@@ -166,7 +162,6 @@ def parse_frame(buf, pos: int = 0, length: int | None = None) -> Frame:
         fe = 0
     if length is None:
         length = HEADER_LEN + bl
-    b = pos + HEADER_LEN
     raw = bytes(buf[pos:pos + length])
     o = HEADER_LEN
     return Frame(magic, opcode, dt, vs, opaque, cas,

@@ -14,7 +14,7 @@ import struct
 from typing import ClassVar
 
 from dcptool.protocol.dcp import leb128
-from dcptool.protocol.dcp.constants import (FLEX_MAGICS, RESPONSE_MAGICS, DatatypeBit,
+from dcptool.protocol.dcp.constants import (RESPONSE_MAGICS, DatatypeBit,
                                             FrameInfoId, Status, op_name)
 from dcptool.protocol.dcp.frames import (Frame, encode_frame, encode_frame_infos,
                                          parse_frame, parse_frame_infos)
@@ -730,10 +730,6 @@ def encode(m: Message) -> bytes:
     magic = m.wire_magic()
     return encode_frame(magic, m.op_code, vbucket_or_status=vs, opaque=m.opaque, cas=m.cas,
                         datatype=m.datatype, framing_extras=fe, extras=extras, key=key, value=value)
-
-
-def with_stream_id(stream_id: int | None) -> tuple:
-    return () if stream_id is None else ((FrameInfoId.DCP_STREAM_ID, stream_id.to_bytes(2, "big")),)
 
 
 # --------------------------------------------------------------------------- rows

@@ -90,7 +90,7 @@ class ScramClient:
         a = _attrs(server_first)
         try:
             nonce, salt, iterations = a["r"], base64.b64decode(a["s"], validate=True), int(a["i"])
-        except (KeyError, ValueError) as exc:
+        except (KeyError, ValueError):
             raise RemoteError(ErrorCode.AUTH_FAILED,
                               f"{self.mechanism}: malformed server-first message") from None
         if not nonce.startswith(self._cnonce) or len(nonce) <= len(self._cnonce):

@@ -95,14 +95,6 @@ class _Retry:
         return self.backoff(self.failures)
 
 
-def make_ssl(ca_cert: str | None, insecure: bool) -> ssl_mod.SSLContext:
-    ctx = ssl_mod.create_default_context(cafile=ca_cert)
-    if insecure:
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl_mod.CERT_NONE
-    return ctx
-
-
 async def _wait_paused(handler: Handler) -> None:
     # the writer is behind: stop reading (TCP back-pressure reaches the server)
     while handler.paused():
