@@ -19,6 +19,8 @@ frames are chunked.
 from __future__ import annotations
 
 import importlib
+import queue
+import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -33,7 +35,6 @@ SEQ_BITS = 44
 STATUS_SUCCESS = 0x00
 STATUS_ROLLBACK = 0x23
 DOC_STATES = {"mutation": "live", "deletion": "deleted", "expiration": "expired"}
-CONTROL_OPS = ("snapshot_marker", "stream_end", "stream_req")
 # ops that belong to a vbucket's stream; `in` frames with these ops and a vbucket are the
 # "vbucket frames" the DCP state is built from
 VB_OPS = ("stream_req", "get_failover_log", "stream_end", "snapshot_marker", "mutation",
@@ -45,9 +46,7 @@ DCP_STATE_COLUMNS = ["capture_id", "frame_no", "ts", "vbucket", "op", "status", 
                      "collection_id", "key", "value_len", "by_seqno", "rev_seqno", "item_flags",
                      "expiration", "snap_version", "snap_start", "snap_end", "snap_flags",
                      "stream_end_reason", "rollback_seqno", "failover_log"]
-DCP_CONTROL_COLUMNS = ["capture_id", "frame_no", "ts", "vbucket", "op", "status", "snap_version",
-                       "snap_start", "snap_end", "snap_flags", "stream_end_reason", "rollback_seqno",
-                       "failover_log"]
+DCP_ROLLBACK_COLUMNS = ["capture_id", "frame_no", "ts", "vbucket", "op", "status", "rollback_seqno"]
 SYN_GROUP_COMMANDS = ("RDATA", "POSITION")
 SYN_STATE_COLUMNS = ["capture_id", "frame_no", "ts", "conn", "stream", "instance", "command",
                      "token", "batch", "prev_token", "new_token", "row"]
@@ -95,10 +94,39 @@ def _ts_array(values: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
 # ---------------------------------------------------------------------------------------
 # DCP
 
+def _codes(col) -> tuple[np.ndarray, list]:
+    """A string column as (dictionary codes, -1 for null; the dictionary as a list)."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    if not pa.types.is_dictionary(col.type):
+        col = pc.dictionary_encode(col)
+    return _np(col.indices, fill=-1, dtype=np.int64), col.dictionary.to_pylist()
+
+
+def _lookup(col, *sets) -> list[np.ndarray]:
+    """One mask per set of strings: rows whose value is in the set (null is in none)."""
+    codes, words = _codes(col)
+    masks = []
+    for values in sets:
+        lut = np.zeros(len(words) + 1, bool)   # the extra last slot is code -1 (null)
+        lut[:len(words)] = [w in values for w in words]
+        masks.append(lut[codes])
+    return masks
+
+
 def dcp_vbucket_frames(t: pa.Table) -> np.ndarray:
     """Mask of the vbucket frames: `in`, with a vbucket, decoded, op of a vbucket stream."""
-    return (_is(t.column("direction"), "in") & _np(t.column("vbucket").is_valid(), dtype=bool)
-            & _np(t.column("decode_error").is_null(), dtype=bool) & _is_in(t.column("op"), VB_OPS))
+    (is_in,) = _lookup(t.column("direction"), {"in"})
+    (is_vb_op,) = _lookup(t.column("op"), set(VB_OPS))
+    return (is_in & is_vb_op & _np(t.column("vbucket").is_valid(), dtype=bool)
+            & _np(t.column("decode_error").is_null(), dtype=bool))
+
+
+def rollback_mask(t: pa.Table) -> np.ndarray:
+    """Mask of the ROLLBACK answers to stream requests (with the seqno to roll back to)."""
+    (is_req,) = _lookup(t.column("op"), {"stream_req"})
+    return (is_req & (_np(t.column("status"), fill=0xFFFF, dtype=np.int64) == STATUS_ROLLBACK)
+            & _np(t.column("rollback_seqno").is_valid(), dtype=bool))
 
 
 def _ck(t: pa.Table) -> np.ndarray:
@@ -106,153 +134,199 @@ def _ck(t: pa.Table) -> np.ndarray:
     return (_np(t.column("vbucket"), dtype=np.int64) << SEQ_BITS) | _np(t.column("_seq"), dtype=np.int64)
 
 
+class _Grow:
+    """numpy arrays that grow at the end (amortised), read and written in place."""
+
+    def __init__(self, **fills):
+        self.n = 0
+        self._fills = fills
+        self._a = {k: np.full(16, v[1], v[0]) for k, v in fills.items()}
+
+    def extend(self, count: int, **values) -> None:
+        need = self.n + count
+        if need > len(next(iter(self._a.values()))):
+            cap = max(need, 2 * len(next(iter(self._a.values()))))
+            for k, (dtype, fill) in self._fills.items():
+                a = np.full(cap, fill, dtype)
+                a[:self.n] = self._a[k][:self.n]
+                self._a[k] = a
+        for k, v in values.items():
+            self._a[k][self.n:need] = v
+        self.n = need
+
+    def __getattr__(self, name):
+        try:
+            return self.__dict__["_a"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def view(self, name) -> np.ndarray:
+        return self._a[name][:self.n]
+
+
+MARKER_COLUMNS = ["vbucket", "capture_id", "frame_no", "ts", "snap_version", "snap_start", "snap_end",
+                  "snap_flags", "_seq"]
+DOC_COLUMNS = ["vbucket", "collection_id", "key", "by_seqno", "rev_seqno", "cas", "op", "datatype",
+               "item_flags", "expiration", "value_len", "capture_id", "frame_no", "ts", "_seq"]
+INT64_MIN = np.iinfo(np.int64).min
+
+
 class DcpState:
-    """Replays the DCP rules of REPLAY.md over vbucket frames. `control` holds the control
-    frames (snapshot markers, stream ends, stream-request responses) of every vbucket that
-    will be fed; `feed` takes item frames in chunks of any size, in any order."""
+    """Replays the DCP rules of REPLAY.md over vbucket frames, in one pass.
 
-    def __init__(self, control: pa.Table):
-        control = control.take(np.argsort(_ck(control), kind="stable"))
-        ck = _ck(control)
-        vb = _np(control.column("vbucket"), dtype=np.int64)
-        op = control.column("op")
-        status = _np(control.column("status"), fill=0xFFFF, dtype=np.int64)
-        is_marker = _is(op, "snapshot_marker")
-        is_end = _is(op, "stream_end")
-        is_req = _is(op, "stream_req")
+    `rollbacks` holds the ROLLBACK answers (`rollback_mask`) of every vbucket that will be
+    fed: they are the only rule that looks ahead (a rollback undoes changes made before it).
+    `feed` takes the vbucket frames in frame order, in chunks of any size; the state it keeps
+    grows with documents, snapshots and vbuckets, not with frames."""
 
-        # a snapshot marker opens a snapshot; its items follow until the next marker or stream end
-        self.markers = control.filter(pa.array(is_marker))
-        self.m_vb = vb[is_marker]
-        self.m_start = _np(self.markers.column("snap_start"), fill=-1, dtype=np.int64)
-        self.m_end = _np(self.markers.column("snap_end"), fill=-1, dtype=np.int64)
-        closers = is_marker | is_end
-        self.c_ck = ck[closers]
-        self.c_vb = vb[closers]
-        self.c_marker = np.where(is_marker, np.cumsum(is_marker) - 1, -1)[closers]
-        nm = len(self.m_vb)
-        self.items = np.zeros(nm, np.int64)
-        self.hit_end = np.zeros(nm, bool)
-        self.first_ck = np.full(nm, np.iinfo(np.int64).max)
-        self.first_seqno = np.zeros(nm, np.int64)
-        self.last_ck = np.full(nm, -1, np.int64)
-        self.last_seqno = np.zeros(nm, np.int64)
-
+    def __init__(self, rollbacks: pa.Table):
         # a ROLLBACK response to a stream request rolls the vbucket back to rollback_seqno
-        is_rb = is_req & (status == STATUS_ROLLBACK) & _np(control.column("rollback_seqno").is_valid(), dtype=bool)
-        self.rollbacks = control.filter(pa.array(is_rb))
-        self.r_vb = vb[is_rb]
-        self.r_ck = ck[is_rb]
+        self.rollbacks = rollbacks.take(np.argsort(_ck(rollbacks), kind="stable"))
+        self.r_vb = _np(self.rollbacks.column("vbucket"), dtype=np.int64)
+        self.r_seq = _np(self.rollbacks.column("_seq"), dtype=np.int64)
         self.r_seqno = _np(self.rollbacks.column("rollback_seqno"), dtype=np.int64)
         self.undone = np.zeros(len(self.r_vb), np.int64)
-
-        # a stream-request success response sets the vbucket's failover log (the last one wins)
-        is_ok = is_req & (status == STATUS_SUCCESS) & _np(control.column("failover_log").is_valid(), dtype=bool)
-        self.failover = _last_per_vbucket(control.filter(pa.array(is_ok)))
-        # stream end records its reason (the last one wins)
-        self.stream_ends = _last_per_vbucket(control.filter(pa.array(is_end)))
 
         size = 1 << 16
         self.seen = np.zeros(size, bool)
         self.first_ts = np.full(size, NONE_TS, np.int64)
-        self.last_ts = np.full(size, np.iinfo(np.int64).min, np.int64)
+        self.last_ts = np.full(size, INT64_MIN, np.int64)
         self.counts = {op_: np.zeros(size, np.int64) for op_ in DOC_STATES}
         self.high_seqno = np.full(size, -1, np.int64)
         self.has_high = np.zeros(size, bool)
-        self.docs: pa.Table | None = None  # the last surviving change per document so far
-        self._parts: list[pa.Table] = []    # newer per-chunk changes not merged into docs yet
+        # snapshots: the marker each vbucket is in (-1: none, or closed by a stream end)
+        self.current = np.full(size, -1, np.int64)
+        self.snaps = _Grow(vb=(np.int64, 0), seq=(np.int64, 0), end=(np.int64, -1), items=(np.int64, 0),
+                           hit_end=(bool, False), first_seqno=(np.int64, 0), has_first=(bool, False),
+                           last_seqno=(np.int64, 0))
+        self._markers: list[pa.Table] = []
+        self._failover: list[pa.Table] = []   # stream-request successes with a failover log
+        self._ends: list[pa.Table] = []       # stream ends
+        self.docs: pa.Table | None = None     # the last surviving change per document so far
+        self._parts: list[pa.Table] = []      # newer per-chunk changes not merged into docs yet
         self._parts_rows = 0
 
     def feed(self, chunk: pa.Table) -> None:
-        if chunk.num_rows == 0:
+        n = chunk.num_rows
+        if n == 0:
             return
         vb = _np(chunk.column("vbucket"), dtype=np.int64)
-        ck = _ck(chunk)
+        seq = _np(chunk.column("_seq"), dtype=np.int64)
         ts = _ts(chunk.column("ts"))
-        op = chunk.column("op")
+        is_mut, is_del, is_exp, is_adv, is_marker, is_end, is_req = _lookup(
+            chunk.column("op"), {"mutation"}, {"deletion"}, {"expiration"}, {"seqno_advanced"},
+            {"snapshot_marker"}, {"stream_end"}, {"stream_req"})
 
         # per-vbucket activity and counters
-        u, inv = np.unique(vb, return_inverse=True)
-        self.seen[u] = True
-        fts = np.full(len(u), NONE_TS, np.int64)
-        np.minimum.at(fts, inv, ts)
-        lts = np.full(len(u), np.iinfo(np.int64).min, np.int64)
-        np.maximum.at(lts, inv, np.where(ts == NONE_TS, np.iinfo(np.int64).min, ts))
-        self.first_ts[u] = np.minimum(self.first_ts[u], fts)
-        self.last_ts[u] = np.maximum(self.last_ts[u], lts)
-        is_change = np.zeros(chunk.num_rows, bool)
-        for name in DOC_STATES:
-            m = _is(op, name)
-            is_change |= m
+        self.seen[vb] = True
+        np.minimum.at(self.first_ts, vb, ts)
+        np.maximum.at(self.last_ts, vb, np.where(ts == NONE_TS, INT64_MIN, ts))
+        for name, m in (("mutation", is_mut), ("deletion", is_del), ("expiration", is_exp)):
             self.counts[name] += np.bincount(vb[m], minlength=1 << 16)
-        is_adv = _is(op, "seqno_advanced")
-        sel = np.flatnonzero(is_change | is_adv)
-        if len(sel) == 0:
-            return
-        sel = sel[np.argsort(ck[sel], kind="stable")]
-        s_ck, s_vb = ck[sel], vb[sel]
-        s_change = is_change[sel]
-        s_seqno = _np(chunk.column("by_seqno").take(sel), fill=-1, dtype=np.int64)
+        is_change = is_mut | is_del | is_exp
+        seqno = _np(chunk.column("by_seqno"), fill=-1, dtype=np.int64)
 
-        # rollback: a change with by_seqno above rollback_seqno, not already undone, is undone
-        undone_by = np.full(len(sel), -1, np.int64)
-        for r in range(len(self.r_vb)):
-            lo = np.searchsorted(s_ck, self.r_vb[r] << SEQ_BITS)
-            hi = np.searchsorted(s_ck, self.r_ck[r])
-            seg = undone_by[lo:hi]
-            seg[(s_seqno[lo:hi] > self.r_seqno[r]) & (seg < 0)] = r
-        counted = undone_by[s_change & (undone_by >= 0)]
-        self.undone += np.bincount(counted, minlength=len(self.r_vb))
+        # a stream-request success sets the vbucket's failover log, a stream end its reason
+        # (the last one wins)
+        ok = is_req & (_np(chunk.column("status"), fill=0xFFFF, dtype=np.int64) == STATUS_SUCCESS)
+        ok &= _np(chunk.column("failover_log").is_valid(), dtype=bool)
+        if ok.any():
+            self._failover.append(chunk.select(["vbucket", "failover_log", "_seq"]).filter(pa.array(ok)))
+        if is_end.any():
+            self._ends.append(chunk.select(["vbucket", "stream_end_reason", "_seq"]).filter(pa.array(is_end)))
+
+        # rollback: a change with by_seqno above rollback_seqno, made before the rollback and
+        # not already undone, is undone by it
+        undone_by = self._undone_by(vb, seq, seqno, is_change | is_adv)
+        counted = undone_by[is_change & (undone_by >= 0)]
+        if len(counted):
+            self.undone += np.bincount(counted, minlength=len(self.r_vb))
         alive = undone_by < 0
 
         # high_seqno: the highest seqno not undone (items and seqno-advanced)
-        hv = s_vb[alive]
-        if len(hv):
-            hu, hinv = np.unique(hv, return_inverse=True)
-            hmax = np.full(len(hu), -1, np.int64)
-            np.maximum.at(hmax, hinv, s_seqno[alive])
-            self.high_seqno[hu] = np.where(self.has_high[hu], np.maximum(self.high_seqno[hu], hmax), hmax)
-            self.has_high[hu] = True
+        hi = (is_change | is_adv) & alive
+        if hi.any():
+            np.maximum.at(self.high_seqno, vb[hi], seqno[hi])
+            self.has_high[vb[hi]] = True
 
-        # snapshots: which marker each item belongs to; completeness by seqno == snap_end
-        if len(self.c_ck):
-            j = np.searchsorted(self.c_ck, s_ck, side="right") - 1
-            jj = np.maximum(j, 0)
-            inside = (j >= 0) & (self.c_vb[jj] == s_vb) & (self.c_marker[jj] >= 0)
-            mi = self.c_marker[jj]
-            hit = inside & (s_seqno == self.m_end[mi])
-            self.hit_end[mi[hit]] = True
-            item = inside & s_change
-            imi, ick, iseq = mi[item], s_ck[item], s_seqno[item]  # ordered by ck, so imi ascends
-            self.items += np.bincount(imi, minlength=len(self.items))
-            if len(imi):
-                uf, first_i = np.unique(imi, return_index=True)
-                better = ick[first_i] < self.first_ck[uf]
-                self.first_ck[uf[better]] = ick[first_i][better]
-                self.first_seqno[uf[better]] = iseq[first_i][better]
-                last_i = len(imi) - 1 - np.unique(imi[::-1], return_index=True)[1]
-                better = ick[last_i] > self.last_ck[uf]
-                self.last_ck[uf[better]] = ick[last_i][better]
-                self.last_seqno[uf[better]] = iseq[last_i][better]
+        self._snapshots(chunk, vb, seq, seqno, is_marker, is_end, is_change, is_adv)
 
         # mutation, deletion, expiration: the document takes the change; the later frame wins
-        keep = sel[s_change & alive]   # in frame order within each vbucket
+        keep = np.flatnonzero(is_change & alive)
         if len(keep):
-            # only each document's last change in this chunk is taken out of it
-            doc = _document_ids(chunk, keep, vb[keep])
-            _, first_in_reversed = np.unique(doc[::-1], return_index=True)
-            keep = keep[np.sort(len(keep) - 1 - first_in_reversed)]
-            cols = ["vbucket", "collection_id", "key", "by_seqno", "rev_seqno", "cas", "op",
-                    "datatype", "item_flags", "expiration", "value_len", "capture_id", "frame_no",
-                    "ts", "_seq"]
-            part = chunk.select(cols).take(keep)
-            part = part.set_column(cols.index("op"), "op", _str(part.column("op")))
-            part = part.set_column(cols.index("capture_id"), "capture_id", _str(part.column("capture_id")))
+            part = chunk.select(DOC_COLUMNS).take(_last_per_document_rows(chunk, keep))
+            part = part.set_column(DOC_COLUMNS.index("op"), "op", _str(part.column("op")))
+            part = part.set_column(DOC_COLUMNS.index("capture_id"), "capture_id", _str(part.column("capture_id")))
             self._parts.append(part)
             self._parts_rows += part.num_rows
             # merge once the pending changes are as many as the documents: amortised linear
             if self._parts_rows >= max(CHUNK_ROWS, self.docs.num_rows if self.docs is not None else 0):
                 self._merge_docs()
+
+    def _undone_by(self, vb, seq, seqno, candidates) -> np.ndarray:
+        """For each row, the rollback that undoes it (index into self.rollbacks), or -1."""
+        undone_by = np.full(len(vb), -1, np.int64)
+        later = np.flatnonzero(self.r_seq > seq[0])   # rollbacks that can undo rows of this chunk
+        if len(later) == 0:
+            return undone_by
+        rows = np.flatnonzero(candidates)
+        rows = rows[np.argsort(vb[rows], kind="stable")]   # by (vbucket, frame order)
+        c_vb, c_seq, c_seqno = vb[rows], seq[rows], seqno[rows]
+        by = np.full(len(rows), -1, np.int64)
+        for r in later:          # in (vbucket, frame order): an earlier rollback counts first
+            lo, hi = np.searchsorted(c_vb, [self.r_vb[r], self.r_vb[r] + 1])
+            seg = by[lo:hi]
+            seg[(c_seq[lo:hi] < self.r_seq[r]) & (c_seqno[lo:hi] > self.r_seqno[r]) & (seg < 0)] = r
+        undone_by[rows] = by
+        return undone_by
+
+    def _snapshots(self, chunk, vb, seq, seqno, is_marker, is_end, is_change, is_adv) -> None:
+        """A snapshot marker opens a snapshot; its items follow until the next marker or a
+        stream end. Counts items, first and last seqno, and whether one hit snap_end."""
+        mk = np.flatnonzero(is_marker)
+        base = self.snaps.n
+        if len(mk):
+            self._markers.append(chunk.select(MARKER_COLUMNS).take(mk))
+            self.snaps.extend(len(mk), vb=vb[mk], seq=seq[mk],
+                              end=_np(chunk.column("snap_end").take(mk), fill=-1, dtype=np.int64))
+        rows = np.flatnonzero(is_marker | is_end | is_change | is_adv)
+        if len(rows) == 0:
+            return
+        rows = rows[np.argsort(vb[rows], kind="stable")]   # by (vbucket, frame order)
+        rvb = vb[rows]
+        # what each row is: a marker (its id), a stream end (-1) or an item (-2)
+        what = np.full(len(vb), -2, np.int64)
+        what[mk] = base + np.arange(len(mk))
+        what[is_end] = -1
+        w = what[rows]
+        pos = np.arange(len(rows))
+        last_closer = np.maximum.accumulate(np.where(w != -2, pos, -1))
+        start = np.ones(len(rows), bool)
+        start[1:] = rvb[1:] != rvb[:-1]
+        run_start = np.maximum.accumulate(np.where(start, pos, 0))
+        inherited = last_closer < run_start
+        mi = np.where(inherited, self.current[rvb], w[np.maximum(last_closer, 0)])
+        run_end = np.append(np.flatnonzero(start)[1:], len(rows)) - 1
+        self.current[rvb[run_end]] = mi[run_end]
+
+        inside = (w == -2) & (mi >= 0)
+        s = self.snaps
+        s_seqno = seqno[rows]
+        hit = inside & (s_seqno == s.end[np.maximum(mi, 0)])
+        s.hit_end[mi[hit]] = True
+        item = inside & is_change[rows]
+        imi, iseq = mi[item], s_seqno[item]   # a marker's items are consecutive here
+        if len(imi) == 0:
+            return
+        np.add.at(s.items, imi, 1)
+        change = np.flatnonzero(imi[1:] != imi[:-1])
+        first_i = np.concatenate([[0], change + 1])
+        last_i = np.append(change, len(imi) - 1)
+        fm = imi[first_i]
+        new = ~s.has_first[fm]
+        s.first_seqno[fm[new]] = iseq[first_i][new]
+        s.has_first[fm] = True
+        s.last_seqno[imi[last_i]] = iseq[last_i]
 
     def _merge_docs(self) -> None:
         if self._parts:
@@ -275,23 +349,32 @@ class DcpState:
             docs = T.canonical("dcp", "documents", d)
         out["documents"] = docs
 
-        # snapshots: complete by an item at snap_end, or the next marker starting above it
-        nm = len(self.m_vb)
+        # snapshots, by (vbucket, frame order): complete by an item at snap_end, or the next
+        # marker of the vbucket starting above it
+        s = self.snaps
+        order = np.lexsort((s.view("seq"), s.view("vb")))
+        m = (pa.concat_tables(self._markers) if self._markers
+             else pa.schema([capture_schema("dcp").field(c) for c in MARKER_COLUMNS[:-1]]
+                            + [("_seq", pa.int64())]).empty_table()).take(order)
+        m_vb = s.view("vb")[order]
+        m_start = _np(m.column("snap_start"), fill=-1, dtype=np.int64)
+        m_end = s.view("end")[order]
+        items = s.view("items")[order]
+        nm = len(m_vb)
         nxt_above = np.zeros(nm, bool)
         if nm > 1:
-            same = self.m_vb[1:] == self.m_vb[:-1]
-            nxt_above[:-1] = same & (self.m_start[1:] > self.m_end[:-1])
-        complete = self.hit_end | nxt_above
-        has_items = self.items > 0
-        m = self.markers
+            same = m_vb[1:] == m_vb[:-1]
+            nxt_above[:-1] = same & (m_start[1:] > m_end[:-1])
+        complete = s.view("hit_end")[order] | nxt_above
+        has_items = items > 0
         out["snapshots"] = T.canonical("dcp", "snapshots", pa.table({
             "vbucket": m.column("vbucket"), "capture_id": _str(m.column("capture_id")),
             "frame_no": m.column("frame_no"), "ts": m.column("ts"),
             "snap_version": _str(m.column("snap_version")), "snap_start": m.column("snap_start"),
             "snap_end": m.column("snap_end"), "snap_flags": m.column("snap_flags"),
-            "items": pa.array(self.items, pa.int64()),
-            "first_seqno": pa.array(self.first_seqno, pa.int64(), mask=~has_items),
-            "last_seqno": pa.array(self.last_seqno, pa.int64(), mask=~has_items),
+            "items": pa.array(items, pa.int64()),
+            "first_seqno": pa.array(s.view("first_seqno")[order], pa.int64(), mask=~has_items),
+            "last_seqno": pa.array(s.view("last_seqno")[order], pa.int64(), mask=~has_items),
             "complete": pa.array(complete, pa.bool_())}))
 
         r = self.rollbacks
@@ -301,9 +384,10 @@ class DcpState:
             "rollback_seqno": r.column("rollback_seqno"), "undone": pa.array(self.undone, pa.int64())}))
 
         # failover: the newest failover log, position 0 = newest entry as on the wire
-        f = self.failover
-        fl = (f.column("failover_log").combine_chunks() if f.num_rows
-              else pa.array([], capture_schema("dcp").field("failover_log").type))
+        fo_type = capture_schema("dcp").field("failover_log").type
+        f = _last_per_vbucket(pa.concat_tables(self._failover) if self._failover else pa.schema(
+            [("vbucket", pa.uint16()), ("failover_log", fo_type), ("_seq", pa.int64())]).empty_table())
+        fl = f.column("failover_log").combine_chunks() if f.num_rows else pa.array([], fo_type)
         lens = _np(pc.list_value_length(fl), fill=0, dtype=np.int64) if len(fl) else np.zeros(0, np.int64)
         flat = pc.list_flatten(fl) if len(fl) else pa.array([], fl.type.value_type)
         vbs = np.repeat(_np(f.column("vbucket"), dtype=np.int64), lens) if f.num_rows else np.zeros(0, np.int64)
@@ -315,53 +399,41 @@ class DcpState:
         # vbuckets
         vbs = np.flatnonzero(self.seen)
         nv = len(vbs)
+        at = np.full(1 << 16, -1, np.int64)
+        at[vbs] = np.arange(nv)
+
+        def per_vbucket(vb_of_rows: np.ndarray, values: list, typ: pa.DataType) -> pa.Array:
+            """The value of the last row of each vbucket (rows in frame order)."""
+            vals = [None] * nv
+            for v, x in zip(vb_of_rows.tolist(), values):
+                if at[v] >= 0:
+                    vals[at[v]] = x
+            return pa.array(vals, typ)
 
         dvb = _np(docs.column("vbucket"), dtype=np.int64)
-        dstate = docs.column("state")
-        live = np.bincount(dvb[_is(dstate, "live")], minlength=1 << 16)[vbs]
-        deleted = np.bincount(dvb[_is(dstate, "deleted")], minlength=1 << 16)[vbs]
-        expired = np.bincount(dvb[_is(dstate, "expired")], minlength=1 << 16)[vbs]
-        snaps = np.bincount(self.m_vb, minlength=1 << 16)[vbs]
-        rbs = np.bincount(self.r_vb, minlength=1 << 16)[vbs]
-        uuid = pa.nulls(nv, pa.uint64())
-        last_complete = pa.nulls(nv, pa.bool_())
-        end_reason = pa.nulls(nv, pa.uint32())
-        lookup = {int(v): i for i, v in enumerate(vbs)}
-        if f.num_rows:
-            vals = [None] * nv
-            for v, lst in zip(f.column("vbucket").to_pylist(), fl.to_pylist()):
-                if v in lookup and lst:
-                    vals[lookup[v]] = lst[0]["vbucket_uuid"]
-            uuid = pa.array(vals, pa.uint64())
-        if nm:
-            last_idx = {}
-            for i, v in enumerate(self.m_vb.tolist()):
-                last_idx[v] = i
-            vals = [None] * nv
-            for v, i in last_idx.items():
-                if v in lookup:
-                    vals[lookup[v]] = bool(complete[i])
-            last_complete = pa.array(vals, pa.bool_())
-        if self.stream_ends.num_rows:
-            vals = [None] * nv
-            for v, reason in zip(self.stream_ends.column("vbucket").to_pylist(),
-                                 self.stream_ends.column("stream_end_reason").to_pylist()):
-                if v in lookup:
-                    vals[lookup[v]] = reason
-            end_reason = pa.array(vals, pa.uint32())
+        live_, deleted_, expired_ = _lookup(docs.column("state"), {"live"}, {"deleted"}, {"expired"})
+        heads = [lst[0]["vbucket_uuid"] if lst else None for lst in fl.to_pylist()] if f.num_rows else []
+        ends = _last_per_vbucket(pa.concat_tables(self._ends)) if self._ends else None
         has_high = self.has_high[vbs]
         out["vbuckets"] = T.canonical("dcp", "vbuckets", pa.table({
-            "vbucket": pa.array(vbs, pa.uint16()), "vbucket_uuid": uuid,
+            "vbucket": pa.array(vbs, pa.uint16()),
+            "vbucket_uuid": per_vbucket(_np(f.column("vbucket"), dtype=np.int64) if f.num_rows
+                                        else np.zeros(0, np.int64), heads, pa.uint64()),
             "high_seqno": pa.array(self.high_seqno[vbs], pa.int64(), mask=~has_high),
-            "live": pa.array(live, pa.int64()), "deleted": pa.array(deleted, pa.int64()),
-            "expired": pa.array(expired, pa.int64()),
+            "live": pa.array(np.bincount(dvb[live_], minlength=1 << 16)[vbs], pa.int64()),
+            "deleted": pa.array(np.bincount(dvb[deleted_], minlength=1 << 16)[vbs], pa.int64()),
+            "expired": pa.array(np.bincount(dvb[expired_], minlength=1 << 16)[vbs], pa.int64()),
             "mutations": pa.array(self.counts["mutation"][vbs], pa.int64()),
             "deletions": pa.array(self.counts["deletion"][vbs], pa.int64()),
             "expirations": pa.array(self.counts["expiration"][vbs], pa.int64()),
-            "snapshots": pa.array(snaps, pa.int64()), "rollbacks": pa.array(rbs, pa.int64()),
-            "last_snapshot_complete": last_complete, "stream_end_reason": end_reason,
+            "snapshots": pa.array(np.bincount(m_vb, minlength=1 << 16)[vbs], pa.int64()),
+            "rollbacks": pa.array(np.bincount(self.r_vb, minlength=1 << 16)[vbs], pa.int64()),
+            "last_snapshot_complete": per_vbucket(m_vb, complete.tolist(), pa.bool_()),
+            "stream_end_reason": (per_vbucket(_np(ends.column("vbucket"), dtype=np.int64),
+                                              ends.column("stream_end_reason").to_pylist(), pa.uint32())
+                                  if ends is not None else pa.nulls(nv, pa.uint32())),
             "first_ts": _ts_array(self.first_ts[vbs], self.first_ts[vbs] != NONE_TS),
-            "last_ts": _ts_array(self.last_ts[vbs], self.last_ts[vbs] != np.iinfo(np.int64).min)}))
+            "last_ts": _ts_array(self.last_ts[vbs], self.last_ts[vbs] != INT64_MIN)}))
         return out
 
 
@@ -370,52 +442,55 @@ def _last_per_vbucket(t: pa.Table) -> pa.Table:
     if t.num_rows == 0:
         return t
     t = t.take(np.argsort(_np(t.column("_seq"), dtype=np.int64), kind="stable"))
-    t = t.append_column("_row", pa.array(np.arange(t.num_rows), pa.int64()))
-    last = t.group_by(["vbucket"], use_threads=False).aggregate([("_row", "max")])
-    return t.take(np.sort(_np(last.column("_row_max"), dtype=np.int64)))
+    last = np.full(1 << 16, -1, np.int64)
+    np.maximum.at(last, _np(t.column("vbucket"), dtype=np.int64), np.arange(t.num_rows))
+    return t.take(np.sort(last[last >= 0]))
 
 
-def _document_ids(t: pa.Table, rows: np.ndarray | None = None, vb: np.ndarray | None = None) -> np.ndarray:
-    """One int64 per row (of `rows`, default all) naming its document (vbucket,
-    collection_id, key): the key's dictionary index, the collection's, the vbucket."""
-    key = t.column("key").combine_chunks()
-    indices = pc.dictionary_encode(key).indices
-    key_idx = np.where(_np(pc.is_null(indices)), 0, _np(indices, fill=0, dtype=np.int64) + 1)
-    cid_col = t.column("collection_id")
-    cid = np.where(_np(pc.is_null(cid_col)), -1, _np(cid_col, fill=0, dtype=np.int64))
-    if rows is not None:
-        key_idx, cid = key_idx[rows], cid[rows]
-    if vb is None:
-        vb = _np(t.column("vbucket"), dtype=np.int64)
-    _, cid_idx = np.unique(cid, return_inverse=True)
-    ncid = int(cid_idx.max()) + 1 if len(cid_idx) else 1
-    width = max(1, int(key_idx.max()) + 1 if len(key_idx) else 1)
-    if width * ncid >= 1 << 46:   # more documents than fit beside 16 vbucket bits: rank them
-        _, key_idx = np.unique(key_idx * ncid + cid_idx, return_inverse=True)
-        return (key_idx.astype(np.int64) << 16) | vb
-    return ((key_idx * ncid + cid_idx.astype(np.int64)) << 16) | vb
+def _last_per_document_rows(t: pa.Table, rows: np.ndarray) -> np.ndarray:
+    """Of `rows` (ascending, frame order), those that are the last change of their document
+    (vbucket, collection_id, key)."""
+    enc = pc.dictionary_encode(t.column("key").take(rows) if len(rows) < t.num_rows else t.column("key"))
+    if isinstance(enc, pa.ChunkedArray):
+        enc = enc.combine_chunks()
+    nkeys = len(enc.dictionary) + 1            # + one code for a null key
+    key = _np(enc.indices, fill=nkeys - 1, dtype=np.int64)
+    if len(key) != len(rows):
+        key = key[rows]
+    vb = _np(t.column("vbucket"), dtype=np.int64)[rows]
+    cid = t.column("collection_id")
+    cid = np.where(_np(cid.is_valid(), dtype=bool), _np(cid, fill=0, dtype=np.int64) + 1, 0)[rows]
+    owner = (cid << 16) | vb
+    # a key almost always lives in one (vbucket, collection): then the key's code is the document
+    seen = np.full(nkeys, -1, np.int64)
+    seen[key] = owner
+    if (seen[key] == owner).all():
+        doc, ndocs = key, nkeys
+    else:
+        _, owner_code = np.unique(owner, return_inverse=True)
+        _, doc = np.unique(key * (int(owner_code.max()) + 1) + owner_code, return_inverse=True)
+        ndocs = int(doc.max()) + 1
+    last = np.full(ndocs, -1, np.int64)
+    np.maximum.at(last, doc, np.arange(len(rows)))
+    return rows[np.sort(last[last >= 0])]
 
 
 def _last_per_document(t: pa.Table) -> pa.Table:
     """The row with the highest _seq of each (vbucket, collection_id, key)."""
+    if t.num_rows == 0:
+        return t
     seq = _np(t.column("_seq"), dtype=np.int64)
     if len(seq) > 1 and not (seq[1:] >= seq[:-1]).all():
         t = t.take(np.argsort(seq, kind="stable"))
-    if t.num_rows == 0:
-        return t
-    # the last occurrence of each document is the first one in the reversed order
-    doc = _document_ids(t)
-    _, first_in_reversed = np.unique(doc[::-1], return_index=True)
-    return t.take(np.sort(t.num_rows - 1 - first_in_reversed))
-
-
-def control_mask(t: pa.Table) -> np.ndarray:
-    return _is_in(t.column("op"), CONTROL_OPS)
+    return t.take(_last_per_document_rows(t, np.arange(t.num_rows)))
 
 
 def dcp_group_tables(frames: pa.Table) -> dict[str, pa.Table]:
-    """All DCP tables (but `frames`) for vbucket frames held in memory (one chunk)."""
-    state = DcpState(frames.filter(pa.array(control_mask(frames))))
+    """All DCP tables (but `frames`) for vbucket frames held in memory (any order)."""
+    seq = _np(frames.column("_seq"), dtype=np.int64)
+    if len(seq) > 1 and not (seq[1:] >= seq[:-1]).all():
+        frames = frames.take(np.argsort(seq, kind="stable"))
+    state = DcpState(frames.filter(pa.array(rollback_mask(frames))))
     state.feed(frames)
     return state.finish()
 
@@ -584,27 +659,67 @@ def replay_local(files: list, chunk_rows: int = CHUNK_ROWS) -> Replay:
     return Replay(protocol, files, _replay_synapse(files, ranks))
 
 
+def _prefetched(tables: Iterator[pa.Table], depth: int = 2) -> Iterator[pa.Table]:
+    """`tables`, read by a second thread up to `depth` ahead: Parquet decoding and the
+    numpy work on the previous chunk both release the GIL, so they overlap."""
+    q: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+    done = object()
+
+    def produce():
+        try:
+            for t in tables:
+                while not stop.is_set():
+                    try:
+                        q.put(t, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(done)
+        except BaseException as exc:  # handed to the consumer, raised there
+            q.put(exc)
+
+    th = threading.Thread(target=produce, name="dcptool-replay-read", daemon=True)
+    th.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+
+
 def _chunks(t: pa.Table, rows: int) -> Iterator[pa.Table]:
     for s in range(0, t.num_rows, rows):
         yield t.slice(s, rows)
 
 
 def _replay_dcp(files, ranks, chunk_rows) -> dict[str, pa.Table]:
-    cols = list(dict.fromkeys(DCP_FILTER_COLUMNS + DCP_CONTROL_COLUMNS))
-    controls = []
-    for t in _ordered(files, cols, ranks):  # pass 1: control frames only
-        for c in _chunks(t, chunk_rows):
-            keep = dcp_vbucket_frames(c) & control_mask(c)
+    # pass 1, the rollbacks only: they are rare, so one mostly-null column decides first
+    cols = list(dict.fromkeys(DCP_FILTER_COLUMNS + DCP_ROLLBACK_COLUMNS))
+    rollbacks = []
+    if any(t.column("rollback_seqno").null_count < t.num_rows
+           for t in _ordered(files, ["rollback_seqno"], ranks)):
+        for t in _ordered(files, cols, ranks):
+            keep = dcp_vbucket_frames(t) & rollback_mask(t)
             if keep.any():
-                controls.append(c.filter(pa.array(keep)).select(DCP_CONTROL_COLUMNS + ["_seq"]))
-    schema = pa.schema([capture_schema("dcp").field(c) for c in DCP_CONTROL_COLUMNS] + [("_seq", pa.int64())])
-    state = DcpState(pa.concat_tables(controls) if controls else schema.empty_table())
+                rollbacks.append(t.filter(pa.array(keep)).select(DCP_ROLLBACK_COLUMNS + ["_seq"]))
+    schema = pa.schema([capture_schema("dcp").field(c) for c in DCP_ROLLBACK_COLUMNS] + [("_seq", pa.int64())])
+    state = DcpState(pa.concat_tables(rollbacks) if rollbacks else schema.empty_table())
+    # pass 2: every vbucket frame, in order, chunk by chunk (the next chunk is read meanwhile)
     cols = list(dict.fromkeys(DCP_FILTER_COLUMNS + DCP_STATE_COLUMNS))
-    for t in _ordered(files, cols, ranks):  # pass 2: item frames, chunk by chunk
+    for t in _prefetched(_ordered(files, cols, ranks)):
         for c in _chunks(t, chunk_rows):
             keep = dcp_vbucket_frames(c)
-            if keep.any():
-                state.feed(c.filter(pa.array(keep)).select(DCP_STATE_COLUMNS + ["_seq"]))
+            if not keep.all():
+                c = c.filter(pa.array(keep))
+            state.feed(c.select(DCP_STATE_COLUMNS + ["_seq"]))
     return state.finish()
 
 
