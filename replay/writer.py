@@ -23,6 +23,7 @@ thread behind a queue bounded in bytes, so Parquet encoding never runs on the ne
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import datetime as _dt
 import errno
 import fcntl
@@ -41,18 +42,24 @@ import pyarrow.parquet as pq
 
 from dcptool.replay import schema as S
 
-ROW_GROUP_BYTES = 64 * 2**20       # uncompressed Arrow bytes buffered per Parquet row group
+ROW_GROUP_BYTES = 32 * 2**20       # uncompressed Arrow bytes buffered per Parquet row group
 ROW_GROUP_ROWS = 1_000_000
 COALESCE_BYTES = 4 * 2**20         # small batches are merged up to this size ...
 COALESCE_ROWS = 32_768             # ... or this many rows before they reach the IPC stream
 COALESCE_MIN_ROWS = 4_096          # batches at least this big on average are not merged
 COMPRESSIONS = ("zstd", "snappy", "none")
-# The in-progress copy is compressed per buffer: the many all-null columns of a DCP row
-# shrink to nothing, which costs less CPU than pushing their zeros through the page cache
-# (and later the disk) for a file that is deleted once its Parquet twin is in place.
-# LZ4, not zstd: the file is transient and the capture hot path shares two cores with the
-# network loop (measured with tests/bench/bench_capture.py: 405k -> 565k frames/s).
+# The in-progress copy is compressed per buffer where that pays: the many all-null columns
+# of small DCP rows shrink to nothing, which costs less than pushing their zeros through the
+# page cache (and perhaps the disk) for a file that is deleted once its Parquet twin is in
+# place. LZ4, not zstd: the file is transient and the capture hot path shares two cores with
+# the network loop (tests/bench/bench_capture.py: 405k -> 565k frames/s). Large values that
+# LZ4 cannot shrink (random or already compressed bytes) make it pure cost: 1.4-1.7 GB/s
+# with LZ4 against 4-4.6 GB/s without for 1 KiB and 16 KiB values of random hex. So each
+# segment tries LZ4 on a sample of its first rows and keeps it only when it at least halves
+# them (`IPC_MIN_SAVINGS`); a reader sees the codec per message and needs no option.
 IPC_COMPRESSION = "lz4"
+IPC_MIN_SAVINGS = 0.5
+_IPC_SAMPLE_BYTES = 1 << 20
 IN_PROGRESS_SUFFIX = ".arrows"
 TMP_SUFFIX = ".tmp"
 
@@ -198,6 +205,24 @@ def open_in_progress(path: str) -> tuple[pa.Schema | None, Iterator[pa.RecordBat
     return reader.schema, batches()
 
 
+def _ipc_compression(batch: pa.RecordBatch) -> str | None:
+    """IPC_COMPRESSION unless it fails to save IPC_MIN_SAVINGS on the last rows of batch
+    (about 1 MiB of them, the newest data); with less than 64 KiB to judge by (a few
+    control frames), IPC_COMPRESSION."""
+    n, nbytes = batch.num_rows, batch.nbytes
+    if n == 0 or nbytes < _IPC_SAMPLE_BYTES // 16:
+        return IPC_COMPRESSION
+    rows = max(1, min(n, int(n * _IPC_SAMPLE_BYTES / nbytes)))
+    sample = batch.slice(n - rows, rows)
+    sizes = []
+    for codec in (None, IPC_COMPRESSION):
+        sink = pa.BufferOutputStream()
+        with ipc.new_stream(sink, batch.schema, options=ipc.IpcWriteOptions(compression=codec)) as w:
+            w.write_batch(sample)
+        sizes.append(sink.tell())
+    return IPC_COMPRESSION if sizes[1] <= sizes[0] * (1 - IPC_MIN_SAVINGS) else None
+
+
 def _statistics_columns(schema: pa.Schema) -> list[str]:
     """Min/max statistics where readers prune with them (numbers, timestamps, names); not
     on the frame bytes and keys, where they cost time and help no query."""
@@ -209,7 +234,12 @@ def _statistics_columns(schema: pa.Schema) -> list[str]:
 # ------------------------------------------------------------------------- Parquet segment
 
 class _ParquetSegment:
-    """A Parquet file being written under `<final>.tmp`, one bounded row group at a time."""
+    """A Parquet file being written under `<final>.tmp`, one bounded row group at a time.
+
+    A full row group is encoded on a helper thread (pyarrow releases the GIL while it
+    encodes and compresses) while the next one fills, so the in-progress IPC copy, and
+    with it the network side, keeps moving during the zstd pass. At most one row group is
+    in flight: the next hand-off waits for it, which bounds memory to two row groups."""
 
     def __init__(self, final: str, schema: pa.Schema, compression: str):
         self.final = final
@@ -218,6 +248,9 @@ class _ParquetSegment:
         self.rows = 0
         self._batches: list[pa.RecordBatch] = []
         self._buffered = 0
+        self._buffered_rows = 0
+        self._encoding: concurrent.futures.Future | None = None
+        self._encoder = None
         self._writer = pq.ParquetWriter(
             self.tmp, schema, compression=compression,
             use_dictionary=_dictionary_columns(schema), write_statistics=_statistics_columns(schema),
@@ -226,21 +259,44 @@ class _ParquetSegment:
     def add(self, batch: pa.RecordBatch) -> None:
         self._batches.append(batch)
         self._buffered += batch.nbytes
+        self._buffered_rows += batch.num_rows
         self.rows += batch.num_rows
-        if self._buffered >= ROW_GROUP_BYTES or \
-                sum(b.num_rows for b in self._batches) >= ROW_GROUP_ROWS:
-            self.flush_row_group()
+        if self._buffered >= ROW_GROUP_BYTES or self._buffered_rows >= ROW_GROUP_ROWS:
+            self.flush_row_group(wait=False)
 
-    def flush_row_group(self) -> None:
-        if not self._batches:
-            return
-        table = pa.Table.from_batches(self._batches, schema=self.schema).unify_dictionaries()
-        self._batches, self._buffered = [], 0
+    def flush_row_group(self, wait: bool = True) -> None:
+        """Hand the buffered rows to the encoder as one row group; with wait, return once
+        every row group handed over is in the file."""
+        self._wait()
+        if self._batches:
+            batches, self._batches, self._buffered, self._buffered_rows = self._batches, [], 0, 0
+            if self._encoder is None:
+                self._encoder = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="dcptool-parquet")
+            self._encoding = self._encoder.submit(self._write_row_group, batches)
+        if wait:
+            self._wait()
+
+    def _write_row_group(self, batches: list) -> None:
+        table = pa.Table.from_batches(batches, schema=self.schema).unify_dictionaries()
         self._writer.write_table(table, row_group_size=max(1, table.num_rows))
+
+    def _wait(self) -> None:
+        fut, self._encoding = self._encoding, None
+        if fut is not None:
+            fut.result()   # an encoder error (disk full ...) surfaces here, in the caller
+
+    def _stop_encoder(self) -> None:
+        if self._encoder is not None:
+            self._encoder.shutdown(wait=True)
+            self._encoder = None
 
     def finish(self) -> int:
         """Write the last row group, fsync, rename into place; the size in bytes."""
-        self.flush_row_group()
+        try:
+            self.flush_row_group()
+        finally:
+            self._stop_encoder()
         self._writer.close()
         self._writer = None
         _fsync_path(self.tmp)
@@ -250,6 +306,11 @@ class _ParquetSegment:
 
     def abandon(self) -> None:
         self._batches = []
+        try:
+            self._wait()
+        except Exception:  # noqa: BLE001 - already failing; the tmp file goes anyway
+            pass
+        self._stop_encoder()
         if self._writer is not None:
             try:
                 self._writer.close()
@@ -568,7 +629,7 @@ class CaptureWriter:
             S.META_OPTIONS: self._options_json,
         }
 
-    def _open_segment(self, now: float) -> None:
+    def _open_segment(self, now: float, sample: pa.RecordBatch) -> None:
         self.segment += 1
         final = os.path.join(self.directory, segment_name(self.protocol, self._started_dt,
                                                           self.capture_id, self.segment))
@@ -579,10 +640,13 @@ class CaptureWriter:
         self._lock_fd = fd
         # the lock tells `finish_in_progress` in another process that we are alive
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        # an unbuffered OS file: each IPC message is in the page cache when write returns
-        self._ipc_sink = pa.OSFile(arrows, "wb")
+        # an unbuffered OS file: each IPC message is in the page cache when write returns.
+        # Append mode: the file was just created empty, and opening it again with O_TRUNC
+        # would make ext4 (auto_da_alloc) start writing it back to the disk on close, tens of
+        # ms for a file that is about to be deleted.
+        self._ipc_sink = pa.OSFile(arrows, "ab")
         self._ipc = ipc.new_stream(self._ipc_sink, schema,
-                                   options=ipc.IpcWriteOptions(compression=IPC_COMPRESSION))
+                                   options=ipc.IpcWriteOptions(compression=_ipc_compression(sample)))
         self._pq = _ParquetSegment(final, schema, self.compression)
         self._seg_bytes = 0
         self._seg_rows = 0
@@ -600,7 +664,7 @@ class CaptureWriter:
                 batches = [pa.concat_batches(batches)]
             if self._ipc is None:
                 # the segment's age counts from its first row, not from this flush
-                self._open_segment(min(since, now))
+                self._open_segment(min(since, now), max(batches, key=lambda b: b.nbytes))
             for batch in batches:
                 self._ipc.write_batch(batch)
                 self._pq.add(batch)
@@ -639,6 +703,7 @@ class CaptureWriter:
         self._ipc = self._ipc_sink = self._pq = self._arrows = None
         self._lock_fd = None
         self._ipc_bytes = 0
+        self._seg_bytes = 0      # or the next write would flush at once, however small
 
     def _abandon_segment(self) -> None:
         """After a disk error: drop the partial Parquet file, keep whatever the in-progress

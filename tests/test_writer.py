@@ -210,6 +210,43 @@ def test_in_progress_segment_is_readable_and_torn_tails_lose_whole_batches_only(
     w.close()
 
 
+@pytest.mark.parametrize("value,compressed", [(b"\0" * 4096, True), (None, False)])
+def test_in_progress_compression_follows_the_data(tmp_path, value, compressed):
+    """LZ4 on the in-progress copy only where it pays; either way every row reads back."""
+    rng = np.random.default_rng(1)
+    n = 600
+    batch = dcp_batch(0, n)
+    values = [value if value is not None else rng.integers(0, 256, 4096, dtype=np.uint8).tobytes()
+              for _ in range(n)]
+    raw = pa.array([r + v for r, v in zip(batch.column("raw").to_pylist(), values)], pa.binary())
+    batch = batch.set_column(batch.schema.get_field_index("raw"), "raw", raw)
+    assert W._ipc_compression(batch) == ("lz4" if compressed else None)
+    w = CaptureWriter(tmp_path, "dcp", source="s", options={})
+    w.write(batch)
+    w.flush()
+    size = os.path.getsize(w.in_progress)
+    assert size < raw.nbytes / 4 if compressed else size > raw.nbytes
+    schema, batches = open_in_progress(w.in_progress)
+    got = pa.Table.from_batches(list(batches), schema=schema)
+    assert got.column("raw").to_pylist() == raw.to_pylist()
+    seg, = w.close()
+    assert pq.read_table(seg["path"]).column("raw").to_pylist() == raw.to_pylist()
+
+
+def test_row_groups_encoded_in_the_background_keep_every_row_in_order(tmp_path, monkeypatch):
+    monkeypatch.setattr(W, "ROW_GROUP_BYTES", 20_000)
+    w = CaptureWriter(tmp_path, "dcp", source="s", options={})
+    for i in range(40):
+        w.write(dcp_batch(i * 50, 50))
+        w.flush()
+    seg, = w.close()
+    pf = pq.ParquetFile(seg["path"])
+    assert pf.metadata.num_row_groups > 5
+    t = pf.read()
+    t.validate(full=True)
+    assert t["frame_no"].to_pylist() == list(range(2000))
+
+
 def test_finish_in_progress_turns_leftovers_into_segments(tmp_path):
     w = CaptureWriter(tmp_path / "live", "dcp", source="s", options={})
     w.write(dcp_batch(0, 300))

@@ -5,6 +5,7 @@ same handshake and only drains the same bytes (tests/bench/bench_stream.py). Als
 
     .venv/bin/python tests/bench/bench_capture.py            # 1M x 128 B, 100k x 1 KiB, 10k x 16 KiB
     BENCH_SCALE=0.1 .venv/bin/python tests/bench/bench_capture.py
+    BENCH_CASES=0,2 BENCH_REPEAT=3 .venv/bin/python tests/bench/bench_capture.py   # some cases, 3 runs each
 
 Targets (issue 4): >= 1,000,000 small mutations/s; 16 KiB values >= half the bare drain's
 MB/s; peak RSS under 500 MiB."""
@@ -35,7 +36,7 @@ def start_server(items: int, value_size: int):
     return proc, host, int(port)
 
 
-def capture(host, port, outdir) -> tuple[float, dict, int]:
+def capture(host, port, outdir) -> tuple[float, dict, int, float]:
     t0 = time.perf_counter()
     p = subprocess.Popen([BIN, "capture", f"couchbase://{host}:{port}/default", "-o", outdir, "--quiet", "--json"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -45,18 +46,20 @@ def capture(host, port, outdir) -> tuple[float, dict, int]:
     p.returncode = os.waitstatus_to_exitcode(status)
     if p.returncode != 0:
         raise RuntimeError(err.decode())
-    return wall, json.loads(out), usage.ru_maxrss * 1024
+    return wall, json.loads(out), usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
 
 
 def main() -> None:
-    for value_size, items in CASES:
+    picked = os.environ.get("BENCH_CASES")
+    cases = [CASES[int(i)] for i in picked.split(",")] if picked else CASES
+    for value_size, items in [c for c in cases for _ in range(int(os.environ.get("BENCH_REPEAT", "1")))]:
         items = max(1000, int(items * SCALE))
         proc, host, port = start_server(items, value_size)
         tmp = tempfile.mkdtemp(prefix="bench-capture-")
         try:
             bench_stream.ITEMS = items
             bare_s, bare_n, bare_bytes = bench_stream.bare_client(host, port)
-            wall, summary, rss = capture(host, port, tmp)
+            wall, summary, rss, cpu = capture(host, port, tmp)
             bare_s2, _, _ = bench_stream.bare_client(host, port)
         finally:
             proc.terminate()
@@ -70,7 +73,7 @@ def main() -> None:
         print(f"  dcptool capture (session):{frames / session:12,.0f} frames/s    {bare_bytes / session / 1e6:9,.1f} MB/s"
               f"   ratio to bare {bare / session:5.2f}")
         print(f"  same, wall incl. start-up:{frames / wall:12,.0f} frames/s    {bare_bytes / wall / 1e6:9,.1f} MB/s")
-        print(f"  peak RSS of the capture:  {rss / 2**20:9,.0f} MiB")
+        print(f"  peak RSS of the capture:  {rss / 2**20:9,.0f} MiB;  CPU {cpu:.2f} s (user + sys, start-up included)")
 
 
 if __name__ == "__main__":
