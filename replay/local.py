@@ -18,9 +18,9 @@ frames are chunked.
 
 from __future__ import annotations
 
+import collections
 import importlib
-import queue
-import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -171,6 +171,10 @@ DOC_COLUMNS = ["vbucket", "collection_id", "key", "by_seqno", "rev_seqno", "cas"
 INT64_MIN = np.iinfo(np.int64).min
 
 
+class _Prepared:
+    """What `DcpState.prepare` found in a chunk, for `DcpState.apply`."""
+
+
 class DcpState:
     """Replays the DCP rules of REPLAY.md over vbucket frames, in one pass.
 
@@ -205,11 +209,19 @@ class DcpState:
         self.docs: pa.Table | None = None     # the last surviving change per document so far
         self._parts: list[pa.Table] = []      # newer per-chunk changes not merged into docs yet
         self._parts_rows = 0
+        self._dedupe_chunks, self._not_deduped = True, 0
 
     def feed(self, chunk: pa.Table) -> None:
+        """Apply the next vbucket frames (in frame order)."""
+        self.apply(self.prepare(chunk))
+
+    def prepare(self, chunk: pa.Table) -> "_Prepared | None":
+        """The work on a chunk that needs no state but the rollbacks: safe to run on another
+        thread while `apply` takes the previous chunk."""
         n = chunk.num_rows
         if n == 0:
-            return
+            return None
+        p = _Prepared()
         vb = _np(chunk.column("vbucket"), dtype=np.int64)
         seq = _np(chunk.column("_seq"), dtype=np.int64)
         ts = _ts(chunk.column("ts"))
@@ -218,11 +230,13 @@ class DcpState:
             {"snapshot_marker"}, {"stream_end"}, {"stream_req"})
 
         # per-vbucket activity and counters
-        self.seen[vb] = True
-        np.minimum.at(self.first_ts, vb, ts)
-        np.maximum.at(self.last_ts, vb, np.where(ts == NONE_TS, INT64_MIN, ts))
-        for name, m in (("mutation", is_mut), ("deletion", is_del), ("expiration", is_exp)):
-            self.counts[name] += np.bincount(vb[m], minlength=1 << 16)
+        p.seen = np.bincount(vb, minlength=1 << 16) > 0
+        p.first_ts = np.full(1 << 16, NONE_TS, np.int64)
+        np.minimum.at(p.first_ts, vb, ts)
+        p.last_ts = np.full(1 << 16, INT64_MIN, np.int64)
+        np.maximum.at(p.last_ts, vb, np.where(ts == NONE_TS, INT64_MIN, ts))
+        p.counts = {name: np.bincount(vb[m], minlength=1 << 16)
+                    for name, m in (("mutation", is_mut), ("deletion", is_del), ("expiration", is_exp))}
         is_change = is_mut | is_del | is_exp
         seqno = _np(chunk.column("by_seqno"), fill=-1, dtype=np.int64)
 
@@ -230,37 +244,69 @@ class DcpState:
         # (the last one wins)
         ok = is_req & (_np(chunk.column("status"), fill=0xFFFF, dtype=np.int64) == STATUS_SUCCESS)
         ok &= _np(chunk.column("failover_log").is_valid(), dtype=bool)
-        if ok.any():
-            self._failover.append(chunk.select(["vbucket", "failover_log", "_seq"]).filter(pa.array(ok)))
-        if is_end.any():
-            self._ends.append(chunk.select(["vbucket", "stream_end_reason", "_seq"]).filter(pa.array(is_end)))
+        p.failover = chunk.select(["vbucket", "failover_log", "_seq"]).filter(pa.array(ok)) if ok.any() else None
+        p.ends = (chunk.select(["vbucket", "stream_end_reason", "_seq"]).filter(pa.array(is_end))
+                  if is_end.any() else None)
 
         # rollback: a change with by_seqno above rollback_seqno, made before the rollback and
         # not already undone, is undone by it
         undone_by = self._undone_by(vb, seq, seqno, is_change | is_adv)
         counted = undone_by[is_change & (undone_by >= 0)]
-        if len(counted):
-            self.undone += np.bincount(counted, minlength=len(self.r_vb))
+        p.undone = np.bincount(counted, minlength=len(self.r_vb)) if len(counted) else None
         alive = undone_by < 0
 
         # high_seqno: the highest seqno not undone (items and seqno-advanced)
         hi = (is_change | is_adv) & alive
-        if hi.any():
-            np.maximum.at(self.high_seqno, vb[hi], seqno[hi])
-            self.has_high[vb[hi]] = True
+        p.high = np.full(1 << 16, -1, np.int64)
+        np.maximum.at(p.high, vb[hi], seqno[hi])
+        p.has_high = np.bincount(vb[hi], minlength=1 << 16) > 0
 
-        self._snapshots(chunk, vb, seq, seqno, is_marker, is_end, is_change, is_adv)
+        self._prepare_snapshots(p, chunk, vb, seq, seqno, is_marker, is_end, is_change, is_adv)
 
         # mutation, deletion, expiration: the document takes the change; the later frame wins
         keep = np.flatnonzero(is_change & alive)
+        p.part = None
         if len(keep):
-            part = chunk.select(DOC_COLUMNS).take(_last_per_document_rows(chunk, keep))
+            # a chunk's own earlier changes of a document are dropped here, when that pays:
+            # with far more documents than a chunk holds, the merge alone is cheaper (either
+            # way the merge gives the same documents, so threads racing on the flag are harmless)
+            if self._dedupe_chunks:
+                rows = _last_per_document_rows(chunk, keep)
+                if len(keep) >= 1 << 16:    # small chunks tell nothing
+                    self._dedupe_chunks = len(rows) < 0.75 * len(keep)
+            else:
+                rows = keep
+                self._not_deduped += 1
+                self._dedupe_chunks = self._not_deduped % 8 == 0   # look again now and then
+            rows = rows[np.argsort(vb[rows].astype(np.uint16), kind="stable")]   # by (vbucket, frame order)
+            part = chunk.select(DOC_COLUMNS).take(rows)
             part = part.set_column(DOC_COLUMNS.index("op"), "op", _str(part.column("op")))
-            part = part.set_column(DOC_COLUMNS.index("capture_id"), "capture_id", _str(part.column("capture_id")))
-            self._parts.append(part)
-            self._parts_rows += part.num_rows
+            p.part = part.set_column(DOC_COLUMNS.index("capture_id"), "capture_id",
+                                     _str(part.column("capture_id")))
+        return p
+
+    def apply(self, p: "_Prepared | None") -> None:
+        if p is None:
+            return
+        self.seen |= p.seen
+        np.minimum(self.first_ts, p.first_ts, out=self.first_ts)
+        np.maximum(self.last_ts, p.last_ts, out=self.last_ts)
+        for name, c in p.counts.items():
+            self.counts[name] += c
+        if p.failover is not None:
+            self._failover.append(p.failover)
+        if p.ends is not None:
+            self._ends.append(p.ends)
+        if p.undone is not None:
+            self.undone += p.undone
+        np.maximum(self.high_seqno, p.high, out=self.high_seqno)
+        self.has_high |= p.has_high
+        self._apply_snapshots(p)
+        if p.part is not None:
+            self._parts.append(p.part)
+            self._parts_rows += p.part.num_rows
             # merge once the pending changes are as many as the documents: amortised linear
-            if self._parts_rows >= max(CHUNK_ROWS, self.docs.num_rows if self.docs is not None else 0):
+            if self._parts_rows >= max(CHUNK_ROWS, 2 * self.docs.num_rows if self.docs is not None else 0):
                 self._merge_docs()
 
     def _undone_by(self, vb, seq, seqno, candidates) -> np.ndarray:
@@ -270,7 +316,7 @@ class DcpState:
         if len(later) == 0:
             return undone_by
         rows = np.flatnonzero(candidates)
-        rows = rows[np.argsort(vb[rows], kind="stable")]   # by (vbucket, frame order)
+        rows = rows[np.argsort(vb[rows].astype(np.uint16), kind="stable")]   # by (vbucket, frame order)
         c_vb, c_seq, c_seqno = vb[rows], seq[rows], seqno[rows]
         by = np.full(len(rows), -1, np.int64)
         for r in later:          # in (vbucket, frame order): an earlier rollback counts first
@@ -280,42 +326,49 @@ class DcpState:
         undone_by[rows] = by
         return undone_by
 
-    def _snapshots(self, chunk, vb, seq, seqno, is_marker, is_end, is_change, is_adv) -> None:
+    @staticmethod
+    def _prepare_snapshots(p, chunk, vb, seq, seqno, is_marker, is_end, is_change, is_adv) -> None:
         """A snapshot marker opens a snapshot; its items follow until the next marker or a
-        stream end. Counts items, first and last seqno, and whether one hit snap_end."""
+        stream end. Here: each row's closer within the chunk (markers numbered from 0)."""
         mk = np.flatnonzero(is_marker)
-        base = self.snaps.n
-        if len(mk):
-            self._markers.append(chunk.select(MARKER_COLUMNS).take(mk))
-            self.snaps.extend(len(mk), vb=vb[mk], seq=seq[mk],
-                              end=_np(chunk.column("snap_end").take(mk), fill=-1, dtype=np.int64))
+        p.markers = chunk.select(MARKER_COLUMNS).take(mk) if len(mk) else None
+        p.m_vb, p.m_seq = vb[mk], seq[mk]
+        p.m_end = _np(chunk.column("snap_end").take(mk), fill=-1, dtype=np.int64)
         rows = np.flatnonzero(is_marker | is_end | is_change | is_adv)
-        if len(rows) == 0:
-            return
-        rows = rows[np.argsort(vb[rows], kind="stable")]   # by (vbucket, frame order)
-        rvb = vb[rows]
-        # what each row is: a marker (its id), a stream end (-1) or an item (-2)
+        rows = rows[np.argsort(vb[rows].astype(np.uint16), kind="stable")]   # by (vbucket, frame order)
+        p.rvb = rvb = vb[rows]
+        # what each row is: a marker (its number), a stream end (-1) or an item (-2)
         what = np.full(len(vb), -2, np.int64)
-        what[mk] = base + np.arange(len(mk))
+        what[mk] = np.arange(len(mk))
         what[is_end] = -1
         w = what[rows]
         pos = np.arange(len(rows))
-        last_closer = np.maximum.accumulate(np.where(w != -2, pos, -1))
+        last_closer = np.maximum.accumulate(np.where(w != -2, pos, -1)) if len(rows) else pos
         start = np.ones(len(rows), bool)
         start[1:] = rvb[1:] != rvb[:-1]
-        run_start = np.maximum.accumulate(np.where(start, pos, 0))
-        inherited = last_closer < run_start
-        mi = np.where(inherited, self.current[rvb], w[np.maximum(last_closer, 0)])
-        run_end = np.append(np.flatnonzero(start)[1:], len(rows)) - 1
-        self.current[rvb[run_end]] = mi[run_end]
+        run_start = np.maximum.accumulate(np.where(start, pos, 0)) if len(rows) else pos
+        p.inherited = last_closer < run_start      # no closer of its vbucket yet in this chunk
+        p.closer = w[np.maximum(last_closer, 0)] if len(rows) else w
+        p.run_end = np.append(np.flatnonzero(start)[1:], len(rows)) - 1 if len(rows) else pos
+        p.is_item = w == -2
+        p.r_seqno = seqno[rows]
+        p.r_change = is_change[rows]
 
-        inside = (w == -2) & (mi >= 0)
+    def _apply_snapshots(self, p) -> None:
         s = self.snaps
-        s_seqno = seqno[rows]
-        hit = inside & (s_seqno == s.end[np.maximum(mi, 0)])
+        base = s.n
+        if p.markers is not None:
+            self._markers.append(p.markers)
+            s.extend(len(p.m_vb), vb=p.m_vb, seq=p.m_seq, end=p.m_end)
+        if len(p.rvb) == 0:
+            return
+        mi = np.where(p.inherited, self.current[p.rvb], np.where(p.closer >= 0, p.closer + base, -1))
+        self.current[p.rvb[p.run_end]] = mi[p.run_end]
+        inside = p.is_item & (mi >= 0)
+        hit = inside & (p.r_seqno == s.end[np.maximum(mi, 0)])
         s.hit_end[mi[hit]] = True
-        item = inside & is_change[rows]
-        imi, iseq = mi[item], s_seqno[item]   # a marker's items are consecutive here
+        item = inside & p.r_change
+        imi, iseq = mi[item], p.r_seqno[item]   # a marker's items are consecutive here
         if len(imi) == 0:
             return
         np.add.at(s.items, imi, 1)
@@ -331,6 +384,7 @@ class DcpState:
     def _merge_docs(self) -> None:
         if self._parts:
             tables = ([self.docs] if self.docs is not None else []) + self._parts
+            # each table is by (vbucket, frame order) and newer than the one before it
             self.docs = _last_per_document(pa.concat_tables(tables))
             self._parts, self._parts_rows = [], 0
 
@@ -447,17 +501,46 @@ def _last_per_vbucket(t: pa.Table) -> pa.Table:
     return t.take(np.sort(last[last >= 0]))
 
 
-def _last_per_document_rows(t: pa.Table, rows: np.ndarray) -> np.ndarray:
-    """Of `rows` (ascending, frame order), those that are the last change of their document
-    (vbucket, collection_id, key)."""
-    enc = pc.dictionary_encode(t.column("key").take(rows) if len(rows) < t.num_rows else t.column("key"))
-    if isinstance(enc, pa.ChunkedArray):
-        enc = enc.combine_chunks()
-    nkeys = len(enc.dictionary) + 1            # + one code for a null key
-    key = _np(enc.indices, fill=nkeys - 1, dtype=np.int64)
-    if len(key) != len(rows):
-        key = key[rows]
+# keys are hashed in groups of whole vbuckets about this big: a hash table that fits in
+# cache is several times faster than one over every document (measured 1.9M keys: 252 ms
+# in one table)
+KEY_GROUP_ROWS = 1 << 16
+
+
+def _key_codes(t: pa.Table, rows: np.ndarray, vb: np.ndarray,
+               order: np.ndarray | None) -> tuple[np.ndarray, int]:
+    """A code per row of `rows`: rows of the same vbucket have the same code exactly when
+    they have the same key (null included). Returns the codes and their upper bound.
+    `order` (rows by vbucket), when given, has the keys hashed a group of vbuckets at a time."""
+    if order is None:
+        enc = pc.dictionary_encode(t.column("key"))   # the other rows' keys are null: cheap
+        if isinstance(enc, pa.ChunkedArray):
+            enc = enc.combine_chunks()
+        n = len(enc.dictionary) + 1                    # + one code for a null key
+        return _np(enc.indices, fill=n - 1, dtype=np.int64)[rows], n
+    keys = t.column("key").take(rows[order])
+    keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
+    starts = np.flatnonzero(np.diff(vb[order])) + 1      # where a vbucket begins
+    cut = np.searchsorted(starts, np.arange(KEY_GROUP_ROWS, len(rows), KEY_GROUP_ROWS))
+    bounds = np.concatenate([[0], np.unique(starts[cut[cut < len(starts)]]), [len(rows)]])
+    codes = np.empty(len(rows), np.int64)
+    base = 0
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        enc = pc.dictionary_encode(keys.slice(lo, hi - lo))
+        n = len(enc.dictionary) + 1
+        codes[order[lo:hi]] = _np(enc.indices, fill=n - 1, dtype=np.int64) + base
+        base += n
+    return codes, base
+
+
+def _last_per_document_rows(t: pa.Table, rows: np.ndarray, by_vbucket: bool = False) -> np.ndarray:
+    """Of `rows` (frame order within each vbucket), those that are the last change of their
+    document (vbucket, collection_id, key): in the order of `rows`, or with `by_vbucket` by
+    (vbucket, order in `rows`)."""
     vb = _np(t.column("vbucket"), dtype=np.int64)[rows]
+    order = (np.argsort(vb.astype(np.uint16), kind="stable")
+             if by_vbucket or len(rows) > 2 * KEY_GROUP_ROWS else None)
+    key, nkeys = _key_codes(t, rows, vb, order)
     cid = t.column("collection_id")
     cid = np.where(_np(cid.is_valid(), dtype=bool), _np(cid, fill=0, dtype=np.int64) + 1, 0)[rows]
     owner = (cid << 16) | vb
@@ -472,17 +555,19 @@ def _last_per_document_rows(t: pa.Table, rows: np.ndarray) -> np.ndarray:
         ndocs = int(doc.max()) + 1
     last = np.full(ndocs, -1, np.int64)
     np.maximum.at(last, doc, np.arange(len(rows)))
-    return rows[np.sort(last[last >= 0])]
+    if not by_vbucket:
+        return rows[np.sort(last[last >= 0])]
+    is_last = np.zeros(len(rows), bool)
+    is_last[last[last >= 0]] = True
+    return rows[order[is_last[order]]]
 
 
 def _last_per_document(t: pa.Table) -> pa.Table:
-    """The row with the highest _seq of each (vbucket, collection_id, key)."""
+    """The last row of each (vbucket, collection_id, key), rows of a vbucket being in frame
+    order; the result is by (vbucket, frame order)."""
     if t.num_rows == 0:
         return t
-    seq = _np(t.column("_seq"), dtype=np.int64)
-    if len(seq) > 1 and not (seq[1:] >= seq[:-1]).all():
-        t = t.take(np.argsort(seq, kind="stable"))
-    return t.take(_last_per_document_rows(t, np.arange(t.num_rows)))
+    return t.take(_last_per_document_rows(t, np.arange(t.num_rows), by_vbucket=True))
 
 
 def dcp_group_tables(frames: pa.Table) -> dict[str, pa.Table]:
@@ -659,40 +744,22 @@ def replay_local(files: list, chunk_rows: int = CHUNK_ROWS) -> Replay:
     return Replay(protocol, files, _replay_synapse(files, ranks))
 
 
-def _prefetched(tables: Iterator[pa.Table], depth: int = 2) -> Iterator[pa.Table]:
-    """`tables`, read by a second thread up to `depth` ahead: Parquet decoding and the
-    numpy work on the previous chunk both release the GIL, so they overlap."""
-    q: queue.Queue = queue.Queue(depth)
-    stop = threading.Event()
-    done = object()
-
-    def produce():
+def _in_order(work: Callable, items: Iterator, threads: int = 2, ahead: int = 3) -> Iterator:
+    """work(item) for each item, computed by `threads` threads up to `ahead` items in advance,
+    yielded in order. Iterating `items` (the Parquet reading) stays on the caller's thread;
+    pyarrow and numpy release the GIL, so the threads use both cores."""
+    with ThreadPoolExecutor(threads, thread_name_prefix="dcptool-replay") as pool:
+        pending: collections.deque = collections.deque()
         try:
-            for t in tables:
-                while not stop.is_set():
-                    try:
-                        q.put(t, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            q.put(done)
-        except BaseException as exc:  # handed to the consumer, raised there
-            q.put(exc)
-
-    th = threading.Thread(target=produce, name="dcptool-replay-read", daemon=True)
-    th.start()
-    try:
-        while True:
-            item = q.get()
-            if item is done:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
+            for item in items:
+                pending.append(pool.submit(work, item))
+                if len(pending) > ahead:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for f in pending:
+                f.cancel()
 
 
 def _chunks(t: pa.Table, rows: int) -> Iterator[pa.Table]:
@@ -701,25 +768,29 @@ def _chunks(t: pa.Table, rows: int) -> Iterator[pa.Table]:
 
 
 def _replay_dcp(files, ranks, chunk_rows) -> dict[str, pa.Table]:
-    # pass 1, the rollbacks only: they are rare, so one mostly-null column decides first
+    # the rollbacks first: they are rare, and the Parquet statistics usually tell there are none
     cols = list(dict.fromkeys(DCP_FILTER_COLUMNS + DCP_ROLLBACK_COLUMNS))
     rollbacks = []
-    if any(t.column("rollback_seqno").null_count < t.num_rows
-           for t in _ordered(files, ["rollback_seqno"], ranks)):
+    if reader.may_have_values(files, "rollback_seqno"):
         for t in _ordered(files, cols, ranks):
             keep = dcp_vbucket_frames(t) & rollback_mask(t)
             if keep.any():
                 rollbacks.append(t.filter(pa.array(keep)).select(DCP_ROLLBACK_COLUMNS + ["_seq"]))
     schema = pa.schema([capture_schema("dcp").field(c) for c in DCP_ROLLBACK_COLUMNS] + [("_seq", pa.int64())])
     state = DcpState(pa.concat_tables(rollbacks) if rollbacks else schema.empty_table())
-    # pass 2: every vbucket frame, in order, chunk by chunk (the next chunk is read meanwhile)
-    cols = list(dict.fromkeys(DCP_FILTER_COLUMNS + DCP_STATE_COLUMNS))
-    for t in _prefetched(_ordered(files, cols, ranks)):
-        for c in _chunks(t, chunk_rows):
-            keep = dcp_vbucket_frames(c)
-            if not keep.all():
-                c = c.filter(pa.array(keep))
-            state.feed(c.select(DCP_STATE_COLUMNS + ["_seq"]))
+
+    # then every vbucket frame, in order, chunk by chunk: the stateless part of the work on
+    # each chunk runs on two threads ahead of the stateful part
+    def prepare(c: pa.Table):
+        keep = dcp_vbucket_frames(c)
+        if not keep.all():
+            c = c.filter(pa.array(keep))
+        return state.prepare(c.select(DCP_STATE_COLUMNS + ["_seq"]))
+
+    chunks = (c for t in _ordered(files, list(dict.fromkeys(DCP_FILTER_COLUMNS + DCP_STATE_COLUMNS)), ranks)
+              for c in _chunks(t, chunk_rows))
+    for p in _in_order(prepare, chunks):
+        state.apply(p)
     return state.finish()
 
 

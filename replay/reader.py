@@ -184,18 +184,49 @@ def read_file(f: CaptureFile, columns: list[str] | None = None) -> pa.Table:
     return table
 
 
-def _frame_numbers(f: CaptureFile):
+_FRAME_RANGES: dict[tuple, tuple[int, int] | None] = {}
+
+
+def _frame_range(f: CaptureFile) -> tuple[int, int] | None:
+    """(first, last) frame_no of a finished segment whose frame numbers strictly increase
+    (empty: (-1, -1)), else None. Remembered per file version: a replay asks once per pass."""
     if f.in_progress:
         return None
-    pf = pq.ParquetFile(f.path)
-    if "frame_no" not in pf.schema_arrow.names:
-        return None
-    return pf.read(columns=["frame_no"]).column("frame_no")
+    try:
+        st = os.stat(f.path)
+    except OSError as exc:
+        raise CaptureError(f"{f.path}: unreadable ({exc})") from exc
+    key = (f.path, st.st_size, st.st_mtime_ns)
+    if key not in _FRAME_RANGES:
+        pf = pq.ParquetFile(f.path)
+        rng = None
+        if "frame_no" in pf.schema_arrow.names:
+            fn = pf.read(columns=["frame_no"]).column("frame_no")
+            if fn.null_count == 0 and (len(fn) < 2 or pc.all(
+                    pc.greater(fn.slice(1), fn.slice(0, len(fn) - 1))).as_py()):
+                rng = (fn[0].as_py(), fn[-1].as_py()) if len(fn) else (-1, -1)
+        _FRAME_RANGES[key] = rng
+    return _FRAME_RANGES[key]
 
 
-def _sorted(fn) -> bool:
-    return fn.null_count == 0 and (len(fn) < 2 or pc.all(
-        pc.greater(fn.slice(1), fn.slice(0, len(fn) - 1))).as_py())
+def may_have_values(files: list[CaptureFile], column: str) -> bool:
+    """False when `column` is null in every row of `files`, as far as the Parquet statistics
+    tell without reading data (a file without them, or in progress, is read)."""
+    for f in files:
+        if not f.in_progress:
+            md = pq.ParquetFile(f.path).metadata
+            names = [md.schema.column(i).path for i in range(md.num_columns)]
+            if column not in names:
+                continue
+            i = names.index(column)
+            stats = [md.row_group(r).column(i).statistics for r in range(md.num_row_groups)]
+            if all(st is not None and st.has_null_count
+                   and st.null_count == md.row_group(r).num_rows for r, st in enumerate(stats)):
+                continue
+        t = read_file(f, [column])
+        if t.column(column).null_count < t.num_rows:
+            return True
+    return False
 
 
 def _stream_file(f: CaptureFile, cols, batch_rows: int) -> Iterator[pa.Table]:
@@ -226,15 +257,15 @@ def iter_capture_tables(files: list[CaptureFile], columns: list[str] | None = No
         group = files[i:j]
         streamable, last = True, None
         for f in group:
-            fn = _frame_numbers(f)
-            if fn is None or not _sorted(fn):
+            rng = _frame_range(f)
+            if rng is None:
                 streamable = False
                 break
-            if len(fn):
-                if last is not None and fn[0].as_py() <= last:
+            if rng != (-1, -1):
+                if last is not None and rng[0] <= last:
                     streamable = False
                     break
-                last = fn[-1].as_py()
+                last = rng[1]
         if streamable:
             for f in group:
                 yield from _stream_file(f, cols, batch_rows)
