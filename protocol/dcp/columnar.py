@@ -39,6 +39,30 @@ NUMERIC = {
 OBJECT = ("snap_version", "decode_error", "failover_log")
 
 
+# A backfill is long runs of frames of one length (same key and value sizes). After
+# _RUN_MIN equal lengths in a row the scan stops reading length fields one at a time and
+# compares the whole run at once through a strided view of the length field (no copy);
+# mixed lengths never get there and pay one counter per frame.
+_RUN_MIN = 16
+_RUN_FIRST = 64
+
+
+def _run_length(buf, pos: int, length: int, most: int) -> int:
+    """How many frames of `length` bytes follow one another from pos (at most `most`)."""
+    body = length - HEADER_LEN
+    done, step = 0, _RUN_FIRST
+    while done < most:
+        k = min(step, most - done)
+        lens = np.ndarray(shape=(k,), dtype=">u4", buffer=buf, offset=pos + done * length + 8,
+                          strides=(length,))
+        same = lens == body
+        if not same.all():
+            return done + int(same.argmin())
+        done += k
+        step *= 4
+    return done
+
+
 def scan(buf, max_body: int = DEFAULT_MAX_BODY, start: int = 0):
     """Boundaries of the whole frames in buf[start:]: (offsets, lengths, consumed, error).
 
@@ -48,6 +72,7 @@ def scan(buf, max_body: int = DEFAULT_MAX_BODY, start: int = 0):
     append = offs.append
     pos, n = start, len(buf)
     err = None
+    last, same = -1, 0
     while pos + HEADER_LEN <= n:
         bl = _BODYLEN(buf, pos + 8)[0]
         if bl > max_body:
@@ -57,6 +82,17 @@ def scan(buf, max_body: int = DEFAULT_MAX_BODY, start: int = 0):
         end = pos + HEADER_LEN + bl
         if end > n:
             break
+        if bl != last:
+            last, same = bl, 0
+        elif same < _RUN_MIN:
+            same += 1
+        else:
+            size = end - pos
+            k = _run_length(buf, pos, size, (n - pos) // size)
+            offs.frombytes(np.arange(pos, pos + k * size, size, dtype=np.int64).tobytes())
+            pos += k * size
+            same = 0
+            continue
         append(pos)
         pos = end
     if pos + HEADER_LEN <= n and not _MAGIC_OK[buf[pos]]:
