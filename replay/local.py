@@ -167,7 +167,7 @@ class _Grow:
 MARKER_COLUMNS = ["vbucket", "capture_id", "frame_no", "ts", "snap_version", "snap_start", "snap_end",
                   "snap_flags", "_seq"]
 DOC_COLUMNS = ["vbucket", "collection_id", "key", "by_seqno", "rev_seqno", "cas", "op", "datatype",
-               "item_flags", "expiration", "value_len", "capture_id", "frame_no", "ts", "_seq"]
+               "item_flags", "expiration", "value_len", "capture_id", "frame_no", "ts"]
 INT64_MIN = np.iinfo(np.int64).min
 
 
@@ -512,7 +512,7 @@ def _key_codes(t: pa.Table, rows: np.ndarray, vb: np.ndarray,
     """A code per row of `rows`: rows of the same vbucket have the same code exactly when
     they have the same key (null included). Returns the codes and their upper bound.
     `order` (rows by vbucket), when given, has the keys hashed a group of vbuckets at a time."""
-    if order is None:
+    if order is None or len(rows) <= 4 * KEY_GROUP_ROWS:
         enc = pc.dictionary_encode(t.column("key"))   # the other rows' keys are null: cheap
         if isinstance(enc, pa.ChunkedArray):
             enc = enc.combine_chunks()
@@ -706,7 +706,8 @@ def _ordered(files, columns: list[str], ranks: dict[str, int],
     """Tables of `columns` in frame order, with `_seq` (position in the replay) and
     `_conn` (capture rank << 32 | conn) when `conn` is asked for."""
     pos = 0
-    for t in reader.iter_capture_tables(files, columns, batch_rows=batch_rows):
+    # one thread per Parquet file: the engine's own threads already use the cores
+    for t in reader.iter_capture_tables(files, columns, batch_rows=batch_rows, threads=False):
         n = t.num_rows
         t = t.append_column("_seq", pa.array(np.arange(pos, pos + n, dtype=np.int64)))
         pos += n

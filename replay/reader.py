@@ -229,20 +229,23 @@ def may_have_values(files: list[CaptureFile], column: str) -> bool:
     return False
 
 
-def _stream_file(f: CaptureFile, cols, batch_rows: int) -> Iterator[pa.Table]:
+def _stream_file(f: CaptureFile, cols, batch_rows: int, threads: bool = True) -> Iterator[pa.Table]:
     full = capture_schema(f.protocol)
     schema = full if cols is None else pa.schema([full.field(c) for c in cols])
-    pf = pq.ParquetFile(f.path)
+    # no pre-buffering: its cache keeps every column chunk read until the file is closed, so
+    # memory grew with the segment (measured 10M frames: +4 MB per 256k rows; also 30% more CPU)
+    pf = pq.ParquetFile(f.path, pre_buffer=False)
     present = set(pf.schema_arrow.names)
     try:
-        for batch in pf.iter_batches(batch_size=batch_rows, columns=[c for c in schema.names if c in present]):
+        for batch in pf.iter_batches(batch_size=batch_rows, columns=[c for c in schema.names if c in present],
+                                      use_threads=threads):
             yield conform(pa.Table.from_batches([batch]), schema)
     except (OSError, pa.ArrowException) as exc:
         raise CaptureError(f"{f.path}: unreadable ({exc})") from exc
 
 
 def iter_capture_tables(files: list[CaptureFile], columns: list[str] | None = None,
-                        batch_rows: int = 1 << 20) -> Iterator[pa.Table]:
+                        batch_rows: int = 1 << 20, threads: bool = True) -> Iterator[pa.Table]:
     """Every row of `files` in frame order, as a sequence of tables of `columns` (always
     with `frame_no`). Finished segments already in frame_no order (the normal case) are
     streamed `batch_rows` at a time, so memory does not grow with the capture; anything
@@ -268,7 +271,7 @@ def iter_capture_tables(files: list[CaptureFile], columns: list[str] | None = No
                 last = rng[1]
         if streamable:
             for f in group:
-                yield from _stream_file(f, cols, batch_rows)
+                yield from _stream_file(f, cols, batch_rows, threads)
         else:
             tables = [read_file(f, cols) for f in group]
             whole = pa.concat_tables(tables) if tables else None

@@ -155,6 +155,19 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+def _start_writeback(path: str) -> None:
+    """Ask the kernel to start writing path's dirty pages to the disk now, without waiting
+    (POSIX_FADV_DONTNEED writes back asynchronously, then drops pages already clean), so
+    the fsync that finishes a segment waits for its last row group only."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def _fsync_path(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -280,6 +293,7 @@ class _ParquetSegment:
     def _write_row_group(self, batches: list) -> None:
         table = pa.Table.from_batches(batches, schema=self.schema).unify_dictionaries()
         self._writer.write_table(table, row_group_size=max(1, table.num_rows))
+        _start_writeback(self.tmp)
 
     def _wait(self) -> None:
         fut, self._encoding = self._encoding, None
@@ -554,6 +568,10 @@ class CaptureWriter:
 
     def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         n = batch.num_rows
+        if batch.schema.equals(self._base_schema):
+            # already the capture schema (what `capture` hands over): only capture_id to fill
+            out = batch.set_column(0, self._base_schema.field(0), self._cid_column(n))
+            return self._checked(out)
         given = batch.schema.names
         unknown = [c for c in given if c not in self._names]
         if unknown:
@@ -564,7 +582,7 @@ class CaptureWriter:
         for field in self._base_schema:
             name = field.name
             if name == "capture_id":
-                arr = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), self._cid_dict)
+                arr = self._cid_column(n)
             elif name in given:
                 arr = batch.column(name)
                 if arr.type != field.type:
@@ -572,7 +590,12 @@ class CaptureWriter:
             else:
                 arr = pa.nulls(n, field.type)
             arrays.append(arr)
-        out = pa.RecordBatch.from_arrays(arrays, schema=self._base_schema)
+        return self._checked(pa.RecordBatch.from_arrays(arrays, schema=self._base_schema))
+
+    def _cid_column(self, n: int) -> pa.Array:
+        return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), self._cid_dict)
+
+    def _checked(self, out: pa.RecordBatch) -> pa.RecordBatch:
         self._check_order(out.column(1))
         if self.protocol == "dcp":
             out = self._mask_sasl(out)
