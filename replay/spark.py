@@ -271,7 +271,8 @@ def replay_spark(spark, files: list) -> SparkReplay:
         grouped = (vb_frames.select(local.DCP_STATE_COLUMNS + ["_seq"])
                    .withColumn("_g", F.col("vbucket") % VBUCKET_GROUPS).groupBy("_g"))
         packed = grouped.applyInArrow(_dcp_group, spark_schema(_packed_schema("dcp", DCP_RESULTS)))
-        result = SparkReplay(protocol, frames, packed, DCP_RESULTS, _tmp=tmp)
+        result = SparkReplay(protocol, frames, packed, DCP_RESULTS,
+                             extra={"documents": _dcp_documents(vb_frames)}, _tmp=tmp)
     else:
         conn_key = F.shiftleft(F.col("_rank"), 32) + F.col("conn").cast("long")
         df = df.withColumn("_conn", conn_key)
@@ -292,6 +293,31 @@ def replay_spark(spark, files: list) -> SparkReplay:
         result = SparkReplay(protocol, frames, packed, SYN_RESULTS, extra={"commands": commands}, _tmp=tmp)
     result.packed_df = packed.persist(StorageLevel.MEMORY_AND_DISK)
     return result
+
+
+def _dcp_documents(vb_frames):
+    """`documents` in Spark SQL alone (no Python workers): the same rules as DcpState.
+
+    A change (mutation, deletion, expiration) is undone when a later ROLLBACK answer of its
+    vbucket rolls back below its by_seqno (a null by_seqno counts as -1, as in DcpState);
+    each document keeps its last change that was not undone."""
+    from pyspark.sql import functions as F
+
+    changes = vb_frames.filter(F.col("op").isin(*local.DOC_STATES))
+    rollbacks = (vb_frames.filter((F.col("op") == "stream_req") & (F.col("status") == local.STATUS_ROLLBACK)
+                                  & F.col("rollback_seqno").isNotNull())
+                 .select(F.col("vbucket").alias("_r_vb"), F.col("_seq").alias("_r_seq"),
+                         F.col("rollback_seqno").alias("_r_seqno")))
+    alive = changes.join(F.broadcast(rollbacks),
+                         (F.col("vbucket") == F.col("_r_vb")) & (F.col("_r_seq") > F.col("_seq"))
+                         & (F.coalesce(F.col("by_seqno"), F.lit(-1)) > F.col("_r_seqno")), "left_anti")
+    state = F.when(F.col("op") == "mutation", "live").when(F.col("op") == "deletion", "deleted").otherwise("expired")
+    names = [f.name for f in T.schema_of("dcp", "documents")]
+    payload = [n for n in names if n not in ("vbucket", "collection_id", "key")]
+    last = (alive.withColumn("state", state)
+            .groupBy("vbucket", "collection_id", "key")
+            .agg(F.max_by(F.struct(*payload), F.col("_seq")).alias("_last")))
+    return last.select("vbucket", "collection_id", "key", *[F.col("_last." + n).alias(n) for n in payload])
 
 
 # --- user code ----------------------------------------------------------------------------

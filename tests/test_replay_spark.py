@@ -44,6 +44,28 @@ def test_spark_equals_local(spark, tmp_path_factory, s, protocol, in_progress):
     _assert_same(files, S.replay_spark(spark, files))
 
 
+def test_documents_in_spark_sql_follow_rollbacks(spark, tmp_path):
+    """`documents` is computed by Spark SQL alone (no Python workers): on captures whose
+    rollbacks undo changes it equals the local engine and the grouped (DcpState) result."""
+    undone = 0
+    for s in range(6):
+        files = _files(tmp_path, "dcp", s)
+        want = local.replay_local(files)
+        undone += sum(want.table("rollbacks").column("undone").to_pylist())
+        rep = S.replay_spark(spark, files)
+        try:
+            grouped = rep.packed_df.filter("_t = 0").select(
+                [f"documents__{f.name}" for f in T.schema_of("dcp", "documents")]).toArrow()
+            grouped = T.canonical("dcp", "documents", S.from_spark_arrow(
+                grouped.rename_columns([f.name for f in T.schema_of("dcp", "documents")]),
+                T.schema_of("dcp", "documents")))
+            assert rep.table("documents").equals(want.table("documents"))
+            assert grouped.equals(want.table("documents"))
+        finally:
+            rep.close()
+    assert undone > 0   # the rollbacks really undid changes
+
+
 @pytest.mark.parametrize("partitions", ["1", "17"])
 def test_shuffle_partitions_do_not_matter(spark, tmp_path, partitions):
     old = spark.conf.get("spark.sql.shuffle.partitions")
