@@ -119,8 +119,7 @@ def scan(buf, max_body: int = DEFAULT_MAX_BODY, start: int = 0):
 
 
 def _bad_lengths(buf, offsets, lengths):
-    u8 = _u8(buf)
-    _, _, fe, kl, el, bl = _header(u8, offsets)
+    _, _, fe, kl, el, bl = _header(records(_u8(buf), offsets, HEADER))
     bad = np.nonzero(fe + el + kl > bl)[0]
     return int(bad[0]) if len(bad) else None
 
@@ -141,16 +140,48 @@ def be_uint(u8, pos, width):
     return view[pos].astype(f"u{width}")
 
 
-def _header(u8, offsets):
-    magic = u8[offsets]
+# The 24-byte header as a record (big-endian fields); bytes 2-3 are the key length, or
+# framing extras length and key length with flexible framing (magic 0x08 / 0x18).
+HEADER = np.dtype([("magic", "u1"), ("opcode", "u1"), ("b2", "u1"), ("b3", "u1"), ("el", "u1"),
+                   ("datatype", "u1"), ("vbucket_or_status", ">u2"), ("bl", ">u4"),
+                   ("opaque", ">u4"), ("cas", ">u8")])
+assert HEADER.itemsize == HEADER_LEN
+
+
+def _extras(*fields) -> np.dtype:
+    return np.dtype([(name, ">u8" if name in _U64 else ">u4") for name in fields])
+
+
+_U64 = {"by_seqno", "rev_seqno", "snap_start", "snap_end"}
+_ITEM_EXTRAS = _extras("by_seqno", "rev_seqno")                                  # 16 bytes
+_MUTATION_EXTRAS = _extras("by_seqno", "rev_seqno", "item_flags", "expiration", "lock_time")
+_DELETE_TIME_EXTRAS = _extras("by_seqno", "rev_seqno", "delete_time")
+_SNAPSHOT_EXTRAS = _extras("snap_start", "snap_end", "snap_flags")
+_SYSTEM_EVENT_EXTRAS = _extras("by_seqno", "system_event_id")
+
+
+def records(u8, pos, dtype: np.dtype) -> np.ndarray:
+    """Records of `dtype` (fixed-width, big-endian fields) starting at byte positions pos,
+    in one gather of dtype.itemsize bytes each from a view with a record at every byte.
+    Every pos + itemsize must be within u8."""
+    width = dtype.itemsize
+    n = len(u8) - width + 1
+    if n <= 0 or len(pos) == 0:
+        return np.zeros(len(pos), dtype=dtype)
+    view = np.ndarray(shape=(n,), dtype=f"V{width}", buffer=u8.data, offset=0, strides=(1,))
+    return view[pos].view(dtype)
+
+
+def _header(h):
+    magic = h["magic"]
     flex = (magic == 0x08) | (magic == 0x18)
-    b2 = u8[offsets + 2].astype(np.int64)
-    b3 = u8[offsets + 3].astype(np.int64)
+    b2 = h["b2"].astype(np.int64)
+    b3 = h["b3"].astype(np.int64)
     fe = np.where(flex, b2, 0)
     kl = np.where(flex, b3, (b2 << 8) | b3)
-    el = u8[offsets + 4].astype(np.int64)
-    bl = be_uint(u8, offsets + 8, 4).astype(np.int64)
-    return magic, flex, fe, kl, el, bl
+    el = h["el"].astype(np.int64)
+    bl = h["bl"].astype(np.int64)
+    return magic.copy(), flex, fe, kl, el, bl
 
 
 class Batch:
@@ -176,6 +207,10 @@ class Batch:
             values -= 1 << 64  # seqnos are int64 in the capture (as in Couchbase); the raw frame keeps all 64 bits
         col[0][idx] = values
         col[1][idx] = True
+
+    def set_all(self, name, values):
+        """Every row has the column: the values become it (one conversion, no mask)."""
+        self.numeric[name] = (np.asarray(values).astype(NUMERIC[name]), np.ones(self.n, dtype=bool))
 
     def set_object(self, name, i, value):
         col = self.objects[name]
@@ -203,16 +238,16 @@ def decode_batch(buf, offsets: np.ndarray, lengths: np.ndarray, *, collections: 
     if n == 0:
         b.key = (offsets, lengths, np.zeros(0, dtype=bool))
         return b
-    magic, flex, fe, kl, el, bl = _header(u8, offsets)
-    opcode = u8[offsets + 1]
+    h = records(u8, offsets, HEADER)
+    magic, flex, fe, kl, el, bl = _header(h)
+    opcode = h["opcode"].copy()
     is_req = np.isin(magic, _REQUEST_MAGICS)
-    every = np.arange(n)
-    b.set("magic", every, magic)
-    b.set("opcode", every, opcode)
-    b.set("datatype", every, u8[offsets + 5])
-    vs = be_uint(u8, offsets + 6, 2)
-    b.set("opaque", every, be_uint(u8, offsets + 12, 4))
-    b.set("cas", every, be_uint(u8, offsets + 16, 8))
+    b.set_all("magic", magic)
+    b.set_all("opcode", opcode)
+    b.set_all("datatype", h["datatype"])
+    vs = h["vbucket_or_status"].astype(np.uint16)
+    b.set_all("opaque", h["opaque"])
+    b.set_all("cas", h["cas"])
     ex = offsets + HEADER_LEN + fe
     key_start = ex + el
     key_len = kl.copy()
@@ -255,25 +290,26 @@ def decode_batch(buf, offsets: np.ndarray, lengths: np.ndarray, *, collections: 
     def sel(mask):
         return fidx[mask], fex[mask]
 
-    items, iex = sel(np.isin(fop, _ITEM_OPS))
-    b.set("value_len", items, value_len[items])
-    b.set("by_seqno", items, be_uint(u8, iex, 8).astype(np.int64))
-    b.set("rev_seqno", items, be_uint(u8, iex + 8, 8).astype(np.int64))
+    def set_fields(idx, ex_pos, dtype):
+        # the vectorised path only takes frames whose extras are this long, or longer
+        rec = records(u8, ex_pos, dtype)
+        for name in dtype.names:
+            b.set(name, idx, rec[name].astype(NUMERIC[name]))   # native first: a fast scatter
+
     mut, mex = sel(fop == 0x57)
-    b.set("item_flags", mut, be_uint(u8, mex + 16, 4))
-    b.set("expiration", mut, be_uint(u8, mex + 20, 4))
-    b.set("lock_time", mut, be_uint(u8, mex + 24, 4))
+    set_fields(mut, mex, _MUTATION_EXTRAS)
     dt, dex = sel(((fop == 0x58) & (el[fidx] == 21)) | (fop == 0x59))
-    b.set("delete_time", dt, be_uint(u8, dex + 16, 4))
+    set_fields(dt, dex, _DELETE_TIME_EXTRAS)
+    d18, d18ex = sel((fop == 0x58) & (el[fidx] != 21))
+    set_fields(d18, d18ex, _ITEM_EXTRAS)
+    items = np.sort(np.concatenate([mut, dt, d18]))
+    b.set("value_len", items, value_len[items])
     sn, sex = sel(fop == 0x56)
-    b.set("snap_start", sn, be_uint(u8, sex, 8).astype(np.int64))
-    b.set("snap_end", sn, be_uint(u8, sex + 8, 8).astype(np.int64))
-    b.set("snap_flags", sn, be_uint(u8, sex + 16, 4))
+    set_fields(sn, sex, _SNAPSHOT_EXTRAS)
     sa, saex = sel(fop == 0x64)
-    b.set("by_seqno", sa, be_uint(u8, saex, 8).astype(np.int64))
+    b.set("by_seqno", sa, be_uint(u8, saex, 8))
     se, seex = sel(fop == 0x5F)
-    b.set("by_seqno", se, be_uint(u8, seex, 8).astype(np.int64))
-    b.set("system_event_id", se, be_uint(u8, seex + 8, 4))
+    set_fields(se, seex, _SYSTEM_EVENT_EXTRAS)
     b.set("value_len", se, value_len[se])
     en, enex = sel(fop == 0x55)
     b.set("stream_end_reason", en, be_uint(u8, enex, 4))
