@@ -311,13 +311,12 @@ def _dcp_documents(vb_frames):
     alive = changes.join(F.broadcast(rollbacks),
                          (F.col("vbucket") == F.col("_r_vb")) & (F.col("_r_seq") > F.col("_seq"))
                          & (F.coalesce(F.col("by_seqno"), F.lit(-1)) > F.col("_r_seqno")), "left_anti")
+    # the last change of each document by a hash aggregate over numbers (max_by over a struct
+    # would sort every change), then its row by its unique _seq
+    last = alive.groupBy("vbucket", "collection_id", "key").agg(F.max("_seq").alias("_last_seq"))
+    winners = alive.join(last.select(F.col("_last_seq").alias("_seq")), "_seq", "left_semi")
     state = F.when(F.col("op") == "mutation", "live").when(F.col("op") == "deletion", "deleted").otherwise("expired")
-    names = [f.name for f in T.schema_of("dcp", "documents")]
-    payload = [n for n in names if n not in ("vbucket", "collection_id", "key")]
-    last = (alive.withColumn("state", state)
-            .groupBy("vbucket", "collection_id", "key")
-            .agg(F.max_by(F.struct(*payload), F.col("_seq")).alias("_last")))
-    return last.select("vbucket", "collection_id", "key", *[F.col("_last." + n).alias(n) for n in payload])
+    return winners.withColumn("state", state).select([f.name for f in T.schema_of("dcp", "documents")])
 
 
 # --- user code ----------------------------------------------------------------------------
