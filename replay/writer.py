@@ -391,6 +391,41 @@ def _unlink_quiet(path: str) -> None:
         pass
 
 
+class _Finishing:
+    """A segment handed over for finishing: its Parquet file and its in-progress file."""
+
+    __slots__ = ("pq", "ipc", "ipc_sink", "arrows", "lock_fd", "ipc_bytes")
+
+    def __init__(self, pq_seg, ipc_writer, ipc_sink, arrows, lock_fd, ipc_bytes):
+        self.pq, self.ipc, self.ipc_sink = pq_seg, ipc_writer, ipc_sink
+        self.arrows, self.lock_fd, self.ipc_bytes = arrows, lock_fd, ipc_bytes
+
+    def complete(self) -> int:
+        """Parquet file whole and in place, then the in-progress copy removed; its size."""
+        size = self.pq.finish()
+        self.ipc.close()
+        self.ipc_sink.close()
+        os.unlink(self.arrows)
+        os.close(self.lock_fd)
+        self.lock_fd = None
+        return size
+
+    def abandon(self) -> None:
+        """After an error: drop the partial Parquet file, keep the in-progress file."""
+        self.pq.abandon()
+        for closer in (self.ipc.close, self.ipc_sink.close):
+            try:
+                closer()
+            except Exception:  # noqa: BLE001 - the disk is failing already
+                pass
+        if self.lock_fd is not None:
+            try:
+                os.close(self.lock_fd)
+            except OSError:
+                pass
+            self.lock_fd = None
+
+
 # ----------------------------------------------------------------------------- the writer
 
 class CaptureWriter:
@@ -458,6 +493,8 @@ class CaptureWriter:
         self._seg_opened = 0.0
         self._last_fsync = 0.0
         self._ipc_bytes = 0
+        self._finishing: tuple | None = None     # (_Finishing, Future) of a rotated segment
+        self._finisher = None
         self._closed = False
 
         try:
@@ -478,6 +515,7 @@ class CaptureWriter:
         if batch.num_rows == 0:
             return
         batch = self._conform(batch)
+        self._collect_finished(block=False)
         now = time.monotonic()
         if not self._pending:
             self._pending_since = now
@@ -488,9 +526,9 @@ class CaptureWriter:
         if (self._pending_bytes >= COALESCE_BYTES or self._pending_rows >= COALESCE_ROWS
                 or now - self._pending_since >= self.flush_interval / 2
                 or (self.rotate_size and self._seg_bytes + self._pending_bytes >= self.rotate_size)):
-            self._guard(self._flush_pending, now)
+            self._guard(self._flush_pending, now, wait=False)
         else:
-            self._guard(self._maybe_rotate, now)
+            self._guard(self._maybe_rotate, now, wait=False)
 
     def tick(self, now: float | None = None) -> None:
         """Push coalesced rows to the in-progress file, fsync it and rotate by time when
@@ -498,6 +536,7 @@ class CaptureWriter:
         if self._closed or self.error is not None:
             return
         now = time.monotonic() if now is None else now
+        self._collect_finished(block=False)
         if self._pending and now - self._pending_since >= self.flush_interval / 2:
             self._guard(self._flush_pending, now)
         else:
@@ -538,6 +577,7 @@ class CaptureWriter:
         if self.error is not None:
             self._abandon_segment()
             raise self.error
+        self._stop_finisher()
         return list(self.segments)
 
     def __enter__(self):
@@ -677,7 +717,7 @@ class CaptureWriter:
         self._seg_opened = now
         self._last_fsync = now
 
-    def _flush_pending(self, now: float, rotate: bool = True) -> None:
+    def _flush_pending(self, now: float, rotate: bool = True, wait: bool = True) -> None:
         if self._pending:
             batches, since = self._pending, self._pending_since
             rows = self._pending_rows
@@ -697,40 +737,80 @@ class CaptureWriter:
             self.bytes_written += pos - self._ipc_bytes
             self._ipc_bytes = pos
         if rotate:
-            self._maybe_rotate(now)
+            self._maybe_rotate(now, wait)
 
-    def _maybe_rotate(self, now: float) -> None:
+    def _maybe_rotate(self, now: float, wait: bool = True) -> None:
+        """Rotate when due; wait=False (the write path) finishes the old segment on the
+        helper thread, tick() (an idle writer) finishes it before returning."""
         if self._ipc is None:
             return
         if (self.rotate_size and self._seg_bytes >= self.rotate_size) or \
                 (self.rotate_interval and now - self._seg_opened >= self.rotate_interval):
             self._flush_pending(now, rotate=False)
-            self._finish_segment()
+            self._finish_segment(wait=wait)
 
     def _fsync_in_progress(self, now: float) -> None:
         os.fsync(self._lock_fd)
         self._last_fsync = now
 
-    def _finish_segment(self) -> None:
+    def _finish_segment(self, wait: bool = True) -> None:
+        """Finish the current segment: its Parquet file whole and renamed into place, then
+        its in-progress file removed. wait=False (rotation) leaves that to a helper thread
+        while the next segment fills, so a rotation does not stall the writer (and with it
+        the network side) for the last row group, the fsync and the rename. One segment
+        finishes at a time; finished segments are recorded in order."""
+        self._collect_finished(block=True)
         if self._ipc is None:
             return
-        pq_seg = self._pq
-        size = pq_seg.finish()
-        # the Parquet file is whole and in place: the in-progress copy can go
-        self._ipc.close()
-        self._ipc_sink.close()
-        os.unlink(self._arrows)
-        os.close(self._lock_fd)
-        self.bytes_written += size - self._ipc_bytes
-        self.segments.append({"path": pq_seg.final, "rows": pq_seg.rows, "bytes": size})
+        seg = _Finishing(self._pq, self._ipc, self._ipc_sink, self._arrows, self._lock_fd,
+                         self._ipc_bytes)
         self._ipc = self._ipc_sink = self._pq = self._arrows = None
         self._lock_fd = None
         self._ipc_bytes = 0
         self._seg_bytes = 0      # or the next write would flush at once, however small
+        if wait:
+            try:
+                size = seg.complete()
+            except OSError as exc:
+                self._failed_finishing(seg, exc)
+            self._record(seg, size)
+            return
+        if self._finisher is None:
+            self._finisher = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="dcptool-segment")
+        self._finishing = (seg, self._finisher.submit(seg.complete))
+
+    def _collect_finished(self, block: bool) -> None:
+        """Record the segment finished on the helper thread (waiting for it with block)."""
+        if self._finishing is None:
+            return
+        seg, fut = self._finishing
+        if not block and not fut.done():
+            return
+        self._finishing = None
+        try:
+            size = fut.result()
+        except OSError as exc:
+            self._failed_finishing(seg, exc)
+        self._record(seg, size)
+
+    def _record(self, seg: "_Finishing", size: int) -> None:
+        self.bytes_written += size - seg.ipc_bytes
+        self.segments.append({"path": seg.pq.final, "rows": seg.pq.rows, "bytes": size})
+
+    def _failed_finishing(self, seg: "_Finishing", exc: OSError) -> None:
+        seg.abandon()
+        where = seg.pq.tmp if seg.pq.tmp in str(exc) else seg.arrows
+        self.error = WriterError(f"cannot write capture segment {where}: {_one_line(exc)}")
+        raise self.error from exc
 
     def _abandon_segment(self) -> None:
         """After a disk error: drop the partial Parquet file, keep whatever the in-progress
         file holds (a later --resume recovers it), release everything."""
+        try:
+            self._collect_finished(block=True)   # a segment finishing on the helper thread
+        except WriterError:
+            pass
         if self._pq is not None:
             self._pq.abandon()
         for closer in (getattr(self._ipc, "close", None), getattr(self._ipc_sink, "close", None)):
@@ -747,6 +827,12 @@ class CaptureWriter:
         self._ipc = self._ipc_sink = self._pq = None
         self._lock_fd = None
         self._pending = []
+        self._stop_finisher()
+
+    def _stop_finisher(self) -> None:
+        if self._finisher is not None:
+            self._finisher.shutdown(wait=True)
+            self._finisher = None
 
     # -- errors ---------------------------------------------------------------------------
 

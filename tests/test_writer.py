@@ -128,6 +128,33 @@ def test_rotation_by_size_numbers_segments_and_keeps_every_row(tmp_path):
         assert pq.ParquetFile(s["path"]).metadata.num_rows == s["rows"]
 
 
+def test_a_segment_that_fails_to_finish_after_rotation_is_reported_and_kept(tmp_path, monkeypatch):
+    """Rotation finishes the old segment on a helper thread; its disk error still reaches
+    the caller as a WriterError naming the file, and its in-progress copy stays."""
+    import errno
+    real_finish = W._ParquetSegment.finish
+
+    def finish(self):
+        if self.final.endswith("-000000.parquet"):
+            raise OSError(errno.ENOSPC, "No space left on device", self.tmp)
+        return real_finish(self)
+
+    monkeypatch.setattr(W._ParquetSegment, "finish", finish)
+    w = CaptureWriter(tmp_path, "dcp", source="s", options={}, rotate_size=64 * 1024)
+    with pytest.raises(WriterError) as exc:
+        for i in range(40):
+            w.write(dcp_batch(i * 250, 250))
+        w.close()
+    assert "000000.parquet.tmp" in str(exc.value) and "No space left" in str(exc.value)
+    with pytest.raises(WriterError):
+        w.close()
+    left = sorted(os.listdir(tmp_path))
+    assert any(n.endswith("-000000.arrows") for n in left)
+    assert not any(n.endswith(".parquet") for n in left)
+    schema, batches = open_in_progress(str(tmp_path / next(n for n in left if n.endswith("-000000.arrows"))))
+    assert sum(b.num_rows for b in batches) > 0
+
+
 def test_rotation_by_time(tmp_path):
     w = CaptureWriter(tmp_path, "synapse", source="synapse://h:1", options={},
                       rotate_interval=60.0)
