@@ -780,18 +780,32 @@ def _replay_dcp(files, ranks, chunk_rows) -> dict[str, pa.Table]:
     schema = pa.schema([capture_schema("dcp").field(c) for c in DCP_ROLLBACK_COLUMNS] + [("_seq", pa.int64())])
     state = DcpState(pa.concat_tables(rollbacks) if rollbacks else schema.empty_table())
 
-    # then every vbucket frame, in order, chunk by chunk: the stateless part of the work on
-    # each chunk runs on two threads ahead of the stateful part
-    def prepare(c: pa.Table):
-        keep = dcp_vbucket_frames(c)
-        if not keep.all():
-            c = c.filter(pa.array(keep))
-        return state.prepare(c.select(DCP_STATE_COLUMNS + ["_seq"]))
+    # then every vbucket frame, in order, chunk by chunk: two threads read row groups and do
+    # the stateless part of the work on them, ahead of the stateful part on this thread
+    cols = list(dict.fromkeys(DCP_FILTER_COLUMNS + DCP_STATE_COLUMNS))
 
-    chunks = (c for t in _ordered(files, list(dict.fromkeys(DCP_FILTER_COLUMNS + DCP_STATE_COLUMNS)), ranks)
-              for c in _chunks(t, chunk_rows))
-    for p in _in_order(prepare, chunks):
-        state.apply(p)
+    def parts():
+        pos = 0
+        for rows, read in reader.iter_capture_parts(files, cols, batch_rows=chunk_rows):
+            yield pos, read
+            pos += rows
+
+    def prepare(part) -> list:
+        pos, read = part
+        out = []
+        for t in read():
+            t = t.append_column("_seq", pa.array(np.arange(pos, pos + t.num_rows, dtype=np.int64)))
+            pos += t.num_rows
+            for c in _chunks(t, chunk_rows):
+                keep = dcp_vbucket_frames(c)
+                if not keep.all():
+                    c = c.filter(pa.array(keep))
+                out.append(state.prepare(c.select(DCP_STATE_COLUMNS + ["_seq"])))
+        return out
+
+    for prepared in _in_order(prepare, parts(), ahead=1):
+        for p in prepared:
+            state.apply(p)
     return state.finish()
 
 

@@ -9,10 +9,11 @@ ignored. When both `.arrows` and `.parquet` of one segment exist, the `.parquet`
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -244,14 +245,10 @@ def _stream_file(f: CaptureFile, cols, batch_rows: int, threads: bool = True) ->
         raise CaptureError(f"{f.path}: unreadable ({exc})") from exc
 
 
-def iter_capture_tables(files: list[CaptureFile], columns: list[str] | None = None,
-                        batch_rows: int = 1 << 20, threads: bool = True) -> Iterator[pa.Table]:
-    """Every row of `files` in frame order, as a sequence of tables of `columns` (always
-    with `frame_no`). Finished segments already in frame_no order (the normal case) are
-    streamed `batch_rows` at a time, so memory does not grow with the capture; anything
-    else is read whole and sorted, one capture at a time."""
+def _capture_groups(files: list[CaptureFile]) -> Iterator[tuple[list[CaptureFile], bool]]:
+    """The files of each capture, in replay order, and whether they can be streamed: finished
+    segments whose frame numbers already increase across the whole capture."""
     files = sorted(files, key=_order_key)
-    cols = None if columns is None else list(dict.fromkeys(["frame_no", *columns]))
     i = 0
     while i < len(files):
         j = i
@@ -269,15 +266,65 @@ def iter_capture_tables(files: list[CaptureFile], columns: list[str] | None = No
                     streamable = False
                     break
                 last = rng[1]
+        yield group, streamable
+        i = j
+
+
+def _read_sorted(group: list[CaptureFile], cols) -> pa.Table | None:
+    tables = [read_file(f, cols) for f in group]
+    whole = pa.concat_tables(tables) if tables else None
+    if whole is None or whole.num_rows == 0:
+        return None
+    return whole.take(pc.sort_indices(whole.column("frame_no")))
+
+
+def iter_capture_tables(files: list[CaptureFile], columns: list[str] | None = None,
+                        batch_rows: int = 1 << 20, threads: bool = True) -> Iterator[pa.Table]:
+    """Every row of `files` in frame order, as a sequence of tables of `columns` (always
+    with `frame_no`). Finished segments already in frame_no order (the normal case) are
+    streamed `batch_rows` at a time, so memory does not grow with the capture; anything
+    else is read whole and sorted, one capture at a time."""
+    cols = None if columns is None else list(dict.fromkeys(["frame_no", *columns]))
+    for group, streamable in _capture_groups(files):
         if streamable:
             for f in group:
                 yield from _stream_file(f, cols, batch_rows, threads)
         else:
-            tables = [read_file(f, cols) for f in group]
-            whole = pa.concat_tables(tables) if tables else None
-            if whole is not None and whole.num_rows:
-                yield whole.take(pc.sort_indices(whole.column("frame_no")))
-        i = j
+            whole = _read_sorted(group, cols)
+            if whole is not None:
+                yield whole
+
+
+def _read_row_group(f: CaptureFile, cols, i: int, batch_rows: int) -> Iterator[pa.Table]:
+    full = capture_schema(f.protocol)
+    schema = full if cols is None else pa.schema([full.field(c) for c in cols])
+    try:
+        pf = pq.ParquetFile(f.path, pre_buffer=False)
+        present = set(pf.schema_arrow.names)
+        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[i], use_threads=False,
+                                     columns=[c for c in schema.names if c in present]):
+            yield conform(pa.Table.from_batches([batch]), schema)
+    except (OSError, pa.ArrowException) as exc:
+        raise CaptureError(f"{f.path}: unreadable ({exc})") from exc
+
+
+def iter_capture_parts(files: list[CaptureFile], columns: list[str] | None = None, batch_rows: int = 1 << 20
+                       ) -> Iterator[tuple[int, Callable[[], Iterator[pa.Table]]]]:
+    """The rows of iter_capture_tables as (row count, read) pairs, for reading on other
+    threads: `read()` iterates the part's rows as tables of at most `batch_rows` rows, and
+    may be called from any thread. Parts of streamable captures are their Parquet row
+    groups; anything else is read whole and sorted here, one capture at a time."""
+    cols = None if columns is None else list(dict.fromkeys(["frame_no", *columns]))
+    for group, streamable in _capture_groups(files):
+        if streamable:
+            for f in group:
+                md = pq.ParquetFile(f.path).metadata
+                for i in range(md.num_row_groups):
+                    yield md.row_group(i).num_rows, functools.partial(_read_row_group, f, cols, i, batch_rows)
+        else:
+            whole = _read_sorted(group, cols)
+            if whole is not None:
+                yield whole.num_rows, functools.partial(lambda t: iter([t]), whole)
 
 
 def read_capture_table(files: list[CaptureFile], columns: list[str] | None = None) -> pa.Table:
