@@ -70,6 +70,7 @@ def _tune_process(in_process: bool) -> None:
         libc = ctypes.CDLL(None)
         libc.mallopt(-3, 32 << 20)   # M_MMAP_THRESHOLD: its largest value
         libc.mallopt(-1, 1 << 30)    # M_TRIM_THRESHOLD
+        libc.mallopt(-8, 1)          # M_ARENA_MAX: threads share one heap (and its free memory)
     except (OSError, AttributeError):  # not glibc: nothing to tune
         pass
 
