@@ -183,7 +183,11 @@ class DcpState:
     `feed` takes the vbucket frames in frame order, in chunks of any size; the state it keeps
     grows with documents, snapshots and vbuckets, not with frames."""
 
-    def __init__(self, rollbacks: pa.Table):
+    def __init__(self, rollbacks: pa.Table, merger: ThreadPoolExecutor | None = None):
+        # `merger`, when given, merges document changes in the background (one at a time)
+        self._merger = merger
+        self._merging = None                  # the merge running there, if any
+        self._docs_rows = 0                   # documents after the last merge that finished
         # a ROLLBACK response to a stream request rolls the vbucket back to rollback_seqno
         self.rollbacks = rollbacks.take(np.argsort(_ck(rollbacks), kind="stable"))
         self.r_vb = _np(self.rollbacks.column("vbucket"), dtype=np.int64)
@@ -306,8 +310,8 @@ class DcpState:
             self._parts.append(p.part)
             self._parts_rows += p.part.num_rows
             # merge once the pending changes are as many as the documents: amortised linear
-            if self._parts_rows >= max(CHUNK_ROWS, 2 * self.docs.num_rows if self.docs is not None else 0):
-                self._merge_docs()
+            if self._parts_rows >= max(CHUNK_ROWS, 2 * self._docs_rows):
+                self._merge_docs(background=self._merger is not None)
 
     def _undone_by(self, vb, seq, seqno, candidates) -> np.ndarray:
         """For each row, the rollback that undoes it (index into self.rollbacks), or -1."""
@@ -381,12 +385,19 @@ class DcpState:
         s.has_first[fm] = True
         s.last_seqno[imi[last_i]] = iseq[last_i]
 
-    def _merge_docs(self) -> None:
+    def _merge_docs(self, background: bool = False) -> None:
+        if self._merging is not None:         # merges chain: the next one starts from its result
+            self.docs, self._merging = self._merging.result(), None
+            self._docs_rows = self.docs.num_rows
         if self._parts:
             tables = ([self.docs] if self.docs is not None else []) + self._parts
             # each table is by (vbucket, frame order) and newer than the one before it
-            self.docs = _last_per_document(pa.concat_tables(tables))
             self._parts, self._parts_rows = [], 0
+            if background:
+                self._merging = self._merger.submit(_last_per_document, pa.concat_tables(tables))
+            else:
+                self.docs = _last_per_document(pa.concat_tables(tables))
+                self._docs_rows = self.docs.num_rows
 
     def finish(self) -> dict[str, pa.Table]:
         out: dict[str, pa.Table] = {}
@@ -778,10 +789,11 @@ def _replay_dcp(files, ranks, chunk_rows) -> dict[str, pa.Table]:
             if keep.any():
                 rollbacks.append(t.filter(pa.array(keep)).select(DCP_ROLLBACK_COLUMNS + ["_seq"]))
     schema = pa.schema([capture_schema("dcp").field(c) for c in DCP_ROLLBACK_COLUMNS] + [("_seq", pa.int64())])
-    state = DcpState(pa.concat_tables(rollbacks) if rollbacks else schema.empty_table())
+    rollbacks = pa.concat_tables(rollbacks) if rollbacks else schema.empty_table()
 
     # then every vbucket frame, in order, chunk by chunk: two threads read row groups and do
-    # the stateless part of the work on them, ahead of the stateful part on this thread
+    # the stateless part of the work on them (DcpState.prepare) ahead of the stateful part on
+    # this thread (DcpState.apply); a third merges document changes in the background
     cols = list(dict.fromkeys(DCP_FILTER_COLUMNS + DCP_STATE_COLUMNS))
 
     def parts():
@@ -803,10 +815,12 @@ def _replay_dcp(files, ranks, chunk_rows) -> dict[str, pa.Table]:
                 out.append(state.prepare(c.select(DCP_STATE_COLUMNS + ["_seq"])))
         return out
 
-    for prepared in _in_order(prepare, parts(), ahead=1):
-        for p in prepared:
-            state.apply(p)
-    return state.finish()
+    with ThreadPoolExecutor(1, thread_name_prefix="dcptool-merge") as merger:
+        state = DcpState(rollbacks, merger)
+        for prepared in _in_order(prepare, parts(), ahead=1):
+            for p in prepared:
+                state.apply(p)
+        return state.finish()
 
 
 def _replay_synapse(files, ranks) -> dict[str, pa.Table]:
