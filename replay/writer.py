@@ -42,7 +42,11 @@ import pyarrow.parquet as pq
 
 from dcptool.replay import schema as S
 
-ROW_GROUP_BYTES = 32 * 2**20       # uncompressed Arrow bytes buffered per Parquet row group
+# Uncompressed Arrow bytes buffered per Parquet row group. Small enough that the row group
+# being encoded, the one filling and the writer's queue stay well inside the capture's RSS
+# budget (one 8 MiB receive of 128 B frames is ~23 MiB of Arrow: a row group per receive);
+# large enough that per-row-group overhead is noise (~10 KB of footer per 65k rows).
+ROW_GROUP_BYTES = 16 * 2**20
 ROW_GROUP_ROWS = 1_000_000
 COALESCE_BYTES = 4 * 2**20         # small batches are merged up to this size ...
 COALESCE_ROWS = 32_768             # ... or this many rows before they reach the IPC stream
@@ -361,6 +365,9 @@ def finish_in_progress(arrows_path: str, compression: str = "zstd") -> dict | No
             return None
         schema, batches = open_in_progress(arrows_path)
         if schema is None:
+            # killed before the first batch (the IPC stream writes its schema with it): no
+            # row, and whatever Parquet file was started for the segment is empty too
+            _unlink_quiet(final + TMP_SUFFIX)
             _unlink_quiet(arrows_path)
             return None
         try:
@@ -546,8 +553,10 @@ class CaptureWriter:
             self._guard(self._fsync_in_progress, now)
 
     def flush(self) -> None:
-        """Everything written so far onto the disk (in-progress file, fsync'ed)."""
+        """Everything written so far onto the disk (in-progress file, fsync'ed; a rotated
+        segment finished and in place)."""
         self._check_usable()
+        self._guard(self._collect_finished, True)
         now = time.monotonic()
         self._guard(self._flush_pending, now, rotate=False)
         if self._lock_fd is not None:
@@ -698,6 +707,7 @@ class CaptureWriter:
                                                           self.capture_id, self.segment))
         arrows = in_progress_path(final)
         schema = self._base_schema.with_metadata(self._segment_metadata(self.segment))
+        codec = _ipc_compression(sample)   # before the file exists: no window with an empty one
         self._arrows = arrows
         fd = os.open(arrows, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         self._lock_fd = fd
@@ -709,7 +719,7 @@ class CaptureWriter:
         # ms for a file that is about to be deleted.
         self._ipc_sink = pa.OSFile(arrows, "ab")
         self._ipc = ipc.new_stream(self._ipc_sink, schema,
-                                   options=ipc.IpcWriteOptions(compression=_ipc_compression(sample)))
+                                   options=ipc.IpcWriteOptions(compression=codec))
         self._pq = _ParquetSegment(final, schema, self.compression)
         self._seg_bytes = 0
         self._seg_rows = 0

@@ -301,7 +301,9 @@ def test_finish_in_progress_turns_leftovers_into_segments(tmp_path):
     # an empty or schema-less leftover is simply removed
     empty = dead / "dcp-x-000001.arrows"
     empty.write_bytes(b"")
-    assert finish_in_progress(str(empty)) is None and not empty.exists()
+    started = dead / "dcp-x-000001.parquet.tmp"     # killed before its first batch
+    started.write_bytes(b"PAR1")
+    assert finish_in_progress(str(empty)) is None and not empty.exists() and not started.exists()
 
 
 def test_unwritable_directory_is_a_one_line_writer_error(tmp_path):
