@@ -15,6 +15,7 @@ nanoseconds since the epoch (Parquet nanosecond timestamps are read as such)."""
 from __future__ import annotations
 
 import contextlib
+import decimal
 import io
 import os
 import sys
@@ -272,7 +273,7 @@ def replay_spark(spark, files: list) -> SparkReplay:
                    .withColumn("_g", F.col("vbucket") % VBUCKET_GROUPS).groupBy("_g"))
         packed = grouped.applyInArrow(_dcp_group, spark_schema(_packed_schema("dcp", DCP_RESULTS)))
         result = SparkReplay(protocol, frames, packed, DCP_RESULTS,
-                             extra={"documents": _dcp_documents(vb_frames)}, _tmp=tmp)
+                             extra={"documents": _dcp_documents(vb_frames, reader.capture_ranks(files))}, _tmp=tmp)
     else:
         conn_key = F.shiftleft(F.col("_rank"), 32) + F.col("conn").cast("long")
         df = df.withColumn("_conn", conn_key)
@@ -295,7 +296,7 @@ def replay_spark(spark, files: list) -> SparkReplay:
     return result
 
 
-def _dcp_documents(vb_frames):
+def _dcp_documents(vb_frames, ranks: dict[str, int]):
     """`documents` in Spark SQL alone (no Python workers): the same rules as DcpState.
 
     A change (mutation, deletion, expiration) is undone when a later ROLLBACK answer of its
@@ -311,12 +312,22 @@ def _dcp_documents(vb_frames):
     alive = changes.join(F.broadcast(rollbacks),
                          (F.col("vbucket") == F.col("_r_vb")) & (F.col("_r_seq") > F.col("_seq"))
                          & (F.coalesce(F.col("by_seqno"), F.lit(-1)) > F.col("_r_seqno")), "left_anti")
-    # the last change of each document by a hash aggregate over numbers (max_by over a struct
-    # would sort every change), then its row by its unique _seq
-    last = alive.groupBy("vbucket", "collection_id", "key").agg(F.max("_seq").alias("_last_seq"))
-    winners = alive.join(last.select(F.col("_last_seq").alias("_seq")), "_seq", "left_semi")
-    state = F.when(F.col("op") == "mutation", "live").when(F.col("op") == "deletion", "deleted").otherwise("expired")
-    return winners.withColumn("state", state).select([f.name for f in T.schema_of("dcp", "documents")])
+    # each document's last change in one hash aggregate: max_by of every column alone, all
+    # of them numbers (a struct, or a string, would make Spark sort every change instead)
+    state = (F.when(F.col("op") == "mutation", 0).when(F.col("op") == "deletion", 1).otherwise(2))
+    two63 = F.lit(decimal.Decimal(2**63)).cast("decimal(20,0)")
+    numeric = {"by_seqno": F.col("by_seqno"), "rev_seqno": F.col("rev_seqno"),
+               "cas": (F.col("cas") - two63).cast("long"),          # uint64 as a long, shifted
+               "state": state, "datatype": F.col("datatype"), "item_flags": F.col("item_flags"),
+               "expiration": F.col("expiration"), "value_len": F.col("value_len"),
+               "capture_id": F.col("_rank"), "frame_no": F.col("frame_no"), "ts": F.col("ts")}
+    last = alive.groupBy("vbucket", "collection_id", "key").agg(
+        *[F.max_by(col, F.col("_seq")).alias(name) for name, col in numeric.items()])
+    by_rank = F.create_map(*[x for cid, r in ranks.items() for x in (F.lit(r).cast("long"), F.lit(cid))])
+    out = {"cas": (F.col("cas").cast("decimal(20,0)") + two63).cast("decimal(20,0)"),
+           "state": F.when(F.col("state") == 0, "live").when(F.col("state") == 1, "deleted").otherwise("expired"),
+           "capture_id": F.element_at(by_rank, F.col("capture_id"))}
+    return last.select([out.get(f.name, F.col(f.name)).alias(f.name) for f in T.schema_of("dcp", "documents")])
 
 
 # --- user code ----------------------------------------------------------------------------
