@@ -7,11 +7,12 @@ Every batch handed to `CaptureWriter.write` goes two ways:
   unbuffered OS file, so that what was written is in the page cache at once and survives a
   SIGKILL of the process (with `fsync_in_progress=True` also fsync'ed each `flush_interval`, for power loss);
 * into a bounded row-group buffer that is encoded to `<segment>.parquet.tmp` whenever it
-  holds `ROW_GROUP_BYTES`.
+  holds `ROW_GROUP_BYTES` (on a helper thread, one row group in flight).
 
 When a segment is finished (rotation or close) the last row group is written, the Parquet
 file is fsync'ed, renamed to its final name, the directory fsync'ed, and only then is the
-`.arrows` file removed. A crash therefore leaves, for the unfinished segment, an `.arrows`
+`.arrows` file removed (after a rotation this happens on a helper thread while the next
+segment fills; one segment finishes at a time). A crash therefore leaves, for the unfinished segment, an `.arrows`
 file (and perhaps a partial `.parquet.tmp`), which `finish_in_progress` turns into a normal
 segment on the next `capture --resume`; finished `.parquet` files are always whole.
 
