@@ -756,22 +756,21 @@ def replay_local(files: list, chunk_rows: int = CHUNK_ROWS) -> Replay:
     return Replay(protocol, files, _replay_synapse(files, ranks))
 
 
-def _in_order(work: Callable, items: Iterator, threads: int = 2, ahead: int = 3) -> Iterator:
-    """work(item) for each item, computed by `threads` threads up to `ahead` items in advance,
-    yielded in order. Iterating `items` (the Parquet reading) stays on the caller's thread;
-    pyarrow and numpy release the GIL, so the threads use both cores."""
-    with ThreadPoolExecutor(threads, thread_name_prefix="dcptool-replay") as pool:
-        pending: collections.deque = collections.deque()
-        try:
-            for item in items:
-                pending.append(pool.submit(work, item))
-                if len(pending) > ahead:
-                    yield pending.popleft().result()
-            while pending:
+def _in_order(work: Callable, items: Iterator, pool: ThreadPoolExecutor, ahead: int = 3) -> Iterator:
+    """work(item) for each item, computed on `pool` up to `ahead` items in advance, yielded
+    in order. Iterating `items` stays on the caller's thread; pyarrow and numpy release the
+    GIL, so the pool's threads use the other cores."""
+    pending: collections.deque = collections.deque()
+    try:
+        for item in items:
+            pending.append(pool.submit(work, item))
+            if len(pending) > ahead:
                 yield pending.popleft().result()
-        finally:
-            for f in pending:
-                f.cancel()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for f in pending:
+            f.cancel()
 
 
 def _chunks(t: pa.Table, rows: int) -> Iterator[pa.Table]:
@@ -802,24 +801,28 @@ def _replay_dcp(files, ranks, chunk_rows) -> dict[str, pa.Table]:
             yield pos, read
             pos += rows
 
-    def prepare(part) -> list:
-        pos, read = part
-        out = []
-        for t in read():
+    def prepare(chunk: pa.Table):
+        keep = dcp_vbucket_frames(chunk)
+        if not keep.all():
+            chunk = chunk.filter(pa.array(keep))
+        return state.prepare(chunk.select(DCP_STATE_COLUMNS + ["_seq"]))
+
+    def read(part) -> list:
+        """Reads a part (a row group) and queues each of its chunks for `prepare`."""
+        pos, read_part = part
+        futures = []
+        for t in read_part():
             t = t.append_column("_seq", pa.array(np.arange(pos, pos + t.num_rows, dtype=np.int64)))
             pos += t.num_rows
-            for c in _chunks(t, chunk_rows):
-                keep = dcp_vbucket_frames(c)
-                if not keep.all():
-                    c = c.filter(pa.array(keep))
-                out.append(state.prepare(c.select(DCP_STATE_COLUMNS + ["_seq"])))
-        return out
+            futures.extend(pool.submit(prepare, c) for c in _chunks(t, chunk_rows))
+        return futures
 
-    with ThreadPoolExecutor(1, thread_name_prefix="dcptool-merge") as merger:
+    with ThreadPoolExecutor(2, thread_name_prefix="dcptool-replay") as pool, \
+            ThreadPoolExecutor(1, thread_name_prefix="dcptool-merge") as merger:
         state = DcpState(rollbacks, merger)
-        for prepared in _in_order(prepare, parts(), ahead=1):
-            for p in prepared:
-                state.apply(p)
+        for futures in _in_order(read, parts(), pool, ahead=1):
+            for f in futures:
+                state.apply(f.result())
         return state.finish()
 
 
