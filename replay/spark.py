@@ -273,7 +273,8 @@ def replay_spark(spark, files: list) -> SparkReplay:
                    .withColumn("_g", F.col("vbucket") % VBUCKET_GROUPS).groupBy("_g"))
         packed = grouped.applyInArrow(_dcp_group, spark_schema(_packed_schema("dcp", DCP_RESULTS)))
         result = SparkReplay(protocol, frames, packed, DCP_RESULTS,
-                             extra={"documents": _dcp_documents(vb_frames, reader.capture_ranks(files))}, _tmp=tmp)
+                             extra={"documents": _dcp_documents(vb_frames, reader.capture_ranks(files),
+                                                                 reader.may_have_values(files, "rollback_seqno"))}, _tmp=tmp)
     else:
         conn_key = F.shiftleft(F.col("_rank"), 32) + F.col("conn").cast("long")
         df = df.withColumn("_conn", conn_key)
@@ -296,22 +297,25 @@ def replay_spark(spark, files: list) -> SparkReplay:
     return result
 
 
-def _dcp_documents(vb_frames, ranks: dict[str, int]):
+def _dcp_documents(vb_frames, ranks: dict[str, int], rollbacks: bool = True):
     """`documents` in Spark SQL alone (no Python workers): the same rules as DcpState.
 
     A change (mutation, deletion, expiration) is undone when a later ROLLBACK answer of its
     vbucket rolls back below its by_seqno (a null by_seqno counts as -1, as in DcpState);
-    each document keeps its last change that was not undone."""
+    each document keeps its last change that was not undone. `rollbacks=False` (the Parquet
+    statistics show none) saves the scan that looks for them."""
     from pyspark.sql import functions as F
 
     changes = vb_frames.filter(F.col("op").isin(*local.DOC_STATES))
-    rollbacks = (vb_frames.filter((F.col("op") == "stream_req") & (F.col("status") == local.STATUS_ROLLBACK)
+    alive = changes
+    if rollbacks:
+        found = (vb_frames.filter((F.col("op") == "stream_req") & (F.col("status") == local.STATUS_ROLLBACK)
                                   & F.col("rollback_seqno").isNotNull())
                  .select(F.col("vbucket").alias("_r_vb"), F.col("_seq").alias("_r_seq"),
                          F.col("rollback_seqno").alias("_r_seqno")))
-    alive = changes.join(F.broadcast(rollbacks),
-                         (F.col("vbucket") == F.col("_r_vb")) & (F.col("_r_seq") > F.col("_seq"))
-                         & (F.coalesce(F.col("by_seqno"), F.lit(-1)) > F.col("_r_seqno")), "left_anti")
+        alive = changes.join(F.broadcast(found),
+                             (F.col("vbucket") == F.col("_r_vb")) & (F.col("_r_seq") > F.col("_seq"))
+                             & (F.coalesce(F.col("by_seqno"), F.lit(-1)) > F.col("_r_seqno")), "left_anti")
     # each document's last change in one hash aggregate: max_by of every column alone, all
     # of them numbers (a struct, or a string, would make Spark sort every change instead)
     state = (F.when(F.col("op") == "mutation", 0).when(F.col("op") == "deletion", 1).otherwise(2))
