@@ -15,6 +15,7 @@ import numpy as np
 from dcptool.cli.console import err_console
 from dcptool.cli.errors import Interrupted
 from dcptool.cli.live import LiveOptions
+from dcptool.cli.process import without_pandas
 from dcptool.protocol.dcp import columnar
 from dcptool.protocol.dcp import consumer as C
 
@@ -145,28 +146,8 @@ def resume_from(directory: str) -> tuple[dict[int, C.VbState], list[str]]:
     return state, recovered
 
 
-class _NoPandas:
-    """An import finder that says pandas is not installed (see _tune_process)."""
-
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        if name == "pandas" or name.startswith("pandas."):
-            raise ModuleNotFoundError("pandas is not loaded by dcptool capture", name=name)
-        return None
-
-
-def _tune_process() -> None:
-    """pyarrow imports pandas the first time it converts an array, only to check the array
-    is no pandas object; a capture never has one, and the import costs 0.17 s and 52 MiB of
-    resident memory (a tenth of the RSS budget). Same finder as cli/replay.py's in-process
-    engine. (pyarrow remembers for the rest of the process that pandas is missing.)"""
-    import sys
-    if "pandas" not in sys.modules and _NoPandas not in sys.meta_path:
-        sys.meta_path.insert(0, _NoPandas)
-
-
 def run_capture(opts: LiveOptions, settings: dict) -> None:
-    _tune_process()
+    without_pandas()
     from dcptool.cli.dcp_live import EventLog, consumer_config, run_session, tls_for
     from dcptool.cli.progress import make_progress, print_summary
     from dcptool.protocol.transport.dcp import Session

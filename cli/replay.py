@@ -13,6 +13,7 @@ import threading
 import click
 
 from dcptool.cli.output import Sink, default_format
+from dcptool.cli.process import without_pandas
 
 
 def _paths(captures: tuple[str, ...]) -> list[str]:
@@ -42,16 +43,6 @@ def _table_choice(protocol: str, requested: tuple[str, ...], default_all: bool) 
     return wanted
 
 
-class _NoPandas:
-    """An import finder that says pandas is not installed."""
-
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        if name == "pandas" or name.startswith("pandas."):
-            raise ModuleNotFoundError("pandas is not loaded by the in-process replay", name=name)
-        return None
-
-
 def _tune_process(in_process: bool) -> None:
     """Process settings for the in-process engine, made before numpy and pyarrow load.
 
@@ -59,11 +50,10 @@ def _tune_process(in_process: bool) -> None:
     back to the kernel and faults it in again as zeroed (huge) pages, which cost a fifth of
     the CPU time at 10M frames (perf: clear_page_erms); mimalloc, pyarrow's allocator, purges
     likewise. Freed memory is kept for reuse instead (peak RSS is unchanged: it is a peak).
-    numpy's BLAS threads are not used here and would only spin. pyarrow imports pandas the
-    first time it converts a numpy array, only to check the array is no pandas object: the
-    in-process engine never has one, and the import is a sixth of a 1M-frame replay."""
-    if in_process and "pandas" not in sys.modules and _NoPandas not in sys.meta_path:
-        sys.meta_path.insert(0, _NoPandas)
+    numpy's BLAS threads are not used here and would only spin. The in-process engine does
+    not load pandas (a sixth of a 1M-frame replay)."""
+    if in_process:
+        without_pandas()
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     os.environ.setdefault("MIMALLOC_PURGE_DELAY", "-1")
     try:
