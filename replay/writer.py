@@ -181,6 +181,24 @@ def _fsync_path(path: str) -> None:
         os.close(fd)
 
 
+def _abandon_files(pq_segment, ipc, ipc_sink, lock_fd) -> None:
+    """After an error: drop the partial Parquet file, close the in-progress file (it stays)
+    and release the lock, ignoring further errors (the disk is failing already)."""
+    if pq_segment is not None:
+        pq_segment.abandon()
+    for closer in (getattr(ipc, "close", None), getattr(ipc_sink, "close", None)):
+        if closer is not None:
+            try:
+                closer()
+            except Exception:  # noqa: BLE001 - the disk is failing already
+                pass
+    if lock_fd is not None:
+        try:
+            os.close(lock_fd)
+        except OSError:
+            pass
+
+
 def _parquet_compression(compression: str | None) -> str:
     c = (compression or "none").lower()
     if c not in COMPRESSIONS:
@@ -420,18 +438,8 @@ class _Finishing:
 
     def abandon(self) -> None:
         """After an error: drop the partial Parquet file, keep the in-progress file."""
-        self.pq.abandon()
-        for closer in (self.ipc.close, self.ipc_sink.close):
-            try:
-                closer()
-            except Exception:  # noqa: BLE001 - the disk is failing already
-                pass
-        if self.lock_fd is not None:
-            try:
-                os.close(self.lock_fd)
-            except OSError:
-                pass
-            self.lock_fd = None
+        _abandon_files(self.pq, self.ipc, self.ipc_sink, self.lock_fd)
+        self.lock_fd = None
 
 
 # ----------------------------------------------------------------------------- the writer
@@ -822,19 +830,7 @@ class CaptureWriter:
             self._collect_finished(block=True)   # a segment finishing on the helper thread
         except WriterError:
             pass
-        if self._pq is not None:
-            self._pq.abandon()
-        for closer in (getattr(self._ipc, "close", None), getattr(self._ipc_sink, "close", None)):
-            if closer is not None:
-                try:
-                    closer()
-                except Exception:  # noqa: BLE001 - the disk is failing already
-                    pass
-        if self._lock_fd is not None:
-            try:
-                os.close(self._lock_fd)
-            except OSError:
-                pass
+        _abandon_files(self._pq, self._ipc, self._ipc_sink, self._lock_fd)
         self._ipc = self._ipc_sink = self._pq = None
         self._lock_fd = None
         self._pending = []
