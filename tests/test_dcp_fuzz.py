@@ -49,8 +49,12 @@ def test_random_bytes(data, chunk):
 @st.composite
 def mutated(draw):
     frames = [draw(st.sampled_from(GOLDEN)) for _ in range(draw(st.integers(1, 4)))]
-    data = bytearray(b"".join(frames))
-    for _ in range(draw(st.integers(0, 6))):
+    return _damaged(draw, bytearray(b"".join(frames)), 6)
+
+
+def _damaged(draw, data: bytearray, edits: int) -> bytes:
+    """`data` with up to `edits` bytes overwritten, then maybe cut short."""
+    for _ in range(draw(st.integers(0, edits))):
         pos = draw(st.integers(0, len(data) - 1))
         data[pos] = draw(st.integers(0, 255))
     if draw(st.booleans()):
@@ -87,12 +91,7 @@ def runs(draw):
     for _ in range(draw(st.integers(1, 4))):
         frame = draw(st.sampled_from(GOLDEN))
         data += frame * draw(st.integers(1, 120))
-    for _ in range(draw(st.integers(0, 3))):
-        pos = draw(st.integers(0, len(data) - 1))
-        data[pos] = draw(st.integers(0, 255))
-    if draw(st.booleans()):
-        data = data[:draw(st.integers(0, len(data)))]
-    return bytes(data)
+    return _damaged(draw, data, 3)
 
 
 @settings(max_examples=300, deadline=None, derandomize=True,
