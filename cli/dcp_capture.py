@@ -15,7 +15,7 @@ import numpy as np
 from dcptool.cli.console import err_console
 from dcptool.cli.errors import Interrupted
 from dcptool.cli.live import LiveOptions
-from dcptool.cli.process import without_pandas
+from dcptool.cli.process import fewer_gc_passes, without_pandas
 from dcptool.protocol.dcp import columnar
 from dcptool.protocol.dcp import consumer as C
 
@@ -193,6 +193,7 @@ def run_capture(opts: LiveOptions, settings: dict) -> None:
         progress.close()
         raise
     bg = BackgroundWriter(writer)
+    fewer_gc_passes()
     tap = CaptureTap(bg, progress, max_messages=opts.max_messages, on_limit=stop)
     pause_at = DEFAULTS["pause_backlog_bytes"]
     session = Session(consumer_config(opts), opts.source.host, opts.source.port, tls=tls_for(opts),

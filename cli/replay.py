@@ -50,11 +50,9 @@ def _tune_process(in_process: bool) -> None:
     back to the kernel and faults it in again as zeroed (huge) pages, which cost a fifth of
     the CPU time at 10M frames (perf: clear_page_erms); mimalloc, pyarrow's allocator, purges
     likewise. Freed memory is kept for reuse instead (peak RSS is unchanged: it is a peak).
-    numpy's BLAS threads are not used here and would only spin. The in-process engine does
-    not load pandas (a sixth of a 1M-frame replay)."""
+    The in-process engine does not load pandas (a sixth of a 1M-frame replay)."""
     if in_process:
         without_pandas()
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     os.environ.setdefault("MIMALLOC_PURGE_DELAY", "-1")
     try:
         libc = ctypes.CDLL(None)
