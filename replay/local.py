@@ -820,9 +820,13 @@ def _replay_dcp(files, ranks, chunk_rows) -> dict[str, pa.Table]:
     with ThreadPoolExecutor(2, thread_name_prefix="dcptool-replay") as pool, \
             ThreadPoolExecutor(1, thread_name_prefix="dcptool-merge") as merger:
         state = DcpState(rollbacks, merger)
-        for futures in _in_order(read, parts(), pool, ahead=1):
-            for f in futures:
-                state.apply(f.result())
+        try:
+            for futures in _in_order(read, parts(), pool, ahead=1):
+                for f in futures:
+                    state.apply(f.result())
+        except BaseException:   # an unreadable file, Ctrl-C: queued chunks are not worked on
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
         return state.finish()
 
 

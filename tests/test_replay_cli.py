@@ -80,3 +80,17 @@ def test_usage_and_runtime_errors(tmp_path):
     r = _run(str(bad))
     assert r.exit_code == 1 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and "bad.parquet" in r.stderr
+
+
+def test_damaged_data_pages_are_one_line_and_exit_1(tmp_path):
+    """A segment whose footer is whole but whose data is damaged (read on a worker thread)."""
+    d, paths = _capture(tmp_path, s=5)
+    path = max(paths, key=lambda p: len(open(p, "rb").read()))
+    data = bytearray(open(path, "rb").read())
+    footer = pq.ParquetFile(path).metadata.serialized_size + 8
+    for i in range(len(data) // 4, len(data) - footer - 16):
+        data[i] ^= 0x5A
+    open(path, "wb").write(bytes(data))
+    r = _run(d, "--checksum")
+    assert r.exit_code == 1 and r.stdout == ""
+    assert len(r.stderr.strip().splitlines()) == 1 and path.rsplit("/", 1)[1] in r.stderr
