@@ -30,8 +30,14 @@ def _binary(buf, starts: np.ndarray, lengths: np.ndarray, valid: np.ndarray | No
         data = pa.py_buffer(buf)[base:base + total]
     elif total:
         u8 = np.frombuffer(buf, dtype=np.uint8)
-        idx = np.repeat(starts - offs[:-1], lengths) + np.arange(total)
-        data = pa.py_buffer(u8[idx])
+        kept = starts if valid is None else starts[valid]
+        width = int(lengths.max())
+        if len(kept) * width == total:
+            # every value the same length (keys usually are): whole rows of a window view
+            data = pa.py_buffer(np.lib.stride_tricks.sliding_window_view(u8, width)[kept].ravel())
+        else:
+            idx = np.repeat(starts - offs[:-1], lengths) + np.arange(total)
+            data = pa.py_buffer(u8[idx])
     else:
         data = pa.py_buffer(b"")
     if total < 2**31:
