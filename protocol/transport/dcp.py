@@ -112,7 +112,8 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         offsets, lengths, consumed, err = columnar.scan(mv, self.max_body)
         del mv
         if consumed:
-            chunk = bytes(self._buf[:consumed])
+            with memoryview(self._buf) as whole:   # one copy (a slice would copy twice)
+                chunk = bytes(whole[:consumed])
             tail = self._end - consumed
             self._buf[:tail] = self._buf[consumed:self._end]
             self._end = tail
