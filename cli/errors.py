@@ -45,7 +45,9 @@ def describe(exc: BaseException) -> str:
         extra = f" (status 0x{exc.status:02x})" if exc.status is not None else ""
         return f"{exc.message}{extra}"
     text = str(exc) or type(exc).__name__
-    return text.splitlines()[0] if text else type(exc).__name__
+    line = text.splitlines()[0] if text.strip() else type(exc).__name__
+    # a library's message may carry raw bytes of the damaged input: show them escaped
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
 
 
 def error_line(message: str) -> None:

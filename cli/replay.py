@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import datetime as _dt
 import os
 import sys
 import threading
@@ -63,7 +64,26 @@ def _tune_process(in_process: bool) -> None:
         pass
 
 
+def _iso_ns(ns: int | None) -> str | None:
+    """Nanoseconds since the epoch as ISO 8601 in UTC, with 6 or 9 fraction digits when
+    there is a fraction (what pandas' Timestamp.isoformat gives, without pandas)."""
+    if ns is None:
+        return None
+    secs, frac = divmod(ns, 1_000_000_000)
+    base = _dt.datetime.fromtimestamp(secs, _dt.timezone.utc).isoformat()
+    if frac == 0:
+        return base
+    digits = f"{frac:09d}" if frac % 1000 else f"{frac // 1000:06d}"
+    return f"{base[:19]}.{digits}{base[19:]}"
+
+
 def _rows(table):
+    """Rows as dicts; timestamps (nanoseconds) as ISO 8601 strings."""
+    import pyarrow as pa
+    ts = [i for i, f in enumerate(table.schema) if pa.types.is_timestamp(f.type)]
+    for i in ts:
+        col = table.column(i).cast(pa.int64())
+        table = table.set_column(i, table.field(i).name, pa.array([_iso_ns(v) for v in col.to_pylist()], pa.string()))
     return table.to_pylist()
 
 

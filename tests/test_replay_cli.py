@@ -4,6 +4,7 @@ errors are one line with the right exit code."""
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 
 import pyarrow.parquet as pq
@@ -94,3 +95,27 @@ def test_damaged_data_pages_are_one_line_and_exit_1(tmp_path):
     r = _run(d, "--checksum")
     assert r.exit_code == 1 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and path.rsplit("/", 1)[1] in r.stderr
+
+
+def test_timestamps_print_without_pandas(tmp_path):
+    """The replay process keeps pandas out; timestamps still print, as ISO 8601 with their
+    nanoseconds (checked in a fresh process, where pandas is really absent)."""
+    import os
+    import subprocess
+    import sys
+    d, _ = _capture(tmp_path)
+    want = local.replay_local(reader.find_captures([d])).table("vbuckets")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for fmt in ("jsonl", "table"):
+        r = subprocess.run([sys.executable, "-m", "dcptool.cli", "replay", d, "--table", "vbuckets",
+                            "--format", fmt], capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 0, r.stderr
+        if fmt == "jsonl":
+            rows = [json.loads(line) for line in r.stdout.splitlines()]
+            for row, ns in zip(rows, want.column("first_ts").cast("int64").to_pylist()):
+                secs, frac = divmod(ns, 10**9)
+                assert row["first_ts"].startswith(
+                    datetime.datetime.fromtimestamp(secs, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"))
+                assert row["first_ts"].endswith("+00:00") and str(frac).rstrip("0") in row["first_ts"]
+        else:
+            assert "vbuckets" in r.stdout and str(want.column("vbucket")[0].as_py()) in r.stdout
