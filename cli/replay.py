@@ -148,17 +148,16 @@ def replay(ctx, captures, use_spark, master, spark_conf, out_dir, fmt, tables, s
       dcptool replay captures/ --out results/
       ls captures/*.parquet | dcptool replay -
     """
-    _tune_process(in_process=not (use_spark or sql or apply_spec
-                                  or ctx.get_parameter_source("master").name != "DEFAULT"))
-    from dcptool.cli.console import err_console
-    from dcptool.replay import local, reader
-
     verbose = bool((ctx.find_root().obj or {}).get("verbose"))
     source = ctx.get_parameter_source("master")
     if source is not None and source.name != "DEFAULT":
         use_spark = True
     if sql and not use_spark:
         raise click.UsageError("--sql runs on Spark: add --spark")
+    _tune_process(in_process=not (use_spark or apply_spec))
+    from dcptool.cli.console import err_console
+    from dcptool.replay import local, reader
+
     if sum(bool(x) for x in (sql, apply_spec, checksum)) > 1:
         raise click.UsageError("choose one of --sql, --apply, --checksum")
     conf = {}

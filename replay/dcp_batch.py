@@ -34,7 +34,7 @@ def _binary(buf, starts: np.ndarray, lengths: np.ndarray, valid: np.ndarray | No
         width = int(lengths.max())
         if len(kept) * width == total:
             # every value the same length (keys usually are): whole rows of a window view
-            data = pa.py_buffer(np.lib.stride_tricks.sliding_window_view(u8, width)[kept].ravel())
+            data = pa.py_buffer(columnar.records(u8, kept, np.dtype(f"V{width}")).view(np.uint8))
         else:
             idx = np.repeat(starts - offs[:-1], lengths) + np.arange(total)
             data = pa.py_buffer(u8[idx])

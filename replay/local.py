@@ -9,11 +9,12 @@ capture, capture_id, frame_no): the local engine uses the row's position in the 
 captures, Spark ranks rows inside a group. Connections are told apart by `_conn`
 (capture rank << 32 | conn): a reconnect is a change of `_conn`.
 
-DCP state is built in two passes so that memory grows with documents, not frames: the
-first pass keeps only control frames (snapshot markers, stream ends, stream-request
-responses); the second feeds item frames chunk by chunk, and every piece of state it keeps
-(last change per document, counters, minima and maxima) merges independently of how the
-frames are chunked.
+DCP state is built in one pass over the frames in order, so that memory grows with
+documents, not frames. Rollbacks are the one rule that looks ahead (a rollback undoes
+changes made before it), so their answers are read first (a pass skipped when the Parquet
+statistics show none). Each chunk is prepared on a worker thread (DcpState.prepare: the
+work that needs no state) and applied in order on the main one (DcpState.apply); documents
+keep each one's last change, merged from per-chunk changes in the background.
 """
 
 from __future__ import annotations
@@ -73,12 +74,6 @@ def _str(col) -> pa.Array:
     return col.cast(pa.string()) if pa.types.is_dictionary(col.type) else col
 
 
-def _is(col, value) -> np.ndarray:
-    return _np(pc.equal(_str(col), value), fill=False, dtype=bool)
-
-
-def _is_in(col, values) -> np.ndarray:
-    return _np(pc.is_in(_str(col), value_set=pa.array(values, pa.string())), fill=False, dtype=bool)
 
 
 def _ts(col) -> np.ndarray:
@@ -114,18 +109,23 @@ def _lookup(col, *sets) -> list[np.ndarray]:
     return masks
 
 
+def _is(col, value) -> np.ndarray:
+    return _lookup(col, {value})[0]
+
+
+def _is_in(col, values) -> np.ndarray:
+    return _lookup(col, set(values))[0]
+
+
 def dcp_vbucket_frames(t: pa.Table) -> np.ndarray:
     """Mask of the vbucket frames: `in`, with a vbucket, decoded, op of a vbucket stream."""
-    (is_in,) = _lookup(t.column("direction"), {"in"})
-    (is_vb_op,) = _lookup(t.column("op"), set(VB_OPS))
-    return (is_in & is_vb_op & _np(t.column("vbucket").is_valid(), dtype=bool)
+    return (_is(t.column("direction"), "in") & _is_in(t.column("op"), VB_OPS) & _np(t.column("vbucket").is_valid(), dtype=bool)
             & _np(t.column("decode_error").is_null(), dtype=bool))
 
 
 def rollback_mask(t: pa.Table) -> np.ndarray:
     """Mask of the ROLLBACK answers to stream requests (with the seqno to roll back to)."""
-    (is_req,) = _lookup(t.column("op"), {"stream_req"})
-    return (is_req & (_np(t.column("status"), fill=0xFFFF, dtype=np.int64) == STATUS_ROLLBACK)
+    return (_is(t.column("op"), "stream_req") & (_np(t.column("status"), fill=0xFFFF, dtype=np.int64) == STATUS_ROLLBACK)
             & _np(t.column("rollback_seqno").is_valid(), dtype=bool))
 
 
@@ -135,19 +135,20 @@ def _ck(t: pa.Table) -> np.ndarray:
 
 
 class _Grow:
-    """numpy arrays that grow at the end (amortised), read and written in place."""
+    """numpy arrays that grow at the end (amortised). Attributes are the whole arrays, to
+    read and write in place by index; `view(name)` is the filled part."""
 
     def __init__(self, **fills):
         self.n = 0
         self._fills = fills
-        self._a = {k: np.full(16, v[1], v[0]) for k, v in fills.items()}
+        self._a = {k: np.full(16, fill, dtype) for k, (dtype, fill) in fills.items()}
 
     def extend(self, count: int, **values) -> None:
         need = self.n + count
-        if need > len(next(iter(self._a.values()))):
-            cap = max(need, 2 * len(next(iter(self._a.values()))))
+        cap = len(next(iter(self._a.values())))
+        if need > cap:
             for k, (dtype, fill) in self._fills.items():
-                a = np.full(cap, fill, dtype)
+                a = np.full(max(need, 2 * cap), fill, dtype)
                 a[:self.n] = self._a[k][:self.n]
                 self._a[k] = a
         for k, v in values.items():
@@ -309,7 +310,7 @@ class DcpState:
         if p.part is not None:
             self._parts.append(p.part)
             self._parts_rows += p.part.num_rows
-            # merge once the pending changes are as many as the documents: amortised linear
+            # merge once the pending changes are twice the documents: amortised linear
             if self._parts_rows >= max(CHUNK_ROWS, 2 * self._docs_rows):
                 self._merge_docs(background=self._merger is not None)
 

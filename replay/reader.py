@@ -230,16 +230,17 @@ def may_have_values(files: list[CaptureFile], column: str) -> bool:
     return False
 
 
-def _stream_file(f: CaptureFile, cols, batch_rows: int, threads: bool = True) -> Iterator[pa.Table]:
+def _stream_file(f: CaptureFile, cols, batch_rows: int, threads: bool = True,
+                 row_groups: list[int] | None = None) -> Iterator[pa.Table]:
     full = capture_schema(f.protocol)
     schema = full if cols is None else pa.schema([full.field(c) for c in cols])
-    # no pre-buffering: its cache keeps every column chunk read until the file is closed, so
-    # memory grew with the segment (measured 10M frames: +4 MB per 256k rows; also 30% more CPU)
-    pf = pq.ParquetFile(f.path, pre_buffer=False)
-    present = set(pf.schema_arrow.names)
     try:
-        for batch in pf.iter_batches(batch_size=batch_rows, columns=[c for c in schema.names if c in present],
-                                      use_threads=threads):
+        # no pre-buffering: its cache keeps every column chunk read until the file is closed, so
+        # memory grew with the segment (measured 10M frames: +4 MB per 256k rows; also 30% more CPU)
+        pf = pq.ParquetFile(f.path, pre_buffer=False)
+        present = set(pf.schema_arrow.names)
+        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=row_groups, use_threads=threads,
+                                     columns=[c for c in schema.names if c in present]):
             yield conform(pa.Table.from_batches([batch]), schema)
     except (OSError, pa.ArrowException) as exc:
         raise CaptureError(f"{f.path}: unreadable ({exc})") from exc
@@ -295,19 +296,6 @@ def iter_capture_tables(files: list[CaptureFile], columns: list[str] | None = No
                 yield whole
 
 
-def _read_row_group(f: CaptureFile, cols, i: int, batch_rows: int) -> Iterator[pa.Table]:
-    full = capture_schema(f.protocol)
-    schema = full if cols is None else pa.schema([full.field(c) for c in cols])
-    try:
-        pf = pq.ParquetFile(f.path, pre_buffer=False)
-        present = set(pf.schema_arrow.names)
-        for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[i], use_threads=False,
-                                     columns=[c for c in schema.names if c in present]):
-            yield conform(pa.Table.from_batches([batch]), schema)
-    except (OSError, pa.ArrowException) as exc:
-        raise CaptureError(f"{f.path}: unreadable ({exc})") from exc
-
-
 def iter_capture_parts(files: list[CaptureFile], columns: list[str] | None = None, batch_rows: int = 1 << 20
                        ) -> Iterator[tuple[int, Callable[[], Iterator[pa.Table]]]]:
     """The rows of iter_capture_tables as (row count, read) pairs, for reading on other
@@ -320,11 +308,11 @@ def iter_capture_parts(files: list[CaptureFile], columns: list[str] | None = Non
             for f in group:
                 md = pq.ParquetFile(f.path).metadata
                 for i in range(md.num_row_groups):
-                    yield md.row_group(i).num_rows, functools.partial(_read_row_group, f, cols, i, batch_rows)
+                    yield md.row_group(i).num_rows, functools.partial(_stream_file, f, cols, batch_rows, False, [i])
         else:
             whole = _read_sorted(group, cols)
             if whole is not None:
-                yield whole.num_rows, functools.partial(lambda t: iter([t]), whole)
+                yield whole.num_rows, functools.partial(iter, [whole])
 
 
 def read_capture_table(files: list[CaptureFile], columns: list[str] | None = None) -> pa.Table:

@@ -318,7 +318,9 @@ def _dcp_documents(vb_frames, ranks: dict[str, int], rollbacks: bool = True):
                              & (F.coalesce(F.col("by_seqno"), F.lit(-1)) > F.col("_r_seqno")), "left_anti")
     # each document's last change in one hash aggregate: max_by of every column alone, all
     # of them numbers (a struct, or a string, would make Spark sort every change instead)
-    state = (F.when(F.col("op") == "mutation", 0).when(F.col("op") == "deletion", 1).otherwise(2))
+    ops = list(local.DOC_STATES)   # op -> state, coded by position
+    state = F.element_at(F.create_map(*[x for i, op in enumerate(ops) for x in (F.lit(op), F.lit(i))]),
+                         F.col("op"))
     two63 = F.lit(decimal.Decimal(2**63)).cast("decimal(20,0)")
     numeric = {"by_seqno": F.col("by_seqno"), "rev_seqno": F.col("rev_seqno"),
                "cas": (F.col("cas") - two63).cast("long"),          # uint64 as a long, shifted
@@ -329,7 +331,8 @@ def _dcp_documents(vb_frames, ranks: dict[str, int], rollbacks: bool = True):
         *[F.max_by(col, F.col("_seq")).alias(name) for name, col in numeric.items()])
     by_rank = F.create_map(*[x for cid, r in ranks.items() for x in (F.lit(r).cast("long"), F.lit(cid))])
     out = {"cas": (F.col("cas").cast("decimal(20,0)") + two63).cast("decimal(20,0)"),
-           "state": F.when(F.col("state") == 0, "live").when(F.col("state") == 1, "deleted").otherwise("expired"),
+           "state": F.element_at(F.create_map(*[x for i, op in enumerate(ops)
+                                                for x in (F.lit(i), F.lit(local.DOC_STATES[op]))]), F.col("state")),
            "capture_id": F.element_at(by_rank, F.col("capture_id"))}
     return last.select([out.get(f.name, F.col(f.name)).alias(f.name) for f in T.schema_of("dcp", "documents")])
 
