@@ -7,15 +7,16 @@ stops acknowledging buffers, so the producer's flow control slows it and nothing
 
 from __future__ import annotations
 
-import signal
+import asyncio
+import contextlib
 import time
 
 import numpy as np
 
 from dcptool.cli.console import err_console
-from dcptool.cli.errors import Interrupted
 from dcptool.cli.live import LiveOptions
 from dcptool.cli.process import fewer_gc_passes, without_pandas
+from dcptool.cli.run_summary import MAX_MESSAGES, RunStats, StopSignals
 from dcptool.protocol.dcp import columnar
 from dcptool.protocol.dcp import consumer as C
 
@@ -37,6 +38,9 @@ class CaptureTap:
         self.opaque_vb: dict[int, int] = {}
         self.received = 0
         self.wire_bytes = 0
+        self.sent = 0
+        self.sent_bytes = 0
+        self.connections = 0            # connections made (something was sent on them)
         self.remaining = max_messages
         self.on_limit = on_limit
         self._held: list | None = []    # batches held until the options metadata is final
@@ -49,6 +53,9 @@ class CaptureTap:
         self.conn, self.consumer = conn, consumer
 
     def on_sent(self, frame: bytes, ts_ns: int, mono_ns: int) -> None:
+        self.sent += 1
+        self.sent_bytes += len(frame)
+        self.connections = self.conn
         self._out.append((self.frame_no, frame, ts_ns, mono_ns))
         self.frame_no += 1
 
@@ -148,7 +155,8 @@ def resume_from(directory: str) -> tuple[dict[int, C.VbState], list[str]]:
 
 def run_capture(opts: LiveOptions, settings: dict) -> None:
     without_pandas()
-    from dcptool.cli.dcp_live import EventLog, consumer_config, run_session, tls_for
+    from dcptool.cli.dcp_live import (EventLog, consumer_config, every_stream_failed, finish_reason,
+                                      run_session, tls_for)
     from dcptool.cli.progress import make_progress, print_summary
     from dcptool.protocol.transport.dcp import Session
     from dcptool.replay.writer import BackgroundWriter, CaptureWriter, WriterError
@@ -162,13 +170,32 @@ def run_capture(opts: LiveOptions, settings: dict) -> None:
     options = opts.safe_dict()
     options["resumed_vbuckets"] = len(resume)
     progress = make_progress("dcp", quiet=settings.get("quiet", False))
-    events = EventLog(quiet=settings.get("quiet", False))
+    events = EventLog(quiet=settings.get("quiet", False), requested=opts.vbuckets)
+    stats = RunStats("dcp", opts.source.url)
     box: dict = {}
 
     def stop():
         s = box.get("session")
         if s is not None:
             s.stop()
+
+    def on_connect(conn, consumer):
+        box["loop"] = asyncio.get_running_loop()
+        tap.attach(conn, consumer)
+
+    def writer_failed(_exc):
+        # the writer thread died (disk full ...): the consumer may be paused on the backlog,
+        # with nothing arriving that would make it look, so end the session from here
+        loop = box.get("loop")
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):   # the loop ended meanwhile
+                loop.call_soon_threadsafe(stop)
+
+    def should_pause():
+        if bg.error is not None:
+            stop()
+            return True
+        return bg.backlog_bytes > pause_at
 
     writer = bg = tap = None
     handshake: dict = {}
@@ -192,46 +219,56 @@ def run_capture(opts: LiveOptions, settings: dict) -> None:
     except WriterError:
         progress.close()
         raise
-    bg = BackgroundWriter(writer)
+    bg = BackgroundWriter(writer, on_error=writer_failed)
     fewer_gc_passes()
-    tap = CaptureTap(bg, progress, max_messages=opts.max_messages, on_limit=stop)
+    def on_limit():
+        stats.stop(MAX_MESSAGES)
+        stop()
+
+    tap = CaptureTap(bg, progress, max_messages=opts.max_messages, on_limit=on_limit)
     pause_at = DEFAULTS["pause_backlog_bytes"]
     session = Session(consumer_config(opts), opts.source.host, opts.source.port, tls=tls_for(opts),
-                      tap=tap, on_events=on_events, on_connect=tap.attach, resume=resume or None,
-                      should_pause=lambda: bg.backlog_bytes > pause_at or bg.error is not None,
-                      reconnects=DEFAULTS["reconnects"], connect_timeout=DEFAULTS["connect_timeout"])
+                      tap=tap, on_events=on_events, on_connect=on_connect, resume=resume or None,
+                      should_pause=should_pause,
+                      reconnects=DEFAULTS["reconnects"], connect_timeout=opts.timeout)
     box["session"] = session
-    started = time.monotonic()
     error: BaseException | None = None
-    consumer, interrupted = None, False
+    consumer = None
+    # SIGINT (even when inherited ignored), SIGTERM, SIGHUP: the same clean finish as Ctrl-C
+    signals = StopSignals().__enter__()
     try:
-        consumer, interrupted = run_session(session, opts.duration, (signal.SIGINT, signal.SIGTERM))
+        consumer = run_session(session, opts.duration, stats, signals)
     except BaseException as exc:  # noqa: BLE001 - the files are closed first, then it is re-raised
         error = exc
     finally:
         progress.close()
-        tap.finish()
+        try:
+            tap.finish()
+        except WriterError:
+            pass     # the writer's own error is raised by close below
     try:
         files = bg.close()
     except WriterError as exc:
-        raise exc from None
+        # the disk error is what to report (the session only stopped because of it);
+        # what was finished before it is listed as usual
+        error = exc.with_traceback(None)
+        files = list(writer.segments)
     if bg.error is not None and error is None:
         error = bg.error
-    extra = {"capture_id": writer.capture_id, "frames": tap.frame_no, "received": tap.received,
-             "connections": session.conn, "rollbacks": events.rollbacks,
-             "streams_ended": len(events.ends), "seconds": round(time.monotonic() - started, 3)}
+    if error is None and consumer is not None and not session.stopped:
+        stats.stop(finish_reason(opts, events))
+        if events.failed and not events.ends:
+            error = every_stream_failed(events)
+    stop_exc = error if error is not None else signals.interrupted()
+    stats.messages_in, stats.bytes_in = tap.received, tap.wire_bytes
+    stats.messages_out, stats.bytes_out, stats.connections = tap.sent, tap.sent_bytes, tap.connections
+    extra = {**stats.summary(stop_exc), "capture_id": writer.capture_id, "frames": tap.frame_no,
+             "received": tap.received, "rollbacks": events.rollbacks, "streams_ended": len(events.ends)}
     if recovered:
         extra["recovered_segments"] = recovered
     if files or error is None:
         print_summary(files, json_summary=settings.get("json_summary", False),
                       quiet=settings.get("quiet", False), extra=extra)
-    if error is not None:
-        raise error
-    if interrupted:
-        raise Interrupted()
-    if consumer is not None and events.failed and not events.ends and not session.stopped:
-        from dcptool.protocol.dcp.constants import status_name
-        from dcptool.protocol.errors import ErrorCode, RemoteError
-        status = next(iter(events.failed.values()))
-        raise RemoteError(ErrorCode.STATUS, f"every stream request failed, e.g. vbucket "
-                          f"{next(iter(events.failed))}: {status_name(status)}", status)
+    signals.__exit__(None, None, None)
+    if stop_exc is not None:
+        raise stop_exc

@@ -21,12 +21,26 @@ AUTH_STATUSES = {0x1F, 0x20, 0x24}  # auth stale, auth error, access denied
 
 
 class Interrupted(Exception):
-    """Raised by a command after it closed everything cleanly on Ctrl-C."""
+    """Raised by a command after it closed everything cleanly on a signal: Ctrl-C (SIGINT)
+    exits 130, SIGTERM and SIGHUP 128 + the signal number (143, 129)."""
+
+    def __init__(self, signum: int = 2):
+        super().__init__(signum)
+        self.signum = int(signum)
+
+
+class LateUsageError(Exception):
+    """A usage error found only after connecting (an option the server's answer rules out,
+    e.g. --vbuckets beyond the bucket's): exit 2 with one line."""
 
 
 def exit_code_for(exc: BaseException) -> int:
-    if isinstance(exc, (KeyboardInterrupt, Interrupted)):
+    if isinstance(exc, Interrupted):
+        return 128 + exc.signum
+    if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED
+    if isinstance(exc, LateUsageError):
+        return EXIT_USAGE
     if isinstance(exc, ConnectFailed):
         return EXIT_CONNECT
     if isinstance(exc, AuthRefused):
@@ -41,19 +55,24 @@ def exit_code_for(exc: BaseException) -> int:
 
 
 def describe(exc: BaseException) -> str:
+    """The one line for an error. Messages quote what the server sent (mechanism lists,
+    error texts, names): control characters and terminal escapes come out escaped."""
+    from dcptool.cli.output import printable
     if isinstance(exc, ProtocolError):
         extra = f" (status 0x{exc.status:02x})" if exc.status is not None else ""
-        return f"{exc.message}{extra}"
+        return printable(f"{exc.message}{extra}")
     text = str(exc) or type(exc).__name__
     line = text.splitlines()[0] if text.strip() else type(exc).__name__
     # a library's message may carry raw bytes of the damaged input: show them escaped
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in line)
+    return printable(line)
 
 
 def error_line(message: str) -> None:
-    """One clear line on stderr."""
+    """One clear line on stderr (the message is text, never rich markup)."""
+    from rich.markup import escape
+
     from dcptool.cli.console import err_console
-    err_console().print(f"[bold red]dcptool:[/] {message}", highlight=False, soft_wrap=True)
+    err_console().print(f"[bold red]dcptool:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def handle(ctx: click.Context, exc: BaseException):
@@ -65,11 +84,16 @@ def handle(ctx: click.Context, exc: BaseException):
         _silence_stdout()
         ctx.exit(EXIT_OK)
     if isinstance(exc, (KeyboardInterrupt, Interrupted)):
-        error_line("interrupted")
-        ctx.exit(EXIT_INTERRUPTED)
+        signum = getattr(exc, "signum", 2)
+        import signal
+        error_line("interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}")
+        ctx.exit(exit_code_for(exc))
     if (ctx.obj or {}).get("verbose"):
         import traceback
-        traceback.print_exception(exc)
+
+        from dcptool.cli.output import printable
+        for chunk in traceback.format_exception(exc):   # messages may quote the server: escaped
+            sys.stderr.write("\n".join(printable(ln) for ln in chunk.rstrip("\n").split("\n")) + "\n")
     error_line(describe(exc))
     ctx.exit(exit_code_for(exc))
 

@@ -10,7 +10,6 @@ needed (never `raw` or values), so memory stays bounded by the largest segment.
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import sys
 
@@ -28,11 +27,15 @@ _ROLLBACK = 0x23
 
 
 def _iso(ns: int | None) -> str | None:
-    if ns is None:
-        return None
-    secs, frac = divmod(int(ns), 1_000_000_000)
-    return _dt.datetime.fromtimestamp(secs, _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S") \
-        + f".{frac:09d}Z"
+    from dcptool.cli.output import iso_ns
+    return iso_ns(ns)
+
+
+def _started(text: str) -> str:
+    """A segment's dcptool.started_at metadata (microseconds) in the output contract's form."""
+    from dcptool.replay.reader import _parse_started
+    t = _parse_started(text)
+    return _iso((int(t.timestamp()) * 1_000_000 + t.microsecond) * 1000)
 
 
 def _plain(arr):
@@ -55,17 +58,43 @@ def _add(into: dict, more: dict) -> None:
         into[k] = into.get(k, 0) + v
 
 
+# rows per chunk read: memory depends on this, not on the length of a segment
+CHUNK_ROWS = 1 << 18
+
+
+def _chunks(f, cols):
+    """The rows of one segment in frame_no order, CHUNK_ROWS at a time. A finished segment
+    (frame numbers increase, checked on that column alone) is streamed; anything else is
+    read whole and sorted (an in-progress segment is at most one rotation in size)."""
+    from dcptool.replay import reader
+    if not f.in_progress and reader._frame_range(f) is not None:
+        yield from reader._stream_file(f, cols, CHUNK_ROWS, threads=False)
+        return
+    t = reader.read_file(f, cols)
+    for start in range(0, t.num_rows, CHUNK_ROWS):
+        yield t.slice(start, CHUNK_ROWS)
+
+
 def summarize(paths) -> dict:
-    """The inspect summary of the captures named by `paths` (files or directories)."""
-    from dcptool.replay.reader import CaptureError, find_captures, read_file
+    """The inspect summary of the captures named by `paths` (files or directories), read
+    chunk by chunk: memory does not grow with the capture."""
+    from dcptool.replay.reader import CaptureError, find_captures
     files = find_captures(paths)
     if not files:
         raise CaptureError(f"no capture files found in {', '.join(map(str, paths))}")
     protocol = files[0].protocol
     s = _Summary(protocol)
+    cols = _DCP_COLUMNS if protocol == "dcp" else _SYN_COLUMNS
     for f in files:
-        table = read_file(f, _DCP_COLUMNS if protocol == "dcp" else _SYN_COLUMNS)
-        s.file(f, table)
+        s.file(f)
+        last_conn = None
+        for t in _chunks(f, cols):
+            s.chunk(f, t)
+            if protocol == "synapse" and t.num_rows:
+                last_conn = t.column("conn")[-1].as_py()
+        if protocol == "synapse" and s.files[-1]["rows"]:
+            # a change of connection drops the rows still waiting for a token (REPLAY.md)
+            s.syn.connection((f.capture_id, last_conn))
     return s.result()
 
 
@@ -85,23 +114,28 @@ class _Summary:
         self.rollbacks: list[dict] = []
         self.stream_ends: list[dict] = []
         # Synapse
-        self.streams: dict[tuple, dict] = {}
-        self.gaps: list[dict] = []
-        self._conn = None
+        self.syn = None
+        if protocol == "synapse":
+            from dcptool.replay.synapse_stream import PositionScan
+            self.syn = PositionScan()
 
     # -- per segment ---------------------------------------------------------------------
 
-    def file(self, f, t) -> None:
-        import pyarrow.compute as pc
-        n = t.num_rows
+    def file(self, f) -> None:
         self.files.append({"path": f.path, "capture_id": f.capture_id, "segment": f.segment,
-                           "in_progress": f.in_progress, "started_at": f.started_at, "rows": n})
+                           "in_progress": f.in_progress, "started_at": _started(f.started_at), "rows": 0})
         cap = self.captures.setdefault(f.capture_id, {
-            "capture_id": f.capture_id, "started_at": f.started_at,
+            "capture_id": f.capture_id, "started_at": _started(f.started_at),
             "source": f.metadata.get("dcptool.source"), "version": f.metadata.get("dcptool.version"),
             "segments": 0, "rows": 0})
         cap["segments"] += 1
-        cap["rows"] += n
+
+    def chunk(self, f, t) -> None:
+        """The next rows of the segment last passed to file()."""
+        import pyarrow.compute as pc
+        n = t.num_rows
+        self.files[-1]["rows"] += n
+        self.captures[f.capture_id]["rows"] += n
         self.rows += n
         if n == 0:
             return
@@ -181,46 +215,9 @@ class _Summary:
         cmd = _plain(t.column("command"))
         wanted = pc.and_(is_in, pc.fill_null(pc.is_in(cmd, value_set=pa.array(["RDATA", "POSITION"])),
                                              False))
-        rel = t.filter(wanted).select(["frame_no", "conn", "command", "stream", "instance",
-                                       "token", "batch", "prev_token", "new_token"]).to_pylist()
-        for r in rel:
-            self._connection((f.capture_id, r["conn"]))
-            key = (r["stream"], r["instance"])
-            st = self.streams.get(key)
-            if st is None:
-                st = self.streams[key] = {"stream": r["stream"], "instance": r["instance"],
-                                          "token": None, "rows": 0, "batches": 0,
-                                          "positions": 0, "gaps": 0, "dropped": 0,
-                                          "waiting": 0}
-            if r["command"] == "RDATA":
-                if r["batch"]:
-                    st["waiting"] += 1
-                elif r["token"] is not None:
-                    if st["waiting"]:
-                        st["batches"] += 1
-                    st["rows"] += st["waiting"] + 1
-                    st["waiting"] = 0
-                    st["token"] = r["token"]
-            else:
-                st["positions"] += 1
-                prev, new = r["prev_token"], r["new_token"]
-                if st["token"] is not None and prev is not None and st["token"] < prev:
-                    st["gaps"] += 1
-                    self.gaps.append({"stream": r["stream"], "instance": r["instance"],
-                                      "from_token": st["token"], "to_token": prev,
-                                      "capture_id": f.capture_id, "frame_no": r["frame_no"]})
-                if new is not None:
-                    st["token"] = new
-        # a change of connection drops the rows still waiting for a token (REPLAY.md)
-        self._connection((f.capture_id, t.column("conn")[-1].as_py()))
-
-    def _connection(self, conn) -> None:
-        if conn != self._conn:
-            if self._conn is not None:
-                for st in self.streams.values():
-                    st["dropped"] += st["waiting"]
-                    st["waiting"] = 0
-            self._conn = conn
+        rel = t.filter(wanted)
+        if rel.num_rows:
+            self.syn.feed(f.capture_id, rel)
 
     # -- result --------------------------------------------------------------------------
 
@@ -246,23 +243,35 @@ class _Summary:
             out["stream_ends"] = self.stream_ends
         else:
             out["commands"] = kinds
-            out["positions"] = [self.streams[k] for k in sorted(self.streams, key=lambda k: (str(k[0]), str(k[1])))]
-            out["gaps"] = self.gaps
+            out["positions"], out["gaps"] = self.syn.result()
         out["decode_errors"] = {"count": self.decode_errors, "examples": self.error_examples}
         return out
 
 
 # ----------------------------------------------------------------------------- rendering
 
+_LEFT = ("file", "op", "command", "stream", "instance", "reason", "error", "capture_id", "started_at")
+_FOLD = ("file", "error")  # long text that may wrap on a terminal; ids, names, numbers stay whole
+
+
 def render(summary: dict, console) -> None:
+    """The summary as tables. Every cell is rich Text (never markup) escaped by
+    output.printable: stream names, ops, errors and paths can come from the other side."""
     from rich.table import Table
+    from rich.text import Text
+
+    from dcptool.cli.output import printable
+
+    class _Table(Table):
+        def add_row(self, *cells, **kw):
+            super().add_row(*[Text(printable(c)) for c in cells], **kw)
 
     def table(title, *cols):
-        t = Table(title=title, title_justify="left", title_style="bold")
+        t = _Table(title=title, title_justify="left", title_style="bold")
         for c in cols:
-            t.add_column(c, justify="right" if c not in ("file", "op", "command", "stream",
-                                                          "instance", "reason", "error",
-                                                          "capture_id", "started_at") else "left")
+            fold = c in _FOLD
+            t.add_column(c, justify="left" if c in _LEFT else "right", no_wrap=not fold,
+                         overflow="fold")
         return t
 
     files = table("files", "file", "capture_id", "segment", "rows")
@@ -274,8 +283,8 @@ def render(summary: dict, console) -> None:
     console.print(f"protocol {summary['protocol']}, {len(summary['captures'])} capture(s), "
                   f"{summary['rows']:,} rows"
                   + (f", {span['first']} .. {span['last']} ({span['seconds']:.3f} s)" if span else "")
-                  + "; " + ", ".join(f"{k}: {v:,}" for k, v in summary["directions"].items()),
-                  highlight=False)
+                  + "; " + ", ".join(f"{printable(k)}: {v:,}" for k, v in summary["directions"].items()),
+                  highlight=False, markup=False)
     kind = "op" if summary["protocol"] == "dcp" else "command"
     kinds = table(f"rows per {kind}", kind, "rows")
     for k, v in summary["ops" if kind == "op" else "commands"].items():

@@ -24,12 +24,15 @@ class ErrorCode(enum.IntEnum):
     BAD_FRAMING_EXTRAS = 5   # a flexible-framing element runs past its section
     BAD_LEB128 = 6           # a collection id prefix is not valid unsigned LEB128
     BAD_EXTRAS = 7           # extras of the wrong size for the opcode
+    BAD_VBUCKET = 8          # a vbucket id outside what a bucket can have (0-1023) or was asked for
     # consumer / producer state machines
     UNEXPECTED_MESSAGE = 20  # a message that is not valid in the current state
     STATUS = 21              # the peer answered with a status we cannot continue from
     AUTH_FAILED = 22         # SASL refused or the server signature did not verify
     DEAD_CONNECTION = 23     # nothing received for too long
     UNSUPPORTED = 24         # the peer lacks something we require
+    TIMEOUT = 25             # no answer to a request, or a frame stopped half way, within the timeout
+    SASL_LIMIT = 26          # the server's SASL exchange exceeds our bounds (rounds, SCRAM iterations)
     # Synapse line protocol
     LINE_TOO_LONG = 40       # a line above the cap
     BAD_COMMAND = 41         # a known command whose arguments do not parse

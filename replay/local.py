@@ -749,12 +749,14 @@ class Replay:
         return self.results[name]
 
 
-def replay_local(files: list, chunk_rows: int = CHUNK_ROWS) -> Replay:
+def replay_local(files: list, chunk_rows: int = CHUNK_ROWS, tables=None) -> Replay:
+    """`tables`: the names that will be asked for (None: any); Synapse skips building
+    `rows` when it is not among them."""
     protocol = reader.protocol_of(files)
     ranks = reader.capture_ranks(files)
     if protocol == "dcp":
         return Replay(protocol, files, _replay_dcp(files, ranks, chunk_rows))
-    return Replay(protocol, files, _replay_synapse(files, ranks))
+    return Replay(protocol, files, _replay_synapse(files, ranks, tables, chunk_rows))
 
 
 def _in_order(work: Callable, items: Iterator, pool: ThreadPoolExecutor, ahead: int = 3) -> Iterator:
@@ -831,34 +833,62 @@ def _replay_dcp(files, ranks, chunk_rows) -> dict[str, pa.Table]:
         return state.finish()
 
 
-def _replay_synapse(files, ranks) -> dict[str, pa.Table]:
-    cols = list(dict.fromkeys(["direction", "decode_error"] + SYN_STATE_COLUMNS))
-    parts, commands, max_conn = [], [], -1
-    for t in _ordered(files, cols, ranks):
-        if t.num_rows:
-            max_conn = max(max_conn, int(pc.max(t.column("_conn")).as_py()))
-        commands.append(t.select(["command", "ts"]))
-        keep = synapse_group_frames(t)
-        parts.append(t.filter(pa.array(keep)).select(SYN_STATE_COLUMNS + ["_seq", "_conn"]))
-    schema = pa.schema([capture_schema("synapse").field(c) for c in SYN_STATE_COLUMNS]
-                       + [("_seq", pa.int64()), ("_conn", pa.int64())])
-    frames = pa.concat_tables(parts) if parts else schema.empty_table()
-    out = synapse_tables(frames, max_conn)
-    cmd_schema = pa.schema([capture_schema("synapse").field("command"), capture_schema("synapse").field("ts")])
-    out["commands"] = commands_table(pa.concat_tables(commands) if commands else cmd_schema.empty_table())
-    return out
+def _replay_synapse(files, ranks, tables=None, chunk_rows: int = CHUNK_ROWS) -> dict[str, pa.Table]:
+    """Every Synapse table but `frames`, in one pass over the capture in chunks of
+    `chunk_rows` (replay/synapse_stream.py); `rows` only when `tables` asks for it."""
+    from dcptool.replay.synapse_stream import lazy_results
+    return lazy_results(files, ranks, tables, chunk_rows)
 
 
 # ---------------------------------------------------------------------------------------
 # user code: --apply module:function
 
 def load_function(spec: str) -> Callable:
-    module, sep, attr = spec.partition(":")
+    """The function named by `--apply`: `module:function` (the module found in the working
+    directory first, as `python -m` does, then on the Python path) or `path/to/file.py:function`
+    (a path with a `/` or ending in `.py`, relative to the working directory). Dotted
+    function names (`module:Class.method`) are followed. ImportError, AttributeError or
+    ValueError with a one-line message when it cannot be found."""
+    import os
+    import sys
+
+    module, sep, attr = spec.rpartition(":")
     if not sep or not module or not attr:
-        raise ValueError(f"--apply wants module:function, got {spec!r}")
-    fn = importlib.import_module(module)
+        raise ValueError(f"--apply wants module:function or file.py:function, got {spec!r}")
+    if module.endswith(".py") or os.sep in module or "/" in module:
+        path = os.path.abspath(os.path.expanduser(module))
+        if not os.path.isfile(path):
+            raise ImportError(f"no such file {module}")
+        name = os.path.splitext(os.path.basename(path))[0]
+        if not name.isidentifier():
+            raise ValueError(f"{os.path.basename(path)} is not a valid module name")
+        loaded = sys.modules.get(name)
+        if loaded is not None and os.path.abspath(getattr(loaded, "__file__", "") or "") != path:
+            raise ImportError(f"{module} would shadow the module {name!r} already loaded; rename the file")
+        if loaded is None:
+            # importable by its name, from its directory: Spark's workers import it so too
+            # (replay/spark.py ships the file), and cloudpickle refers to it by that name
+            folder = os.path.dirname(path)
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
+            loaded = importlib.import_module(name)
+        fn = loaded
+    else:
+        cwd = os.getcwd()
+        if cwd not in sys.path and "" not in sys.path:
+            sys.path.insert(0, cwd)
+        try:
+            fn = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name and module.split(".")[0] == exc.name.split(".")[0]:
+                raise ImportError(f"no module named {exc.name!r} in the working directory "
+                                  "or on the Python path") from None
+            raise
     for part in attr.split("."):
-        fn = getattr(fn, part)
+        try:
+            fn = getattr(fn, part)
+        except AttributeError:
+            raise AttributeError(f"{module} has no {attr!r}") from None
     if not callable(fn):
         raise ValueError(f"{spec} is not callable")
     return fn

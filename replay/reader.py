@@ -199,13 +199,23 @@ def _frame_range(f: CaptureFile) -> tuple[int, int] | None:
         raise CaptureError(f"{f.path}: unreadable ({exc})") from exc
     key = (f.path, st.st_size, st.st_mtime_ns)
     if key not in _FRAME_RANGES:
-        pf = pq.ParquetFile(f.path)
+        pf = pq.ParquetFile(f.path, pre_buffer=False)
         rng = None
         if "frame_no" in pf.schema_arrow.names:
-            fn = pf.read(columns=["frame_no"]).column("frame_no")
-            if fn.null_count == 0 and (len(fn) < 2 or pc.all(
-                    pc.greater(fn.slice(1), fn.slice(0, len(fn) - 1))).as_py()):
-                rng = (fn[0].as_py(), fn[-1].as_py()) if len(fn) else (-1, -1)
+            # batch by batch: the whole column of a long segment is 8 bytes a frame
+            first = last = None
+            rng = (-1, -1)
+            for b in pf.iter_batches(batch_size=1 << 20, columns=["frame_no"], use_threads=False):
+                fn = b.column(0)
+                if fn.null_count or (len(fn) and last is not None and fn[0].as_py() <= last) or (
+                        len(fn) > 1 and not pc.all(pc.greater(fn.slice(1), fn.slice(0, len(fn) - 1))).as_py()):
+                    rng = None
+                    break
+                if len(fn):
+                    first = fn[0].as_py() if first is None else first
+                    last = fn[-1].as_py()
+            if rng is not None and first is not None:
+                rng = (first, last)
         _FRAME_RANGES[key] = rng
     return _FRAME_RANGES[key]
 

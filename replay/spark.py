@@ -14,10 +14,13 @@ nanoseconds since the epoch (Parquet nanosecond timestamps are read as such)."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import decimal
 import io
 import os
+import re
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -62,14 +65,43 @@ def _quiet_fd2(enabled: bool):
         os.close(devnull)
 
 
+# Environment variables the Spark JVM (and its Python workers) never get: dcptool's own
+# credentials and anything named like a secret. A query could read them (reflect, java_method),
+# and replay needs none of them.
+_SECRET_ENV = re.compile(r"PASS|SECRET|TOKEN|CREDENTIAL|API_?KEY|PRIVATE_?KEY|ACCESS_?KEY|AUTH",
+                         re.IGNORECASE)
+
+
+def scrub_environment(environ=None) -> list[str]:
+    """Remove DCPTOOL_USER, DCPTOOL_PASSWORD and secret-looking variables from `environ`
+    (os.environ) before the JVM starts: it inherits them. The names removed."""
+    environ = os.environ if environ is None else environ
+    gone = [k for k in list(environ)
+            if k in ("DCPTOOL_USER", "DCPTOOL_PASSWORD", "DCPTOOL_PASSWORD_FILE") or _SECRET_ENV.search(k)]
+    for k in gone:
+        environ.pop(k, None)
+    return gone
+
+
 def make_session(master: str = "local[*]", app_name: str = "dcptool", conf: dict | None = None,
                  verbose: bool = False):
     """A SparkSession for replay. Local (and loopback) masters bind the driver to
-    127.0.0.1; the UI is off; Spark's logging stays off the terminal unless `verbose`."""
+    127.0.0.1; the UI is off; Spark's logging stays off the terminal (log4j inherits a
+    /dev/null stderr; py4j's Python logger stays at WARNING even under -v); the catalog is
+    in memory and the warehouse a temporary directory (removed by `stop_session` or at
+    exit), so nothing is left in the working directory; SQL cannot query files by path
+    (text.`/etc/passwd`); the JVM gets no credentials from the environment."""
+    import logging
+
     from pyspark.sql import SparkSession
 
+    for name in ("py4j", "py4j.clientserver", "py4j.java_gateway"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    scrub_environment()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    warehouse = tempfile.mkdtemp(prefix="dcptool-spark-warehouse-")
+    atexit.register(shutil.rmtree, warehouse, True)
     builder = SparkSession.builder.master(master).appName(app_name)
     settings = {
         "spark.ui.enabled": "false",
@@ -78,6 +110,9 @@ def make_session(master: str = "local[*]", app_name: str = "dcptool", conf: dict
         "spark.sql.legacy.parquet.nanosAsLong": "true",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.shuffle.partitions": "8",
+        "spark.sql.catalogImplementation": "in-memory",
+        "spark.sql.warehouse.dir": warehouse,
+        "spark.sql.runSQLOnFiles": "false",
     }
     if master.startswith("local"):
         settings["spark.driver.memory"] = "2g"  # executors live in the driver JVM
@@ -87,10 +122,26 @@ def make_session(master: str = "local[*]", app_name: str = "dcptool", conf: dict
     settings.update(conf or {})
     for k, v in settings.items():
         builder = builder.config(k, v)
-    with _quiet_fd2(not verbose):
+    # the JVM keeps the stderr it was started with: /dev/null, also under -v (its INFO log
+    # is tens of thousands of lines; dcptool's own -v output is the traceback)
+    with _quiet_fd2(True):
         session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("INFO" if verbose else "ERROR")
+    session.sparkContext.setLogLevel("ERROR")
+    _WAREHOUSES[id(session)] = warehouse
     return session
+
+
+_WAREHOUSES: dict[int, str] = {}
+
+
+def stop_session(session) -> None:
+    """Stop a session from make_session and remove its warehouse directory."""
+    try:
+        session.stop()
+    finally:
+        warehouse = _WAREHOUSES.pop(id(session), None)
+        if warehouse:
+            shutil.rmtree(warehouse, ignore_errors=True)
 
 
 # --- types between Arrow-as-captured and Arrow-as-Spark-sees-it -----------------------------
@@ -357,11 +408,33 @@ def _apply_group(protocol: str, fn, key, table: pa.Table) -> pa.Table:
     return pa.table(cols)
 
 
+def ship_user_module(spark, fn) -> str | None:
+    """Send the file of fn's module to the workers (SparkContext.addPyFile) when it is a
+    top-level module outside the installed packages (`--apply mymodule:fn` from the working
+    directory, `--apply ./fn.py:fn`): cloudpickle refers to its functions by module name,
+    and the workers import it. The path shipped, or None."""
+    import sysconfig
+    name = getattr(fn, "__module__", None) or ""
+    mod = sys.modules.get(name)
+    path = getattr(mod, "__file__", None)
+    if not path or "." in name or name == "__main__" or not path.endswith(".py"):
+        return None
+    path = os.path.abspath(path)
+    installed = {os.path.abspath(p) for p in (sysconfig.get_paths().get("purelib"),
+                                                sysconfig.get_paths().get("platlib"),
+                                                sysconfig.get_paths().get("stdlib")) if p}
+    if any(path.startswith(p + os.sep) for p in installed):
+        return None
+    spark.sparkContext.addPyFile(path)
+    return path
+
+
 def apply_spark(spark, files: list, fn) -> pa.Table | None:
     """`fn(key, table)` per group of `in` frames, in capture order; the results come to
     the driver (they are the user's output, not frames) and are concatenated by key."""
     from pyspark.sql import functions as F
 
+    ship_user_module(spark, fn)
     protocol = reader.protocol_of(files)
     with tempfile.TemporaryDirectory(prefix="dcptool-apply-") as tmp:
         df = read_frames(spark, files, tmp)

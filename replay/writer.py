@@ -143,6 +143,11 @@ def mask_sasl_credentials(raw: bytes) -> bytes:
 
 
 def _one_line(exc: BaseException) -> str:
+    """The OS error as one line: `No space left on device (ENOSPC)` for an errno (pyarrow's
+    own text, `Error writing bytes to file. Detail: [errno 28] ...`, says less)."""
+    code = getattr(exc, "errno", None)
+    if isinstance(code, int) and code in errno.errorcode:
+        return f"{os.strerror(code)} ({errno.errorcode[code]})"
     text = (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__)
     return text.splitlines()[0]
 
@@ -417,6 +422,55 @@ def _unlink_quiet(path: str) -> None:
         pass
 
 
+def _remove_quiet(path: str) -> None:
+    """Unlink, ignoring every error: used while the disk is failing already."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _finish_from_memory(arrows: str, compression: str) -> tuple[dict | None, int]:
+    """The last resort on a full disk: read the whole rows of an in-progress file into
+    memory, remove the file, and write them as its Parquet segment into the space it
+    gave back. (segment or None, rows that could not be saved); the file is gone either way."""
+    batches: list = []
+    schema = None
+    try:
+        with open(arrows, "rb") as f:
+            data = f.read()
+        try:
+            reader = ipc.open_stream(pa.py_buffer(data))
+            schema = reader.schema
+            while True:
+                batches.append(reader.read_next_batch())
+        except StopIteration:
+            pass
+        except (pa.ArrowInvalid, OSError, EOFError):
+            pass   # a torn tail: the whole batches before it are kept
+    except OSError:
+        pass
+    _remove_quiet(arrows)
+    rows = sum(b.num_rows for b in batches)
+    if schema is None or rows == 0:
+        return None, 0
+    final = final_path(arrows)
+    seg = None
+    try:
+        seg = _ParquetSegment(final, schema, _parquet_compression(compression))
+        for b in batches:
+            seg.add(b)
+        size = seg.finish()
+    except Exception:  # noqa: BLE001 - the disk is failing: report the rows, not a trace
+        if seg is not None:
+            seg.abandon()
+        _remove_quiet(final + TMP_SUFFIX)
+        if os.path.exists(final):   # renamed into place (whole) before the error
+            return {"path": final, "rows": rows, "bytes": os.path.getsize(final)}, 0
+        return None, rows
+    return {"path": final, "rows": seg.rows, "bytes": size}, 0
+
+
 class _Finishing:
     """A segment handed over for finishing: its Parquet file and its in-progress file."""
 
@@ -511,6 +565,8 @@ class CaptureWriter:
         self._ipc_bytes = 0
         self._finishing: tuple | None = None     # (_Finishing, Future) of a rotated segment
         self._finisher = None
+        self._unfinished: list[str] = []         # in-progress files a disk error left behind
+        self._abandoning = False
         self._closed = False
 
         try:
@@ -717,19 +773,26 @@ class CaptureWriter:
         arrows = in_progress_path(final)
         schema = self._base_schema.with_metadata(self._segment_metadata(self.segment))
         codec = _ipc_compression(sample)   # before the file exists: no window with an empty one
-        self._arrows = arrows
         fd = os.open(arrows, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        self._lock_fd = fd
-        # the lock tells `finish_in_progress` in another process that we are alive
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        # an unbuffered OS file: each IPC message is in the page cache when write returns.
-        # Append mode: the file was just created empty, and opening it again with O_TRUNC
-        # would make ext4 (auto_da_alloc) start writing it back to the disk on close, tens of
-        # ms for a file that is about to be deleted.
-        self._ipc_sink = pa.OSFile(arrows, "ab")
-        self._ipc = ipc.new_stream(self._ipc_sink, schema,
-                                   options=ipc.IpcWriteOptions(compression=codec))
-        self._pq = _ParquetSegment(final, schema, self.compression)
+        sink = writer = pq_seg = None
+        try:
+            # the lock tells `finish_in_progress` in another process that we are alive
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # an unbuffered OS file: each IPC message is in the page cache when write returns.
+            # Append mode: the file was just created empty, and opening it again with O_TRUNC
+            # would make ext4 (auto_da_alloc) start writing it back to the disk on close, tens
+            # of ms for a file that is about to be deleted.
+            sink = pa.OSFile(arrows, "ab")
+            writer = ipc.new_stream(sink, schema, options=ipc.IpcWriteOptions(compression=codec))
+            pq_seg = _ParquetSegment(final, schema, self.compression)
+        except BaseException:
+            # no row is in the new segment yet: leave no file of it behind (disk full ...)
+            _abandon_files(pq_seg, writer, sink, fd)
+            _unlink_quiet(arrows)
+            _unlink_quiet(final + TMP_SUFFIX)
+            raise
+        self._arrows, self._lock_fd = arrows, fd
+        self._ipc_sink, self._ipc, self._pq = sink, writer, pq_seg
         self._seg_bytes = 0
         self._seg_rows = 0
         self._ipc_bytes = 0
@@ -819,22 +882,67 @@ class CaptureWriter:
 
     def _failed_finishing(self, seg: "_Finishing", exc: OSError) -> None:
         seg.abandon()
+        self._unfinished.append(seg.arrows)
         where = seg.pq.tmp if seg.pq.tmp in str(exc) else seg.arrows
         self.error = WriterError(f"cannot write capture segment {where}: {_one_line(exc)}")
+        self.error.__cause__ = exc
+        self._abandon_segment()
         raise self.error from exc
 
     def _abandon_segment(self) -> None:
-        """After a disk error: drop the partial Parquet file, keep whatever the in-progress
-        file holds (a later --resume recovers it), release everything."""
+        """After a disk error: drop the partial Parquet files, release everything, then make
+        each unfinished segment a normal one from its in-progress file (the Parquet file just
+        dropped gave the space back, and Parquet is smaller than the in-progress form). What
+        cannot be finished is removed when it holds no whole row, and otherwise kept as a
+        readable in-progress file that `capture --resume` finishes. The error's message says
+        which happened."""
+        if self._abandoning:
+            return
+        self._abandoning = True
+        try:
+            self._abandon_now()
+        finally:
+            self._abandoning = False
+
+    def _abandon_now(self) -> None:
         try:
             self._collect_finished(block=True)   # a segment finishing on the helper thread
         except WriterError:
             pass
         _abandon_files(self._pq, self._ipc, self._ipc_sink, self._lock_fd)
-        self._ipc = self._ipc_sink = self._pq = None
+        if self._arrows is not None and self._arrows not in self._unfinished:
+            self._unfinished.append(self._arrows)
+        self._ipc = self._ipc_sink = self._pq = self._arrows = None
         self._lock_fd = None
         self._pending = []
         self._stop_finisher()
+        notes = [self._salvage(path) for path in self._unfinished]
+        self._unfinished = []
+        notes = [n for n in notes if n]
+        if notes and self.error is not None and self.error.args:
+            self.error.args = (f"{self.error.args[0]}; " + "; ".join(notes),) + self.error.args[1:]
+
+    def _salvage(self, arrows: str) -> str | None:
+        """Finish or remove one unfinished segment after a disk error (see above)."""
+        final = final_path(arrows)
+        done = None
+        if os.path.exists(arrows):
+            try:
+                done = finish_in_progress(arrows, self.compression)
+            except (WriterError, OSError):
+                # no room for the Parquet file next to its in-progress copy: the rows go
+                # to memory, the copy goes, and its space takes the Parquet file
+                done, lost = _finish_from_memory(arrows, self.compression)
+                if done is None:
+                    _remove_quiet(final + TMP_SUFFIX)
+                    return (f"removed {os.path.basename(arrows)}: its {lost} rows could not be saved"
+                            if lost else f"removed {os.path.basename(arrows)} (no whole row)")
+        _remove_quiet(final + TMP_SUFFIX)
+        if done is None:
+            return None     # it held no whole row: finish_in_progress removed it
+        self.segments.append(done)
+        self.segments.sort(key=lambda seg: seg["path"])
+        return f"finished {os.path.basename(done['path'])} ({done['rows']} rows)"
 
     def _stop_finisher(self) -> None:
         if self._finisher is not None:
@@ -859,6 +967,8 @@ class CaptureWriter:
                 where = self._pq.tmp
             self.error = WriterError(f"cannot write capture segment {where}: {_one_line(exc)}")
             self.error.__cause__ = exc
+            # at once, not at close: the files are right even if the process dies next
+            self._abandon_segment()
             raise self.error from exc
 
 
@@ -874,8 +984,11 @@ class BackgroundWriter:
     next `submit` and by `close`.
     """
 
-    def __init__(self, writer: CaptureWriter, max_queue_bytes=64 * 2**20):
+    def __init__(self, writer: CaptureWriter, max_queue_bytes=64 * 2**20, on_error=None):
         self.writer = writer
+        # called (on the writer thread) once, when a disk error stops it: the network side
+        # may be paused on the backlog and would otherwise never look at `error` again
+        self.on_error = on_error
         self.max_queue_bytes = int(max_queue_bytes)
         self.error: BaseException | None = None
         self._queue: collections.deque = collections.deque()
@@ -942,6 +1055,11 @@ class BackgroundWriter:
             with self._cv:
                 self.error = exc
                 self._cv.notify_all()
+            if self.on_error is not None:
+                try:
+                    self.on_error(exc)
+                except Exception:  # noqa: BLE001 - the error itself is what gets reported
+                    pass
 
     def close(self) -> list[dict]:
         """Write everything queued, finish the segment, return the finished segments."""

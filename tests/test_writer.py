@@ -128,9 +128,11 @@ def test_rotation_by_size_numbers_segments_and_keeps_every_row(tmp_path):
         assert pq.ParquetFile(s["path"]).metadata.num_rows == s["rows"]
 
 
-def test_a_segment_that_fails_to_finish_after_rotation_is_reported_and_kept(tmp_path, monkeypatch):
+def test_a_segment_that_fails_to_finish_after_rotation_is_reported_and_removed(tmp_path, monkeypatch):
     """Rotation finishes the old segment on a helper thread; its disk error still reaches
-    the caller as a WriterError naming the file, and its in-progress copy stays."""
+    the caller as a WriterError naming the file. A segment that cannot be finished (here:
+    never) is removed, never left half written; the one in progress is finished; the
+    message says both."""
     import errno
     real_finish = W._ParquetSegment.finish
 
@@ -145,14 +147,17 @@ def test_a_segment_that_fails_to_finish_after_rotation_is_reported_and_kept(tmp_
         for i in range(40):
             w.write(dcp_batch(i * 250, 250))
         w.close()
-    assert "000000.parquet.tmp" in str(exc.value) and "No space left" in str(exc.value)
+    msg = str(exc.value)
+    assert "000000.parquet.tmp" in msg and "No space left on device (ENOSPC)" in msg and "\n" not in msg
+    assert "-000000.arrows: its 250 rows could not be saved" in msg
     with pytest.raises(WriterError):
         w.close()
     left = sorted(os.listdir(tmp_path))
-    assert any(n.endswith("-000000.arrows") for n in left)
-    assert not any(n.endswith(".parquet") for n in left)
-    schema, batches = open_in_progress(str(tmp_path / next(n for n in left if n.endswith("-000000.arrows"))))
-    assert sum(b.num_rows for b in batches) > 0
+    assert not any(n.endswith((".arrows", ".tmp")) for n in left)
+    assert [n for n in left if n.endswith(".parquet")] == [os.path.basename(s["path"]) for s in w.segments]
+    assert not any(s["path"].endswith("-000000.parquet") for s in w.segments)
+    if w.segments:
+        assert read_all([s["path"] for s in w.segments]).num_rows == sum(s["rows"] for s in w.segments)
 
 
 def test_rotation_by_time(tmp_path):

@@ -1,12 +1,17 @@
-"""The DCP consumer state machine, sans-IO: handshake (HELLO, SASL, SELECT_BUCKET,
-DCP_OPEN, DCP_CONTROL), stream requests with a bounded number in flight, the rollback loop,
+"""The DCP consumer state machine, sans-IO: the handshake (handshake.py: HELLO, SASL,
+SELECT_BUCKET, DCP_OPEN, DCP_CONTROL), stream requests with a bounded number in flight, the rollback loop,
 per-vbucket failover logs and snapshots, noop answers, buffer acks, stream ends and the end
 condition of `--to`.
 
 Bytes in: `receive(buf, offsets, lengths, now)` with the whole frames of one read (or
 `feed(data, now)`, which splits for you). Bytes out: `outgoing()` (a list of frames, so a
-capture can record each one). Time is an argument; `check(now)` raises when the connection
-has been silent for twice the noop interval.
+capture can record each one). Time is an argument; `check(now)` raises RemoteError(TIMEOUT)
+when a request has had no answer for `timeout` seconds (every handshake step, stream
+requests), and RemoteError(DEAD_CONNECTION) when a streaming connection has been silent for
+twice the noop interval, or, when noops were refused, for max(2 x noop interval, timeout).
+
+Every field from the peer is checked before it indexes anything: a stream message for a
+vbucket outside 0-1023 is RemoteError(BAD_VBUCKET) (the caller has already recorded it).
 
 Hot path: data frames (mutation, deletion, expiration, system event, seqno advanced) are
 never decoded into messages: opcode, vbucket, opaque and by_seqno are read with one
@@ -22,129 +27,45 @@ from typing import Callable
 
 from dcptool.protocol.dcp import messages as m
 from dcptool.protocol.dcp.columnar import be_uint as _be
-from dcptool.protocol.dcp import sasl
-from dcptool.protocol.dcp.constants import (SEQNO_INFINITY, Feature, OpenFlag, SnapshotFlag, Status,
-                                            StreamEndReason, StreamRequestFlag, status_name,
-                                            stream_end_reason_name)
+from dcptool.protocol.dcp.constants import (SEQNO_INFINITY, Feature, Opcode, SnapshotFlag,
+                                            Status, StreamEndReason, StreamRequestFlag, op_name,
+                                            status_name, stream_end_reason_name)
 from dcptool.protocol.dcp.frames import parse_frame, split_until_error
+from dcptool.protocol.dcp.consumer_api import (DEFAULT_REOPEN, NUM_VB_SLOTS, ConsumerConfig,
+                                               ControlRefused, Finished, HandshakeComplete, Rollback,
+                                               ServerVbuckets, StreamEnded, StreamFailed, StreamOpened,
+                                               VbState)
+from dcptool.protocol.dcp.handshake import Handshake
 from dcptool.protocol.errors import AuthRefused, ErrorCode, RemoteError
+
+# the consumer's API is importable from here (consumer_api.py holds the definitions)
+__all__ = ["Consumer", "ConsumerConfig", "VbState", "DEFAULT_REOPEN", "NUM_VB_SLOTS", "ControlRefused",
+           "Finished", "HandshakeComplete", "Rollback", "ServerVbuckets", "StreamEnded", "StreamFailed",
+           "StreamOpened"]
 
 _DATA = struct.Struct(">BB4xH4xI8xQ")     # magic opcode . vbucket . opaque . by_seqno
 DATA_OPS = frozenset({0x57, 0x58, 0x59, 0x5F, 0x64})
 _DATA_OPS_ARRAY = sorted(DATA_OPS)
-NUM_VB_SLOTS = 1024
+# DCP messages that belong to a vbucket's stream: one for a vbucket beyond NUM_VB_SLOTS makes
+# the stream meaningless
+STREAM_OPS = frozenset({0x55, 0x56, 0x57, 0x58, 0x59, 0x5B, 0x5F, 0x60, 0x62, 0x63, 0x64, 0x65})
 _VECTOR_MIN = 48           # runs shorter than this take the per-frame loop
 
 
 def _tolist(a):
     return a.tolist() if hasattr(a, "tolist") else list(a)
 
-DEFAULT_REOPEN = frozenset({StreamEndReason.STATE_CHANGED, StreamEndReason.DISCONNECTED,
-                           StreamEndReason.TOO_SLOW, StreamEndReason.BACKFILL_FAIL,
-                           StreamEndReason.ROLLBACK})
-
-
-# --------------------------------------------------------------------------- state
-
-@dataclasses.dataclass
-class VbState:
-    """What a consumer keeps per vbucket to resume (PROTOCOLS.md "Consumer rules")."""
-    failover_log: list = dataclasses.field(default_factory=list)   # [(uuid, seqno)], newest first
-    last_seqno: int = 0
-    snap_start: int = 0
-    snap_end: int = 0
-    snapshot_complete: bool = True
-    ended_reason: int | None = None    # the stream ended for good (not re-requested on resume)
-
-    def request_seqnos(self) -> tuple[int, int, int, int]:
-        """(start, vbucket uuid, snap start, snap end) of a resuming stream request."""
-        uuid = self.failover_log[0][0] if self.failover_log else 0
-        s = self.last_seqno
-        if self.snapshot_complete or not self.snap_start <= s <= self.snap_end:
-            return s, uuid, s, s
-        return s, uuid, self.snap_start, self.snap_end
-
-
-@dataclasses.dataclass
-class ConsumerConfig:
-    bucket: str
-    name: str
-    user: str | None = None
-    password: str | None = dataclasses.field(default=None, repr=False)
-    vbuckets: list[int] | None = None     # None: every vbucket the bucket has
-    start: str = "0"                      # "0", "now" or a seqno
-    to: str = "now"                       # "now", "forever" or a seqno
-    no_value: bool = False
-    xattrs: bool = False
-    collections: bool = False
-    buffer_size: int = 20 * 1024 * 1024   # 0: no flow control
-    noop_interval: float = 30.0           # 0: no noops
-    tls: bool = False
-    allow_plain: bool = False             # PLAIN over plain TCP
-    max_in_flight: int = 64
-    agent: str = "dcptool"
-    reopen_reasons: frozenset = DEFAULT_REOPEN
-    max_reopens: int = 5
-    max_rollbacks: int = 20
-    ack_ratio: float = 0.5
-
-
-# --------------------------------------------------------------------------- events
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class HandshakeComplete:
-    features: tuple
-    controls: dict
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ControlRefused:
-    key: str
-    value: str
-    status: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class StreamOpened:
-    vbucket: int
-    start: int
-    failover_log: tuple
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Rollback:
-    vbucket: int
-    seqno: int          # everything above it is void; the stream is re-requested from it
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class StreamFailed:
-    vbucket: int
-    status: int
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class StreamEnded:
-    vbucket: int
-    reason: int
-    final: bool         # False: the consumer re-requests the stream
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Finished:
-    ended: int
-    failed: int
-
-
 # per-vbucket phase
 _WAIT, _FLOG, _REQ, _OPEN, _DONE = range(5)
 
 
-class Consumer:
+class Consumer(Handshake):
     def __init__(self, config: ConsumerConfig, resume: dict[int, VbState] | None = None, now: float = 0.0):
         self.cfg = config
+        # resume state comes from captures, which record whatever a server sent: a vbucket
+        # id beyond what a bucket can have is no stream to resume
         self.states: dict[int, VbState] = {vb: dataclasses.replace(s, failover_log=list(s.failover_log))
-                                           for vb, s in (resume or {}).items()}
+                                           for vb, s in (resume or {}).items() if 0 <= vb < NUM_VB_SLOTS}
         self.features: tuple = ()
         self.controls: dict[str, str] = {}
         self.refused: dict[str, int] = {}
@@ -155,6 +76,10 @@ class Consumer:
         self._out: list[bytes] = []
         self._events: list = []
         self._pending: dict[int, Callable] = {}
+        self._sent_at: dict[int, tuple[float, str]] = {}   # opaque -> (when, what) of a pending request
+        self._unstamped: list[int] = []    # requests queued since the last stamp_sent()
+        self._now = now
+        self._sasl_rounds = 0
         self._opaque = 0
         self._tail = b""
         self.last_rx = now
@@ -183,7 +108,7 @@ class Consumer:
     # ---- public
     def start(self, now: float) -> None:
         """Queue the first request (HELLO)."""
-        self.last_rx = now
+        self.last_rx = self._now = now
         feats = [Feature.XERROR, Feature.SELECT_BUCKET, Feature.JSON, Feature.SNAPPY, Feature.DUPLEX,
                  Feature.TCP_NODELAY]
         if self.cfg.xattrs:
@@ -225,14 +150,54 @@ class Consumer:
         return out
 
     def check(self, now: float) -> None:
-        """Raise RemoteError(DEAD_CONNECTION) after 2x the noop interval without a frame."""
-        if self.noop_active and now - self.last_rx > 2 * self.cfg.noop_interval:
+        """Raise RemoteError(TIMEOUT) when a request has waited longer than the timeout for
+        its answer, RemoteError(DEAD_CONNECTION) when a streaming connection is silent for
+        longer than its idle limit (idle_limit())."""
+        self._now = now
+        timeout = self.cfg.timeout
+        if timeout and self._sent_at:
+            opaque, (sent, what) = min(self._sent_at.items(), key=lambda kv: kv[1][0])
+            if now - sent > timeout:
+                raise RemoteError(ErrorCode.TIMEOUT, f"no answer to {what} from the server within "
+                                  f"{timeout:g} s (--timeout)")
+        limit = self.idle_limit()
+        if limit is not None and now - self.last_rx > limit:
+            why = (f"noop interval {self.cfg.noop_interval:g} s" if self.noop_active else
+                   f"the server refused noops: idle limit max(2 x noop interval, --timeout {timeout:g} s)")
             raise RemoteError(ErrorCode.DEAD_CONNECTION,
-                              f"no frame from the producer for {now - self.last_rx:.1f} s "
-                              f"(noop interval {self.cfg.noop_interval:g} s)")
+                              f"no frame from the producer for {now - self.last_rx:.1f} s ({why})")
+
+    def idle_limit(self) -> float | None:
+        """Seconds of silence after which a streaming connection is dead: 2x the noop
+        interval when noops run; when the server refused them, max(2x interval, timeout);
+        None before streaming and when the user turned noops off (--noop-interval 0)."""
+        if self.phase != "streaming" or not self.cfg.noop_interval:
+            return None
+        if self.noop_active:
+            return 2 * self.cfg.noop_interval
+        return max(2 * self.cfg.noop_interval, self.cfg.timeout or 0.0) or None
 
     def next_check(self) -> float | None:
-        return self.last_rx + 2 * self.cfg.noop_interval if self.noop_active else None
+        limit = self.idle_limit()
+        return None if limit is None else self.last_rx + limit
+
+    def stamp_sent(self, now: float) -> None:
+        """The requests queued since the last call left at `now` (after any long work such
+        as SCRAM's PBKDF2, which must not count against the server's answer time)."""
+        if self._unstamped:
+            sent = self._sent_at
+            for opaque in self._unstamped:
+                if opaque in sent:
+                    sent[opaque] = (now, sent[opaque][1])
+            self._unstamped.clear()
+
+    def hold(self, now: float) -> None:
+        """We are holding reads back (flow control towards our writer): the silence and the
+        waiting that follow are ours, so every clock restarts from now."""
+        self.last_rx = self._now = now
+        for opaque, (sent, what) in self._sent_at.items():
+            if sent < now:
+                self._sent_at[opaque] = (now, what)
 
     def close_streams(self) -> None:
         """Ask the producer to close every open stream (Ctrl-C, --max-messages)."""
@@ -259,7 +224,7 @@ class Consumer:
         n = len(offsets)
         if n == 0:
             return self.events()
-        self.last_rx = now
+        self.last_rx = self._now = now
         self.frames_in += n
         if n < _VECTOR_MIN or not hasattr(offsets, "dtype"):
             self._receive_frames(buf, _tolist(offsets), _tolist(lengths), now)
@@ -276,7 +241,10 @@ class Consumer:
         idx = np.nonzero(data)[0]
         vbs = _be(u8, offsets[idx] + 6, 2).astype(np.int64)
         opq = _be(u8, offsets[idx] + 12, 4).astype(np.int64)
-        ok = opq == np.asarray(self._sopq, dtype=np.int64)[vbs]
+        # a vbucket id from the peer indexes nothing before it is checked: out-of-range ids
+        # take the per-frame path, which reports them
+        in_range = vbs < NUM_VB_SLOTS
+        ok = in_range & (opq == np.asarray(self._sopq, dtype=np.int64)[np.where(in_range, vbs, 0)])
         # a run ends at every frame that is not a valid data frame
         stop = np.ones(n, dtype=bool)
         stop[idx[ok]] = False
@@ -327,7 +295,7 @@ class Consumer:
             op = buf[off + 1]
             if op in DATA_OPS and ln >= 32 and buf[off] == 0x80:
                 _, _, vb, opaque, seq = unpack(buf, off)
-                if opaque == sopq[vb] and seq > last[vb]:
+                if vb < NUM_VB_SLOTS and opaque == sopq[vb] and seq > last[vb]:
                     last[vb] = seq
                     unacked += ln
                     data += 1
@@ -345,6 +313,7 @@ class Consumer:
         msg = m.decode(frame, self.collections)
         if msg.IS_RESPONSE:
             handler = self._pending.pop(msg.opaque, None)
+            self._sent_at.pop(msg.opaque, None)
             if handler is not None:
                 handler(msg)
             return
@@ -358,8 +327,12 @@ class Consumer:
             self.noops_answered += 1
             return
         vb = getattr(msg, "vbucket", None)
+        if vb is not None and vb >= NUM_VB_SLOTS and op in STREAM_OPS:
+            raise RemoteError(ErrorCode.BAD_VBUCKET,
+                              f"{op_name(op)} for vbucket {vb} (opaque {msg.opaque}): vbucket ids go up to "
+                              f"{NUM_VB_SLOTS - 1}; the stream cannot be trusted")
         if vb is None or vb >= NUM_VB_SLOTS or msg.opaque != self._sopq[vb]:
-            return   # a frame of a stream we no longer have (closed, replaced): ignore
+            return   # a frame of a stream we no longer have (closed, replaced, not ours): ignore
         t = type(msg)
         st = self.states[vb]
         if t is m.SnapshotMarker:
@@ -390,126 +363,20 @@ class Consumer:
         opaque = self._opaque
         msg = dataclasses.replace(msg, opaque=opaque)
         self._pending[opaque] = handler
+        try:
+            what = Opcode(msg.op_code).name
+        except ValueError:
+            what = op_name(msg.op_code)
+        if type(msg) is m.StreamRequest or type(msg) is m.GetFailoverLog:
+            what += f" (vbucket {msg.vbucket})"
+        elif type(msg) is m.Control:
+            what += f" {msg.key.decode()}"
+        self._sent_at[opaque] = (self._now, what)
+        self._unstamped.append(opaque)
         if hasattr(msg, "vbucket"):
             self.vb_opaque[opaque] = msg.vbucket
         self._out.append(m.encode(msg))
         return opaque
-
-    def _on_hello(self, rsp) -> None:
-        if rsp.status != Status.SUCCESS:
-            raise RemoteError(ErrorCode.STATUS, f"HELLO refused: {status_name(rsp.status)}", rsp.status)
-        self.features = tuple(getattr(rsp, "features", ()))
-        if self.cfg.collections and Feature.COLLECTIONS not in self.features:
-            raise RemoteError(ErrorCode.UNSUPPORTED, "the server does not offer collections")
-        if self.cfg.user:
-            self.phase = "sasl"
-            self._request(m.SaslListMechs(), self._on_mechs)
-        else:
-            self._select()
-
-    def _on_mechs(self, rsp) -> None:
-        if rsp.status != Status.SUCCESS:
-            raise AuthRefused(f"SASL mechanisms not listed: {status_name(rsp.status)}", rsp.status)
-        mech = sasl.choose_mechanism(rsp.value, allow_plain=self.cfg.tls or self.cfg.allow_plain)
-        self._mech = mech
-        if mech == "PLAIN":
-            data = sasl.plain_message(self.cfg.user, self.cfg.password or "")
-        else:
-            self._sasl = sasl.ScramClient(mech, self.cfg.user, self.cfg.password or "")
-            data = self._sasl.first()
-        self._request(m.SaslAuth(mechanism=mech.encode(), data=data), self._on_sasl)
-
-    def _on_sasl(self, rsp) -> None:
-        st = rsp.status
-        if st == Status.AUTH_CONTINUE and self._sasl is not None:
-            data = self._sasl.final(rsp.value)
-            self._request(m.SaslStep(mechanism=self._mech.encode(), data=data), self._on_sasl)
-            return
-        if st != Status.SUCCESS:
-            raise AuthRefused(f"authentication as {self.cfg.user!r} refused ({self._mech}): "
-                              f"{status_name(st)}; check the user and DCPTOOL_PASSWORD", st)
-        if self._sasl is not None:
-            self._sasl.verify(rsp.value)
-            self._sasl = None
-        self._select()
-
-    def _select(self) -> None:
-        self.phase = "select"
-        self._request(m.SelectBucket(bucket=self.cfg.bucket.encode()), self._on_select)
-
-    def _on_select(self, rsp) -> None:
-        st = rsp.status
-        if st in (Status.EACCESS, Status.AUTH_ERROR, Status.AUTH_STALE):
-            raise AuthRefused(f"access to bucket {self.cfg.bucket!r} denied: {status_name(st)}", st)
-        if st in (Status.KEY_ENOENT, Status.NO_BUCKET):
-            raise RemoteError(ErrorCode.STATUS, f"bucket {self.cfg.bucket!r} does not exist on the server", st)
-        if st != Status.SUCCESS:
-            raise RemoteError(ErrorCode.STATUS, f"SELECT_BUCKET {self.cfg.bucket!r} failed: {status_name(st)}", st)
-        if self.cfg.vbuckets is None:
-            self._request(m.GetAllVbSeqnos(), self._on_vb_seqnos)
-        else:
-            self._open()
-
-    def _on_vb_seqnos(self, rsp) -> None:
-        if rsp.status == Status.SUCCESS and getattr(rsp, "seqnos", None):
-            self.cfg = dataclasses.replace(self.cfg, vbuckets=sorted(v for v, _ in rsp.seqnos))
-        else:
-            self.cfg = dataclasses.replace(self.cfg, vbuckets=list(range(NUM_VB_SLOTS)))
-        self._open()
-
-    def _open(self) -> None:
-        self.phase = "open"
-        flags = OpenFlag.PRODUCER | OpenFlag.INCLUDE_DELETE_TIMES
-        if self.cfg.no_value:
-            flags |= OpenFlag.NO_VALUE
-        if self.cfg.xattrs:
-            flags |= OpenFlag.INCLUDE_XATTRS
-        self._request(m.DcpOpen(name=self.cfg.name.encode(), flags=int(flags)), self._on_open)
-
-    def _on_open(self, rsp) -> None:
-        st = rsp.status
-        if st in (Status.EACCESS, Status.AUTH_ERROR):
-            raise AuthRefused(f"DCP_OPEN on {self.cfg.bucket!r} denied: {status_name(st)}", st)
-        if st != Status.SUCCESS:
-            raise RemoteError(ErrorCode.STATUS, f"DCP_OPEN refused: {status_name(st)}", st)
-        self.phase = "control"
-        cfg = self.cfg
-        controls = []
-        if cfg.buffer_size:
-            controls.append(("connection_buffer_size", str(cfg.buffer_size)))
-        if cfg.noop_interval:
-            controls.append(("set_noop_interval", f"{cfg.noop_interval:g}"))
-            controls.append(("enable_noop", "true"))
-        controls.append(("send_stream_end_on_client_close_stream", "true"))
-        controls.append(("enable_expiry_opcode", "true"))
-        if cfg.collections:
-            controls.append(("max_marker_version", "2.2"))
-        self._controls_left = len(controls)
-        for key, val in controls:
-            self._request(m.Control(key=key.encode(), value=val.encode()),
-                          lambda rsp, k=key, v=val: self._on_control(k, v, rsp))
-
-    def _required(self, key: str) -> bool:
-        noop_needed = self.cfg.collections or self.cfg.xattrs
-        return noop_needed and key in ("enable_noop", "set_noop_interval")
-
-    def _on_control(self, key: str, val: str, rsp) -> None:
-        if rsp.status == Status.SUCCESS:
-            self.controls[key] = val
-        else:
-            self.refused[key] = rsp.status
-            if self._required(key):
-                raise RemoteError(ErrorCode.UNSUPPORTED,
-                                  f"DCP_CONTROL {key}={val} refused ({status_name(rsp.status)}); "
-                                  "noops are required with collections or xattrs", rsp.status)
-            self._events.append(ControlRefused(key, val, rsp.status))
-        self._controls_left -= 1
-        if self._controls_left == 0:
-            self.noop_active = self.controls.get("enable_noop") == "true"
-            self.buffer_active = "connection_buffer_size" in self.controls
-            self.phase = "streaming"
-            self._events.append(HandshakeComplete(self.features, dict(self.controls)))
-            self._start_streams()
 
     # ---- streams
     def _start_streams(self) -> None:

@@ -2,7 +2,12 @@
 server, and PLAIN. Couchbase salts the password with PBKDF2-HMAC of the mechanism's hash.
 
 Secrets never appear in exceptions, reprs or logs: messages name the mechanism and the
-step, not the data."""
+step, not the data.
+
+Bounds against a hostile server: a SCRAM iteration count above MAX_SCRAM_ITERATIONS is
+refused before any PBKDF2 work (PBKDF2 runs in C and cannot be interrupted, so the ceiling
+is what keeps Ctrl-C responsive), and a server that asks for another step after the final
+SCRAM message is refused instead of looping."""
 
 from __future__ import annotations
 
@@ -19,6 +24,10 @@ SCRAM_HASHES = {"SCRAM-SHA512": "sha512", "SCRAM-SHA256": "sha256", "SCRAM-SHA1"
 PREFERENCE = ("SCRAM-SHA512", "SCRAM-SHA256", "SCRAM-SHA1", "PLAIN")
 SERVER_MECHS = "SCRAM-SHA512 SCRAM-SHA256 SCRAM-SHA1 PLAIN"
 GS2_HEADER = b"n,,"
+# Couchbase's default is 10,000; 100x that is ~1.3 s of PBKDF2-SHA512 on one 2020s core.
+MAX_SCRAM_ITERATIONS = 1_000_000
+MAX_SASL_ROUNDS = 10        # SASL_AUTH + SASL_STEPs answered AUTH_CONTINUE, any mechanism
+MAX_MECHS_SHOWN = 200       # characters of a server's mechanism list quoted in an error
 
 
 def choose_mechanism(offered: bytes | str, *, allow_plain: bool) -> str:
@@ -31,7 +40,10 @@ def choose_mechanism(offered: bytes | str, *, allow_plain: bool) -> str:
         if mech in names and (mech != "PLAIN" or allow_plain):
             return mech
     hint = " (PLAIN is offered: use TLS or --sasl-plain)" if "PLAIN" in names else ""
-    raise AuthRefused(f"no common SASL mechanism; server offers {offered.strip() or 'none'}{hint}")
+    shown = offered.strip()
+    if len(shown) > MAX_MECHS_SHOWN:
+        shown = shown[:MAX_MECHS_SHOWN] + f"... ({len(offered)} characters)"
+    raise AuthRefused(f"no common SASL mechanism; server offers {shown or 'none'}{hint}")
 
 
 def plain_message(user: str, password: str) -> bytes:
@@ -87,6 +99,9 @@ class ScramClient:
         return GS2_HEADER + self._first_bare
 
     def final(self, server_first: bytes) -> bytes:
+        if self._server_signature is not None:
+            raise RemoteError(ErrorCode.SASL_LIMIT, f"{self.mechanism}: the server asked for another "
+                              "SASL step after the final SCRAM message (AUTH_CONTINUE instead of SUCCESS)")
         a = _attrs(server_first)
         try:
             nonce, salt, iterations = a["r"], base64.b64decode(a["s"], validate=True), int(a["i"])
@@ -97,6 +112,11 @@ class ScramClient:
             raise RemoteError(ErrorCode.AUTH_FAILED, f"{self.mechanism}: server nonce does not extend ours")
         if iterations < 1:
             raise RemoteError(ErrorCode.AUTH_FAILED, f"{self.mechanism}: bad iteration count")
+        if iterations > MAX_SCRAM_ITERATIONS:
+            raise RemoteError(ErrorCode.SASL_LIMIT,
+                              f"{self.mechanism}: the server asks for {iterations:,} PBKDF2 iterations, "
+                              f"above the ceiling of {MAX_SCRAM_ITERATIONS:,} (Couchbase's default is "
+                              "10,000); refusing to compute it")
         without_proof = b"c=" + base64.b64encode(GS2_HEADER) + b",r=" + nonce
         auth_message = self._first_bare + b"," + server_first + b"," + without_proof
         salted = salted_password(self._hash, self._password, salt, iterations)

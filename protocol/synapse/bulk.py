@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import operator
 
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
 _first, _second, _third, _fourth, _fifth = (operator.itemgetter(i) for i in range(5))
 _BLANK = [b"", None, None, b"batch", b""]
 
@@ -44,14 +46,19 @@ def split_lines(lines: list[bytes]) -> SplitLines:
     toks = list(map(_fourth, parts))
     try:
         tokens = [None if t == b"batch" else int(t) for t in toks]
+        if max(map(len, toks), default=0) > 18:  # may not fit the int64 token column
+            raise ValueError
     except ValueError:
         tokens = []
         for i, t in enumerate(toks):
             if t == b"batch":
                 tokens.append(None)
-            elif t.isascii() and t.lstrip(b"-").isdigit():
+            elif (t.isascii() and t.lstrip(b"-").isdigit() and len(t) <= 20
+                  and INT64_MIN <= int(t) <= INT64_MAX):
                 tokens.append(int(t))
             else:
+                # not a token we can store (not an integer, or beyond int64): the line
+                # takes the per-line path and is recorded with its decode_error
                 tokens.append(None)
                 parts[i] = _BLANK
                 slow.add(i)

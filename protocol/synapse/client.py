@@ -220,13 +220,13 @@ class SynapseClient:
             if self.expected_server is not None and cmd.data != self.expected_server and self.error is None:
                 self.error = RemoteError(
                     ErrorCode.SERVER_NAME_MISMATCH,
-                    f"the replication server calls itself {cmd.data!r}, expected "
-                    f"{self.expected_server!r} (check ?server_name= in the source URL)")
+                    f"the replication server calls itself {C.shown(repr(cmd.data))}, expected "
+                    f"{C.shown(repr(self.expected_server))} (check ?server_name= in the source URL)")
         elif isinstance(cmd, C.Error):
             events.append(ServerError(cmd.data))
             if self.error is None:
                 self.error = RemoteError(ErrorCode.SERVER_ERROR,
-                                         f"the replication server sent ERROR: {cmd.data}")
+                                         f"the replication server sent ERROR: {C.shown(cmd.data)}")
 
     # -- state ------------------------------------------------------------------------------
     def committed(self) -> dict[tuple[str, str], int]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import ClassVar, Union
 
 from dcptool.protocol.errors import ErrorCode, LocalError, RemoteError
@@ -19,6 +20,55 @@ from dcptool.protocol.errors import ErrorCode, LocalError, RemoteError
 _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
 
 USER_IP_CHANNEL_SUFFIX = "/USER_IP"
+
+
+# Tokens and other integers are int64 columns in captures (as in Synapse's Postgres schema).
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+# Deepest JSON nesting we parse. Synapse's own rows nest a few levels; orjson (our JSON
+# output) refuses more than 254 and Python's parser recurses, so a hostile row of 100k
+# brackets would otherwise crash the process instead of being shown as a decode error.
+MAX_JSON_DEPTH = 128
+
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e"
+                     "\u2060-\u206f\ufeff\ufff9-\ufffb]")
+_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def shown(text: str) -> str:
+    """Text from the peer made safe for an error message that may reach a terminal:
+    control and invisible format characters become `\\x1b` / `\\u202e` escapes (the same
+    escaping as cli.output.printable)."""
+    return _UNSAFE.sub(lambda m: (f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
+                                  else f"\\u{ord(m.group()):04x}"), text)
+
+
+def json_too_deep(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when a JSON text nests arrays and objects deeper than ``limit`` (brackets inside
+    strings do not count). Cheap for normal rows: their bracket count is below the limit."""
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        text = bytes(text).decode("utf-8", "replace")
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth = 0
+    for m in _BRACKETS.finditer(text):
+        c = m.group()
+        if c in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif c in "]}":
+            depth -= 1
+    return False
+
+
+def loads_bounded(text: str | bytes):
+    """json.loads refusing (ValueError) nesting deeper than MAX_JSON_DEPTH."""
+    if json_too_deep(text):
+        raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
 
 
 def encode_json(value) -> str:
@@ -30,7 +80,13 @@ def _int(text: str, what: str, cmd: str) -> int:
     body = text[1:] if text[:1] == "-" else text
     if not body.isdigit() or not body.isascii() or (len(body) > 1 and body[0] == "0"):
         raise RemoteError(ErrorCode.BAD_COMMAND, f"{cmd}: {what} is not an integer: {text!r}")
-    return int(text)
+    # (a length check first: int() of thousands of digits is slow, or refused)
+    value = int(text) if len(body) <= 19 else None
+    if value is None or not INT64_MIN <= value <= INT64_MAX:
+        raise RemoteError(ErrorCode.BAD_COMMAND,
+                          f"{cmd}: {what} does not fit in int64: {shown(text[:40])}"
+                          + ("..." if len(text) > 40 else ""))
+    return value
 
 
 def _split(rest: str, n: int, cmd: str, form: str) -> list[str]:
@@ -42,7 +98,7 @@ def _split(rest: str, n: int, cmd: str, form: str) -> list[str]:
 
 def _json(text: str, cmd: str):
     try:
-        return json.loads(text)
+        return loads_bounded(text)
     except ValueError as exc:
         raise RemoteError(ErrorCode.BAD_COMMAND, f"{cmd}: invalid JSON: {exc}") from None
 
@@ -249,7 +305,7 @@ class UserIp:
 
     @property
     def fields(self) -> dict:
-        token, ip, ua, device, last = json.loads(self.json_text)
+        token, ip, ua, device, last = loads_bounded(self.json_text)
         return {"access_token": token, "ip": ip, "user_agent": ua, "device_id": device,
                 "last_seen": last}
 
@@ -272,7 +328,7 @@ class LockReleased:
 
     @property
     def fields(self) -> dict:
-        inst, name, key = json.loads(self.json_text)
+        inst, name, key = loads_bounded(self.json_text)
         return {"instance": inst, "lock_name": name, "lock_key": key}
 
 
@@ -358,7 +414,7 @@ def redact_user_ip(line: bytes) -> bytes:
     try:
         _, rest = line.split(b" ", 1)
         user, text = rest.split(b" ", 1)
-        value = json.loads(text)
+        value = loads_bounded(text)
         token = value[0]
     except (ValueError, IndexError, TypeError, KeyError):
         return line

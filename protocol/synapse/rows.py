@@ -7,7 +7,7 @@ On SQLite, booleans may arrive as 0/1; they are passed through as received.
 
 from __future__ import annotations
 
-import json
+from dcptool.protocol.synapse.commands import loads_bounded
 
 # stream name -> field names of its row type, in wire order
 STREAM_FIELDS: dict[str, tuple[str, ...]] = {
@@ -55,8 +55,8 @@ def name_fields(names: tuple[str, ...], values) -> dict:
 def decode_row(stream: str, row_json: str) -> dict:
     """Named fields of one RDATA row. Unknown streams give ``field0, field1 ...``; the events
     stream gives ``row_type`` plus the fields of that row type. Raises ValueError on bad
-    JSON."""
-    value = json.loads(row_json)
+    JSON, and on JSON nested deeper than commands.MAX_JSON_DEPTH."""
+    value = loads_bounded(row_json)
     if stream == "events":
         if isinstance(value, list) and len(value) == 2 and isinstance(value[0], str):
             kind, data = value

@@ -6,6 +6,12 @@ streams, and an asyncio server for the sans-IO producer.
 Errors: connection refused, DNS failure, TLS failure and timeouts raise ConnectFailed; a
 connection that ends before the consumer is done raises ConnectionLost (after the allowed
 reconnects); protocol and auth errors from the consumer propagate as they are.
+
+Timeouts (ConsumerConfig.timeout, `--timeout`): the TCP connect plus TLS handshake, each
+request/response step (the consumer's check), and a frame that stops half way (here: the
+bytes of one frame must all arrive within the timeout). A step that times out before
+streaming starts is ConnectFailed; once streaming, an unanswered request, a half frame or
+silence beyond the consumer's idle limit is a dead connection, handled by reconnecting.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self._check_handle = None
         self._closed_by_us = False
         self.bytes_in = 0
+        self._partial_since: float | None = None   # when the unfinished frame in _buf began
 
     # ---- asyncio callbacks
     def connection_made(self, transport) -> None:
@@ -128,9 +135,14 @@ class _ClientProtocol(asyncio.BufferedProtocol):
                 self.done.set_result(None)
         if err is not None:
             raise err
+        if not self._end:
+            self._partial_since = None
+        elif consumed or self._partial_since is None:
+            self._partial_since = time.monotonic()
         self._maybe_pause()
 
     def _flush(self) -> None:
+        self.consumer.stamp_sent(time.monotonic())
         frames = self.consumer.outgoing()
         if not frames or self.transport is None or self.transport.is_closing():
             return
@@ -160,22 +172,38 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self.transport.resume_reading()
 
     def _schedule_check(self) -> None:
-        interval = self.consumer.cfg.noop_interval
-        period = min(0.5, interval / 4) if interval else 0.5
+        cfg = self.consumer.cfg
+        period = min([0.5] + [x / 4 for x in (cfg.noop_interval, cfg.timeout) if x])
         self._check_handle = asyncio.get_running_loop().call_later(period, self._check)
 
     def _check(self) -> None:
         try:
+            now = time.monotonic()
             if not self._paused:   # while we hold reads back, silence is ours, not the server's
-                self.consumer.check(time.monotonic())
+                self._check_partial(now)
+                self.consumer.check(now)
                 self.consumer.flush_acks()   # an ack held back while paused
                 self._flush()
             else:
-                self.consumer.last_rx = time.monotonic()
+                self.consumer.hold(now)
+                if self._partial_since is not None:
+                    self._partial_since = now
         except BaseException as exc:  # noqa: BLE001
             self._fail(exc)
             return
         self._schedule_check()
+
+    def _check_partial(self, now: float) -> None:
+        """A frame whose bytes stopped coming: RemoteError(TIMEOUT) after the timeout."""
+        timeout = self.consumer.cfg.timeout
+        since = self._partial_since
+        if not timeout or since is None or now - since <= timeout:
+            return
+        want = "?"
+        if self._end >= 12:
+            want = str(24 + int.from_bytes(self._buf[8:12], "big"))
+        raise RemoteError(ErrorCode.TIMEOUT, f"a frame stopped half way: {self._end} of {want} bytes "
+                          f"arrived, then nothing more for {now - since:.1f} s (--timeout {timeout:g} s)")
 
     def _fail(self, exc: BaseException) -> None:
         if not self.done.done():
@@ -209,7 +237,9 @@ async def open_connection(consumer: Consumer, host: str, port: int, *, tls: ssl.
     except ssl.SSLError as exc:
         raise ConnectFailed(f"TLS handshake with {where} failed: {exc.reason or exc}") from None
     except (asyncio.TimeoutError, TimeoutError):
-        raise ConnectFailed(f"timed out connecting to {where} after {timeout:g} s") from None
+        what = "TCP connect and TLS handshake" if tls else "TCP connect"
+        raise ConnectFailed(f"timed out connecting to {where} ({what}) after {timeout:g} s "
+                            "(--timeout)") from None
     except (ConnectionResetError, ConnectionAbortedError, EOFError) as exc:
         what = "TLS handshake with" if tls else "connection to"
         raise ConnectFailed(f"{what} {where} failed: the server closed the connection ({exc or 'EOF'})") from None
@@ -227,7 +257,7 @@ class Session:
                  on_events: Callable | None = None, on_connect: Callable | None = None,
                  resume: dict[int, VbState] | None = None,
                  should_pause: Callable[[], bool] | None = None, reconnects: int = 3,
-                 connect_timeout: float = 10.0):
+                 connect_timeout: float | None = None):
         self.cfg = cfg
         self.host, self.port = host, port
         self.tls, self.server_hostname = tls, server_hostname
@@ -235,7 +265,7 @@ class Session:
         self.resume = resume
         self.should_pause = should_pause
         self.reconnects = reconnects
-        self.connect_timeout = connect_timeout
+        self.connect_timeout = connect_timeout or cfg.timeout or 30.0
         self.conn = 0
         self.consumer: Consumer | None = None
         self._proto: _ClientProtocol | None = None
@@ -274,12 +304,17 @@ class Session:
                     proto.done.result()
                     return consumer
                 except (ConnectionLost, RemoteError) as exc:
-                    if isinstance(exc, RemoteError) and exc.code != ErrorCode.DEAD_CONNECTION:
+                    dead = (ErrorCode.DEAD_CONNECTION, ErrorCode.TIMEOUT)
+                    if isinstance(exc, RemoteError) and exc.code not in dead:
                         raise
                     progressed = consumer.phase == "streaming"
+                    if isinstance(exc, RemoteError) and exc.code == ErrorCode.TIMEOUT and not progressed:
+                        # the server accepted the connection but never completed the set-up
+                        raise ConnectFailed(f"{self.host}:{self.port}: {exc.message}") from None
                     if not progressed or attempts >= self.reconnects:
                         if isinstance(exc, RemoteError):
-                            raise ConnectionLost(exc.message) from None
+                            gave_up = f"; gave up after {attempts} reconnect(s)" if attempts else ""
+                            raise ConnectionLost(f"connection lost: {exc.message}{gave_up}") from None
                         raise
                     attempts += 1
                     log.info("connection %d lost (%s); reconnecting", self.conn, exc)

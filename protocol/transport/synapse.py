@@ -18,6 +18,7 @@ from typing import Callable, Protocol
 from dcptool.protocol.errors import ConnectFailed, ConnectionLost, ErrorCode, RemoteError
 from dcptool.protocol.synapse.bulk import Scan, SplitLines, split_lines
 from dcptool.protocol.synapse.client import SynapseClient
+from dcptool.protocol.synapse.commands import shown
 from dcptool.protocol.synapse.framing import MAX_LINE, LineFramer
 
 log = logging.getLogger("dcptool.synapse")
@@ -118,7 +119,7 @@ async def run_tcp(host: str, port: int, client: SynapseClient, handler: Handler,
 
 async def _run_tcp(host, port, client, handler, *, ssl, connect_timeout, max_reconnects,
                    max_line, tick_interval, clock, backoff) -> None:
-    conn_no = -1
+    conn_no = 0   # connections count from 1, as in DCP
     retry = _Retry(max_reconnects, backoff)
     ever_connected = False
     while True:
@@ -254,7 +255,7 @@ async def _run_redis(host, port, server_name, client, handler, *, db, password, 
     from redis.backoff import NoBackoff
 
     channels = [server_name, server_name + "/USER_IP"]
-    conn_no = -1
+    conn_no = 0   # connections count from 1, as in DCP
     retry = _Retry(max_reconnects, backoff)
     ever_connected = False
     while True:
@@ -287,15 +288,15 @@ async def _run_redis(host, port, server_name, client, handler, *, db, password, 
                         confirmed += 1
             except rexc.AuthenticationError as exc:
                 from dcptool.protocol.errors import AuthRefused
-                raise AuthRefused(f"Redis refused the credentials: {exc}") from None
+                raise AuthRefused(f"Redis refused the credentials: {shown(str(exc))}") from None
             except rexc.ResponseError as exc:
-                text = str(exc)
+                text = shown(str(exc))
                 if "NOAUTH" in text or "WRONGPASS" in text or "NOPERM" in text:
                     from dcptool.protocol.errors import AuthRefused
                     raise AuthRefused(f"Redis refused access: {text}") from None
                 raise ConnectFailed(f"Redis at {host}:{port}: {text}") from None
             except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
-                why = f"cannot connect to Redis at {host}:{port}: {exc}"
+                why = f"cannot connect to Redis at {host}:{port}: {shown(str(exc))}"
                 if not ever_connected:
                     raise ConnectFailed(why) from None
                 await asyncio.sleep(retry.failed(why))
@@ -337,7 +338,7 @@ async def _run_redis(host, port, server_name, client, handler, *, db, password, 
                     next_tick = now + tick_interval
                 await _wait_paused(handler)
         except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
-            why = f"Redis connection lost: {exc}"
+            why = f"Redis connection lost: {shown(str(exc))}"
         finally:
             client.connection_lost()
             try:

@@ -1,0 +1,114 @@
+"""What the DCP consumer (consumer.py) takes and gives: its configuration, the state it keeps
+per vbucket to resume from, and the events it emits. Kept apart so that callers and the
+capture side can name them without the state machine."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dcptool.protocol.dcp.constants import StreamEndReason
+
+NUM_VB_SLOTS = 1024       # vbucket ids a bucket can have (0-1023); anything above is hostile
+
+DEFAULT_REOPEN = frozenset({StreamEndReason.STATE_CHANGED, StreamEndReason.DISCONNECTED,
+                           StreamEndReason.TOO_SLOW, StreamEndReason.BACKFILL_FAIL,
+                           StreamEndReason.ROLLBACK})
+
+
+# --------------------------------------------------------------------------- state
+
+@dataclasses.dataclass
+class VbState:
+    """What a consumer keeps per vbucket to resume (PROTOCOLS.md "Consumer rules")."""
+    failover_log: list = dataclasses.field(default_factory=list)   # [(uuid, seqno)], newest first
+    last_seqno: int = 0
+    snap_start: int = 0
+    snap_end: int = 0
+    snapshot_complete: bool = True
+    ended_reason: int | None = None    # the stream ended for good (not re-requested on resume)
+
+    def request_seqnos(self) -> tuple[int, int, int, int]:
+        """(start, vbucket uuid, snap start, snap end) of a resuming stream request."""
+        uuid = self.failover_log[0][0] if self.failover_log else 0
+        s = self.last_seqno
+        if self.snapshot_complete or not self.snap_start <= s <= self.snap_end:
+            return s, uuid, s, s
+        return s, uuid, self.snap_start, self.snap_end
+
+
+@dataclasses.dataclass
+class ConsumerConfig:
+    bucket: str
+    name: str
+    user: str | None = None
+    password: str | None = dataclasses.field(default=None, repr=False)
+    vbuckets: list[int] | None = None     # None: every vbucket the bucket has
+    start: str = "0"                      # "0", "now" or a seqno
+    to: str = "now"                       # "now", "forever" or a seqno
+    no_value: bool = False
+    xattrs: bool = False
+    collections: bool = False
+    buffer_size: int = 20 * 1024 * 1024   # 0: no flow control
+    noop_interval: float = 30.0           # 0: no noops
+    tls: bool = False
+    allow_plain: bool = False             # PLAIN over plain TCP
+    max_in_flight: int = 64
+    agent: str = "dcptool"
+    reopen_reasons: frozenset = DEFAULT_REOPEN
+    max_reopens: int = 5
+    max_rollbacks: int = 20
+    ack_ratio: float = 0.5
+    timeout: float = 30.0                 # a request unanswered this long is a dead connection
+    check_vbuckets: bool = False          # ask GET_ALL_VB_SEQNOS with vbuckets given too (ServerVbuckets)
+
+
+# --------------------------------------------------------------------------- events
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HandshakeComplete:
+    features: tuple
+    controls: dict
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ControlRefused:
+    key: str
+    value: str
+    status: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamOpened:
+    vbucket: int
+    start: int
+    failover_log: tuple
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rollback:
+    vbucket: int
+    seqno: int          # everything above it is void; the stream is re-requested from it
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamFailed:
+    vbucket: int
+    status: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamEnded:
+    vbucket: int
+    reason: int
+    final: bool         # False: the consumer re-requests the stream
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerVbuckets:
+    vbuckets: tuple     # the vbuckets GET_ALL_VB_SEQNOS listed (with check_vbuckets and given vbuckets)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Finished:
+    ended: int
+    failed: int
