@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 _console = None
+NO_LIMIT = 1_000_000  # the width of a console that is not a terminal
 
 
 def err_console():
@@ -24,7 +25,7 @@ def stdout_is_tty() -> bool:
 
 
 def data_console(file=None, **kw):
-    """A rich console for data on stdout. A closed pipe (`| head`) ends the command
+    """A rich console for data on stdout, as wide as its content when not a terminal. A closed pipe (`| head`) ends the command
     quietly with exit 0 through cli/errors.py, instead of rich's own exit 1."""
     from rich.console import Console
 
@@ -32,4 +33,12 @@ def data_console(file=None, **kw):
         def on_broken_pipe(self) -> None:
             raise BrokenPipeError()
 
-    return _DataConsole(file=file if file is not None else sys.stdout, **kw)
+    file = file if file is not None else sys.stdout
+    if "width" not in kw:
+        try:
+            tty = file.isatty()
+        except (AttributeError, ValueError):
+            tty = False
+        if not tty:  # a pipe or a log: no width to fit, so nothing is cut at 80 columns
+            kw["width"] = NO_LIMIT
+    return _DataConsole(file=file, **kw)

@@ -10,18 +10,15 @@ decoded with the codec.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import datetime
 import os
-import signal
 import struct
-import time
 
 from dcptool.cli.console import err_console
 from dcptool.cli.errors import Interrupted
 from dcptool.cli.live import LiveOptions
-from dcptool.cli.output import Sink, default_format
+from dcptool.cli.output import Sink, dcp_display, default_format, display_columns, iso_ns, key_fields
+from dcptool.cli.run_summary import (DURATION, END, MAX_MESSAGES, TO, RunStats, StopSignals,
+                                     check_vbuckets, print_stream_summary, stop_reason_for_signal)
 from dcptool.protocol.dcp import consumer as C
 from dcptool.protocol.dcp import messages as m
 from dcptool.protocol.dcp.constants import status_name, stream_end_reason_name
@@ -48,8 +45,8 @@ def consumer_config(opts: LiveOptions) -> C.ConsumerConfig:
         bucket=src.bucket, name=opts.name or f"dcptool-{src.host}-{os.getpid()}", user=opts.user,
         password=opts.password, vbuckets=opts.vbuckets, start=opts.from_, to=opts.to,
         no_value=opts.no_value, xattrs=opts.xattrs, collections=opts.collections,
-        buffer_size=opts.buffer_size, noop_interval=opts.noop_interval, tls=src.tls,
-        allow_plain=opts.sasl_plain)
+        buffer_size=opts.buffer_size, noop_interval=opts.noop_interval, timeout=opts.timeout, tls=src.tls,
+        allow_plain=opts.sasl_plain, check_vbuckets=opts.vbuckets is not None)
 
 
 def tls_for(opts: LiveOptions):
@@ -59,26 +56,53 @@ def tls_for(opts: LiveOptions):
     return tls_context(opts.ca_cert, opts.insecure)
 
 
-def iso_ns(ts_ns: int) -> str:
-    sec, ns = divmod(ts_ns, 1_000_000_000)
-    return datetime.datetime.fromtimestamp(sec, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S") + f".{ns:09d}Z"
+# The columns of a `stream` row: the capture format's (replay/schema.py; a test checks they
+# agree) plus `key_base64`; `value`/`value_base64`/`value_error` with --values, `raw` with --raw.
+COMMON_COLUMNS = ("frame_no", "conn", "ts", "mono_ns", "direction")
+DCP_COLUMNS = ("magic", "opcode", "op", "status", "vbucket", "opaque", "cas", "datatype", "stream_id",
+               "collection_id", "key", "key_base64", "value_len", "by_seqno", "rev_seqno", "item_flags",
+               "expiration", "lock_time", "delete_time", "snap_version", "snap_start", "snap_end",
+               "snap_flags", "max_visible_seqno", "high_completed_seqno", "purge_seqno",
+               "high_prepared_seqno", "stream_end_reason", "rollback_seqno", "failover_log", "req_flags",
+               "req_start_seqno", "req_end_seqno", "req_vbucket_uuid", "req_snap_start", "req_snap_end",
+               "system_event_id", "decode_error")
+
+
+def row_columns(values: bool = False, raw: bool = False) -> list[str]:
+    return [*COMMON_COLUMNS, *DCP_COLUMNS, *(("value", "value_base64", "value_error") if values else ()),
+            *(("raw",) if raw else ())]
 
 
 class RowTap:
-    """Turns every frame into a row for the sink; stops after max_messages received."""
+    """Turns every frame into a row for the sink (every row carries every column of
+    row_columns(), absent fields None); stops after max_messages received and counts what it
+    showed in `stats` (this run's summary)."""
 
     def __init__(self, sink: Sink, *, values: bool, raw: bool, b64: bool, max_messages: int | None,
-                 on_limit=None):
+                 on_limit=None, stats: RunStats | None = None):
         self.sink = sink
         self.values = values
         self.raw = raw
-        self.b64 = b64          # jsonl: keys as base64 text right away (no per-row fallback)
+        self.b64 = b64          # unused: keys and values follow cli/output.py dcp_display
         self.remaining = max_messages
         self.on_limit = on_limit
         self.consumer: C.Consumer | None = None
         self.conn = 0
-        self.received = 0
-        self.sent = 0
+        self.frame_no = 0
+        self.stats = stats if stats is not None else RunStats("dcp", "")
+        self.template = dict.fromkeys(row_columns(values, raw))
+        # DCP-specific counts of the rows shown
+        self.items = 0
+        self.streams_ended = 0
+        self.rollbacks = 0
+
+    @property
+    def received(self) -> int:
+        return self.stats.messages_in
+
+    @property
+    def sent(self) -> int:
+        return self.stats.messages_out
 
     def attach(self, conn: int, consumer: C.Consumer) -> None:
         self.conn, self.consumer = conn, consumer
@@ -86,21 +110,25 @@ class RowTap:
     def _vb_of(self, opaque: int):
         return self.consumer.vb_opaque.get(opaque) if self.consumer is not None else None
 
-    def row(self, buf, off: int, ln: int, ts: str, direction: str) -> dict:
+    def row(self, buf, off: int, ln: int, ts: str, direction: str, mono_ns: int | None = None) -> dict:
+        row = self.template.copy()
+        row["frame_no"] = self.frame_no
+        row["conn"] = self.conn
+        row["ts"] = ts
+        row["mono_ns"] = mono_ns
+        row["direction"] = direction
         if (buf[off + 1] == 0x57 and buf[off] == 0x80 and buf[off + 4] == 31
                 and not (self.consumer is not None and self.consumer.collections)):
             magic, op, kl, _el, dt, vb, bl, opq, cas, by, rev, fl, exp, lock = _MUT.unpack_from(buf, off)
             ks = off + 55
             key = buf[ks:ks + kl]
-            row = {"ts": ts, "conn": self.conn, "direction": direction, "magic": magic, "opcode": op,
-                   "op": "mutation", "vbucket": vb, "opaque": opq, "cas": cas, "datatype": dt,
-                   "key": key, "value_len": bl - 31 - kl, "by_seqno": by, "rev_seqno": rev,
-                   "item_flags": fl, "expiration": exp, "lock_time": lock}
+            row.update({"magic": magic, "opcode": op, "op": "mutation", "vbucket": vb, "opaque": opq,
+                        "cas": cas, "datatype": dt, "key": key, "value_len": bl - 31 - kl, "by_seqno": by,
+                        "rev_seqno": rev, "item_flags": fl, "expiration": exp, "lock_time": lock})
             if self.values:
                 row["value"] = buf[ks + kl:off + ln]
         else:
             msg = m.decode(parse_frame(buf, off, ln), self.consumer.collections if self.consumer else False)
-            row = {"ts": ts, "conn": self.conn, "direction": direction}
             row.update(m.to_row(msg, value=self.values))
             if msg.IS_RESPONSE:
                 vb = self._vb_of(msg.opaque)
@@ -112,12 +140,18 @@ class RowTap:
                 vstart = 24 + raw[4] + int.from_bytes(raw[2:4], "big")
                 raw = raw[:vstart] + b"*" * (len(raw) - vstart)
             row["raw"] = raw
-        if self.b64:
-            for k in ("key", "value", "raw"):
-                v = row.get(k)
-                if v is not None and type(v) is not str:
-                    row[k] = base64.b64encode(v).decode("ascii")
+        dcp_display(row)   # keys as text, values as JSON (cli/output.py); raw stays bytes
+        self.frame_no += 1
         return row
+
+    def _count(self, row: dict) -> None:
+        op = row["op"]
+        if op in ("mutation", "deletion", "expiration"):
+            self.items += 1
+        elif op == "stream_end":
+            self.streams_ended += 1
+        elif op == "stream_req" and row["status"] == 0x23 and row["direction"] == "in":
+            self.rollbacks += 1
 
     def on_received(self, buf, offsets, lengths, ts_ns: int, mono_ns: int) -> None:
         if self.remaining is not None and self.remaining <= 0:
@@ -128,51 +162,70 @@ class RowTap:
         ts = iso_ns(ts_ns)
         conn = self.conn
         fast = not (self.consumer is not None and self.consumer.collections) and not self.values and not self.raw
-        b64 = self.b64
         unpack = _MUT.unpack_from
-        enc = binascii.b2a_base64
+        template = self.template
+        count = self._count
         rows = []
         append = rows.append
+        items = 0
         for off, ln in zip(offs, lens):
             if fast and buf[off + 1] == 0x57 and buf[off] == 0x80 and buf[off + 4] == 31:
                 # the hot path: the same dict as to_row(decode(frame)), built directly
                 magic, op, kl, _el, dt, vb, bl, opq, cas, by, rev, fl, exp, lock = unpack(buf, off)
-                key = buf[off + 55:off + 55 + kl]
-                append({"ts": ts, "conn": conn, "direction": "in", "magic": magic, "opcode": op,
-                        "op": "mutation", "vbucket": vb, "opaque": opq, "cas": cas, "datatype": dt,
-                        "key": enc(key, newline=False).decode("ascii") if b64 else key,
-                        "value_len": bl - 31 - kl, "by_seqno": by, "rev_seqno": rev,
-                        "item_flags": fl, "expiration": exp, "lock_time": lock})
+                key, key_b64 = key_fields(buf[off + 55:off + 55 + kl])
+                r = template.copy()
+                r.update({"frame_no": self.frame_no, "conn": conn, "ts": ts, "mono_ns": mono_ns,
+                          "direction": "in", "magic": magic, "opcode": op,
+                          "op": "mutation", "vbucket": vb, "opaque": opq, "cas": cas, "datatype": dt,
+                          "key": key, "key_base64": key_b64,
+                          "value_len": bl - 31 - kl, "by_seqno": by, "rev_seqno": rev,
+                          "item_flags": fl, "expiration": exp, "lock_time": lock})
+                self.frame_no += 1
+                items += 1
+                append(r)
             else:
-                append(self.row(buf, off, ln, ts, "in"))
+                r = self.row(buf, off, ln, ts, "in", mono_ns)
+                count(r)
+                append(r)
+        self.items += items
         self.sink.write_many(rows)
-        self.received += len(offs)
+        st = self.stats
+        st.messages_in += len(offs)
+        st.bytes_in += sum(lens)
         if self.remaining is not None:
             self.remaining -= len(offs)
             if self.remaining <= 0 and self.on_limit is not None:
                 self.on_limit()
 
     def on_sent(self, frame: bytes, ts_ns: int, mono_ns: int) -> None:
+        self.stats.connections = self.conn   # sending HELLO: this connection was made
         if self.remaining is not None and self.remaining <= 0:
             return
-        self.sent += 1
-        self.sink.write(self.row(frame, 0, len(frame), iso_ns(ts_ns), "out"))
+        self.stats.messages_out += 1
+        self.stats.bytes_out += len(frame)
+        self.sink.write(self.row(frame, 0, len(frame), iso_ns(ts_ns), "out", mono_ns))
 
 
 class EventLog:
     """Consumer events as one line each on stderr."""
 
-    def __init__(self, quiet: bool = False):
+    def __init__(self, quiet: bool = False, requested: list[int] | None = None):
         self.console = err_console()
         self.quiet = quiet
+        self.requested = requested     # --vbuckets, checked against the server's vbuckets
         self.failed: dict[int, int] = {}
         self.rollbacks = 0
         self.ends: dict[int, int] = {}
+        self.streaming = False         # a handshake completed: the run reached its streams
 
     def __call__(self, events) -> None:
         for e in events:
             t = type(e)
-            if t is C.ControlRefused:
+            if t is C.ServerVbuckets:
+                check_vbuckets(self.requested, e.vbuckets)
+            elif t is C.HandshakeComplete:
+                self.streaming = True
+            elif t is C.ControlRefused:
                 self._say(f"[yellow]DCP_CONTROL {e.key}={e.value} refused[/] ({status_name(e.status)}); continuing")
             elif t is C.Rollback:
                 self.rollbacks += 1
@@ -192,71 +245,116 @@ class EventLog:
             self.console.print(text, highlight=False)
 
 
-def run_session(session, duration: float | None, signals=(signal.SIGINT,)):
+GRACE = 3.0   # seconds a stop request may take (closing streams) before the run is cancelled
+
+
+def run_session(session, duration: float | None, stats: RunStats | None = None,
+                signals: StopSignals | None = None):
     """Run a transport Session on a fresh event loop until it ends, `duration` passes, or a
-    signal asks it to close its streams: (consumer, interrupted by a signal)."""
-    interrupted = False
+    signal (SIGINT, SIGTERM, SIGHUP through `signals`) asks it to close its streams. Returns
+    the consumer (None when a signal came before it started); the reason is in `stats`."""
+    stats = stats if stats is not None else RunStats("dcp", "")
 
     async def main():
         loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(session.run())
+        cancelled_by_us = []
 
-        def on_signal():
-            nonlocal interrupted
-            interrupted = True
+        def stop(reason: str) -> None:
+            stats.stop(reason)
             session.stop()
-        installed = []
-        for sig in signals:
-            try:
-                loop.add_signal_handler(sig, on_signal)
-                installed.append(sig)
-            except (NotImplementedError, RuntimeError, ValueError):
-                pass
-        if duration:
-            loop.call_later(duration, session.stop)
-        try:
-            return await session.run()
-        finally:
-            for sig in installed:
-                loop.remove_signal_handler(sig)
 
-    consumer = asyncio.run(main())
-    return consumer, interrupted
+            def hard_stop():   # still connecting or backing off: nothing to close cleanly
+                if not task.done():
+                    cancelled_by_us.append(True)
+                    task.cancel()
+            loop.call_later(GRACE, hard_stop)
+
+        def on_signal(signum: int) -> None:
+            stats.signum = stats.signum or signum
+            loop.call_soon_threadsafe(stop, stop_reason_for_signal(signum))
+
+        if signals is not None:
+            signals.attach(loop)
+            signals.callbacks.append(on_signal)
+            if signals.signum is not None:       # came before the loop ran
+                on_signal(signals.signum)
+        if duration:
+            loop.call_later(duration, stop, DURATION)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if cancelled_by_us:
+                return session.consumer
+            raise
+        finally:
+            if signals is not None:
+                signals.callbacks.remove(on_signal)
+                signals.detach(loop)
+
+    return asyncio.run(main())
+
+
+def finish_reason(opts: LiveOptions, events: "EventLog") -> str:
+    """Why a DCP run that nobody stopped ended: every stream reached --to, or the server
+    ended them."""
+    if opts.to != "forever" and not events.failed and all(r == 0 for r in events.ends.values()):
+        return TO
+    return END
+
+
+def every_stream_failed(events: "EventLog") -> RemoteError:
+    status = next(iter(events.failed.values()))
+    return RemoteError(ErrorCode.STATUS, f"every stream request failed, e.g. vbucket "
+                       f"{next(iter(events.failed))}: {status_name(status)}", status)
 
 
 def run_stream(opts: LiveOptions) -> None:
     from dcptool.protocol.transport.dcp import Session
 
     fmt = default_format(opts.fmt)
-    sink = Sink(fmt, columns=TABLE_COLUMNS if fmt in ("table",) else None)
-    events = EventLog()
+    sink = Sink(fmt, columns=display_columns(TABLE_COLUMNS, opts.values) if fmt in ("table",) else None)
+    events = EventLog(requested=opts.vbuckets)
+    stats = RunStats("dcp", opts.source.url)
     session_box: dict = {}
 
     def stop():
+        stats.stop(MAX_MESSAGES)
         s = session_box.get("session")
         if s is not None:
             s.stop()
 
     tap = RowTap(sink, values=opts.values, raw=opts.raw, b64=fmt == "jsonl", max_messages=opts.max_messages,
-                 on_limit=stop)
+                 on_limit=stop, stats=stats)
     session = Session(consumer_config(opts), opts.source.host, opts.source.port, tls=tls_for(opts),
                       tap=tap, on_events=events, on_connect=tap.attach, reconnects=DEFAULTS["reconnects"],
-                      connect_timeout=DEFAULTS["connect_timeout"])
+                      connect_timeout=opts.timeout)
     session_box["session"] = session
-    started = time.monotonic()
-    try:
-        consumer, interrupted = run_session(session, opts.duration)
-    finally:
-        sink.close()
-    if interrupted:
-        raise Interrupted()
-    elapsed = time.monotonic() - started
-    if consumer is not None:
-        err_console().print(
-            f"{tap.received} frames received, {consumer.data_frames} items, "
-            f"{len(events.ends)} streams ended, {events.rollbacks} rollbacks, "
-            f"{session.conn} connection(s), {elapsed:.2f} s", highlight=False, style="dim", soft_wrap=True)
-        opened = set(events.ends) | {vb for vb in consumer.states if vb not in events.failed}
-        if events.failed and not opened and not session.stopped:
-            status = next(iter(events.failed.values()))
-            raise RemoteError(ErrorCode.STATUS, f"every stream request failed, e.g. vbucket "
-                              f"{next(iter(events.failed))}: {status_name(status)}", status)
+    error: BaseException | None = None
+    consumer = None
+    with StopSignals() as signals:
+        try:
+            consumer = run_session(session, opts.duration, stats, signals)
+        except BaseException as exc:  # noqa: BLE001 - the summary first, then it is re-raised
+            error = exc
+        finally:
+            try:
+                sink.close()
+            except BaseException as exc:  # noqa: BLE001 - a closed stdout
+                error = error or exc
+        if error is None and consumer is not None and not session.stopped:
+            stats.stop(finish_reason(opts, events))
+            opened = set(events.ends) | {vb for vb in consumer.states if vb not in events.failed}
+            if events.failed and not opened:
+                error = every_stream_failed(events)
+        interrupted = signals.interrupted()
+        if error is None and interrupted is not None:
+            error = interrupted
+        if events.streaming or isinstance(error, Interrupted):
+            summary = stats.summary(error)
+            summary.update(items=tap.items, streams_ended=tap.streams_ended, rollbacks=tap.rollbacks,
+                           failed_streams=len(events.failed))
+            if not isinstance(error, BrokenPipeError):
+                print_stream_summary(summary)
+    if error is not None:
+        raise error

@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from dcptool.cli.output import FORMATS, Sink, bulk_rows, default_format
+from dcptool.cli.output import (VALUE_COLUMNS, FORMATS, Sink, bulk_rows, dcp_display,
+                                default_format, with_key_base64)
 
 CHUNK = 4 * 1024 * 1024
 # what a person wants to see per frame; JSON lines carry every column
@@ -21,14 +22,17 @@ TABLE_COLUMNS = ["op", "magic", "status", "vbucket", "opaque", "stream_id", "col
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
               help="jsonl in a pipe (default), table on a TTY.")
 @click.option("--collections", is_flag=True, help="Keys carry a LEB128 collection-id prefix.")
-@click.option("--raw", is_flag=True, help="Add each whole frame (base64 in JSON).")
-@click.option("--values", is_flag=True, help="Add each value (base64 in JSON).")
+@click.option("--raw", is_flag=True, help="Add each whole frame (base64).")
+@click.option("--values", is_flag=True,
+              help="Add each value: JSON datatype as JSON, anything else as value_base64.")
 @click.option("--max-body", type=click.IntRange(min=0), default=None,
               help="Refuse frames whose body length is above this (default 20 MiB).")
 def decode(file, fmt, collections, raw, values, max_body):
     """Decode concatenated DCP frames (as they crossed the wire) from FILE or stdin.
 
-    One JSON object per frame with the column names of the capture format. A response's
+    One JSON object per frame with the column names of the capture format, every column
+    in every row (null when the frame has no such field); keys as text (`key_base64` when
+    not UTF-8). A response's
     vbucket comes from the earlier request with the same opaque. A truncated last frame or a
     hostile length is reported (exit 5) after every whole frame before it was printed.
 
@@ -39,7 +43,12 @@ def decode(file, fmt, collections, raw, values, max_body):
     from dcptool.protocol.dcp.constants import DEFAULT_MAX_BODY
 
     cap = DEFAULT_MAX_BODY if max_body is None else max_body
-    sink = Sink(default_format(fmt), columns=None if raw or values else TABLE_COLUMNS)
+    fmt = default_format(fmt)
+    table_cols = with_key_base64(TABLE_COLUMNS)
+    if values:
+        at = table_cols.index("value_len") + 1
+        table_cols[at:at] = VALUE_COLUMNS
+    sink = Sink(fmt, columns=table_cols + (["raw"] if raw else []))
     try:
         with bulk_rows():
             _decode_stream(file, sink, cap, collections, raw, values)
@@ -48,10 +57,22 @@ def decode(file, fmt, collections, raw, values, max_body):
     sys.stdout.flush()
 
 
+def column_set(raw: bool, values: bool) -> list[str]:
+    """Every column of a decode row, in order (JSON lines carry all of them)."""
+    from dcptool.protocol.dcp.columnar import ROW_ORDER
+    cols = with_key_base64(list(ROW_ORDER))
+    if values:
+        at = cols.index("value_len") + 1
+        cols[at:at] = VALUE_COLUMNS
+    return cols + (["raw"] if raw else [])
+
+
 def _decode_stream(file, sink, cap, collections, raw, values):
     from dcptool.protocol.dcp import columnar
     from dcptool.protocol.dcp.frames import header_lengths
     from dcptool.protocol.errors import ErrorCode, RemoteError
+
+    blank = dict.fromkeys(column_set(raw, values))
 
     opaque_vb: dict[int, int] = {}
     buf = b""
@@ -67,7 +88,12 @@ def _decode_stream(file, sink, cap, collections, raw, values):
             for row, off, ln in zip(rows, offsets.tolist(), lengths.tolist()):
                 if "value_len" in row and row.get("op") not in ("sasl_auth", "sasl_step"):
                     row["value"] = buf[off + ln - row["value_len"]:off + ln]
-        sink.write_many(rows)
+        full = []
+        for r in rows:
+            d = blank.copy()
+            d.update(r)
+            full.append(dcp_display(d))
+        sink.write_many(full)
         if err is not None:
             err.args = (err.message.replace(f"at byte {consumed}", f"at byte {base + consumed}"),)
             raise err

@@ -28,6 +28,7 @@ class LiveOptions:
     collections: bool = False
     buffer_size: int = 20 * 1024 * 1024
     noop_interval: float = 30.0
+    timeout: float = 30.0          # DCP: each handshake step, a stream reply, a half frame
     ca_cert: str | None = None
     insecure: bool = False
     sasl_plain: bool = False
@@ -75,6 +76,9 @@ def connection_options(fn):
                      help="DCP: flow-control buffer (0 turns flow control off)."),
         click.option("--noop-interval", default="30s", show_default=True,
                      help="DCP: noop interval; the connection is dead after twice this silent."),
+        click.option("--timeout", default="30s", show_default=True,
+                     help="DCP: bound on connect + TLS, each handshake request, a stream reply "
+                     "and a half-received frame; also the idle limit when noops are refused."),
         click.option("--streams", default=None, help="Synapse: only these streams, e.g. events,caches."),
         click.option("--replicate/--no-replicate", default=True, show_default=True,
                      help="Synapse: send REPLICATE to obtain POSITIONs."),
@@ -91,10 +95,16 @@ def build_options(ctx: click.Context, kw: dict) -> LiveOptions:
     source = parse_source(kw.pop("source"))
     user = user_from(kw.pop("user"), source.url)
     password_file = kw.pop("password_file")
-    password = read_password(password_file, needed=user is not None)
+    # synapse:// (the TCP line protocol) has no authentication: a DCPTOOL_USER in the
+    # environment must not make it ask for a password
+    password = read_password(password_file, user=user,
+                             needed=user is not None and source.scheme != "synapse")
     vb = kw.pop("vbuckets")
     buffer_size = parse_size(kw.pop("buffer_size"), "--buffer-size")
     noop = parse_duration(kw.pop("noop_interval"), "--noop-interval")
+    timeout = parse_duration(kw.pop("timeout"), "--timeout")
+    if timeout <= 0:
+        raise click.BadParameter("must be above 0, e.g. 30s", param_hint="--timeout")
     duration = kw.pop("duration")
     streams = kw.pop("streams")
     name = kw.pop("name")
@@ -107,7 +117,7 @@ def build_options(ctx: click.Context, kw: dict) -> LiveOptions:
     return LiveOptions(
         source=source, user=user, password=password,
         vbuckets=parse_vbuckets(vb) if vb else None,
-        buffer_size=buffer_size, noop_interval=noop,
+        buffer_size=buffer_size, noop_interval=noop, timeout=timeout,
         duration=parse_duration(duration, "--duration") if duration else None,
         streams=[s for s in streams.split(",") if s] if streams else None,
         name=name, verbose=bool((ctx.find_root().obj or {}).get("verbose")),

@@ -1,18 +1,181 @@
-"""Writing decoded rows to stdout: JSON lines for pipes (bytes as base64, keys as in
-CAPTURE_FORMAT.md), a rich table for people, or compact text. Rows are plain dicts."""
+"""Writing decoded rows to stdout: JSON lines for pipes, a table for people, or compact
+text. Rows are plain dicts. Also the one place for what every command's output shares
+(the output contract of docs/CLI.md): the timestamp format (`iso_ns`), terminal-safe
+text from the other side (`printable`), and DCP keys as text / values as JSON
+(`dcp_display`)."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
 import gc
+import re
 import sys
+import time
 from typing import Iterable
 
 import orjson
 
 FORMATS = ("table", "jsonl", "text")
 
+_NS = 1_000_000_000
+_last_sec: list = [None, ""]
+
+
+def iso_ns(ns: int | None) -> str | None:
+    """Nanoseconds since the epoch as RFC 3339 UTC with exactly 9 fraction digits and `Z`
+    (`2026-11-25T01:20:42.123456789Z`); None stays None. The one timestamp format of every
+    command's output."""
+    if ns is None:
+        return None
+    sec, frac = divmod(int(ns), _NS)
+    if sec != _last_sec[0]:  # rows come in time order: format each second once
+        try:
+            head = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
+        except (OverflowError, OSError, ValueError):
+            head = ""
+        if len(head) != 19:  # a year outside 1000..9999 (a hostile value): no fake date
+            return f"{int(ns)}ns"
+        _last_sec[0], _last_sec[1] = sec, head
+    return f"{_last_sec[1]}.{frac:09d}Z"
+
+
+# C0/C1 controls, DEL, and the Unicode format characters that reorder or hide text
+# (bidi overrides and isolates, zero-width marks, line/paragraph separators, BOM).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e"
+                          "\u2060-\u206f\ufeff\ufff9-\ufffb]")
+
+
+def _escape_char(m: re.Match) -> str:
+    c = ord(m.group())
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def printable(text) -> str:
+    """Text that came from the other side, made safe for a terminal: control characters
+    (ESC included) become `\\x1b`-style escapes; printable text is returned unchanged."""
+    if type(text) is not str:
+        text = str(text)
+    if text.isascii() and text.isprintable():
+        return text
+    return _UNPRINTABLE.sub(_escape_char, text)
+
+
+# ------------------------------------------------------------------ keys and values
+
+DATATYPE_JSON, DATATYPE_SNAPPY, DATATYPE_XATTR = 0x01, 0x02, 0x04
+MAX_SNAPPY_OUT = 20 * 1024 * 1024  # the largest Couchbase item: a bigger claim is hostile
+
+
+def _b64(b) -> str:
+    return base64.b64encode(b).decode("ascii")
+
+
+def key_fields(key) -> tuple[str | None, str | None]:
+    """(key, key_base64): the UTF-8 text and None, or None and the bytes as base64."""
+    if key is None:
+        return None, None
+    if type(key) is str:
+        return key, None
+    b = bytes(key)
+    try:
+        return b.decode("utf-8"), None
+    except UnicodeDecodeError:
+        return None, _b64(b)
+
+
+def _snappy_length(b: bytes) -> int:
+    n = shift = 0
+    for i in range(min(len(b), 5)):
+        n |= (b[i] & 0x7F) << shift
+        if not b[i] & 0x80:
+            return n
+        shift += 7
+    raise ValueError("bad length header")
+
+
+def snappy_decompress(b: bytes) -> bytes:
+    """Raw (unframed) Snappy, as Couchbase sends it; ValueError when it is not."""
+    import cramjam
+    n = _snappy_length(b)
+    if n > MAX_SNAPPY_OUT:
+        raise ValueError(f"uncompressed length {n} over {MAX_SNAPPY_OUT}")
+    try:
+        out = bytes(cramjam.snappy.decompress_raw(b))
+    except Exception as exc:  # noqa: BLE001 - cramjam raises its own DecompressionError
+        msg = (str(exc).splitlines() or ["corrupt input"])[0]
+        raise ValueError(msg[8:] if msg.lower().startswith("snappy: ") else msg) from None
+    if len(out) != n:
+        raise ValueError("length does not match its header")
+    return out
+
+
+def value_fields(value, datatype: int | None) -> tuple[object, str | None, str | None]:
+    """(value, value_base64, value_error) for display. A value of JSON datatype (after
+    Snappy decompression when the Snappy bit is set) that parses is the JSON value itself;
+    anything else is base64 (decompressed when it could be). A value that does not
+    decompress keeps its bytes as sent, with value_error saying why."""
+    if value is None:
+        return None, None, None
+    b = bytes(value)
+    dt = datatype or 0
+    if dt & DATATYPE_SNAPPY:
+        try:
+            b = snappy_decompress(b)
+        except ValueError as exc:
+            return None, _b64(b), f"snappy: {exc}"
+    if dt & DATATYPE_JSON and not dt & DATATYPE_XATTR:
+        try:
+            return orjson.loads(b), None, None
+        except orjson.JSONDecodeError as exc:
+            return None, _b64(b), f"not valid JSON: {str(exc).splitlines()[0]}"
+    return None, _b64(b), None
+
+
+def dcp_display(row: dict) -> dict:
+    """A DCP row (from messages.to_row or the codecs) made ready for output, in place: `key`
+    as text with `key_base64` for a key that is not UTF-8; with a `value` column,
+    `value` / `value_base64` / `value_error` as value_fields says."""
+    if "key" in row:
+        k = row["key"]
+        if k is None or type(k) is str:
+            row.setdefault("key_base64", None)
+        else:
+            row["key"], row["key_base64"] = key_fields(k)
+    if "value" in row:
+        v = row["value"]
+        if isinstance(v, (bytes, bytearray, memoryview)):
+            row["value"], row["value_base64"], row["value_error"] = value_fields(v, row.get("datatype"))
+        else:  # no value, or made ready already
+            row.setdefault("value_base64", None)
+            row.setdefault("value_error", None)
+    return row
+
+
+VALUE_COLUMNS = ["value", "value_base64", "value_error"]
+
+
+def display_columns(columns: list[str], values: bool = False) -> list[str]:
+    """A DCP table's columns with key_base64 after key and, with --values, the value
+    columns after value_len (or at the end)."""
+    cols = with_key_base64(columns)
+    if values:
+        at = cols.index("value_len") + 1 if "value_len" in cols else len(cols)
+        cols[at:at] = [c for c in VALUE_COLUMNS if c not in cols]
+    return cols
+
+
+def with_key_base64(columns: list[str]) -> list[str]:
+    """`columns` with key_base64 right after key (table column lists)."""
+    out = []
+    for c in columns:
+        out.append(c)
+        if c == "key" and "key_base64" not in columns:
+            out.append("key_base64")
+    return out
+
+
+# ------------------------------------------------------------------ sinks
 
 @contextlib.contextmanager
 def bulk_rows():
@@ -51,16 +214,25 @@ def jsonl_bytes(row: dict) -> bytes:
     return orjson.dumps(row, default=_json_default, option=_OPTS)
 
 
+def text_line(row: dict) -> str:
+    """`--format text`: `name=value` for every column with a value, escaped."""
+    from dcptool.cli.table_render import cell_text
+    return " ".join(f"{k}={printable(cell_text(v))}" for k, v in row.items() if v is not None) + "\n"
+
+
 class Sink:
-    """Writes rows in one of FORMATS; `columns` fixes the table/text column order."""
+    """Writes rows in one of FORMATS; `columns` fixes the table/text column order.
+
+    Tables are written batch by batch (cli/table_render.py): each write_many() prints its
+    rows at once; single write()s are gathered up to 50 rows or the next flush()."""
 
     def __init__(self, fmt: str, columns: list[str] | None = None, out=None, title: str | None = None):
         self.fmt = fmt
         self.columns = columns
         self.out = out if out is not None else sys.stdout
         self._bin = getattr(self.out, "buffer", None)
-        self._header_done = False
         self._table_rows: list[dict] = []
+        self._table = None
         self.title = title
         self.count = 0
 
@@ -73,11 +245,11 @@ class Sink:
             else:
                 self.out.write(data.decode("utf-8"))
         elif self.fmt == "text":
-            self.out.write(" ".join(f"{k}={_text(v)}" for k, v in row.items() if v is not None) + "\n")
+            self.out.write(text_line(row))
         else:
             self._table_rows.append(row)
             if len(self._table_rows) >= 50:
-                self.flush()
+                self._print_table()
 
     def write_many(self, rows: Iterable[dict]) -> None:
         if self.fmt == "jsonl":
@@ -92,13 +264,18 @@ class Sink:
             else:
                 self.out.write(data.decode("utf-8"))
             return
-        for r in rows:
-            self.write(r)
+        if self.fmt == "text":
+            for r in rows:
+                self.write(r)
+            return
+        before = len(self._table_rows)
+        self._table_rows.extend(rows)
+        self.count += len(self._table_rows) - before
+        self._print_table()
 
     def flush(self) -> None:
-        if self.fmt == "table" and self._table_rows:
-            self._print_table(self._table_rows)
-            self._table_rows = []
+        if self.fmt == "table":
+            self._print_table()
         try:
             self.out.flush()
         except (OSError, ValueError):
@@ -107,52 +284,11 @@ class Sink:
     def close(self) -> None:
         self.flush()
 
-    def _print_table(self, rows: list[dict]) -> None:
-        from rich.table import Table
-
-        from dcptool.cli.console import data_console
-        cols = self.columns or _union_keys(rows)
-        cols = [c for c in cols if any(r.get(c) is not None for r in rows)]
-        table = Table(show_header=not self._header_done, title=None if self._header_done else self.title,
-                      box=None, pad_edge=False)
-        for c in cols:
-            table.add_column(c, overflow="fold")
-        for r in rows:
-            table.add_row(*[_text(r.get(c)) for c in cols])
-        self._header_done = True
-        data_console(self.out, soft_wrap=False, width=None if self._is_tty() else 200).print(table)
-
-    def _is_tty(self) -> bool:
-        try:
-            return self.out.isatty()
-        except (AttributeError, ValueError):
-            return False
-
-
-def _union_keys(rows: list[dict]) -> list[str]:
-    seen: dict[str, None] = {}
-    for r in rows:
-        for k in r:
-            seen.setdefault(k, None)
-    return list(seen)
-
-
-def _text(v) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, (bytes, bytearray, memoryview)):
-        b = bytes(v)
-        try:
-            s = b.decode("utf-8")
-            if s.isprintable():
-                return s if len(s) <= 60 else s[:57] + "..."
-        except UnicodeDecodeError:
-            pass
-        return "0x" + (b.hex() if len(b) <= 30 else b[:28].hex() + "...")
-    if isinstance(v, float):
-        return f"{v:g}"
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_text(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{k}: {_text(x)}" for k, x in v.items()) + "}"
-    return str(v)
+    def _print_table(self) -> None:
+        if not self._table_rows:
+            return
+        if self._table is None:
+            from dcptool.cli.table_render import TextTable, terminal_width
+            self._table = TextTable(self.out, self.columns, self.title, width=terminal_width(self.out))
+        rows, self._table_rows = self._table_rows, []
+        self._table.write(rows)

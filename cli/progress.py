@@ -180,10 +180,11 @@ def print_summary(files: list[dict], *, json_summary: bool = False, quiet: bool 
     """The end-of-capture summary: files written with their rows and bytes, plus `extra`
     (capture_id, frames, vbuckets ...). As one JSON document on stdout with --json; as a
     table on stderr unless --quiet."""
-    summary = {"files": [dict(f) for f in files],
-               "rows": sum(int(f.get("rows", 0)) for f in files),
-               "bytes": sum(int(f.get("bytes", 0)) for f in files)}
-    summary.update(extra or {})
+    # the common fields of every run (cli/run_summary.py) come first in `extra`
+    summary = dict(extra or {})
+    summary.update(files=[dict(f) for f in files],
+                   rows=sum(int(f.get("rows", 0)) for f in files),
+                   bytes=sum(int(f.get("bytes", 0)) for f in files))
     if json_summary:
         import json
         out = stdout if stdout is not None else sys.stdout
@@ -202,7 +203,8 @@ def print_summary(files: list[dict], *, json_summary: bool = False, quiet: bool 
             table.add_row(str(f.get("path")), f"{int(f.get('rows', 0)):,}",
                           _size(int(f.get("bytes", 0))))
         console.print(table)
+        from dcptool.cli.output import printable
         for key, value in (extra or {}).items():
-            if not isinstance(value, (dict, list)):
-                console.print(f"{key}: {value}", highlight=False)
+            if value is not None and not isinstance(value, (dict, list)):
+                console.print(f"{key}: {printable(value)}", highlight=False, markup=False)
     return summary

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import datetime as _dt
 import os
 import sys
 import threading
@@ -64,27 +63,49 @@ def _tune_process(in_process: bool) -> None:
         pass
 
 
-def _iso_ns(ns: int | None) -> str | None:
-    """Nanoseconds since the epoch as ISO 8601 in UTC, with 6 or 9 fraction digits when
-    there is a fraction (what pandas' Timestamp.isoformat gives, without pandas)."""
-    if ns is None:
-        return None
-    secs, frac = divmod(ns, 1_000_000_000)
-    base = _dt.datetime.fromtimestamp(secs, _dt.timezone.utc).isoformat()
-    if frac == 0:
-        return base
-    digits = f"{frac:09d}" if frac % 1000 else f"{frac // 1000:06d}"
-    return f"{base[:19]}.{digits}{base[19:]}"
+_TS_FACTOR = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 
 
-def _rows(table):
-    """Rows as dicts; timestamps (nanoseconds) as ISO 8601 strings."""
+def _rows(table, chunk: int = 4096):
+    """Rows as dicts, one list per chunk of rows: timestamps as RFC 3339 UTC with 9 fraction
+    digits (cli.output.iso_ns); a binary `key` as text (`key_base64` when not UTF-8) and a
+    binary `value` as the output contract says (cli.output.dcp_display)."""
     import pyarrow as pa
-    ts = [i for i, f in enumerate(table.schema) if pa.types.is_timestamp(f.type)]
-    for i in ts:
-        col = table.column(i).cast(pa.int64())
-        table = table.set_column(i, table.field(i).name, pa.array([_iso_ns(v) for v in col.to_pylist()], pa.string()))
-    return table.to_pylist()
+
+    from dcptool.cli.output import dcp_display, iso_ns
+    schema = table.schema
+    ts = {f.name: _TS_FACTOR[f.type.unit] for f in schema if pa.types.is_timestamp(f.type)}
+    binary = {f.name for f in schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)}
+    display = "key" in binary or "value" in binary
+    names = table.column_names
+    for batch in table.to_batches(max_chunksize=chunk):
+        cols = []
+        for i, name in enumerate(names):
+            col = batch.column(i)
+            if name in ts:
+                f = ts[name]
+                cols.append([None if v is None else iso_ns(v * f) for v in col.cast(pa.int64()).to_pylist()])
+            else:
+                cols.append(col.to_pylist())
+        rows = [dict(zip(names, vals)) for vals in zip(*cols)]
+        if display:
+            rows = [dcp_display(r) for r in rows]
+        yield rows
+
+
+def _display_columns(table) -> list[str]:
+    """Table columns as printed: key_base64 after key, value_base64 / value_error after value."""
+    import pyarrow as pa
+
+    from dcptool.cli.output import VALUE_COLUMNS, with_key_base64
+    cols = list(table.column_names)
+    binary = {f.name for f in table.schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)}
+    if "key" in binary:
+        cols = with_key_base64(cols)
+    if "value" in binary:
+        at = cols.index("value")
+        cols[at:at + 1] = VALUE_COLUMNS
+    return cols
 
 
 @contextlib.contextmanager
@@ -127,12 +148,16 @@ def _spark_progress(session, label: str):
               help="How tables print: table on a TTY, jsonl in a pipe (default).")
 @click.option("--table", "tables", multiple=True, metavar="NAME",
               help="Tables to print or write (repeatable or comma list; `all` adds frames). Default: every table but frames.")
-@click.option("--sql", help="A Spark SQL query over the tables as temporary views (needs --spark).")
+@click.option("--sql", help="A read-only Spark SQL query over the tables as temporary views (needs --spark).")
+@click.option("--unsafe-sql", is_flag=True,
+              help="Let --sql run any statement Spark accepts (files, JDBC, reflect, writes, SET ...).")
 @click.option("--apply", "apply_spec", metavar="MODULE:FUNCTION",
-              help="Run function(key, table) per vbucket / (stream, instance) over its in frames.")
+              help="Run function(key, table) per vbucket / (stream, instance) over its in frames. "
+                   "MODULE is found in the working directory or on the Python path, or is a file: ./fn.py:name.")
 @click.option("--checksum", is_flag=True, help="Print SHA-256 of each chosen table in canonical form.")
 @click.pass_context
-def replay(ctx, captures, use_spark, master, spark_conf, out_dir, fmt, tables, sql, apply_spec, checksum):
+def replay(ctx, captures, use_spark, master, spark_conf, out_dir, fmt, tables, sql, unsafe_sql, apply_spec,
+           checksum):
     """Replay captures (files, directories, or - for paths on stdin) into result tables.
 
     \b
@@ -172,8 +197,8 @@ def replay(ctx, captures, use_spark, master, spark_conf, out_dir, fmt, tables, s
     if apply_spec:
         try:
             fn = local.load_function(apply_spec)
-        except (ImportError, AttributeError, ValueError) as exc:
-            raise click.UsageError(f"--apply {apply_spec}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - the user's module may raise anything on import
+            _usage_line(ctx, f"--apply {apply_spec}: {_first_line(exc)}", exc, verbose)
     names = _table_choice(protocol, tables, default_all=True)
     console = err_console()
 
@@ -199,16 +224,17 @@ def replay(ctx, captures, use_spark, master, spark_conf, out_dir, fmt, tables, s
             rep = S.replay_spark(session, files)
         else:
             with console.status("replaying", spinner="dots"):
-                rep = local.replay_local(files)
+                rep = local.replay_local(files, tables=names)
         progress = _spark_progress(session, "replay") if session is not None else contextlib.nullcontext()
         with progress:
             if sql:
-                rep.register_views()
-                result = session.sql(sql).toArrow()
+                result = _run_sql(ctx, session, rep, sql, unsafe_sql, verbose)
                 _emit(ctx, {"sql": result}, fmt, out_dir)
                 return
             chosen = {n: rep.table(n) for n in names}
         if checksum:
+            if out_dir:
+                _write(out_dir, chosen, console)
             _print_checksums(chosen, fmt)
             return
         if out_dir:
@@ -220,7 +246,41 @@ def replay(ctx, captures, use_spark, master, spark_conf, out_dir, fmt, tables, s
         if session is not None:
             with contextlib.suppress(Exception):
                 rep.close()  # noqa: F821 - bound when the replay ran
-            session.stop()
+            S.stop_session(session)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _usage_line(ctx, message: str, exc: BaseException | None = None, verbose: bool = False,
+                code: int = 2):
+    """One error line on stderr and the exit code (2: usage), the traceback under -v."""
+    from dcptool.cli.errors import error_line
+    if verbose and exc is not None:
+        import traceback
+        traceback.print_exception(exc)
+    error_line(message)
+    ctx.exit(code)
+
+
+def _run_sql(ctx, session, rep, sql, unsafe, verbose):
+    """--sql: the fence of replay/spark_sql.py (unless --unsafe-sql), then the query. A
+    query refused, or one Spark cannot parse or analyse, exits 2; one that fails while it
+    runs exits 1; each with one line (error class, message, position)."""
+    from dcptool.replay import spark_sql as Q
+    rep.register_views()
+    try:
+        if not unsafe:
+            Q.check_query(session, sql, rep.names())
+        df = session.sql(sql)
+    except Exception as exc:  # noqa: BLE001 - Spark's errors come as many classes
+        _usage_line(ctx, str(Q.spark_error(exc, sql)), exc, verbose)
+    try:
+        return df.toArrow()
+    except Exception as exc:  # noqa: BLE001
+        _usage_line(ctx, str(Q.spark_error(exc, sql)), exc, verbose, code=1)
 
 
 def _print_checksums(chosen, fmt):
@@ -252,12 +312,12 @@ def _print_tables(chosen, fmt):
     for name, table in chosen.items():
         if fmt == "jsonl":
             sink = Sink("jsonl")
-            rows = _rows(table)
-            sink.write_many(({"table": name, **r} for r in rows) if several else rows)
+            for rows in _rows(table):
+                sink.write_many(({"table": name, **r} for r in rows) if several else rows)
         else:
-            sink = Sink("table", columns=table.column_names, title=f"{name} ({table.num_rows} rows)")
-            for r in _rows(table):
-                sink.write(r)
+            sink = Sink("table", columns=_display_columns(table), title=f"{name} ({table.num_rows} rows)")
+            for rows in _rows(table):
+                sink.write_many(rows)
             if table.num_rows == 0:
                 from dcptool.cli.console import err_console
                 err_console().print(f"{name}: no rows", highlight=False)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import sys
 
 import click
 
+from dcptool.cli.run_summary import STOP_SIGNALS
 from dcptool.cli.sources import parse_duration
 
 
@@ -100,17 +100,20 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
         tls.load_cert_chain(tls_cert, tls_key)
 
     async def main():
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        # SIGINT (even when the parent ignored it), SIGTERM, SIGHUP: stopping is the normal
+        # end of a server, so it closes its connections and exits 0; installed before the
+        # listening line, so a signal sent as soon as it is read is never lost
+        for sig in STOP_SIGNALS:
+            try:
+                loop.add_signal_handler(sig, stop.set)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
         server = ProducerServer(model, rate=rate)
         host, p = await server.start(bind, port, tls)
         sys.stdout.write(json.dumps({"listening": f"{host}:{p}"}) + "\n")
         sys.stdout.flush()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            try:
-                loop.add_signal_handler(sig, stop.set)
-            except (NotImplementedError, RuntimeError):
-                pass
         await stop.wait()
         await server.close()
 

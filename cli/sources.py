@@ -102,8 +102,10 @@ def user_from(option_user: str | None, source_url: str) -> str | None:
     return urllib.parse.unquote(name) if name else None
 
 
-def read_password(password_file: str | None, *, needed: bool) -> str | None:
-    """DCPTOOL_PASSWORD, then --password-file, then a prompt when stdin is a TTY."""
+def read_password(password_file: str | None, *, needed: bool, user: str | None = None) -> str | None:
+    """DCPTOOL_PASSWORD, then --password-file, then a prompt when stdin is a TTY. A password
+    that is needed and cannot be had (no terminal to ask on) is a usage error now, not an
+    authentication failure later."""
     env = os.environ.get("DCPTOOL_PASSWORD")
     if env is not None:
         return env
@@ -114,9 +116,19 @@ def read_password(password_file: str | None, *, needed: bool) -> str | None:
         except OSError as exc:
             raise click.BadParameter(f"cannot read {password_file}: {exc.strerror}",
                                      param_hint="--password-file") from None
-    if needed and sys.stdin is not None and sys.stdin.isatty():
+    if not needed:
+        return None
+    if sys.stdin is not None and _isatty(sys.stdin):
         return click.prompt("Password", hide_input=True, err=True)
-    return None
+    raise click.UsageError(f"no password for user {user!r}: set DCPTOOL_PASSWORD, use --password-file, "
+                           "or run on a terminal")
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def parse_vbuckets(text: str, limit: int = 1024) -> list[int]:

@@ -9,8 +9,10 @@ import os
 import time
 
 from dcptool.cli.console import err_console
-from dcptool.cli.errors import Interrupted
 from dcptool.cli.live import LiveOptions
+from dcptool.cli.output import iso_ns
+from dcptool.cli.run_summary import (DURATION, END, MAX_MESSAGES, RunStats, StopSignals,
+                                     print_stream_summary, stop_reason_for_signal)
 from dcptool.protocol.synapse.client import Gap, ServerError, SynapseClient
 
 # Knobs the tests turn down (keep-alive and reconnects); the protocol's own values otherwise.
@@ -37,7 +39,15 @@ def _detail(r: dict) -> str:
 
 def _short(v) -> str:
     s = v if isinstance(v, str) else __import__("json").dumps(v, separators=(",", ":"))
-    return s if len(s) <= 48 else s[:45] + "..."
+    return s   # never cut: the table folds long cells on a terminal and keeps them whole elsewhere
+
+
+def _safe(text) -> str:
+    """Server text for a rich markup string: control characters and markup escaped."""
+    from rich.markup import escape
+
+    from dcptool.cli.output import printable
+    return escape(printable(text))
 
 
 def _client(opts: LiveOptions, committed=None) -> SynapseClient:
@@ -78,28 +88,51 @@ class _Base:
         self.gaps: list[Gap] = []
         self.server_errors: list[str] = []
         self.streams = set(opts.streams) if opts.streams else None
+        self.stats = RunStats("synapse", opts.source.url)
+        self.client: SynapseClient | None = None
+
+    def request_stop(self, reason: str) -> None:
+        self.stats.stop(reason)
+        self.stop = True
 
     def should_stop(self) -> bool:
         if self.deadline is not None and time.monotonic() >= self.deadline:
-            self.stop = True
+            self.request_stop(DURATION)
         return self.stop
 
     def count_in(self, n: int) -> None:
         self.received += n
         if self.opts.max_messages and self.received >= self.opts.max_messages:
-            self.stop = True
+            self.request_stop(MAX_MESSAGES)
+
+    def count(self, direction: str, conn: int, n: int, nbytes: int) -> None:
+        """This run's common counters (the summary): n lines of nbytes on the wire."""
+        st = self.stats
+        if direction == "in":
+            st.messages_in += n
+            st.bytes_in += nbytes
+        else:
+            st.messages_out += n
+            st.bytes_out += nbytes
+        if conn > st.connections:
+            st.connections = conn
+
+    @property
+    def streaming(self) -> bool:
+        """The run got as far as replication data (a POSITION or RDATA arrived)."""
+        return self.client is not None and self.client.data_lines > 0
 
     def events(self, events: list) -> None:
         con = err_console()
         for ev in events:
             if isinstance(ev, Gap):
                 self.gaps.append(ev)
-                con.print(f"[yellow]gap:[/] {ev.stream}/{ev.instance}: committed {ev.committed}, "
+                con.print(f"[yellow]gap:[/] {_safe(ev.stream)}/{_safe(ev.instance)}: committed {ev.committed}, "
                           f"POSITION {ev.prev_token} -> {ev.new_token} ({ev.kind})", highlight=False)
             elif isinstance(ev, ServerError):
                 self.server_errors.append(ev.text)
             elif type(ev).__name__ == "Reconnecting":
-                con.print(f"[yellow]reconnecting[/] in {ev.delay:.1f} s: {ev.reason}", highlight=False)
+                con.print(f"[yellow]reconnecting[/] in {ev.delay:.1f} s: {_safe(ev.reason)}", highlight=False)
 
     def paused(self) -> bool:
         return False
@@ -108,11 +141,64 @@ class _Base:
         pass
 
 
-def _run(opts: LiveOptions, client: SynapseClient, handler) -> None:
-    try:
-        asyncio.run(_transport(opts, client, handler))
-    except KeyboardInterrupt:
-        raise Interrupted() from None
+GRACE = 3.0   # seconds a stop request may take before the run is cancelled (connecting, back-off)
+
+
+def _run(opts: LiveOptions, client: SynapseClient, handler, signals: StopSignals) -> None:
+    """Run the transport until the handler stops it, an error ends it, or a signal (SIGINT,
+    SIGTERM, SIGHUP through `signals`) or --duration asks it to stop."""
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(_transport(opts, client, handler))
+        cancelled_by_us = []
+
+        def stop(reason: str) -> None:
+            handler.request_stop(reason)
+
+            def hard_stop():   # connecting or backing off: nothing to close cleanly
+                if not task.done():
+                    cancelled_by_us.append(True)
+                    task.cancel()
+            loop.call_later(GRACE, hard_stop)
+
+        def on_signal(signum: int) -> None:
+            handler.stats.signum = handler.stats.signum or signum
+            loop.call_soon_threadsafe(stop, stop_reason_for_signal(signum))
+
+        signals.attach(loop)
+        signals.callbacks.append(on_signal)
+        if signals.signum is not None:          # came before the loop ran
+            on_signal(signals.signum)
+        if opts.duration:
+            loop.call_later(opts.duration, stop, DURATION)
+        try:
+            await task
+        except asyncio.CancelledError:
+            if not cancelled_by_us:
+                raise
+        finally:
+            signals.callbacks.remove(on_signal)
+            signals.detach(loop)
+
+    asyncio.run(main())
+
+
+def _with_text_ts(batch, ts: str):
+    """The batch with `ts` as the contract's text (one instant for the whole batch): no
+    datetime objects, which would need pandas for nanoseconds."""
+    import pyarrow as pa
+    i = batch.schema.get_field_index("ts")
+    if i < 0:
+        return batch
+    arrays = list(batch.columns)
+    arrays[i] = pa.array([ts] * batch.num_rows, pa.string())
+    return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
+
+
+def _line_bytes(lines, channel) -> int:
+    # on TCP each line ends with a newline on the wire; a Redis message is the line itself
+    return sum(map(len, lines)) + (len(lines) if channel is None else 0)
 
 
 # ------------------------------------------------------------------------------ stream
@@ -133,19 +219,28 @@ class _StreamHandler(_Base):
         batch = build_batch(lines, frame_no=self.frame_no, conn=conn, ts_ns=ts_ns, mono_ns=mono_ns,
                             direction=direction, channel=channel, split=split, errors=errors)
         self.frame_no += len(lines)
-        rows = batch.to_pylist()
+        ts = iso_ns(ts_ns)
+        rows = _with_text_ts(batch, ts).to_pylist()
         out = []
-        for r in rows:
+        shown = 0
+        nbytes = 0
+        for r, line in zip(rows, lines):
+            if direction == "in" and self.stop:
+                break
+            shown += 1
+            nbytes += len(line) + (1 if channel is None else 0)
             if self.streams is not None and r["stream"] is not None and r["stream"] not in self.streams:
-                continue
+                continue      # received (and counted in messages_in), not shown
             raw = r.pop("raw")
             if self.opts.raw:
                 r["raw"] = raw
+            r["fields"] = None
             if r["command"] == "RDATA" and r["row"] is not None:
                 try:
                     r["fields"] = decode_row(r["stream"], r["row"])
-                except ValueError:
+                except ValueError as exc:  # bad or too deeply nested JSON: the line stays
                     r["fields"] = None
+                    r["decode_error"] = r["decode_error"] or f"row: {exc}"
             if r["batch"]:
                 r["token"] = "batch"
             if self.sink.fmt != "jsonl":
@@ -153,8 +248,7 @@ class _StreamHandler(_Base):
             out.append(r)
             if direction == "in":
                 self.count_in(1)
-                if self.stop:
-                    break
+        self.count(direction, conn, shown, nbytes)
         self.sink.write_many(out)
         if self.sink.fmt != "table":
             self.sink.flush()
@@ -166,10 +260,26 @@ def run_stream(opts: LiveOptions) -> None:
     sink = Sink(fmt, columns=TABLE_COLUMNS if fmt != "jsonl" else None)
     handler = _StreamHandler(opts, sink)
     client = _client(opts)
-    try:
-        _run(opts, client, handler)
-    finally:
-        sink.close()
+    handler.client = client
+    error: BaseException | None = None
+    with StopSignals() as signals:
+        try:
+            _run(opts, client, handler, signals)
+        except BaseException as exc:  # noqa: BLE001 - the summary first, then it is re-raised
+            error = exc
+        finally:
+            try:
+                sink.close()
+            except BaseException as exc:  # noqa: BLE001 - a closed stdout
+                error = error or exc
+        stop_exc = error if error is not None else signals.interrupted()
+        if handler.streaming or stop_exc is not None and error is None:
+            summary = handler.stats.summary(stop_exc, default=END)
+            summary.update(gaps=len(handler.gaps), server_errors=len(handler.server_errors))
+            if not isinstance(error, BrokenPipeError):
+                print_stream_summary(summary)
+    if stop_exc is not None:
+        raise stop_exc
 
 
 # ------------------------------------------------------------------------------ capture
@@ -232,6 +342,7 @@ class _CaptureHandler(_Base):
                             errors=errors)
         self.frame_no += len(lines)
         self.bytes += sum(map(len, lines))
+        self.count(direction, conn, len(lines), _line_bytes(lines, channel))
         self.bg.submit(batch)
         if direction == "in":
             self.count_in(len(lines))
@@ -242,6 +353,7 @@ class _CaptureHandler(_Base):
                                  mono_ns=mono_ns, direction=direction, channel=channel)
         self.frame_no += scan.n
         self.bytes += len(scan.buf)
+        self.count(direction, conn, scan.n, len(scan.buf))
         self.bg.submit(batch)
         if direction == "in":
             self.count_in(scan.n)
@@ -284,7 +396,7 @@ def _progress_printer():
 
 
 def run_capture(opts: LiveOptions, settings: dict) -> None:
-    from dcptool.replay.writer import BackgroundWriter, CaptureWriter
+    from dcptool.replay.writer import BackgroundWriter, CaptureWriter, WriterError
 
     out = settings["output"]
     committed: dict = {}
@@ -311,24 +423,32 @@ def run_capture(opts: LiveOptions, settings: dict) -> None:
     client = _client(opts, committed=committed)
     handler.client = client
     error: BaseException | None = None
-    try:
-        _run(opts, client, handler)
-    except BaseException as exc:  # noqa: BLE001 - files are closed first, then re-raised
-        error = exc
-    finally:
-        if live is not None:
-            live.stop()
-    segments = bg.close()
-    _summary(opts, settings, writer, segments, leftovers, handler, client)
-    if error is not None:
-        raise error
+    # SIGINT (even when inherited ignored), SIGTERM, SIGHUP: the same clean finish as Ctrl-C
+    with StopSignals() as signals:
+        try:
+            _run(opts, client, handler, signals)
+        except BaseException as exc:  # noqa: BLE001 - files are closed first, then re-raised
+            error = exc
+        finally:
+            if live is not None:
+                live.stop()
+        try:
+            segments = bg.close()
+        except WriterError as exc:   # what was finished before the disk error is listed as usual
+            error = error or exc.with_traceback(None)
+            segments = list(writer.segments)
+        stop_exc = error if error is not None else signals.interrupted()
+        if segments or error is None:   # as DCP: a run that failed before writing anything says only why
+            _summary(opts, settings, writer, segments, leftovers, handler, client, stop_exc)
+    if stop_exc is not None:
+        raise stop_exc
 
 
-def _summary(opts, settings, writer, segments, leftovers, handler, client) -> None:
+def _summary(opts, settings, writer, segments, leftovers, handler, client, stop_exc) -> None:
+    from dcptool.cli.progress import print_summary
     summary = {
+        **handler.stats.summary(stop_exc, default=END),
         "capture_id": writer.capture_id,
-        "source": opts.source.url,
-        "files": segments,
         "finished_leftovers": leftovers,
         "lines": handler.frame_no,
         "received": handler.received,
@@ -338,15 +458,7 @@ def _summary(opts, settings, writer, segments, leftovers, handler, client) -> No
         "committed": {f"{s}/{i}": t for (s, i), t in sorted(client.committed().items())},
         "server_errors": handler.server_errors,
     }
-    if settings.get("json_summary"):
-        import sys
-
-        import orjson
-        sys.stdout.buffer.write(orjson.dumps(summary) + b"\n")
-        sys.stdout.flush()
-    if not settings.get("quiet") or not settings.get("json_summary"):
-        con = err_console()
-        for f in segments:
-            con.print(f"wrote {f['path']} ({f['rows']} rows, {f['bytes']} bytes)", highlight=False)
-        if handler.gaps:
-            con.print(f"[yellow]{len(handler.gaps)} gap(s) seen[/]", highlight=False)
+    print_summary(segments, json_summary=settings.get("json_summary", False),
+                  quiet=settings.get("quiet", False), extra=summary)
+    if handler.gaps and not settings.get("quiet"):
+        err_console().print(f"[yellow]{len(handler.gaps)} gap(s) seen[/]", highlight=False)

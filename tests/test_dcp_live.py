@@ -46,7 +46,7 @@ def items_by_vb(rows, applying_rollbacks=True):
         if r["direction"] != "in":
             continue
         if r["op"] in ("mutation", "deletion", "expiration"):
-            out.setdefault(r["vbucket"], []).append((r["by_seqno"], base64.b64decode(r["key"])))
+            out.setdefault(r["vbucket"], []).append((r["by_seqno"], r["key"].encode()))
         elif applying_rollbacks and r["op"] == "stream_req" and r.get("status") == 0x23:
             vb, rb = r["vbucket"], r["rollback_seqno"]
             out[vb] = [x for x in out.get(vb, []) if x[0] <= rb]
@@ -181,7 +181,7 @@ def test_scram_wrong_password_exits_4_and_right_one_works():
         res, rows = stream(srv, "--user", "admin", env={"DCPTOOL_PASSWORD": "s3cret"})
         assert res.exit_code == 0, res.stderr
         assert sum(len(v) for v in items_by_vb(rows).values()) == 100
-        mechs = [base64.b64decode(r["key"]) for r in rows if r["op"] == "sasl_auth" and r["direction"] == "out"]
+        mechs = [r["key"].encode() for r in rows if r["op"] == "sasl_auth" and r["direction"] == "out"]
         assert mechs == [b"SCRAM-SHA512"]
 
 
@@ -226,7 +226,7 @@ def test_tls_session(tmp_path):
         rows = [json.loads(x) for x in res.stdout.splitlines() if x.startswith("{")]
         assert sum(1 for r in rows if r["op"] == "mutation") == 200
         # over TLS PLAIN is allowed, SCRAM is still preferred
-        assert [base64.b64decode(r["key"]) for r in rows if r["op"] == "sasl_auth" and r["direction"] == "out"] == [b"SCRAM-SHA512"]
+        assert [r["key"].encode() for r in rows if r["op"] == "sasl_auth" and r["direction"] == "out"] == [b"SCRAM-SHA512"]
         res = CliRunner().invoke(cli, ["stream", url, "--user", "u"], env={"DCPTOOL_PASSWORD": "pw"})
         assert res.exit_code == 3 and "certificate" in res.output
 
@@ -243,13 +243,18 @@ def test_silent_producer_is_a_dead_connection(monkeypatch):
 
 
 def test_fast_mutation_rows_equal_the_codec():
-    from dcptool.cli.dcp_live import RowTap
+    from dcptool.cli.dcp_live import RowTap, row_columns
+    from dcptool.cli.output import dcp_display
     frame = m.encode(m.Mutation(vbucket=7, opaque=9, cas=123, datatype=1, key=b"k1", value=b'{"a":1}',
                                 by_seqno=5, rev_seqno=2, item_flags=3, expiration=4, lock_time=6))
     tap = RowTap(None, values=True, raw=True, b64=False, max_messages=None)
     fast = tap.row(frame, 0, len(frame), "T", "in")
-    want = {"ts": "T", "conn": 0, "direction": "in", **m.to_row(m.decode_bytes(frame), raw=frame, value=True)}
+    want = dict.fromkeys(row_columns(values=True, raw=True))
+    want.update({"frame_no": 0, "ts": "T", "conn": 0, "direction": "in",
+                 **m.to_row(m.decode_bytes(frame), raw=frame, value=True)})
+    dcp_display(want)
     assert fast == want and list(fast) == list(want)
+    assert fast["key"] == "k1" and fast["value"] == {"a": 1} and fast["value_base64"] is None
 
 
 def _serve_subprocess(*args):
@@ -292,7 +297,8 @@ def test_serve_subprocess_and_ctrl_c_exits_130():
 
 
 def test_batch_rows_equal_the_codec_in_jsonl():
-    from dcptool.cli.dcp_live import RowTap
+    from dcptool.cli.dcp_live import RowTap, row_columns
+    from dcptool.cli.output import dcp_display
     import numpy as np
     frames = [m.encode(m.Mutation(vbucket=3, opaque=4, cas=5 + i, datatype=1, key=b"key-%d" % i, value=b"{}",
                                   by_seqno=10 + i, rev_seqno=1)) for i in range(3)]
@@ -310,10 +316,11 @@ def test_batch_rows_equal_the_codec_in_jsonl():
     tap = RowTap(Sink(), values=False, raw=False, b64=True, max_messages=None)
     tap.on_received(buf, offs, lens, 1_700_000_000_123_456_789, 0)
     want = []
-    for f in frames:
-        row = {"ts": "2023-11-14T22:13:20.123456789Z", "conn": 0, "direction": "in", **m.to_row(m.decode_bytes(f))}
-        row["key"] = base64.b64encode(row["key"]).decode() if "key" in row else None
-        want.append({k: v for k, v in row.items() if v is not None})
+    for i, f in enumerate(frames):
+        row = dict.fromkeys(row_columns())
+        row.update({"frame_no": i, "ts": "2023-11-14T22:13:20.123456789Z", "conn": 0, "mono_ns": 0,
+                    "direction": "in", **m.to_row(m.decode_bytes(f))})
+        want.append(dcp_display(row))
     assert Sink.rows == want and [list(r) for r in Sink.rows] == [list(r) for r in want]
 
 
@@ -334,5 +341,5 @@ def test_raw_sasl_frames_are_masked():
     assert len(sasl_out) == 2
     for r in sasl_out:
         raw = base64.b64decode(r["raw"])
-        assert raw.endswith(b"*" * r["value_len"]) and set(base64.b64decode(r["value"])) == {ord("*")}
+        assert raw.endswith(b"*" * r["value_len"]) and set(base64.b64decode(r["value_base64"])) == {ord("*")}
     assert b"s3cret" not in res.stdout.encode()

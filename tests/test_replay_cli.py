@@ -44,7 +44,11 @@ def test_jsonl_table_and_stdin_paths(tmp_path):
     rows = [json.loads(x) for x in r.stdout.splitlines()]
     docs = local.replay_local(reader.find_captures([d])).table("documents")
     assert len(rows) == docs.num_rows > 0
-    assert base64.b64decode(rows[0]["key"]) == docs.column("key")[0].as_py()
+    k = docs.column("key")[0].as_py()
+    if rows[0]["key"] is not None:  # keys are text; key_base64 carries one that is not UTF-8
+        assert rows[0]["key"].encode() == k and rows[0]["key_base64"] is None
+    else:
+        assert base64.b64decode(rows[0]["key_base64"]) == k
     assert "table" not in rows[0]
 
 
@@ -116,6 +120,6 @@ def test_timestamps_print_without_pandas(tmp_path):
                 secs, frac = divmod(ns, 10**9)
                 assert row["first_ts"].startswith(
                     datetime.datetime.fromtimestamp(secs, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"))
-                assert row["first_ts"].endswith("+00:00") and str(frac).rstrip("0") in row["first_ts"]
+                assert row["first_ts"].endswith(f".{frac:09d}Z")
         else:
             assert "vbuckets" in r.stdout and str(want.column("vbucket")[0].as_py()) in r.stdout

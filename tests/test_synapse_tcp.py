@@ -139,8 +139,8 @@ def test_keepalive_drops_a_silent_server(serve, tmp_path, monkeypatch):
     assert "nothing received" in res.stderr
     rows = capture_rows(tmp_path)
     # two connections (one reconnect), each: greeting in, then only our PINGs going out
-    assert sorted({r["conn"] for r in rows}) == [0, 1]
-    for conn in (0, 1):
+    assert sorted({r["conn"] for r in rows}) == [1, 2]
+    for conn in (1, 2):
         mine = [r for r in rows if r["conn"] == conn]
         assert [r["command"] for r in mine if r["direction"] == "in"] == ["SERVER", "PING"]
         assert sum(1 for r in mine if r["direction"] == "out" and r["command"] == "PING") >= 2
@@ -154,11 +154,11 @@ def test_reconnect_continues_from_committed_tokens_without_gap(serve, tmp_path):
     summary = orjson.loads(res.stdout)
     assert summary["gaps"] == []
     rows = capture_rows(tmp_path)
-    assert sorted({r["conn"] for r in rows}) == [0, 1, 2]
+    assert sorted({r["conn"] for r in rows}) == [1, 2, 3]
     rdata = [r for r in rows if r["command"] == "RDATA"]
     assert [r["raw"].decode() for r in rdata] == list(generated_lines(4, 300))
     # after each reconnect the events POSITION starts where the last numeric RDATA ended
-    for conn in (1, 2):
+    for conn in (2, 3):
         before = [r["token"] for r in rdata if r["conn"] == conn - 1 and r["stream"] == "events"
                   and r["token"] is not None][-1]
         pos = next(r for r in rows if r["conn"] == conn and r["command"] == "POSITION"

@@ -1,0 +1,202 @@
+"""What a `stream` or `capture` run reports when it ends, the same for DCP and Synapse, and
+the signals that end a run cleanly.
+
+Every summary has the common fields (COMMON_FIELDS) counted over this run only: the
+messages the command received and sent (for `stream`: the rows it printed), their bytes on
+the wire, the connections it opened, and why it stopped. Protocol-specific fields are added
+after them, never instead of them.
+
+SIGINT (Ctrl-C), SIGTERM and SIGHUP all end a run the same way: streams closed, files
+finished, summary printed; then the exit code is 130 for SIGINT and 128 + the signal number
+for the others (143 SIGTERM, 129 SIGHUP). Our handler is installed even when the parent
+left SIGINT ignored (a script's `dcptool capture ... &`).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from dcptool.cli.errors import Interrupted, LateUsageError
+from dcptool.cli.output import iso_ns
+
+# why a run stopped
+MAX_MESSAGES = "max-messages"   # --max-messages reached
+DURATION = "duration"           # --duration passed
+TO = "to"                       # DCP: every stream reached its --to seqno
+END = "end"                     # DCP: the server ended every stream (e.g. with --to forever)
+INTERRUPTED = "interrupted"     # SIGINT (Ctrl-C)
+SIGNAL = "signal"               # SIGTERM or SIGHUP
+ERROR = "error"                 # an error ended the run (the exit code says which)
+STOP_REASONS = (MAX_MESSAGES, DURATION, TO, END, INTERRUPTED, SIGNAL, ERROR)
+
+COMMON_FIELDS = ("protocol", "source", "started_at", "ended_at", "seconds", "stopped", "signal",
+                 "error", "messages_in", "messages_out", "bytes_in", "bytes_out", "connections")
+
+STOP_SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP"))
+                     if s is not None)
+
+
+class RunStats:
+    """The common counters of one run. `stop(reason)` keeps the first reason given."""
+
+    def __init__(self, protocol: str, source: str):
+        self.protocol = protocol
+        self.source = source
+        self.started_ns = time.time_ns()
+        self._t0 = time.monotonic()
+        self.messages_in = 0
+        self.messages_out = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.connections = 0
+        self.stopped: str | None = None
+        self.signum: int | None = None
+
+    def stop(self, reason: str) -> None:
+        if self.stopped is None:
+            self.stopped = reason
+
+    def summary(self, error: BaseException | None = None, default: str = END) -> dict:
+        """The common fields, in COMMON_FIELDS order."""
+        stopped = self.stopped or default
+        if isinstance(error, (Interrupted, KeyboardInterrupt)):
+            signum = getattr(error, "signum", signal.SIGINT)
+            self.signum = self.signum or signum
+            stopped = INTERRUPTED if signum == signal.SIGINT else SIGNAL
+            error = None
+        elif error is not None:
+            stopped = ERROR
+        elif self.signum is not None:
+            stopped = INTERRUPTED if self.signum == signal.SIGINT else SIGNAL
+        ended = time.time_ns()
+        return {
+            "protocol": self.protocol,
+            "source": self.source,
+            "started_at": iso_ns(self.started_ns),
+            "ended_at": iso_ns(ended),
+            "seconds": round(time.monotonic() - self._t0, 3),
+            "stopped": stopped,
+            "signal": signal.Signals(self.signum).name if self.signum else None,
+            "error": _error_text(error) if error is not None else None,
+            "messages_in": self.messages_in,
+            "messages_out": self.messages_out,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "connections": self.connections,
+        }
+
+
+def _error_text(exc: BaseException) -> str:
+    from dcptool.cli.errors import describe
+    return describe(exc)
+
+
+def print_stream_summary(summary: dict) -> None:
+    """The end of `stream`: one line on stderr, `key=value` pairs (stdout carries only rows)."""
+    from dcptool.cli.console import err_console
+    from dcptool.cli.output import printable
+    parts = []
+    for k, v in summary.items():
+        if v is None or isinstance(v, (dict, list)):
+            continue
+        text = printable(v)
+        parts.append(f"{k}={text}" if " " not in text else f'{k}="{text}"')
+    err_console().print("summary: " + " ".join(parts), highlight=False, style="dim", soft_wrap=True,
+                        markup=False)
+
+
+class StopSignals:
+    """SIGINT, SIGTERM and SIGHUP, from start to finish of a run, call `on_signal(signum)`
+    callbacks instead of killing the process. Use as a context manager around the whole run;
+    `attach(loop)` routes them through the event loop while it runs (so a blocked select
+    wakes up), `detach(loop)` hands them back to the plain handler for the finishing phase
+    (closing files), during which a second signal is only recorded."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self.callbacks: list = []
+        self._saved: dict = {}
+
+    def __enter__(self) -> "StopSignals":
+        for sig in STOP_SIGNALS:
+            try:
+                # installed whatever the inherited disposition is, SIG_IGN included
+                self._saved[sig] = signal.signal(sig, self._handler)
+            except (ValueError, OSError):   # not the main thread: signals stay as they are
+                pass
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        for sig, old in self._saved.items():
+            try:
+                signal.signal(sig, old if old is not None else signal.SIG_DFL)
+            except (ValueError, OSError, TypeError):
+                pass
+        return False
+
+    def _handler(self, signum, _frame) -> None:
+        self.fire(signum)
+
+    def fire(self, signum: int) -> None:
+        if self.signum is None:
+            self.signum = int(signum)
+        for cb in list(self.callbacks):
+            cb(int(signum))
+
+    def attach(self, loop) -> None:
+        for sig in self._saved:
+            try:
+                loop.add_signal_handler(sig, self.fire, sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
+
+    def detach(self, loop) -> None:
+        for sig in self._saved:
+            try:
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, self._handler)   # remove_signal_handler restored the default
+            except (NotImplementedError, RuntimeError, ValueError, OSError):
+                pass
+
+    def interrupted(self) -> Interrupted | None:
+        return Interrupted(self.signum) if self.signum is not None else None
+
+
+def stop_reason_for_signal(signum: int) -> str:
+    return INTERRUPTED if signum == signal.SIGINT else SIGNAL
+
+
+# ---------------------------------------------------------------------- --vbuckets check
+
+def server_vbucket_count(known: list[int] | tuple) -> int:
+    """The number of vbuckets of the bucket from the vbuckets one node reports: its highest
+    vbucket + 1, rounded up to a power of two (Couchbase buckets have 64, 128 or 1024; a node
+    of a cluster need not hold the last one)."""
+    n = max(known) + 1
+    return 1 << (n - 1).bit_length()
+
+
+def ranges_text(vbs) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2,5,7-8'."""
+    out = []
+    vbs = sorted(vbs)
+    i = 0
+    while i < len(vbs):
+        j = i
+        while j + 1 < len(vbs) and vbs[j + 1] == vbs[j] + 1:
+            j += 1
+        out.append(str(vbs[i]) if i == j else f"{vbs[i]}-{vbs[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def check_vbuckets(requested: list[int] | None, known) -> None:
+    """Raise LateUsageError when --vbuckets names vbuckets the bucket does not have."""
+    if not requested or not known:
+        return
+    count = server_vbucket_count(known)
+    bad = [vb for vb in requested if vb >= count]
+    if bad:
+        raise LateUsageError(f"--vbuckets: {ranges_text(bad)} out of range; the bucket has vbuckets "
+                             f"0-{count - 1}")
