@@ -1,6 +1,6 @@
 """`dcptool capture couchbase://...`: the DCP consumer over the asyncio transport, with a
 tap that turns every receive batch into one Arrow record batch (protocol/dcp/columnar.py
--> replay/dcp_batch.py) for the background Parquet writer. Frames we send are recorded
+-> replay/store/dcp_batch.py) for the background Parquet writer. Frames we send are recorded
 too (SASL payloads masked by the writer). When the writer's queue is long the consumer
 stops acknowledging buffers, so the producer's flow control slows it and nothing is lost.
 """
@@ -14,11 +14,11 @@ import time
 import numpy as np
 
 from dcptool.cli.console import err_console
-from dcptool.cli.live import LiveOptions
+from dcptool.cli.live import CaptureSettings, LiveOptions
 from dcptool.cli.process import fewer_gc_passes, without_pandas
 from dcptool.cli.run_summary import MAX_MESSAGES, RunStats, StopSignals
 from dcptool.protocol.dcp import columnar
-from dcptool.protocol.dcp import consumer as C
+from dcptool.protocol.dcp import consumer as dcp_consumer
 
 # Knobs tests turn down.
 DEFAULTS = {"reconnects": 5, "connect_timeout": 10.0, "pause_backlog_bytes": 32 * 2**20}
@@ -28,13 +28,13 @@ class CaptureTap:
     """Receives every frame from the transport and hands Arrow batches to the writer."""
 
     def __init__(self, bg, progress, *, max_messages: int | None = None, on_limit=None):
-        from dcptool.replay.dcp_batch import to_record_batch
+        from dcptool.replay.store.dcp_batch import to_record_batch
         self._to_batch = to_record_batch
         self.bg = bg
         self.progress = progress
         self.frame_no = 0
         self.conn = 0
-        self.consumer: C.Consumer | None = None
+        self.consumer: dcp_consumer.Consumer | None = None
         self.opaque_vb: dict[int, int] = {}
         self.received = 0
         self.wire_bytes = 0
@@ -48,7 +48,7 @@ class CaptureTap:
         self._next_progress = 0.0
 
     # -- transport hooks
-    def attach(self, conn: int, consumer: C.Consumer) -> None:
+    def attach(self, conn: int, consumer: dcp_consumer.Consumer) -> None:
         self._flush_out()
         self.conn, self.consumer = conn, consumer
 
@@ -128,13 +128,13 @@ class CaptureTap:
                              bytes_written=self.bg.writer.bytes_written, backlog_bytes=self.bg.backlog_bytes)
 
 
-def resume_from(directory: str) -> tuple[dict[int, C.VbState], list[str]]:
+def resume_from(directory: str) -> tuple[dict[int, dcp_consumer.VbState], list[str]]:
     """Per-vbucket state recorded by earlier captures in directory (finishing any segment a
     killed capture left in progress first)."""
     import os
 
-    from dcptool.replay.reader import find_captures
-    from dcptool.replay.resume import dcp_resume_state, recover_in_progress
+    from dcptool.replay.store.reader import find_captures
+    from dcptool.replay.store.resume import dcp_resume_state, recover_in_progress
     if not os.path.isdir(directory):
         return {}, []
     recovered = recover_in_progress(directory)
@@ -147,30 +147,31 @@ def resume_from(directory: str) -> tuple[dict[int, C.VbState], list[str]]:
         if not r.failover_log and not r.last_seqno:
             continue
         # a stream that reached its end continues from there: the new run's end is later
-        state[vb] = C.VbState(failover_log=list(r.failover_log), last_seqno=r.last_seqno,
+        state[vb] = dcp_consumer.VbState(failover_log=list(r.failover_log), last_seqno=r.last_seqno,
                               snap_start=r.snap_start, snap_end=r.snap_end,
                               snapshot_complete=r.snapshot_complete)
     return state, recovered
 
 
-def run_capture(opts: LiveOptions, settings: dict) -> None:
+def run_capture(opts: LiveOptions, settings: CaptureSettings) -> None:
     without_pandas()
     from dcptool.cli.dcp_live import (EventLog, consumer_config, every_stream_failed, finish_reason,
                                       run_session, tls_for)
     from dcptool.cli.progress import make_progress, print_summary
     from dcptool.protocol.transport.dcp import Session
-    from dcptool.replay.writer import BackgroundWriter, CaptureWriter, WriterError
+    from dcptool.replay.store.background import BackgroundWriter
+    from dcptool.replay.store.writer import CaptureWriter, WriterError
 
-    out = settings["output"]
-    resume, recovered = resume_from(out) if settings.get("resume") else ({}, [])
-    if settings.get("resume"):
+    out = settings.output
+    resume, recovered = resume_from(out) if settings.resume else ({}, [])
+    if settings.resume:
         err_console().print(f"resuming {len(resume)} vbuckets from the captures in {out}"
                             + (f" (finished {len(recovered)} in-progress segment(s))" if recovered else ""),
                             highlight=False)
     options = opts.safe_dict()
     options["resumed_vbuckets"] = len(resume)
-    progress = make_progress("dcp", quiet=settings.get("quiet", False))
-    events = EventLog(quiet=settings.get("quiet", False), requested=opts.vbuckets)
+    progress = make_progress("dcp", quiet=settings.quiet)
+    events = EventLog(quiet=settings.quiet, requested=opts.vbuckets)
     stats = RunStats("dcp", opts.source.url)
     box: dict = {}
 
@@ -203,7 +204,7 @@ def run_capture(opts: LiveOptions, settings: dict) -> None:
     def on_events(evs):
         events(evs)
         for e in evs:
-            if type(e) is C.HandshakeComplete and tap._held is not None:
+            if type(e) is dcp_consumer.HandshakeComplete and tap._held is not None:
                 handshake.update(features=list(e.features), controls=dict(e.controls))
                 full = dict(options, hello_features=[f"0x{f:02x}" for f in e.features], dcp_controls=e.controls)
                 writer.set_options(full)
@@ -213,9 +214,9 @@ def run_capture(opts: LiveOptions, settings: dict) -> None:
 
     try:
         writer = CaptureWriter(out, "dcp", source=opts.source.url, options=options,
-                               compression=settings.get("compression", "zstd"),
-                               rotate_size=settings.get("rotate_size", 256 * 2**20),
-                               rotate_interval=settings.get("rotate_interval", 300.0))
+                               compression=settings.compression,
+                               rotate_size=settings.rotate_size,
+                               rotate_interval=settings.rotate_interval)
     except WriterError:
         progress.close()
         raise
@@ -267,8 +268,8 @@ def run_capture(opts: LiveOptions, settings: dict) -> None:
     if recovered:
         extra["recovered_segments"] = recovered
     if files or error is None:
-        print_summary(files, json_summary=settings.get("json_summary", False),
-                      quiet=settings.get("quiet", False), extra=extra)
+        print_summary(files, json_summary=settings.json_summary,
+                      quiet=settings.quiet, extra=extra)
     signals.__exit__(None, None, None)
     if stop_exc is not None:
         raise stop_exc

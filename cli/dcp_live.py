@@ -1,47 +1,38 @@
 """`dcptool stream couchbase://...`: runs the DCP consumer (protocol/dcp/consumer.py) over
 the asyncio transport (protocol/transport/dcp.py) and prints every frame that crosses the
-wire, both directions, as CAPTURE_FORMAT rows plus `direction` and `ts`.
-
-Mutation frames (the bulk of any stream) take a direct row builder that gives exactly the
-dict messages.to_row gives (tests/test_dcp_live.py checks it); every other frame is
-decoded with the codec.
+wire, both directions, as CAPTURE_FORMAT rows plus `direction` and `ts`. Each receive
+batch is decoded at once by the columnar decoder (cli/dcp_rows.py), the same as `decode`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import struct
+
+import numpy as np
 
 from dcptool.cli.console import err_console
 from dcptool.cli.errors import Interrupted
 from dcptool.cli.live import LiveOptions
-from dcptool.cli.output import Sink, dcp_display, default_format, display_columns, iso_ns, key_fields
-from dcptool.cli.run_summary import (DURATION, END, MAX_MESSAGES, TO, RunStats, StopSignals,
+from dcptool.cli.dcp_rows import frame_rows
+from dcptool.cli.output import Sink, default_format, display_columns, iso_ns
+from dcptool.cli.run_summary import (DURATION, END, MAX_MESSAGES, TO, RunStats, StopSignals, run_and_close,
                                      check_vbuckets, print_stream_summary, stop_reason_for_signal)
-from dcptool.protocol.dcp import consumer as C
-from dcptool.protocol.dcp import messages as m
-from dcptool.protocol.dcp.constants import status_name, stream_end_reason_name
-from dcptool.protocol.dcp.frames import parse_frame
+from dcptool.protocol.dcp import consumer as dcp_consumer
+from dcptool.protocol.dcp.constants import Status, status_name, stream_end_reason_name
 from dcptool.protocol.errors import ErrorCode, RemoteError
 
 TABLE_COLUMNS = ["conn", "direction", "op", "vbucket", "status", "opaque", "by_seqno", "key", "value_len",
                  "snap_start", "snap_end", "snap_flags", "stream_end_reason", "rollback_seqno"]
 
-_MUT = struct.Struct(">BBHBBHIIQQQIII")   # header + mutation extras up to lock_time
+_ONE_OFFSET = np.zeros(1, np.int64)   # a frame we send is a batch of one
 # Knobs tests turn down.
 DEFAULTS = {"reconnects": 3, "connect_timeout": 10.0}
 
 
-def run_capture(opts: LiveOptions, settings: dict):
-    """`dcptool capture couchbase://...` lives in cli/dcp_capture.py."""
-    from dcptool.cli.dcp_capture import run_capture as _run
-    return _run(opts, settings)
-
-
-def consumer_config(opts: LiveOptions) -> C.ConsumerConfig:
+def consumer_config(opts: LiveOptions) -> dcp_consumer.ConsumerConfig:
     src = opts.source
-    return C.ConsumerConfig(
+    return dcp_consumer.ConsumerConfig(
         bucket=src.bucket, name=opts.name or f"dcptool-{src.host}-{os.getpid()}", user=opts.user,
         password=opts.password, vbuckets=opts.vbuckets, start=opts.from_, to=opts.to,
         no_value=opts.no_value, xattrs=opts.xattrs, collections=opts.collections,
@@ -56,7 +47,7 @@ def tls_for(opts: LiveOptions):
     return tls_context(opts.ca_cert, opts.insecure)
 
 
-# The columns of a `stream` row: the capture format's (replay/schema.py; a test checks they
+# The columns of a `stream` row: the capture format's (replay/store/schema.py; a test checks they
 # agree) plus `key_base64`; `value`/`value_base64`/`value_error` with --values, `raw` with --raw.
 COMMON_COLUMNS = ("frame_no", "conn", "ts", "mono_ns", "direction")
 DCP_COLUMNS = ("magic", "opcode", "op", "status", "vbucket", "opaque", "cas", "datatype", "stream_id",
@@ -78,15 +69,14 @@ class RowTap:
     row_columns(), absent fields None); stops after max_messages received and counts what it
     showed in `stats` (this run's summary)."""
 
-    def __init__(self, sink: Sink, *, values: bool, raw: bool, b64: bool, max_messages: int | None,
+    def __init__(self, sink: Sink, *, values: bool, raw: bool, max_messages: int | None,
                  on_limit=None, stats: RunStats | None = None):
         self.sink = sink
         self.values = values
         self.raw = raw
-        self.b64 = b64          # unused: keys and values follow cli/output.py dcp_display
         self.remaining = max_messages
         self.on_limit = on_limit
-        self.consumer: C.Consumer | None = None
+        self.consumer: dcp_consumer.Consumer | None = None
         self.conn = 0
         self.frame_no = 0
         self.stats = stats if stats is not None else RunStats("dcp", "")
@@ -104,45 +94,23 @@ class RowTap:
     def sent(self) -> int:
         return self.stats.messages_out
 
-    def attach(self, conn: int, consumer: C.Consumer) -> None:
+    def attach(self, conn: int, consumer: dcp_consumer.Consumer) -> None:
         self.conn, self.consumer = conn, consumer
 
     def _vb_of(self, opaque: int):
         return self.consumer.vb_opaque.get(opaque) if self.consumer is not None else None
 
-    def row(self, buf, off: int, ln: int, ts: str, direction: str, mono_ns: int | None = None) -> dict:
-        row = self.template.copy()
-        row["frame_no"] = self.frame_no
-        row["conn"] = self.conn
-        row["ts"] = ts
-        row["mono_ns"] = mono_ns
-        row["direction"] = direction
-        if (buf[off + 1] == 0x57 and buf[off] == 0x80 and buf[off + 4] == 31
-                and not (self.consumer is not None and self.consumer.collections)):
-            magic, op, kl, _el, dt, vb, bl, opq, cas, by, rev, fl, exp, lock = _MUT.unpack_from(buf, off)
-            ks = off + 55
-            key = buf[ks:ks + kl]
-            row.update({"magic": magic, "opcode": op, "op": "mutation", "vbucket": vb, "opaque": opq,
-                        "cas": cas, "datatype": dt, "key": key, "value_len": bl - 31 - kl, "by_seqno": by,
-                        "rev_seqno": rev, "item_flags": fl, "expiration": exp, "lock_time": lock})
-            if self.values:
-                row["value"] = buf[ks + kl:off + ln]
-        else:
-            msg = m.decode(parse_frame(buf, off, ln), self.consumer.collections if self.consumer else False)
-            row.update(m.to_row(msg, value=self.values))
-            if msg.IS_RESPONSE:
-                vb = self._vb_of(msg.opaque)
-                if vb is not None:
-                    row["vbucket"] = vb
-        if self.raw:
-            raw = bytes(buf[off:off + ln])
-            if raw[1] in (0x21, 0x22) and raw[0] == 0x80:   # SASL: credentials become '*' bytes
-                vstart = 24 + raw[4] + int.from_bytes(raw[2:4], "big")
-                raw = raw[:vstart] + b"*" * (len(raw) - vstart)
-            row["raw"] = raw
-        dcp_display(row)   # keys as text, values as JSON (cli/output.py); raw stays bytes
-        self.frame_no += 1
-        return row
+    def rows(self, buf, offsets, lengths, ts: str, direction: str, mono_ns: int | None = None) -> list[dict]:
+        """Display rows of whole frames (cli/dcp_rows.py: the columnar decoder), numbered."""
+        rows = frame_rows(buf, offsets, lengths, template=self.template,
+                          collections=self.consumer.collections if self.consumer is not None else False,
+                          opaque_vbuckets=self.consumer.vb_opaque if self.consumer is not None else {},
+                          values=self.values, raw=self.raw,
+                          extra={"conn": self.conn, "ts": ts, "mono_ns": mono_ns, "direction": direction})
+        for r in rows:
+            r["frame_no"] = self.frame_no
+            self.frame_no += 1
+        return rows
 
     def _count(self, row: dict) -> None:
         op = row["op"]
@@ -150,7 +118,7 @@ class RowTap:
             self.items += 1
         elif op == "stream_end":
             self.streams_ended += 1
-        elif op == "stream_req" and row["status"] == 0x23 and row["direction"] == "in":
+        elif op == "stream_req" and row["status"] == Status.ROLLBACK and row["direction"] == "in":
             self.rollbacks += 1
 
     def on_received(self, buf, offsets, lengths, ts_ns: int, mono_ns: int) -> None:
@@ -159,35 +127,11 @@ class RowTap:
         offs, lens = offsets.tolist(), lengths.tolist()
         if self.remaining is not None and len(offs) > self.remaining:
             offs, lens = offs[:self.remaining], lens[:self.remaining]
-        ts = iso_ns(ts_ns)
-        conn = self.conn
-        fast = not (self.consumer is not None and self.consumer.collections) and not self.values and not self.raw
-        unpack = _MUT.unpack_from
-        template = self.template
-        count = self._count
-        rows = []
-        append = rows.append
-        items = 0
-        for off, ln in zip(offs, lens):
-            if fast and buf[off + 1] == 0x57 and buf[off] == 0x80 and buf[off + 4] == 31:
-                # the hot path: the same dict as to_row(decode(frame)), built directly
-                magic, op, kl, _el, dt, vb, bl, opq, cas, by, rev, fl, exp, lock = unpack(buf, off)
-                key, key_b64 = key_fields(buf[off + 55:off + 55 + kl])
-                r = template.copy()
-                r.update({"frame_no": self.frame_no, "conn": conn, "ts": ts, "mono_ns": mono_ns,
-                          "direction": "in", "magic": magic, "opcode": op,
-                          "op": "mutation", "vbucket": vb, "opaque": opq, "cas": cas, "datatype": dt,
-                          "key": key, "key_base64": key_b64,
-                          "value_len": bl - 31 - kl, "by_seqno": by, "rev_seqno": rev,
-                          "item_flags": fl, "expiration": exp, "lock_time": lock})
-                self.frame_no += 1
-                items += 1
-                append(r)
-            else:
-                r = self.row(buf, off, ln, ts, "in", mono_ns)
-                count(r)
-                append(r)
-        self.items += items
+        if len(offs) < len(offsets):
+            offsets, lengths = offsets[:len(offs)], lengths[:len(offs)]
+        rows = self.rows(buf, offsets, lengths, iso_ns(ts_ns), "in", mono_ns)
+        for r in rows:
+            self._count(r)
         self.sink.write_many(rows)
         st = self.stats
         st.messages_in += len(offs)
@@ -203,7 +147,7 @@ class RowTap:
             return
         self.stats.messages_out += 1
         self.stats.bytes_out += len(frame)
-        self.sink.write(self.row(frame, 0, len(frame), iso_ns(ts_ns), "out", mono_ns))
+        self.sink.write_many(self.rows(frame, _ONE_OFFSET, np.array([len(frame)]), iso_ns(ts_ns), "out", mono_ns))
 
 
 class EventLog:
@@ -221,20 +165,20 @@ class EventLog:
     def __call__(self, events) -> None:
         for e in events:
             t = type(e)
-            if t is C.ServerVbuckets:
+            if t is dcp_consumer.ServerVbuckets:
                 check_vbuckets(self.requested, e.vbuckets)
-            elif t is C.HandshakeComplete:
+            elif t is dcp_consumer.HandshakeComplete:
                 self.streaming = True
-            elif t is C.ControlRefused:
+            elif t is dcp_consumer.ControlRefused:
                 self._say(f"[yellow]DCP_CONTROL {e.key}={e.value} refused[/] ({status_name(e.status)}); continuing")
-            elif t is C.Rollback:
+            elif t is dcp_consumer.Rollback:
                 self.rollbacks += 1
                 self._say(f"vbucket {e.vbucket}: ROLLBACK to seqno {e.seqno}; re-requesting")
-            elif t is C.StreamFailed:
+            elif t is dcp_consumer.StreamFailed:
                 self.failed[e.vbucket] = e.status
                 if e.status != 0x07 or len(self.failed) <= 3:
                     self._say(f"[yellow]vbucket {e.vbucket}: stream request failed[/] ({status_name(e.status)})")
-            elif t is C.StreamEnded:
+            elif t is dcp_consumer.StreamEnded:
                 self.ends[e.vbucket] = e.reason
                 if e.reason and e.reason != 1:   # 1: closed because we asked
                     again = "" if e.final else "; re-requesting"
@@ -324,24 +268,14 @@ def run_stream(opts: LiveOptions) -> None:
         if s is not None:
             s.stop()
 
-    tap = RowTap(sink, values=opts.values, raw=opts.raw, b64=fmt == "jsonl", max_messages=opts.max_messages,
+    tap = RowTap(sink, values=opts.values, raw=opts.raw, max_messages=opts.max_messages,
                  on_limit=stop, stats=stats)
     session = Session(consumer_config(opts), opts.source.host, opts.source.port, tls=tls_for(opts),
                       tap=tap, on_events=events, on_connect=tap.attach, reconnects=DEFAULTS["reconnects"],
                       connect_timeout=opts.timeout)
     session_box["session"] = session
-    error: BaseException | None = None
-    consumer = None
     with StopSignals() as signals:
-        try:
-            consumer = run_session(session, opts.duration, stats, signals)
-        except BaseException as exc:  # noqa: BLE001 - the summary first, then it is re-raised
-            error = exc
-        finally:
-            try:
-                sink.close()
-            except BaseException as exc:  # noqa: BLE001 - a closed stdout
-                error = error or exc
+        consumer, error = run_and_close(lambda: run_session(session, opts.duration, stats, signals), sink)
         if error is None and consumer is not None and not session.stopped:
             stats.stop(finish_reason(opts, events))
             opened = set(events.ends) | {vb for vb in consumer.states if vb not in events.failed}

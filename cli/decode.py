@@ -6,8 +6,7 @@ import sys
 
 import click
 
-from dcptool.cli.output import (VALUE_COLUMNS, FORMATS, Sink, bulk_rows, dcp_display,
-                                default_format, with_key_base64)
+from dcptool.cli.output import VALUE_COLUMNS, FORMATS, Sink, bulk_rows, default_format, with_key_base64
 
 CHUNK = 4 * 1024 * 1024
 # what a person wants to see per frame; JSON lines carry every column
@@ -68,6 +67,7 @@ def column_set(raw: bool, values: bool) -> list[str]:
 
 
 def _decode_stream(file, sink, cap, collections, raw, values):
+    from dcptool.cli.dcp_rows import frame_rows
     from dcptool.protocol.dcp import columnar
     from dcptool.protocol.dcp.frames import header_lengths
     from dcptool.protocol.errors import ErrorCode, RemoteError
@@ -81,19 +81,8 @@ def _decode_stream(file, sink, cap, collections, raw, values):
         chunk = file.read(CHUNK)
         buf = buf + chunk if buf else chunk
         offsets, lengths, consumed, err = columnar.scan(buf, cap)
-        batch = columnar.decode_batch(buf, offsets, lengths, collections=collections,
-                                      opaque_vbuckets=opaque_vb)
-        rows = columnar.to_rows(batch, raw=raw)
-        if values:
-            for row, off, ln in zip(rows, offsets.tolist(), lengths.tolist()):
-                if "value_len" in row and row.get("op") not in ("sasl_auth", "sasl_step"):
-                    row["value"] = buf[off + ln - row["value_len"]:off + ln]
-        full = []
-        for r in rows:
-            d = blank.copy()
-            d.update(r)
-            full.append(dcp_display(d))
-        sink.write_many(full)
+        sink.write_many(frame_rows(buf, offsets, lengths, template=blank, collections=collections,
+                                   opaque_vbuckets=opaque_vb, values=values, raw=raw))
         if err is not None:
             err.args = (err.message.replace(f"at byte {consumed}", f"at byte {base + consumed}"),)
             raise err

@@ -125,6 +125,39 @@ def build_options(ctx: click.Context, kw: dict) -> LiveOptions:
     )
 
 
-def runner(protocol: str, what: str):
-    module = importlib.import_module(f"dcptool.cli.{protocol}_live")
-    return getattr(module, what)
+@dataclasses.dataclass(frozen=True)
+class CaptureSettings:
+    """What `capture` adds to the connection options; the one place for its defaults."""
+    output: str = "./captures"
+    rotate_size: int = 256 * 2**20
+    rotate_interval: float = 300.0
+    compression: str = "zstd"
+    resume: bool = False
+    quiet: bool = False
+    json_summary: bool = False
+
+
+# (protocol, command) -> "module:function" of the runner; imported only when it runs, so a
+# DCP command never loads the Synapse code and the reverse
+RUNNERS = {
+    ("dcp", "stream"): "dcptool.cli.dcp_live:run_stream",
+    ("dcp", "capture"): "dcptool.cli.dcp_capture:run_capture",
+    ("synapse", "stream"): "dcptool.cli.synapse_live:run_stream",
+    ("synapse", "capture"): "dcptool.cli.synapse_live:run_capture",
+}
+
+
+def runner(protocol: str, command: str):
+    module, _, name = RUNNERS[(protocol, command)].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def output_dir_option(help_text: str, default: str | None = None):
+    """`-o/--output DIR` as every command spells it, with `--out` kept as a hidden alias
+    (replay's first spelling; scripts may use it). The value arrives as `output`."""
+    def deco(fn):
+        fn = click.option("--out", "output_alias", type=click.Path(file_okay=False), hidden=True,
+                          help="Alias of --output.")(fn)
+        return click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
+                            show_default=default, help=help_text)(fn)
+    return deco

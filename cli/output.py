@@ -9,56 +9,17 @@ from __future__ import annotations
 import base64
 import contextlib
 import gc
-import re
 import sys
-import time
 from typing import Iterable
 
 import orjson
 
 FORMATS = ("table", "jsonl", "text")
 
-_NS = 1_000_000_000
-_last_sec: list = [None, ""]
+from dcptool.protocol.text import printable
+from dcptool.replay.timestamps import iso_ns
 
-
-def iso_ns(ns: int | None) -> str | None:
-    """Nanoseconds since the epoch as RFC 3339 UTC with exactly 9 fraction digits and `Z`
-    (`2026-11-25T01:20:42.123456789Z`); None stays None. The one timestamp format of every
-    command's output."""
-    if ns is None:
-        return None
-    sec, frac = divmod(int(ns), _NS)
-    if sec != _last_sec[0]:  # rows come in time order: format each second once
-        try:
-            head = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
-        except (OverflowError, OSError, ValueError):
-            head = ""
-        if len(head) != 19:  # a year outside 1000..9999 (a hostile value): no fake date
-            return f"{int(ns)}ns"
-        _last_sec[0], _last_sec[1] = sec, head
-    return f"{_last_sec[1]}.{frac:09d}Z"
-
-
-# C0/C1 controls, DEL, and the Unicode format characters that reorder or hide text
-# (bidi overrides and isolates, zero-width marks, line/paragraph separators, BOM).
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e"
-                          "\u2060-\u206f\ufeff\ufff9-\ufffb]")
-
-
-def _escape_char(m: re.Match) -> str:
-    c = ord(m.group())
-    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
-
-
-def printable(text) -> str:
-    """Text that came from the other side, made safe for a terminal: control characters
-    (ESC included) become `\\x1b`-style escapes; printable text is returned unchanged."""
-    if type(text) is not str:
-        text = str(text)
-    if text.isascii() and text.isprintable():
-        return text
-    return _UNPRINTABLE.sub(_escape_char, text)
+__all__ = ["iso_ns", "printable", "dcp_display", "Sink", "FORMATS"]   # iso_ns: replay/timestamps.py, printable: protocol/text.py
 
 
 # ------------------------------------------------------------------ keys and values

@@ -12,20 +12,10 @@ import threading
 
 import click
 
+from dcptool.cli.live import output_dir_option
 from dcptool.cli.output import Sink, default_format
+from dcptool.cli.sources import capture_paths
 from dcptool.cli.process import without_pandas
-
-
-def _paths(captures: tuple[str, ...]) -> list[str]:
-    out = []
-    for c in captures:
-        if c == "-":
-            out.extend(line.strip() for line in sys.stdin if line.strip())
-        else:
-            out.append(c)
-    if not out:
-        raise click.UsageError("no capture paths given (stdin was empty)")
-    return out
 
 
 def _table_choice(protocol: str, requested: tuple[str, ...], default_all: bool) -> list[str]:
@@ -143,7 +133,7 @@ def _spark_progress(session, label: str):
 @click.option("--master", default="local[*]", show_default=True,
               help="Spark master URL (local[N], spark://HOST:PORT, yarn, k8s://...). Implies --spark.")
 @click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE", help="Extra Spark setting (repeatable).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Write each chosen table to DIR/NAME.parquet.")
+@output_dir_option("Write each chosen table to DIR/NAME.parquet (created).")
 @click.option("--format", "fmt", type=click.Choice(["table", "jsonl"]), default=None,
               help="How tables print: table on a TTY, jsonl in a pipe (default).")
 @click.option("--table", "tables", multiple=True, metavar="NAME",
@@ -156,8 +146,8 @@ def _spark_progress(session, label: str):
                    "MODULE is found in the working directory or on the Python path, or is a file: ./fn.py:name.")
 @click.option("--checksum", is_flag=True, help="Print SHA-256 of each chosen table in canonical form.")
 @click.pass_context
-def replay(ctx, captures, use_spark, master, spark_conf, out_dir, fmt, tables, sql, unsafe_sql, apply_spec,
-           checksum):
+def replay(ctx, captures, use_spark, master, spark_conf, output, output_alias, fmt, tables, sql, unsafe_sql,
+           apply_spec, checksum):
     """Replay captures (files, directories, or - for paths on stdin) into result tables.
 
     \b
@@ -170,9 +160,10 @@ def replay(ctx, captures, use_spark, master, spark_conf, out_dir, fmt, tables, s
       dcptool replay captures/ --checksum
       dcptool replay captures/ --spark --checksum          # same checksums
       dcptool replay captures/ --spark --sql "SELECT vbucket, count(*) FROM documents GROUP BY 1"
-      dcptool replay captures/ --out results/
+      dcptool replay captures/ -o results/
       ls captures/*.parquet | dcptool replay -
     """
+    out_dir = output or output_alias
     verbose = bool((ctx.find_root().obj or {}).get("verbose"))
     source = ctx.get_parameter_source("master")
     if source is not None and source.name != "DEFAULT":
@@ -181,7 +172,8 @@ def replay(ctx, captures, use_spark, master, spark_conf, out_dir, fmt, tables, s
         raise click.UsageError("--sql runs on Spark: add --spark")
     _tune_process(in_process=not (use_spark or apply_spec))
     from dcptool.cli.console import err_console
-    from dcptool.replay import local, reader
+    from dcptool.replay import apply, local
+    from dcptool.replay.store import reader
 
     if sum(bool(x) for x in (sql, apply_spec, checksum)) > 1:
         raise click.UsageError("choose one of --sql, --apply, --checksum")
@@ -191,12 +183,12 @@ def replay(ctx, captures, use_spark, master, spark_conf, out_dir, fmt, tables, s
         if not sep:
             raise click.UsageError(f"--conf wants KEY=VALUE, got {item!r}")
         conf[k] = v
-    files = reader.find_captures(_paths(captures))
+    files = reader.find_captures(capture_paths(captures))
     protocol = reader.protocol_of(files)
     fn = None
     if apply_spec:
         try:
-            fn = local.load_function(apply_spec)
+            fn = apply.load_function(apply_spec)
         except Exception as exc:  # noqa: BLE001 - the user's module may raise anything on import
             _usage_line(ctx, f"--apply {apply_spec}: {_first_line(exc)}", exc, verbose)
     names = _table_choice(protocol, tables, default_all=True)
@@ -208,20 +200,20 @@ def replay(ctx, captures, use_spark, master, spark_conf, out_dir, fmt, tables, s
         if not verbose:
             warnings.filterwarnings("ignore", module="pyspark")
             warnings.filterwarnings("ignore", category=FutureWarning)
-        from dcptool.replay import spark as S
+        from dcptool.replay import spark as spark_engine
         with console.status(f"starting Spark ({master})", spinner="dots"):
-            session = S.make_session(master, app_name="dcptool-replay", conf=conf, verbose=verbose)
+            session = spark_engine.make_session(master, app_name="dcptool-replay", conf=conf, verbose=verbose)
     try:
         if fn is not None:
             if session is not None:
                 with _spark_progress(session, "apply"):
-                    result = S.apply_spark(session, files, fn)
+                    result = spark_engine.apply_spark(session, files, fn)
             else:
-                result = local.apply_local(files, fn)
+                result = apply.apply_local(files, fn)
             _emit(ctx, {"apply": result} if result is not None else {}, fmt, out_dir)
             return
         if session is not None:
-            rep = S.replay_spark(session, files)
+            rep = spark_engine.replay_spark(session, files)
         else:
             with console.status("replaying", spinner="dots"):
                 rep = local.replay_local(files, tables=names)
@@ -246,7 +238,7 @@ def replay(ctx, captures, use_spark, master, spark_conf, out_dir, fmt, tables, s
         if session is not None:
             with contextlib.suppress(Exception):
                 rep.close()  # noqa: F821 - bound when the replay ran
-            S.stop_session(session)
+            spark_engine.stop_session(session)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -269,18 +261,18 @@ def _run_sql(ctx, session, rep, sql, unsafe, verbose):
     """--sql: the fence of replay/spark_sql.py (unless --unsafe-sql), then the query. A
     query refused, or one Spark cannot parse or analyse, exits 2; one that fails while it
     runs exits 1; each with one line (error class, message, position)."""
-    from dcptool.replay import spark_sql as Q
+    from dcptool.replay import spark_sql as sql_guard
     rep.register_views()
     try:
         if not unsafe:
-            Q.check_query(session, sql, rep.names())
+            sql_guard.check_query(session, sql, rep.names())
         df = session.sql(sql)
     except Exception as exc:  # noqa: BLE001 - Spark's errors come as many classes
-        _usage_line(ctx, str(Q.spark_error(exc, sql)), exc, verbose)
+        _usage_line(ctx, str(sql_guard.spark_error(exc, sql)), exc, verbose)
     try:
         return df.toArrow()
     except Exception as exc:  # noqa: BLE001
-        _usage_line(ctx, str(Q.spark_error(exc, sql)), exc, verbose, code=1)
+        _usage_line(ctx, str(sql_guard.spark_error(exc, sql)), exc, verbose, code=1)
 
 
 def _print_checksums(chosen, fmt):

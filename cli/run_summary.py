@@ -106,6 +106,22 @@ def print_stream_summary(summary: dict) -> None:
                         markup=False)
 
 
+def run_and_close(run, sink):
+    """`run()`, then the sink closed whatever happened. Returns (run's result, the first
+    error or None): the caller prints its summary before it re-raises the error."""
+    result, error = None, None
+    try:
+        result = run()
+    except BaseException as exc:  # noqa: BLE001 - the summary first, then it is re-raised
+        error = exc
+    finally:
+        try:
+            sink.close()
+        except BaseException as exc:  # noqa: BLE001 - a closed stdout
+            error = error or exc
+    return result, error
+
+
 class StopSignals:
     """SIGINT, SIGTERM and SIGHUP, from start to finish of a run, call `on_signal(signum)`
     callbacks instead of killing the process. Use as a context manager around the whole run;

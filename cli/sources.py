@@ -131,6 +131,21 @@ def _isatty(stream) -> bool:
         return False
 
 
+def capture_paths(captures) -> list[str]:
+    """CAPTURE arguments of `inspect`, `replay` and the like: paths, and `-` for paths read
+    from stdin (one per line)."""
+    import click
+    out = []
+    for c in captures:
+        if c == "-":
+            out.extend(line.strip() for line in sys.stdin if line.strip())
+        else:
+            out.append(c)
+    if not out:
+        raise click.UsageError("no capture paths given (stdin was empty)")
+    return out
+
+
 def parse_vbuckets(text: str, limit: int = 1024) -> list[int]:
     """'0-15,32' -> [0..15, 32]; raises click.BadParameter."""
     out: set[int] = set()

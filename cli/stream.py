@@ -24,4 +24,4 @@ def stream(ctx, **kw):
       dcptool stream synapse+redis://127.0.0.1:6379?server_name=example.org --format table
     """
     opts = build_options(ctx, kw)
-    runner(opts.source.protocol, "run_stream")(opts)
+    runner(opts.source.protocol, "stream")(opts)

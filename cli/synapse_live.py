@@ -9,9 +9,9 @@ import os
 import time
 
 from dcptool.cli.console import err_console
-from dcptool.cli.live import LiveOptions
+from dcptool.cli.live import CaptureSettings, LiveOptions
 from dcptool.cli.output import iso_ns
-from dcptool.cli.run_summary import (DURATION, END, MAX_MESSAGES, RunStats, StopSignals,
+from dcptool.cli.run_summary import (DURATION, END, MAX_MESSAGES, RunStats, StopSignals, run_and_close,
                                      print_stream_summary, stop_reason_for_signal)
 from dcptool.protocol.synapse.client import Gap, ServerError, SynapseClient
 
@@ -61,18 +61,18 @@ def _client(opts: LiveOptions, committed=None) -> SynapseClient:
 
 
 async def _transport(opts: LiveOptions, client: SynapseClient, handler) -> None:
-    from dcptool.protocol.transport import synapse as T
+    from dcptool.protocol.transport import synapse as synapse_transport
     src = opts.source
 
     def backoff(n):
-        return T.backoff_delay(n, DEFAULTS["backoff_base"], DEFAULTS["backoff_cap"])
+        return synapse_transport.backoff_delay(n, DEFAULTS["backoff_base"], DEFAULTS["backoff_cap"])
 
     common = dict(max_reconnects=DEFAULTS["max_reconnects"], backoff=backoff,
                   connect_timeout=DEFAULTS["connect_timeout"])
     if src.scheme == "synapse":
-        await T.run_tcp(src.host, src.port, client, handler, **common)
+        await synapse_transport.run_tcp(src.host, src.port, client, handler, **common)
     else:
-        await T.run_redis(src.host, src.port, src.server_name, client, handler, db=src.db,
+        await synapse_transport.run_redis(src.host, src.port, src.server_name, client, handler, db=src.db,
                           password=opts.password, username=opts.user, tls=src.tls,
                           ca_cert=opts.ca_cert, insecure=opts.insecure, **common)
 
@@ -215,7 +215,7 @@ class _StreamHandler(_Base):
 
     def lines(self, direction, lines, split, *, conn, ts_ns, mono_ns, channel=None, errors=None):
         from dcptool.protocol.synapse.rows import decode_row
-        from dcptool.replay.synapse_batch import build_batch
+        from dcptool.replay.store.synapse_batch import build_batch
         batch = build_batch(lines, frame_no=self.frame_no, conn=conn, ts_ns=ts_ns, mono_ns=mono_ns,
                             direction=direction, channel=channel, split=split, errors=errors)
         self.frame_no += len(lines)
@@ -261,17 +261,8 @@ def run_stream(opts: LiveOptions) -> None:
     handler = _StreamHandler(opts, sink)
     client = _client(opts)
     handler.client = client
-    error: BaseException | None = None
     with StopSignals() as signals:
-        try:
-            _run(opts, client, handler, signals)
-        except BaseException as exc:  # noqa: BLE001 - the summary first, then it is re-raised
-            error = exc
-        finally:
-            try:
-                sink.close()
-            except BaseException as exc:  # noqa: BLE001 - a closed stdout
-                error = error or exc
+        _, error = run_and_close(lambda: _run(opts, client, handler, signals), sink)
         stop_exc = error if error is not None else signals.interrupted()
         if handler.streaming or stop_exc is not None and error is None:
             summary = handler.stats.summary(stop_exc, default=END)
@@ -284,46 +275,13 @@ def run_stream(opts: LiveOptions) -> None:
 
 # ------------------------------------------------------------------------------ capture
 
-def resume_state(directory: str) -> tuple[dict[tuple[str, str], int], list[dict]]:
-    """Committed tokens per (stream, instance) from the Synapse captures in ``directory``
-    (finishing leftover in-progress segments first), replayed through the client state
-    machine in capture order. Returns (tokens, finished leftovers)."""
-    from dcptool.protocol.synapse.bulk import split_lines
-    from dcptool.replay.reader import find_captures, read_capture_table
-    from dcptool.replay.writer import IN_PROGRESS_SUFFIX, finish_in_progress
-
-    finished = []
-    if os.path.isdir(directory):
-        for name in sorted(os.listdir(directory)):
-            if name.startswith("synapse-") and name.endswith(IN_PROGRESS_SUFFIX):
-                info = finish_in_progress(os.path.join(directory, name))
-                if info:
-                    finished.append(info)
-    files = [f for f in find_captures([directory]) if f.protocol == "synapse"] \
-        if os.path.isdir(directory) else []
-    if not files:
-        return {}, finished
-    table = read_capture_table(files, columns=["capture_id", "conn", "direction", "raw"])
-    client = SynapseClient(keepalive=False)
-    cols = table.to_pydict()
-    last = None
-    batch: list[bytes] = []
-
-    def feed():
-        if batch:
-            client.receive(batch, 0.0, split_lines(batch))
-            batch.clear()
-
-    for cid, conn, direction, raw in zip(cols["capture_id"], cols["conn"], cols["direction"],
-                                         cols["raw"]):
-        if (cid, conn) != last:
-            feed()
-            client.connection_lost()  # a batch never spans connections
-            last = (cid, conn)
-        if direction == "in":
-            batch.append(raw)
-    feed()
-    return client.committed(), finished
+def resume_state(directory: str) -> tuple[dict[tuple[str, str], int], list[str]]:
+    """Committed tokens per (stream, instance) from the Synapse captures in ``directory``,
+    after leftover in-progress segments are finished (replay/store/resume.py does both, for
+    DCP too). Returns (tokens, paths of the segments finished)."""
+    from dcptool.replay.store.resume import recover_in_progress, synapse_resume_state
+    finished = recover_in_progress(directory)
+    return synapse_resume_state([directory]) if os.path.isdir(directory) else {}, finished
 
 
 class _CaptureHandler(_Base):
@@ -336,7 +294,7 @@ class _CaptureHandler(_Base):
         self.client: SynapseClient | None = None
 
     def lines(self, direction, lines, split, *, conn, ts_ns, mono_ns, channel=None, errors=None):
-        from dcptool.replay.synapse_batch import build_batch
+        from dcptool.replay.store.synapse_batch import build_batch
         batch = build_batch(lines, frame_no=self.frame_no, conn=conn, ts_ns=ts_ns,
                             mono_ns=mono_ns, direction=direction, channel=channel, split=split,
                             errors=errors)
@@ -348,7 +306,7 @@ class _CaptureHandler(_Base):
             self.count_in(len(lines))
 
     def block(self, direction, scan, *, conn, ts_ns, mono_ns, channel=None):
-        from dcptool.replay.synapse_batch import build_batch_scan
+        from dcptool.replay.store.synapse_batch import build_batch_scan
         batch = build_batch_scan(scan, frame_no=self.frame_no, conn=conn, ts_ns=ts_ns,
                                  mono_ns=mono_ns, direction=direction, channel=channel)
         self.frame_no += scan.n
@@ -395,13 +353,14 @@ def _progress_printer():
     return live, show
 
 
-def run_capture(opts: LiveOptions, settings: dict) -> None:
-    from dcptool.replay.writer import BackgroundWriter, CaptureWriter, WriterError
+def run_capture(opts: LiveOptions, settings: CaptureSettings) -> None:
+    from dcptool.replay.store.background import BackgroundWriter
+    from dcptool.replay.store.writer import CaptureWriter, WriterError
 
-    out = settings["output"]
+    out = settings.output
     committed: dict = {}
     leftovers: list[dict] = []
-    if settings.get("resume"):
+    if settings.resume:
         committed, leftovers = resume_state(out)
         if committed:
             err_console().print(f"resuming: committed tokens for {len(committed)} streams "
@@ -411,12 +370,12 @@ def run_capture(opts: LiveOptions, settings: dict) -> None:
                           "streams": opts.streams, "server_name": opts.source.server_name,
                           "resumed_from": {f"{s}/{i}": t for (s, i), t in committed.items()}}
     writer = CaptureWriter(out, "synapse", source=opts.source.url, options=options,
-                           compression=settings.get("compression", "zstd"),
-                           rotate_size=settings.get("rotate_size", 256 * 2**20),
-                           rotate_interval=settings.get("rotate_interval", 300.0))
+                           compression=settings.compression,
+                           rotate_size=settings.rotate_size,
+                           rotate_interval=settings.rotate_interval)
     bg = BackgroundWriter(writer)
     live = show = None
-    if not settings.get("quiet"):
+    if not settings.quiet:
         live, show = _progress_printer()
         live.start()
     handler = _CaptureHandler(opts, bg, show)
@@ -458,7 +417,7 @@ def _summary(opts, settings, writer, segments, leftovers, handler, client, stop_
         "committed": {f"{s}/{i}": t for (s, i), t in sorted(client.committed().items())},
         "server_errors": handler.server_errors,
     }
-    print_summary(segments, json_summary=settings.get("json_summary", False),
-                  quiet=settings.get("quiet", False), extra=summary)
-    if handler.gaps and not settings.get("quiet"):
+    print_summary(segments, json_summary=settings.json_summary,
+                  quiet=settings.quiet, extra=summary)
+    if handler.gaps and not settings.quiet:
         err_console().print(f"[yellow]{len(handler.gaps)} gap(s) seen[/]", highlight=False)

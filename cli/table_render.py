@@ -20,7 +20,7 @@ import os
 
 import orjson
 
-from dcptool.cli.output import printable
+from dcptool.protocol.text import printable
 
 SEP = "  "
 MIN_WRAP = 10      # a folded column is never narrower than this

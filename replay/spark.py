@@ -3,8 +3,8 @@ machine. The only module that imports pyspark (lazily, inside functions).
 
 Frames never come to the driver. Each vbucket (DCP) or (stream, instance) (Synapse) is one
 group of `groupBy(...).applyInArrow`; inside the group the frames are sorted by their frame
-order and handed to the same functions the local engine runs (local.DcpState,
-local.synapse_tables), so the two engines share their semantics and the result does not
+order and handed to the same functions the local engine runs (dcp_rules.DcpState,
+synapse_rules.synapse_tables), so the two engines share their semantics and the result does not
 depend on partitioning. Results (not frames) are brought to the driver as Arrow to be
 printed, written or check-summed, in the canonical form of replay/tables.py.
 
@@ -29,8 +29,11 @@ from urllib.parse import urlparse
 import numpy as np
 import pyarrow as pa
 
-from dcptool.replay import local, reader, tables as T
-from dcptool.replay.schema import capture_schema
+from dcptool.protocol.dcp.constants import Status
+from dcptool.replay import apply, columns, dcp_rules, synapse_rules, tables as T
+
+from dcptool.replay.store import reader
+from dcptool.replay.store.schema import capture_schema
 
 SEQ_SHIFT = 44
 VBUCKET_GROUPS = 64
@@ -207,7 +210,7 @@ def read_frames(spark, files: list, tmpdir: str):
 def _dense_seq(t: pa.Table) -> pa.Table:
     """Replace _seq (rank << 44 | frame_no) by its rank in the group, which fits the local
     engine's 44 bits whatever the frame numbers are."""
-    seq = local._np(t.column("_seq"), dtype=np.int64)
+    seq = columns.as_numpy(t.column("_seq"), dtype=np.int64)
     order = np.argsort(seq, kind="stable")
     t = t.take(order)
     return t.set_column(t.column_names.index("_seq"), "_seq", pa.array(np.arange(t.num_rows, dtype=np.int64)))
@@ -251,13 +254,13 @@ def _state_schema(protocol: str, cols: list[str], extra: list[str]) -> pa.Schema
 
 
 def _dcp_group(table: pa.Table) -> pa.Table:
-    t = from_spark_arrow(table, _state_schema("dcp", local.DCP_STATE_COLUMNS, ["_seq"]))
-    return _pack("dcp", DCP_RESULTS, local.dcp_group_tables(_dense_seq(t)))
+    t = from_spark_arrow(table, _state_schema("dcp", dcp_rules.DCP_STATE_COLUMNS, ["_seq"]))
+    return _pack("dcp", DCP_RESULTS, dcp_rules.dcp_group_tables(_dense_seq(t)))
 
 
 def _synapse_group(max_conn: int, table: pa.Table) -> pa.Table:
-    t = from_spark_arrow(table, _state_schema("synapse", local.SYN_STATE_COLUMNS, ["_seq", "_conn"]))
-    return _pack("synapse", SYN_RESULTS, local.synapse_tables(_dense_seq(t), max_conn))
+    t = from_spark_arrow(table, _state_schema("synapse", synapse_rules.SYN_STATE_COLUMNS, ["_seq", "_conn"]))
+    return _pack("synapse", SYN_RESULTS, synapse_rules.synapse_tables(_dense_seq(t), max_conn))
 
 
 # --- the engine -------------------------------------------------------------------------
@@ -316,11 +319,11 @@ def replay_spark(spark, files: list) -> SparkReplay:
     frames = df.select(T.frames_schema(protocol).names)
     if protocol == "dcp":
         vb_frames = df.filter((F.col("direction") == "in") & F.col("vbucket").isNotNull()
-                              & F.col("decode_error").isNull() & F.col("op").isin(*local.VB_OPS))
+                              & F.col("decode_error").isNull() & F.col("op").isin(*dcp_rules.VB_OPS))
         # several vbuckets per group (a pure function of the vbucket, so the result cannot
         # depend on partitioning): DcpState keeps vbuckets apart, and fewer, larger groups
         # save the per-call overhead of the Python worker
-        grouped = (vb_frames.select(local.DCP_STATE_COLUMNS + ["_seq"])
+        grouped = (vb_frames.select(dcp_rules.DCP_STATE_COLUMNS + ["_seq"])
                    .withColumn("_g", F.col("vbucket") % VBUCKET_GROUPS).groupBy("_g"))
         packed = grouped.applyInArrow(_dcp_group, spark_schema(_packed_schema("dcp", DCP_RESULTS)))
         result = SparkReplay(protocol, frames, packed, DCP_RESULTS,
@@ -333,8 +336,8 @@ def replay_spark(spark, files: list) -> SparkReplay:
         max_conn = -1 if max_conn is None else int(max_conn)
         group_frames = df.filter((F.col("direction") == "in") & F.col("stream").isNotNull()
                                  & F.col("decode_error").isNull()
-                                 & F.col("command").isin(*local.SYN_GROUP_COMMANDS))
-        grouped = group_frames.select(local.SYN_STATE_COLUMNS + ["_seq", "_conn"]).groupBy("stream", "instance")
+                                 & F.col("command").isin(*synapse_rules.SYN_GROUP_COMMANDS))
+        grouped = group_frames.select(synapse_rules.SYN_STATE_COLUMNS + ["_seq", "_conn"]).groupBy("stream", "instance")
         def synapse_group(table):
             return _synapse_group(max_conn, table)
 
@@ -357,10 +360,10 @@ def _dcp_documents(vb_frames, ranks: dict[str, int], rollbacks: bool = True):
     statistics show none) saves the scan that looks for them."""
     from pyspark.sql import functions as F
 
-    changes = vb_frames.filter(F.col("op").isin(*local.DOC_STATES))
+    changes = vb_frames.filter(F.col("op").isin(*dcp_rules.DOC_STATES))
     alive = changes
     if rollbacks:
-        found = (vb_frames.filter((F.col("op") == "stream_req") & (F.col("status") == local.STATUS_ROLLBACK)
+        found = (vb_frames.filter((F.col("op") == "stream_req") & (F.col("status") == Status.ROLLBACK)
                                   & F.col("rollback_seqno").isNotNull())
                  .select(F.col("vbucket").alias("_r_vb"), F.col("_seq").alias("_r_seq"),
                          F.col("rollback_seqno").alias("_r_seqno")))
@@ -369,7 +372,7 @@ def _dcp_documents(vb_frames, ranks: dict[str, int], rollbacks: bool = True):
                              & (F.coalesce(F.col("by_seqno"), F.lit(-1)) > F.col("_r_seqno")), "left_anti")
     # each document's last change in one hash aggregate: max_by of every column alone, all
     # of them numbers (a struct, or a string, would make Spark sort every change instead)
-    ops = list(local.DOC_STATES)   # op -> state, coded by position
+    ops = list(dcp_rules.DOC_STATES)   # op -> state, coded by position
     state = F.element_at(F.create_map(*[x for i, op in enumerate(ops) for x in (F.lit(op), F.lit(i))]),
                          F.col("op"))
     two63 = F.lit(decimal.Decimal(2**63)).cast("decimal(20,0)")
@@ -383,7 +386,7 @@ def _dcp_documents(vb_frames, ranks: dict[str, int], rollbacks: bool = True):
     by_rank = F.create_map(*[x for cid, r in ranks.items() for x in (F.lit(r).cast("long"), F.lit(cid))])
     out = {"cas": (F.col("cas").cast("decimal(20,0)") + two63).cast("decimal(20,0)"),
            "state": F.element_at(F.create_map(*[x for i, op in enumerate(ops)
-                                                for x in (F.lit(i), F.lit(local.DOC_STATES[op]))]), F.col("state")),
+                                                for x in (F.lit(i), F.lit(dcp_rules.DOC_STATES[op]))]), F.col("state")),
            "capture_id": F.element_at(by_rank, F.col("capture_id"))}
     return last.select([out.get(f.name, F.col(f.name)).alias(f.name) for f in T.schema_of("dcp", "documents")])
 
@@ -393,7 +396,7 @@ def _dcp_documents(vb_frames, ranks: dict[str, int], rollbacks: bool = True):
 def _apply_group(protocol: str, fn, key, table: pa.Table) -> pa.Table:
     schema = capture_schema(protocol)
     t = from_spark_arrow(table, pa.schema(list(schema) + [pa.field("_seq", pa.int64())]))
-    t = t.take(np.argsort(local._np(t.column("_seq"), dtype=np.int64), kind="stable")).drop_columns(["_seq"])
+    t = t.take(np.argsort(columns.as_numpy(t.column("_seq"), dtype=np.int64), kind="stable")).drop_columns(["_seq"])
     k = tuple(x.as_py() for x in key)
     k = k[0] if protocol == "dcp" else k
     result = fn(k, t)
@@ -453,4 +456,4 @@ def apply_spark(spark, files: list, fn) -> pa.Table | None:
         key = row["vbucket"] if protocol == "dcp" else (row["stream"], row["instance"])
         table = pa.ipc.open_stream(row["ipc"]).read_all() if row["ipc"] is not None else None
         results.append((key, table))
-    return local.concat_results(results)
+    return apply.concat_results(results)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import re
 
+from dcptool.protocol.text import printable
+
 
 class SqlError(Exception):
     """A query Spark could not parse, analyse or run: one line with the error class, the
@@ -158,7 +160,7 @@ def spark_error(exc: BaseException, sql: str | None = None) -> SqlError:
     if where and where not in first:
         first = f"{first} {where}"
     text = f"SQL error [{cls}] {first}" if cls else f"SQL error: {first}"
-    return SqlError(_printable(text), cls)
+    return SqlError(printable(text), cls)
 
 
 def _call(exc, name):
@@ -193,5 +195,3 @@ def _position(exc, origin, message: str, sql: str | None) -> str | None:
     return None
 
 
-def _printable(text: str) -> str:
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)

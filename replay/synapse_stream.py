@@ -1,7 +1,7 @@
 """Synapse replay in one pass over the capture, chunk by chunk, with the state carried
 between chunks: memory grows with the (stream, instance) pairs, not with the capture.
 
-`SynapseState` gives the same tables as `local.synapse_tables` + `local.commands_table`
+`SynapseState` gives the same tables as `synapse_rules.synapse_tables` + `synapse_rules.commands_table`
 over the whole capture (the oracle tests compare them, and Spark runs synapse_tables per
 group): what crosses a chunk boundary is, per (stream, instance), the last token set (for
 the POSITION gap check), the counters, and the `batch` rows still waiting for their token,
@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dcptool.replay import tables as T
-from dcptool.replay.local import (NONE_TS, _is, _np, _str, _ts, _ts_array,
-                                  synapse_group_frames)
+from dcptool.replay.columns import NONE_TS, ordered_frames, as_numpy, as_strings, equals, ts_array, ts_ns
+from dcptool.replay.synapse_rules import group_bounds, next_numeric, rdata_kinds, synapse_group_frames
 
 I64_MIN = np.iinfo(np.int64).min
 GROUP_COLUMNS = ["capture_id", "frame_no", "ts", "conn", "stream", "instance", "command",
@@ -59,7 +59,7 @@ class SynapseState:
         s = pc.dictionary_encode(stream, null_encoding="encode")
         i = pc.dictionary_encode(instance, null_encoding="encode")
         sw, iw = s.dictionary.to_pylist(), i.dictionary.to_pylist()
-        local = _np(s.indices, dtype=np.int64) * (len(iw) + 1) + _np(i.indices, dtype=np.int64)
+        local = as_numpy(s.indices, dtype=np.int64) * (len(iw) + 1) + as_numpy(i.indices, dtype=np.int64)
         uniq, inv = np.unique(local, return_inverse=True)
         lut = np.empty(len(uniq), np.int64)
         for j, code in enumerate(uniq.tolist()):
@@ -95,7 +95,7 @@ class SynapseState:
             self._fold_left()
             return
         t = t.filter(pa.array(keep))
-        stream, instance = _str(t.column("stream")), _str(t.column("instance"))
+        stream, instance = as_strings(t.column("stream")), as_strings(t.column("instance"))
         gid = self._gids(stream, instance)
         order = np.argsort(gid, kind="stable")      # the chunk is in replay order already
         t = t.take(pa.array(order))
@@ -106,23 +106,12 @@ class SynapseState:
     def _apply(self, t: pa.Table, gid: np.ndarray) -> None:
         n = t.num_rows
         idx = np.arange(n)
-        start = np.ones(n, bool)
-        start[1:] = gid[1:] != gid[:-1]
-        gstart = np.flatnonzero(start)
-        gend = np.append(gstart[1:], n) - 1
-        groups = gid[gstart]
-        conn = _np(t.column("_conn"), dtype=np.int64)
-        cmd = t.column("command")
-        is_rdata, is_pos = _is(cmd, "RDATA"), _is(cmd, "POSITION")
-        token_valid = _np(t.column("token").is_valid(), dtype=bool)
-        token = _np(t.column("token"), fill=0, dtype=np.int64)
-        is_batch = is_rdata & (_np(t.column("batch"), fill=False, dtype=bool) | ~token_valid)
-        is_num = is_rdata & ~is_batch
+        gstart, gend, groups = group_bounds(gid)
+        conn = as_numpy(t.column("_conn"), dtype=np.int64)
+        is_rdata, is_pos, token, is_batch, is_num = rdata_kinds(t)
 
         # the batch token rule inside the chunk
-        nxt = np.where(is_num, idx, n)
-        nxt = np.minimum.accumulate(nxt[::-1])[::-1]
-        nn = np.minimum(nxt, n - 1)
+        nxt, nn = next_numeric(is_num)
         has_nxt = (nxt < n) & (gid[nn] == gid)
         joins = is_batch & has_nxt & (conn[nn] == conn)
         left = is_batch & has_nxt & ~joins
@@ -163,24 +152,24 @@ class SynapseState:
 
         # POSITION prev new: a gap when the last token set is below prev; then it is new
         pos_val = pc.coalesce(t.column("new_token"), t.column("token"))
-        setter = is_num | (is_pos & _np(pos_val.is_valid(), dtype=bool))
-        value = np.where(is_num, token, _np(pos_val, fill=0, dtype=np.int64))
+        setter = is_num | (is_pos & as_numpy(pos_val.is_valid(), dtype=bool))
+        value = np.where(is_num, token, as_numpy(pos_val, fill=0, dtype=np.int64))
         last_set = np.maximum.accumulate(np.where(setter, idx, -1))
         before = np.concatenate([[-1], last_set[:-1]])
         bb = np.maximum(before, 0)
         in_chunk = (before >= 0) & (gid[bb] == gid)
         value_before = np.where(in_chunk, value[bb], self.val[gid])
         has_before = in_chunk | self.has_val[gid]
-        prev_valid = _np(t.column("prev_token").is_valid(), dtype=bool)
-        prev_tok = _np(t.column("prev_token"), fill=0, dtype=np.int64)
+        prev_valid = as_numpy(t.column("prev_token").is_valid(), dtype=bool)
+        prev_tok = as_numpy(t.column("prev_token"), fill=0, dtype=np.int64)
         gap = is_pos & prev_valid & has_before & (value_before < prev_tok)
         if gap.any():
             gi = np.flatnonzero(gap)
             self.n_gaps += np.bincount(gid[gi], minlength=len(self.val))
             self.gap_parts.append(pa.table({
-                "stream": _str(t.column("stream")).take(gi),
-                "instance": _str(t.column("instance")).take(gi),
-                "capture_id": _str(t.column("capture_id")).take(gi),
+                "stream": as_strings(t.column("stream")).take(gi),
+                "instance": as_strings(t.column("instance")).take(gi),
+                "capture_id": as_strings(t.column("capture_id")).take(gi),
                 "frame_no": t.column("frame_no").take(gi), "ts": t.column("ts").take(gi),
                 "from_token": pa.array(value_before[gi], pa.int64()),
                 "to_token": pa.array(prev_tok[gi], pa.int64())}))
@@ -189,7 +178,7 @@ class SynapseState:
         self.val[groups[set_here]] = value[ls[set_here]]
         self.has_val[groups[set_here]] = True
 
-        ts = _ts(t.column("ts"))
+        ts = ts_ns(t.column("ts"))
         self.fts[groups] = np.minimum(self.fts[groups], np.minimum.reduceat(ts, gstart))
         lts = np.where(ts == NONE_TS, I64_MIN, ts)
         self.lts[groups] = np.maximum(self.lts[groups], np.maximum.reduceat(lts, gstart))
@@ -212,10 +201,10 @@ class SynapseState:
     def _row_table(t: pa.Table, rows: np.ndarray, gid: np.ndarray, tokens: np.ndarray) -> pa.Table:
         take = pa.array(rows, pa.int64())
         return pa.table({
-            "stream": _str(t.column("stream")).take(take),
-            "instance": _str(t.column("instance")).take(take),
+            "stream": as_strings(t.column("stream")).take(take),
+            "instance": as_strings(t.column("instance")).take(take),
             "token": pa.array(tokens, pa.int64()), "row": t.column("row").take(take),
-            "capture_id": _str(t.column("capture_id")).take(take),
+            "capture_id": as_strings(t.column("capture_id")).take(take),
             "frame_no": t.column("frame_no").take(take), "ts": t.column("ts").take(take),
             "_gid": pa.array(gid[rows], pa.int64()),
             "_seq": t.column("_seq").take(take)})
@@ -236,7 +225,7 @@ class SynapseState:
                 self.dropped[g] += d.pop(c)
 
     def _commands(self, t: pa.Table) -> None:
-        c = pa.table({"command": _str(t.column("command")), "ts": t.column("ts")})
+        c = pa.table({"command": as_strings(t.column("command")), "ts": t.column("ts")})
         c = c.filter(c.column("command").is_valid())
         agg = c.group_by(["command"], use_threads=False).aggregate(
             [("ts", "count", pc.CountOptions(mode="all")), ("ts", "min"), ("ts", "max")])
@@ -278,8 +267,8 @@ class SynapseState:
             "gaps": pa.array(self.n_gaps, pa.int64()),
             "dropped": pa.array(dropped, pa.int64()),
             "pending": pa.array(pending, pa.int64()),
-            "first_ts": _ts_array(self.fts, self.fts != NONE_TS),
-            "last_ts": _ts_array(self.lts, self.lts != I64_MIN)})
+            "first_ts": ts_array(self.fts, self.fts != NONE_TS),
+            "last_ts": ts_array(self.lts, self.lts != I64_MIN)})
         gaps_schema, _ = T.SYNAPSE_TABLES["gaps"]
         gaps = pa.concat_tables(self.gap_parts) if self.gap_parts else gaps_schema.empty_table()
         cmds = self._merge_commands()
@@ -299,9 +288,9 @@ class SynapseState:
             return T.canonical("synapse", "rows", schema.empty_table())
         r = pa.concat_tables([p.select(_ROW_PARTS) for p in parts], promote_options="default")
         self.row_parts = []
-        gid = _np(r.column("_gid"), dtype=np.int64)
-        tok = _np(r.column("token"), dtype=np.int64)
-        seq = _np(r.column("_seq"), dtype=np.int64)
+        gid = as_numpy(r.column("_gid"), dtype=np.int64)
+        tok = as_numpy(r.column("token"), dtype=np.int64)
+        seq = as_numpy(r.column("_seq"), dtype=np.int64)
         o = np.lexsort((seq, tok, gid))
         run = np.ones(len(o), bool)
         run[1:] = (gid[o][1:] != gid[o][:-1]) | (tok[o][1:] != tok[o][:-1])
@@ -356,7 +345,7 @@ class PositionScan:
     def feed(self, capture_id: str, t: pa.Table) -> None:
         """Relevant rows of one chunk (columns frame_no, conn, command, stream, instance,
         token, batch, prev_token, new_token)."""
-        conn = _np(t.column("conn"), fill=-1, dtype=np.int64)
+        conn = as_numpy(t.column("conn"), fill=-1, dtype=np.int64)
         cut = np.flatnonzero(conn[1:] != conn[:-1]) + 1
         for a, b in zip(np.concatenate([[0], cut]).tolist(), np.concatenate([cut, [len(conn)]]).tolist()):
             c = t.column("conn")[a].as_py()
@@ -366,10 +355,10 @@ class PositionScan:
     def _segment(self, capture_id: str, t: pa.Table) -> None:
         n = t.num_rows
         # few distinct (stream, instance) pairs: map them through their dictionaries
-        s = pc.dictionary_encode(_str(t.column("stream")), null_encoding="encode")
-        i = pc.dictionary_encode(_str(t.column("instance")), null_encoding="encode")
+        s = pc.dictionary_encode(as_strings(t.column("stream")), null_encoding="encode")
+        i = pc.dictionary_encode(as_strings(t.column("instance")), null_encoding="encode")
         ni = len(i.dictionary) + 1
-        local = _np(s.indices, dtype=np.int64) * ni + _np(i.indices, dtype=np.int64)
+        local = as_numpy(s.indices, dtype=np.int64) * ni + as_numpy(i.indices, dtype=np.int64)
         uniq, inv = np.unique(local, return_inverse=True)
         sw, iw = s.dictionary.to_pylist(), i.dictionary.to_pylist()
         lut = self._gids([sw[u // ni] for u in uniq.tolist()], [iw[u % ni] for u in uniq.tolist()])
@@ -377,25 +366,18 @@ class PositionScan:
         order = np.argsort(gid_orig, kind="stable")
         gid = gid_orig[order]
         tt = t.take(pa.array(order))
-        idx = np.arange(n)
-        start = np.ones(n, bool)
-        start[1:] = gid[1:] != gid[:-1]
-        gstart = np.flatnonzero(start)
-        gend = np.append(gstart[1:], n) - 1
-        groups = gid[gstart]
+        gstart, gend, groups = group_bounds(gid)
         cmd = tt.column("command")
-        is_rd, is_pos = _is(cmd, "RDATA"), _is(cmd, "POSITION")
-        batch = is_rd & _np(tt.column("batch"), fill=False, dtype=bool)
-        tok_valid = _np(tt.column("token").is_valid(), dtype=bool)
-        tok = _np(tt.column("token"), fill=0, dtype=np.int64)
+        is_rd, is_pos = equals(cmd, "RDATA"), equals(cmd, "POSITION")
+        batch = is_rd & as_numpy(tt.column("batch"), fill=False, dtype=bool)
+        tok_valid = as_numpy(tt.column("token").is_valid(), dtype=bool)
+        tok = as_numpy(tt.column("token"), fill=0, dtype=np.int64)
         numeric = is_rd & ~batch & tok_valid
         ng = len(self.has_tok)
         c = self.c
 
         # batch rows commit with the next numeric RDATA of their stream
-        nxt = np.where(numeric, idx, n)
-        nxt = np.minimum.accumulate(nxt[::-1])[::-1]
-        nn = np.minimum(nxt, n - 1)
+        nxt, nn = next_numeric(numeric)
         has_nxt = (nxt < n) & (gid[nn] == gid)
         joins = batch & has_nxt
         with_batch = np.zeros(n, bool)
@@ -413,18 +395,18 @@ class PositionScan:
         c["positions"] += np.bincount(gid[is_pos], minlength=ng)
 
         # tokens and gaps
-        new_valid = _np(tt.column("new_token").is_valid(), dtype=bool)
-        new = _np(tt.column("new_token"), fill=0, dtype=np.int64)
+        new_valid = as_numpy(tt.column("new_token").is_valid(), dtype=bool)
+        new = as_numpy(tt.column("new_token"), fill=0, dtype=np.int64)
         setter = numeric | (is_pos & new_valid)
         value = np.where(numeric, tok, new)
-        last_set = np.maximum.accumulate(np.where(setter, idx, -1))
+        last_set = np.maximum.accumulate(np.where(setter, np.arange(n), -1))
         before = np.concatenate([[-1], last_set[:-1]])
         bb = np.maximum(before, 0)
         in_seg = (before >= 0) & (gid[bb] == gid)
         value_before = np.where(in_seg, value[bb], c["token"][gid])
         has_before = in_seg | self.has_tok[gid]
-        prev_valid = _np(tt.column("prev_token").is_valid(), dtype=bool)
-        prev = _np(tt.column("prev_token"), fill=0, dtype=np.int64)
+        prev_valid = as_numpy(tt.column("prev_token").is_valid(), dtype=bool)
+        prev = as_numpy(tt.column("prev_token"), fill=0, dtype=np.int64)
         gap = is_pos & prev_valid & has_before & (value_before < prev)
         if gap.any():
             gi = np.flatnonzero(gap)
@@ -488,10 +470,9 @@ class _LazySynapse(dict):
 
 
 def synapse_pass(files, ranks, chunk_rows: int, want_rows: bool = True) -> dict[str, pa.Table]:
-    from dcptool.replay.local import _ordered
     cols = list(dict.fromkeys(["direction", "decode_error"] + GROUP_COLUMNS
                               + (ROW_COLUMNS if want_rows else [])))
     state = SynapseState(want_rows)
-    for t in _ordered(files, cols, ranks, batch_rows=chunk_rows):
+    for t in ordered_frames(files, cols, ranks, batch_rows=chunk_rows):
         state.feed(t)
     return state.finish()

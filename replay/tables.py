@@ -23,7 +23,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dcptool.replay.schema import DICT_STR, fields
+from dcptool.replay.store.schema import DICT_STR, fields
 
 TS = pa.timestamp("ns", tz="UTC")
 STR = pa.string()

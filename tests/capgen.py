@@ -1,5 +1,5 @@
 """Seeded generator of valid DCP and Synapse captures (CAPTURE_FORMAT.md, columns from
-replay/schema.py) for replay tests and benchmarks.
+replay/store/schema.py) for replay tests and benchmarks.
 
 DCP: a handshake, then per vbucket stream requests answered with a failover log or a
 ROLLBACK, snapshot markers (memory, disk, history with duplicate keys), mutations,
@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from dcptool.replay.schema import (META_CAPTURE_ID, META_FORMAT, META_OPTIONS, META_PROTOCOL,
+from dcptool.replay.store.schema import (META_CAPTURE_ID, META_FORMAT, META_OPTIONS, META_PROTOCOL,
                                    META_SEGMENT, META_SOURCE, META_STARTED_AT, META_VERSION,
                                    capture_schema)
 

@@ -62,3 +62,89 @@ def test_only_cli_exits():
             if "sys.exit(" in text or "os._exit(" in text:
                 bad.append(str(path.relative_to(ROOT)))
     assert bad == []
+
+
+# ---- the rooms of docs/ARCHITECTURE.md: the capture store below the engines, no circles,
+# ---- and no reaching into another package's private names
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(["dcptool", *parts])
+
+
+def _our_modules() -> dict[str, pathlib.Path]:
+    mods = {}
+    for folder in ("cli", "protocol", "replay"):
+        for p in _py(folder):
+            mods[_module_name(p)] = p
+    return mods
+
+
+def _edges(path: pathlib.Path, mods: dict) -> set[str]:
+    """The modules of ours that `path` imports (module level or inside functions)."""
+    tree = ast.parse(path.read_text(), str(path))
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name in mods)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module in mods:
+                out.add(node.module)
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                if sub in mods:
+                    out.add(sub)
+    me = _module_name(path)
+    # importing a submodule also runs its packages' __init__, which import nothing of ours
+    return {m for m in out if m != me}
+
+
+def test_no_import_cycles():
+    mods = _our_modules()
+    graph = {m: _edges(p, mods) for m, p in mods.items()}
+    assert sum(len(v) for v in graph.values()) > 50, "the import graph is empty: the check would be empty"
+    cycles, state = [], {}
+
+    def visit(m, stack):
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                cycles.append(stack[stack.index(n):] + [n])
+            elif n not in state:
+                visit(n, stack + [n])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert cycles == []
+
+
+def test_the_store_never_imports_an_engine():
+    bad = [f"{p.relative_to(ROOT)} imports {m}" for p in _py("replay/store") for m in _imports(p)
+           if m.startswith("dcptool.") and not m.startswith(("dcptool.replay.store", "dcptool.protocol"))]
+    assert _py("replay/store") and bad == []
+
+
+def test_cli_uses_no_private_name_of_another_package():
+    bad = []
+    for path in _py("cli"):
+        tree = ast.parse(path.read_text(), str(path))
+        aliases = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dcptool.") \
+                    and not node.module.startswith("dcptool.cli"):
+                for a in node.names:
+                    if a.name.startswith("_"):
+                        bad.append(f"{path.name}: from {node.module} import {a.name}")
+                    aliases.add(a.asname or a.name)
+            elif isinstance(node, ast.Import):
+                aliases.update(a.asname or a.name.split(".")[0] for a in node.names
+                               if a.name.startswith("dcptool.") and not a.name.startswith("dcptool.cli"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                    and isinstance(node.value, ast.Name) and node.value.id in aliases:
+                bad.append(f"{path.name}: {node.value.id}.{node.attr}")
+    assert bad == []

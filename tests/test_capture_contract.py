@@ -1,5 +1,5 @@
 """Captures as other tools see them: every column's name and type against CAPTURE_FORMAT.md
-(replay/schema.py), read back with pyarrow (validate(full=True)), pandas, DuckDB when
+(replay/store/schema.py), read back with pyarrow (validate(full=True)), pandas, DuckDB when
 installed, and Spark. Every column carries a value somewhere, extremes included."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dcptool.replay import schema as S
-from dcptool.replay.writer import CaptureWriter
+from dcptool.replay.store import schema as S
+from dcptool.replay.store.writer import CaptureWriter
 
 U64_MAX = 2**64 - 1
 T0 = 1_700_000_000_123_456_789

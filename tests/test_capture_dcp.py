@@ -20,7 +20,7 @@ import pytest
 from dcptool.protocol.dcp import producer as P
 from dcptool.protocol.dcp.frames import split_until_error
 from dcptool.protocol.transport.dcp import ThreadedServer
-from dcptool.replay.reader import find_captures, read_capture_table
+from dcptool.replay.store.reader import find_captures, read_capture_table
 
 pytestmark = pytest.mark.integration
 DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")

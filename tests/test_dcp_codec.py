@@ -171,7 +171,7 @@ def test_every_opcode_has_a_name():
 
 
 def test_batch_round_trips_to_arrow():
-    from dcptool.replay.dcp_batch import frames_to_record_batch
+    from dcptool.replay.store.dcp_batch import frames_to_record_batch
     buf = b"".join(v[1] for v in VECTORS if not v[2])
     rb, consumed, err = frames_to_record_batch(buf, opaque_vbuckets={})
     assert err is None and consumed == len(buf)

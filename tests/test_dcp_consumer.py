@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from dcptool.protocol.dcp import consumer as C
+from dcptool.protocol.dcp import consumer as dcp_consumer
 from dcptool.protocol.dcp import messages as m
 from dcptool.protocol.dcp import producer as P
 from dcptool.protocol.dcp.constants import SnapshotFlag, Status, StreamEndReason
@@ -21,7 +21,7 @@ class Pair:
     def __init__(self, server, cfg, resume=None, now=0.0, byte_at_a_time=False):
         self.server = server
         self.prod = server.connect(now)
-        self.cons = C.Consumer(cfg, resume, now)
+        self.cons = dcp_consumer.Consumer(cfg, resume, now)
         self.now = now
         self.inbound: list[bytes] = []
         self.outbound: list[bytes] = []
@@ -77,13 +77,13 @@ class Pair:
 def cfg(**kw):
     base = dict(bucket="default", name="test", buffer_size=64 * 1024, noop_interval=1.0)
     base.update(kw)
-    return C.ConsumerConfig(**base)
+    return dcp_consumer.ConsumerConfig(**base)
 
 
 def test_all_items_once_in_order():
     srv = P.server_from_options(vbuckets=64, items=3000, seed=3)
     pair = Pair(srv, cfg()).run()
-    assert pair.cons.finished and pair.of(C.Finished) == [C.Finished(64, 0)]
+    assert pair.cons.finished and pair.of(dcp_consumer.Finished) == [dcp_consumer.Finished(64, 0)]
     data = pair.data()
     total = 0
     for vb in srv.buckets["default"].vbuckets:
@@ -142,7 +142,7 @@ def test_control_refusal_reported_not_fatal():
     sc = P.Scenarios(refuse_controls=("enable_expiry_opcode", "connection_buffer_size"))
     srv = P.server_from_options(vbuckets=2, items=20, scenarios=sc)
     pair = Pair(srv, cfg()).run()
-    refused = {e.key: e.status for e in pair.of(C.ControlRefused)}
+    refused = {e.key: e.status for e in pair.of(dcp_consumer.ControlRefused)}
     assert refused == {"enable_expiry_opcode": Status.NOT_SUPPORTED, "connection_buffer_size": Status.NOT_SUPPORTED}
     assert pair.cons.finished and not pair.cons.buffer_active
     assert not any(f[1] == 0x5D for f in pair.outbound)   # no acks without flow control
@@ -168,7 +168,7 @@ def test_rollback_loop_after_failover():
     r1 = bucket.fail_over_all(loss=30)
     r2 = bucket.fail_over_all(loss=10)
     second = Pair(srv, cfg(to="now"), resume=state).run()
-    rollbacks = second.of(C.Rollback)
+    rollbacks = second.of(dcp_consumer.Rollback)
     assert {e.vbucket: e.seqno for e in rollbacks} == {vb: r1[vb] for vb in range(4)}
     reqs = [m.decode_bytes(f) for f in second.outbound if f[1] == 0x53]
     for vb in range(4):
@@ -193,7 +193,7 @@ def test_resume_mid_snapshot_has_no_gap_or_duplicate():
     incomplete = [vb for vb, s in state.items() if not s.snapshot_complete]
     assert incomplete   # some vbucket was cut inside its disk snapshot
     second = Pair(srv, cfg(), resume=state).run()
-    assert second.cons.finished and not second.of(C.Rollback)
+    assert second.cons.finished and not second.of(dcp_consumer.Rollback)
     a, b = first.data(), second.data()
     for vb in srv.buckets["default"].vbuckets:
         seqs = [s for s, _ in a.get(vb.vbid, [])] + [s for s, _ in b.get(vb.vbid, [])]
@@ -204,7 +204,7 @@ def test_stream_end_reasons_decoded_and_reopened():
     reasons = tuple(range(9))
     srv = P.server_from_options(vbuckets=9, items=900, seed=2, scenarios=P.Scenarios(end_reasons=reasons))
     pair = Pair(srv, cfg(collections=True)).run()
-    ends = {e.vbucket: e for e in pair.of(C.StreamEnded) if e.reason != 0 or e.vbucket == 0}
+    ends = {e.vbucket: e for e in pair.of(dcp_consumer.StreamEnded) if e.reason != 0 or e.vbucket == 0}
     got = {}
     for raw in pair.inbound:
         msg = m.decode_bytes(raw, True)
@@ -212,7 +212,7 @@ def test_stream_end_reasons_decoded_and_reopened():
             got.setdefault(msg.vbucket, []).append(msg.reason)
     for vb in range(9):
         assert got[vb][0] == vb                       # every reason arrives and decodes
-        assert ends[vb].final == (vb not in C.DEFAULT_REOPEN)
+        assert ends[vb].final == (vb not in dcp_consumer.DEFAULT_REOPEN)
     assert pair.cons.finished
 
 
@@ -270,7 +270,7 @@ def test_to_seqno_and_from_seqno():
     data = pair.data()
     assert {vb: [s for s, _ in v] for vb, v in data.items()} == {0: list(range(11, 21)), 1: list(range(11, 21))}
     flog_reqs = [f for f in pair.outbound if f[1] == 0x54]
-    assert len(flog_reqs) == 2 and not pair.of(C.Rollback)
+    assert len(flog_reqs) == 2 and not pair.of(dcp_consumer.Rollback)
 
 
 def test_from_now_forever_gets_only_new_items():
@@ -291,12 +291,12 @@ def test_close_streams():
     pair = Pair(srv, cfg(to="forever")).run(max_steps=100)
     pair.cons.close_streams()
     pair.run(max_steps=100)
-    assert [e.reason for e in pair.of(C.StreamEnded)] == [StreamEndReason.CLOSED] * 2
+    assert [e.reason for e in pair.of(dcp_consumer.StreamEnded)] == [StreamEndReason.CLOSED] * 2
     assert pair.cons.finished
 
 
 def test_vbstate_request_seqnos():
-    s = C.VbState(failover_log=[(7, 0)], last_seqno=5, snap_start=0, snap_end=10, snapshot_complete=False)
+    s = dcp_consumer.VbState(failover_log=[(7, 0)], last_seqno=5, snap_start=0, snap_end=10, snapshot_complete=False)
     assert s.request_seqnos() == (5, 7, 0, 10)
     s = dataclasses.replace(s, snapshot_complete=True)
     assert s.request_seqnos() == (5, 7, 5, 5)

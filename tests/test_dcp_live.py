@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from dcptool.cli import cli
-from dcptool.protocol.dcp import consumer as C
+from dcptool.protocol.dcp import consumer as dcp_consumer
 from dcptool.protocol.dcp import messages as m
 from dcptool.protocol.dcp import producer as P
 from dcptool.protocol.transport.dcp import Session, ThreadedServer
@@ -103,7 +103,7 @@ def test_every_stream_end_reason_decodes():
         if r["op"] == "stream_end":
             first.setdefault(r["vbucket"], r["stream_end_reason"])
     assert first == {vb: vb for vb in range(9)}
-    for reason in C.DEFAULT_REOPEN:   # re-requested streams complete
+    for reason in dcp_consumer.DEFAULT_REOPEN:   # re-requested streams complete
         got = items_by_vb(rows)[reason]
         assert [s for s, _ in got] == list(range(1, model.buckets["default"].vbuckets[reason].high_seqno + 1))
 
@@ -111,7 +111,7 @@ def test_every_stream_end_reason_decodes():
 def test_noops_answered_and_silent_consumer_dropped():
     model = P.server_from_options(vbuckets=2, items=10, seed=1)
     with ThreadedServer(model) as srv:
-        cfg = C.ConsumerConfig(bucket="default", name="noop-test", to="forever", noop_interval=0.2)
+        cfg = dcp_consumer.ConsumerConfig(bucket="default", name="noop-test", to="forever", noop_interval=0.2)
         seen = {"noops": 0}
         session = None
 
@@ -155,7 +155,7 @@ def test_flow_control_with_a_slow_consumer():
     model = P.server_from_options(vbuckets=8, items=8000, seed=3)
     buffer = 64 * 1024
     with ThreadedServer(model) as srv:
-        cfg = C.ConsumerConfig(bucket="default", name="slow", buffer_size=buffer, noop_interval=10)
+        cfg = dcp_consumer.ConsumerConfig(bucket="default", name="slow", buffer_size=buffer, noop_interval=10)
         calls = {"n": 0}
 
         def should_pause():   # the capture's queue is "full" on every other look
@@ -247,8 +247,9 @@ def test_fast_mutation_rows_equal_the_codec():
     from dcptool.cli.output import dcp_display
     frame = m.encode(m.Mutation(vbucket=7, opaque=9, cas=123, datatype=1, key=b"k1", value=b'{"a":1}',
                                 by_seqno=5, rev_seqno=2, item_flags=3, expiration=4, lock_time=6))
-    tap = RowTap(None, values=True, raw=True, b64=False, max_messages=None)
-    fast = tap.row(frame, 0, len(frame), "T", "in")
+    import numpy as np
+    tap = RowTap(None, values=True, raw=True, max_messages=None)
+    fast, = tap.rows(frame, np.zeros(1, np.int64), np.array([len(frame)]), "T", "in")
     want = dict.fromkeys(row_columns(values=True, raw=True))
     want.update({"frame_no": 0, "ts": "T", "conn": 0, "direction": "in",
                  **m.to_row(m.decode_bytes(frame), raw=frame, value=True)})
@@ -313,7 +314,7 @@ def test_batch_rows_equal_the_codec_in_jsonl():
         def write_many(self, rows):
             self.rows.extend(rows)
 
-    tap = RowTap(Sink(), values=False, raw=False, b64=True, max_messages=None)
+    tap = RowTap(Sink(), values=False, raw=False, max_messages=None)
     tap.on_received(buf, offs, lens, 1_700_000_000_123_456_789, 0)
     want = []
     for i, f in enumerate(frames):

@@ -130,7 +130,8 @@ def test_background_writer_reports_its_death_to_the_network_side():
     dies must wake it (on_error), or the capture would wait for ever at 0% CPU."""
     import threading
 
-    from dcptool.replay.writer import BackgroundWriter, WriterError
+    from dcptool.replay.store.background import BackgroundWriter
+    from dcptool.replay.store.writer import WriterError
     from tests.test_writer import _SlowWriter, dcp_batch
     seen = []
     called = threading.Event()
@@ -161,7 +162,7 @@ def test_unwritable_directory_is_one_line_and_exit_1(tmp_path):
 def test_salvage_finishes_the_segment_from_memory_when_its_copy_leaves_no_room(tmp_path, monkeypatch):
     """The last resort of the writer: no room for the Parquet file next to the in-progress
     copy, so the rows go through memory into the space the copy gave back."""
-    from dcptool.replay import writer as W
+    from dcptool.replay.store import writer as W
     from tests.test_writer import dcp_batch
     w = W.CaptureWriter(tmp_path, "dcp", source="s", options={}, rotate_size=0)
     for i in range(4):

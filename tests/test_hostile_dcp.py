@@ -13,7 +13,7 @@ import sys
 import orjson
 import pytest
 
-from dcptool.protocol.dcp import consumer as C
+from dcptool.protocol.dcp import consumer as dcp_consumer
 from dcptool.protocol.dcp import messages as m
 from dcptool.protocol.dcp import sasl
 from dcptool.protocol.errors import ErrorCode, RemoteError
@@ -50,7 +50,7 @@ def items(rows, conn=None):
 
 
 def captured(outdir):
-    from dcptool.replay.reader import find_captures, read_capture_table
+    from dcptool.replay.store.reader import find_captures, read_capture_table
     return read_capture_table(find_captures([str(outdir)])).to_pylist()
 
 
@@ -243,8 +243,8 @@ def test_escape_sequences_in_the_mechanism_list_are_escaped():
 
 # --------------------------------------------------------------------------- sans-IO clocks
 
-def _consumer(**kw) -> C.Consumer:
-    c = C.Consumer(C.ConsumerConfig(bucket="default", name="t", vbuckets=[0], **kw), now=100.0)
+def _consumer(**kw) -> dcp_consumer.Consumer:
+    c = dcp_consumer.Consumer(dcp_consumer.ConsumerConfig(bucket="default", name="t", vbuckets=[0], **kw), now=100.0)
     c.start(100.0)
     return c
 

@@ -17,8 +17,8 @@ from dcptool.protocol.synapse import commands as C
 from dcptool.protocol.synapse.bulk import split_lines
 from dcptool.protocol.synapse.client import SynapseClient
 from dcptool.protocol.synapse.rows import decode_row
-from dcptool.replay.reader import find_captures, read_capture_table
-from dcptool.replay.synapse_batch import build_batch
+from dcptool.replay.store.reader import find_captures, read_capture_table
+from dcptool.replay.store.synapse_batch import build_batch
 from tests.hostile_synapse import HostileTcp, RedisPublisher, lines
 
 pytestmark = pytest.mark.integration

@@ -172,11 +172,11 @@ def test_same_exit_codes_for_the_same_situations(tmp_path, command):
 
 
 def test_stream_columns_are_the_capture_formats():
-    """`stream` rows carry the capture format's columns (replay/schema.py) plus key_base64,
+    """`stream` rows carry the capture format's columns (replay/store/schema.py) plus key_base64,
     minus capture_id (a capture's, not a stream's) and raw (only with --raw); --values adds
     the value columns of the output contract."""
     from dcptool.cli.dcp_live import row_columns
-    from dcptool.replay.schema import column_names
+    from dcptool.replay.store.schema import column_names
     want = set(column_names("dcp")) - {"capture_id", "raw"} | {"key_base64"}
     assert set(row_columns()) == want
     assert set(row_columns(values=True, raw=True)) == want | {"value", "value_base64", "value_error", "raw"}

@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from dcptool.protocol.dcp import consumer as C
+from dcptool.protocol.dcp import consumer as dcp_consumer
 from dcptool.protocol.dcp import messages as M
 from dcptool.protocol.dcp import producer as P
 from dcptool.protocol.transport.dcp import Session, ThreadedServer
@@ -46,7 +46,7 @@ def _session(collections: bool) -> tuple[Recorder, int]:
     model.buckets["default"].mutate_random(60)    # memory snapshots: updates, deletions, expirations
     rec = Recorder()
     with ThreadedServer(model) as srv:
-        cfg = C.ConsumerConfig(bucket="default", name="tshark", user="admin", password="pw",
+        cfg = dcp_consumer.ConsumerConfig(bucket="default", name="tshark", user="admin", password="pw",
                                collections=collections, buffer_size=4096, noop_interval=5)
         consumer = asyncio.run(asyncio.wait_for(Session(cfg, srv.host, srv.port, tap=rec).run(), 60))
         port = srv.port

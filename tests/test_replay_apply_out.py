@@ -12,7 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from dcptool.cli import cli
-from dcptool.replay import local, reader, tables as T
+from dcptool.replay import apply, local, tables as T
+from dcptool.replay.store import reader
 from tests import capgen
 from tests.conftest import FIXTURES
 
@@ -39,7 +40,7 @@ def _expected(d, tag):
 
     def fn(key, table):
         return pa.table({"key": [str(key)], "frames": [table.num_rows], "tag": [tag]})
-    return local.apply_local(reader.find_captures([d]), fn).to_pylist()
+    return apply.apply_local(reader.find_captures([d]), fn).to_pylist()
 
 
 @pytest.fixture

@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 from click.testing import CliRunner
 
 from dcptool.cli import cli
-from dcptool.replay import local, reader, tables as T
+from dcptool.replay import local, tables as T
+from dcptool.replay.store import reader
 from tests import capgen
 
 

@@ -12,7 +12,9 @@ import urllib.request
 
 import pytest
 
-from dcptool.replay import reader, spark as S, tables as T
+from dcptool.replay import spark as spark_engine, tables as T
+
+from dcptool.replay.store import reader
 from tests import capgen
 from tests.conftest import free_port
 
@@ -68,7 +70,7 @@ def test_standalone_cluster_gives_local_checksums(spark, cluster, tmp_path):
     capgen.write_captures(capgen.generate("dcp", 123, n_events=400), str(d), seed=1,
                           in_progress_last=True, truncate_bytes=5)
     files = reader.find_captures([str(d)])
-    rep = S.replay_spark(spark, files)
+    rep = spark_engine.replay_spark(spark, files)
     try:
         want = {n: T.checksum(n, rep.table(n)) for n in rep.names() if n != "frames"}
     finally:

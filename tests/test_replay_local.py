@@ -1,5 +1,5 @@
 """The in-process engine against the row-by-row interpreter of REPLAY.md
-(tests/test_replay_oracle.py), on generated captures and on hand-written scenarios."""
+(tests/oracle.py), on generated captures and on hand-written scenarios."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, seed, settings, strategies as st
 
-from dcptool.replay import local, reader, tables as T
+from dcptool.replay import apply, local, tables as T
+
+from dcptool.replay.store import reader
 from tests import capgen
-from tests import test_replay_oracle as oracle
+from tests import oracle
 
 SETTINGS = dict(max_examples=200, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -269,8 +271,8 @@ def test_apply_runs_per_group_in_capture_order(tmp_path):
         seen.append(key)
         return pa.table({"vbucket": [key], "frames": [table.num_rows], "first": [fr[0][1]]})
 
-    out = local.apply_local(files, fn)
+    out = apply.apply_local(files, fn)
     assert seen == sorted(seen) and out.column("vbucket").to_pylist() == seen
     all_in = reader.read_capture_table(files)
-    mask = local.apply_frames_mask("dcp", all_in)
+    mask = apply.apply_frames_mask("dcp", all_in)
     assert sum(out.column("frames").to_pylist()) == int(mask.sum())

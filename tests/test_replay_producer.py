@@ -13,7 +13,7 @@ import pytest
 from dcptool.protocol.dcp import producer as P
 from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay import local
-from dcptool.replay.reader import find_captures, read_capture_table
+from dcptool.replay.store.reader import find_captures, read_capture_table
 
 pytestmark = pytest.mark.integration
 DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
@@ -63,10 +63,10 @@ def test_rollbacks_list_the_rollback_with_what_it_undid(failover_capture):
 
 @pytest.mark.spark
 def test_spark_gives_the_same_tables(failover_capture, spark):
-    from dcptool.replay import spark as S
+    from dcptool.replay import spark as spark_engine
     from dcptool.replay import tables as T
     _, files = failover_capture
     ref = local.replay_local(files)
-    got = S.replay_spark(spark, files)
+    got = spark_engine.replay_spark(spark, files)
     for name in T.table_names("dcp"):
         assert T.checksum(name, got.table(name)) == T.checksum(name, ref.table(name)), name

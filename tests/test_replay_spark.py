@@ -13,7 +13,9 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from dcptool.replay import local, reader, spark as S, tables as T
+from dcptool.replay import apply, local, spark as spark_engine, tables as T
+
+from dcptool.replay.store import reader
 from tests import capgen
 
 pytestmark = pytest.mark.spark
@@ -41,7 +43,7 @@ def _assert_same(files, rep):
 @given(s=st.integers(0, 2**32 - 1), protocol=st.sampled_from(["dcp", "synapse"]), in_progress=st.booleans())
 def test_spark_equals_local(spark, tmp_path_factory, s, protocol, in_progress):
     files = _files(tmp_path_factory.mktemp("s"), protocol, s, in_progress=in_progress)
-    _assert_same(files, S.replay_spark(spark, files))
+    _assert_same(files, spark_engine.replay_spark(spark, files))
 
 
 def test_documents_in_spark_sql_follow_rollbacks(spark, tmp_path):
@@ -52,11 +54,11 @@ def test_documents_in_spark_sql_follow_rollbacks(spark, tmp_path):
         files = _files(tmp_path, "dcp", s)
         want = local.replay_local(files)
         undone += sum(want.table("rollbacks").column("undone").to_pylist())
-        rep = S.replay_spark(spark, files)
+        rep = spark_engine.replay_spark(spark, files)
         try:
             grouped = rep.packed_df.filter("_t = 0").select(
                 [f"documents__{f.name}" for f in T.schema_of("dcp", "documents")]).toArrow()
-            grouped = T.canonical("dcp", "documents", S.from_spark_arrow(
+            grouped = T.canonical("dcp", "documents", spark_engine.from_spark_arrow(
                 grouped.rename_columns([f.name for f in T.schema_of("dcp", "documents")]),
                 T.schema_of("dcp", "documents")))
             assert rep.table("documents").equals(want.table("documents"))
@@ -73,7 +75,7 @@ def test_shuffle_partitions_do_not_matter(spark, tmp_path, partitions):
     try:
         for protocol in ("dcp", "synapse"):
             files = _files(tmp_path, protocol, 77, n=300)
-            _assert_same(files, S.replay_spark(spark, files))
+            _assert_same(files, spark_engine.replay_spark(spark, files))
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", old)
 
@@ -87,15 +89,15 @@ def _apply_fn(key, table):
 @pytest.mark.parametrize("protocol", ["dcp", "synapse"])
 def test_apply_is_the_same_on_both_engines(spark, tmp_path, protocol):
     files = _files(tmp_path, protocol, 5)
-    a = local.apply_local(files, _apply_fn)
-    b = S.apply_spark(spark, files, _apply_fn)
+    a = apply.apply_local(files, _apply_fn)
+    b = spark_engine.apply_spark(spark, files, _apply_fn)
     assert a.num_rows > 0 and a.equals(b)
 
 
 def test_local1_and_local2_give_the_same_checksums(spark, tmp_path):
     files = _files(tmp_path, "dcp", 31, n=300)
     d = os.path.dirname(files[0].path)
-    rep = S.replay_spark(spark, files)
+    rep = spark_engine.replay_spark(spark, files)
     try:
         in_session = {n: T.checksum(n, rep.table(n)) for n in rep.names() if n != "frames"}
     finally:

@@ -9,10 +9,10 @@ import shutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dcptool.replay import schema as S
-from dcptool.replay.resume import (VbResume, dcp_resume_state, recover_in_progress,
+from dcptool.replay.store import schema as S
+from dcptool.replay.store.resume import (VbResume, dcp_resume_state, recover_in_progress,
                                    synapse_resume_state)
-from dcptool.replay.writer import CaptureWriter
+from dcptool.replay.store.writer import CaptureWriter
 
 DCP_TYPES = dict(S.fields("dcp"))
 SYN_TYPES = dict(S.fields("synapse"))

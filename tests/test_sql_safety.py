@@ -14,7 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from dcptool.cli import cli
-from dcptool.replay import local, reader, spark as S, spark_sql as Q
+from dcptool.replay import apply, local, spark as spark_engine, spark_sql as sql_guard
+from dcptool.replay.store import reader
 from tests import capgen
 
 pytestmark = pytest.mark.spark
@@ -30,7 +31,7 @@ def capture_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def views(spark, capture_dir):
-    rep = S.replay_spark(spark, reader.find_captures([capture_dir]))
+    rep = spark_engine.replay_spark(spark, reader.find_captures([capture_dir]))
     rep.register_views()
     yield rep
     rep.close()
@@ -65,8 +66,8 @@ ATTACKS = [
 @pytest.mark.parametrize("sql, says", ATTACKS)
 def test_the_fence_refuses_writes_files_and_the_jvm(spark, views, tmp_path, sql, says):
     sql = sql.format(tmp=tmp_path)
-    with pytest.raises(Q.UnsafeSqlError) as e:
-        Q.check_query(spark, sql, views.names())
+    with pytest.raises(sql_guard.UnsafeSqlError) as e:
+        sql_guard.check_query(spark, sql, views.names())
     msg = str(e.value)
     assert "\n" not in msg and says in msg and "--unsafe-sql" in msg
     assert os.listdir(tmp_path) == []          # nothing was written
@@ -89,7 +90,7 @@ def test_queries_still_work(spark, views, capture_dir):
     assert docs.num_rows > 0
     results = {}
     for name, sql in GOOD.items():
-        Q.check_query(spark, sql, views.names())
+        sql_guard.check_query(spark, sql, views.names())
         results[name] = spark.sql(sql).toArrow()
     per_vb: dict = {}
     for vb in docs.column("vbucket").to_pylist():
@@ -104,22 +105,22 @@ def test_queries_still_work(spark, views, capture_dir):
 
 def test_spark_errors_are_one_line_with_class_and_position(spark, views):
     with pytest.raises(Exception) as e:
-        Q.check_query(spark, "SELECT key\nFROM documents WHERE key = =", views.names())
+        sql_guard.check_query(spark, "SELECT key\nFROM documents WHERE key = =", views.names())
     msg = str(e.value)
-    assert isinstance(e.value, Q.SqlError) and not isinstance(e.value, Q.UnsafeSqlError)
+    assert isinstance(e.value, sql_guard.SqlError) and not isinstance(e.value, sql_guard.UnsafeSqlError)
     assert msg.startswith("SQL error [PARSE_SYNTAX_ERROR] Syntax error at or near '='")
     assert msg.endswith("(line 2, pos 27)") and "\n" not in msg and "SQLSTATE" not in msg
     with pytest.raises(Exception) as e:
         spark.sql("SELECT no_such_column FROM documents")
-    msg = str(Q.spark_error(e.value, "SELECT no_such_column FROM documents"))
+    msg = str(sql_guard.spark_error(e.value, "SELECT no_such_column FROM documents"))
     assert msg.startswith("SQL error [UNRESOLVED_COLUMN") and "no_such_column" in msg
     assert "\n" not in msg and "(line 1, pos 7" in msg and len(msg) < 600
 
 
 def test_cli_refusal_and_errors_exit_2_with_one_line(spark, capture_dir, monkeypatch, tmp_path):
     """The CLI path over the shared session (a fresh one costs a JVM)."""
-    monkeypatch.setattr(S, "make_session", lambda *a, **k: spark)
-    monkeypatch.setattr(S, "stop_session", lambda session: None)
+    monkeypatch.setattr(spark_engine, "make_session", lambda *a, **k: spark)
+    monkeypatch.setattr(spark_engine, "stop_session", lambda session: None)
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
     for sql, says in [("SELECT * FROM text.`/etc/passwd`", "--sql refused"),
@@ -140,7 +141,7 @@ def test_cli_refusal_and_errors_exit_2_with_one_line(spark, capture_dir, monkeyp
 def test_scrub_environment_drops_credentials():
     env = {"DCPTOOL_PASSWORD": "p", "DCPTOOL_USER": "u", "AWS_SECRET_ACCESS_KEY": "s", "GITHUB_TOKEN": "t",
            "MY_API_KEY": "k", "PATH": "/bin", "JAVA_HOME": "/j", "SPARK_LOCAL_IP": "127.0.0.1"}
-    gone = S.scrub_environment(env)
+    gone = spark_engine.scrub_environment(env)
     assert sorted(env) == ["JAVA_HOME", "PATH", "SPARK_LOCAL_IP"]
     assert "DCPTOOL_PASSWORD" in gone
 
@@ -160,11 +161,11 @@ def test_apply_by_path_on_spark_ships_the_file(spark, capture_dir, tmp_path, mon
     monkeypatch.chdir(tmp_path)
     saved = list(sys.path)
     try:
-        fn = local.load_function("./lib/cs_spark_apply_mod.py:per_vbucket")
+        fn = apply.load_function("./lib/cs_spark_apply_mod.py:per_vbucket")
         files = reader.find_captures([capture_dir])
-        got = S.apply_spark(spark, files, fn)
+        got = spark_engine.apply_spark(spark, files, fn)
         assert got is not None and got.num_rows > 0
-        assert got.equals(local.apply_local(files, fn))
+        assert got.equals(apply.apply_local(files, fn))
     finally:
         sys.path[:] = saved
         sys.modules.pop("cs_spark_apply_mod", None)

@@ -23,7 +23,7 @@ import pytest
 
 from dcptool.protocol.synapse import commands as C
 from dcptool.protocol.synapse.server import ANNOUNCED_STREAMS
-from dcptool.replay.reader import find_captures, read_capture_table
+from dcptool.replay.store.reader import find_captures, read_capture_table
 from tests.synapse_env import ROOT, SERVER_NAME, redis_server, synapse_server  # noqa: F401
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from dcptool.cli import cli
-from dcptool.replay.reader import find_captures, read_capture_table
+from dcptool.replay.store.reader import find_captures, read_capture_table
 from tests.synapse_env import RedisServer
 
 pytestmark = pytest.mark.integration

@@ -1,5 +1,5 @@
 """Synapse replay in bounded chunks (replay/synapse_stream.py, issue 14 item 8): any chunk
-size gives the tables of the one-shot rules (local.synapse_tables) and of the row-by-row
+size gives the tables of the one-shot rules (synapse_rules.synapse_tables) and of the row-by-row
 oracle; the reader is asked for chunks, never the whole capture; `rows` and its `row`
 column are read only when that table is wanted; `inspect` reads in chunks too."""
 
@@ -9,10 +9,11 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from dcptool.cli import inspect as inspect_mod
-from dcptool.replay import local, reader
+from dcptool.replay import summary as inspect_mod
+from dcptool.replay import local, synapse_rules
+from dcptool.replay.store import reader
 from tests import capgen
-from tests import test_replay_oracle as oracle
+from tests import oracle
 
 SETTINGS = dict(max_examples=40, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -28,12 +29,12 @@ def _files(tmp_path, s, n, max_captures=3, in_progress=False):
 def _one_shot(files) -> dict[str, pa.Table]:
     """The rules applied to the whole capture at once (the engine before chunking)."""
     ranks = reader.capture_ranks(files)
-    t = pa.concat_tables(local._ordered(files, list(dict.fromkeys(
-        ["direction", "decode_error"] + local.SYN_STATE_COLUMNS)), ranks, batch_rows=1 << 30))
-    frames = t.filter(pa.array(local.synapse_group_frames(t))).select(
-        local.SYN_STATE_COLUMNS + ["_seq", "_conn"])
-    out = local.synapse_tables(frames, int(pa.compute.max(t.column("_conn")).as_py()))
-    out["commands"] = local.commands_table(t)
+    t = pa.concat_tables(local.ordered_frames(files, list(dict.fromkeys(
+        ["direction", "decode_error"] + synapse_rules.SYN_STATE_COLUMNS)), ranks, batch_rows=1 << 30))
+    frames = t.filter(pa.array(synapse_rules.synapse_group_frames(t))).select(
+        synapse_rules.SYN_STATE_COLUMNS + ["_seq", "_conn"])
+    out = synapse_rules.synapse_tables(frames, int(pa.compute.max(t.column("_conn")).as_py()))
+    out["commands"] = synapse_rules.commands_table(t)
     return out
 
 

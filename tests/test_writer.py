@@ -21,10 +21,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dcptool.replay import schema as S
-from dcptool.replay import writer as W
-from dcptool.replay.writer import (BackgroundWriter, CaptureWriter, WriterError,
-                                   finish_in_progress, mask_sasl_credentials, open_in_progress)
+from dcptool.replay.store import schema as S
+from dcptool.replay.store import segment
+from dcptool.replay.store import writer as W
+from dcptool.replay.store.background import BackgroundWriter
+from dcptool.replay.store.redact import mask_sasl_credentials
+from dcptool.replay.store.segment import finish_in_progress, open_in_progress
+from dcptool.replay.store.writer import CaptureWriter, WriterError
 
 PY = sys.executable
 
@@ -63,7 +66,7 @@ def test_round_trip_schema_metadata_and_order(tmp_path):
     segs = w.close()
     assert [s["rows"] for s in segs] == [1000]
     path = segs[0]["path"]
-    assert os.path.basename(path) == W.segment_name("dcp", W._dt.datetime.strptime(
+    assert os.path.basename(path) == W.segment_name("dcp", dt.datetime.strptime(
         w.started_at, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.timezone.utc), w.capture_id, 0)
     assert os.listdir(tmp_path) == [os.path.basename(path)]
     pf = pq.ParquetFile(path)
@@ -134,14 +137,14 @@ def test_a_segment_that_fails_to_finish_after_rotation_is_reported_and_removed(t
     never) is removed, never left half written; the one in progress is finished; the
     message says both."""
     import errno
-    real_finish = W._ParquetSegment.finish
+    real_finish = W.ParquetSegment.finish
 
     def finish(self):
         if self.final.endswith("-000000.parquet"):
             raise OSError(errno.ENOSPC, "No space left on device", self.tmp)
         return real_finish(self)
 
-    monkeypatch.setattr(W._ParquetSegment, "finish", finish)
+    monkeypatch.setattr(W.ParquetSegment, "finish", finish)
     w = CaptureWriter(tmp_path, "dcp", source="s", options={}, rotate_size=64 * 1024)
     with pytest.raises(WriterError) as exc:
         for i in range(40):
@@ -252,7 +255,7 @@ def test_in_progress_compression_follows_the_data(tmp_path, value, compressed):
               for _ in range(n)]
     raw = pa.array([r + v for r, v in zip(batch.column("raw").to_pylist(), values)], pa.binary())
     batch = batch.set_column(batch.schema.get_field_index("raw"), "raw", raw)
-    assert W._ipc_compression(batch) == ("lz4" if compressed else None)
+    assert W.ipc_compression(batch) == ("lz4" if compressed else None)
     w = CaptureWriter(tmp_path, "dcp", source="s", options={})
     w.write(batch)
     w.flush()
@@ -266,7 +269,7 @@ def test_in_progress_compression_follows_the_data(tmp_path, value, compressed):
 
 
 def test_row_groups_encoded_in_the_background_keep_every_row_in_order(tmp_path, monkeypatch):
-    monkeypatch.setattr(W, "ROW_GROUP_BYTES", 20_000)
+    monkeypatch.setattr(segment, "ROW_GROUP_BYTES", 20_000)   # the Parquet segment buffers row groups
     w = CaptureWriter(tmp_path, "dcp", source="s", options={})
     for i in range(40):
         w.write(dcp_batch(i * 50, 50))
@@ -323,7 +326,7 @@ def test_unwritable_directory_is_a_one_line_writer_error(tmp_path):
 DISK_CHILD = textwrap.dedent("""
     import os, sys, resource, signal, json
     import numpy as np, pyarrow as pa
-    from dcptool.replay.writer import CaptureWriter, WriterError
+    from dcptool.replay.store.writer import CaptureWriter, WriterError
     out, mode = sys.argv[1], sys.argv[2]
     if mode == "efbig":
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -449,7 +452,8 @@ def test_background_writer_real_writer(tmp_path):
 CRASH_CHILD = textwrap.dedent("""
     import os, sys, time
     import numpy as np, pyarrow as pa
-    from dcptool.replay.writer import CaptureWriter, BackgroundWriter
+    from dcptool.replay.store.background import BackgroundWriter
+    from dcptool.replay.store.writer import CaptureWriter
     out, log = sys.argv[1], sys.argv[2]
     w = CaptureWriter(out, "dcp", source="s", options={}, rotate_size=1_500_000,
                       flush_interval=1.0)
@@ -470,7 +474,7 @@ CRASH_CHILD = textwrap.dedent("""
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_sigkill_keeps_everything_older_than_one_second(tmp_path, seed):
-    from dcptool.replay.writer import finish_in_progress
+    from dcptool.replay.store.segment import finish_in_progress
     rng = random.Random(seed)
     out, log = tmp_path / "caps", tmp_path / "log"
     proc = subprocess.Popen([PY, "-c", CRASH_CHILD, str(out), str(log)],

@@ -25,6 +25,7 @@ import dataclasses
 from dcptool.protocol.errors import ErrorCode, RemoteError
 from dcptool.protocol.synapse import commands as C
 from dcptool.protocol.synapse.bulk import SplitLines, split_lines
+from dcptool.protocol.text import printable
 
 PING_INTERVAL = 5.0
 PING_TIMEOUT = 25.0
@@ -220,13 +221,13 @@ class SynapseClient:
             if self.expected_server is not None and cmd.data != self.expected_server and self.error is None:
                 self.error = RemoteError(
                     ErrorCode.SERVER_NAME_MISMATCH,
-                    f"the replication server calls itself {C.shown(repr(cmd.data))}, expected "
-                    f"{C.shown(repr(self.expected_server))} (check ?server_name= in the source URL)")
+                    f"the replication server calls itself {printable(repr(cmd.data))}, expected "
+                    f"{printable(repr(self.expected_server))} (check ?server_name= in the source URL)")
         elif isinstance(cmd, C.Error):
             events.append(ServerError(cmd.data))
             if self.error is None:
                 self.error = RemoteError(ErrorCode.SERVER_ERROR,
-                                         f"the replication server sent ERROR: {C.shown(cmd.data)}")
+                                         f"the replication server sent ERROR: {printable(cmd.data)}")
 
     # -- state ------------------------------------------------------------------------------
     def committed(self) -> dict[tuple[str, str], int]:

@@ -15,6 +15,7 @@ import re
 from typing import ClassVar, Union
 
 from dcptool.protocol.errors import ErrorCode, LocalError, RemoteError
+from dcptool.protocol.text import printable
 
 # Synapse encodes JSON compactly and refuses NaN (synapse/util/json.py).
 _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"), ensure_ascii=False)
@@ -29,17 +30,7 @@ INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 # brackets would otherwise crash the process instead of being shown as a decode error.
 MAX_JSON_DEPTH = 128
 
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e"
-                     "\u2060-\u206f\ufeff\ufff9-\ufffb]")
 _BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
-
-
-def shown(text: str) -> str:
-    """Text from the peer made safe for an error message that may reach a terminal:
-    control and invisible format characters become `\\x1b` / `\\u202e` escapes (the same
-    escaping as cli.output.printable)."""
-    return _UNSAFE.sub(lambda m: (f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
-                                  else f"\\u{ord(m.group()):04x}"), text)
 
 
 def json_too_deep(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> bool:
@@ -84,7 +75,7 @@ def _int(text: str, what: str, cmd: str) -> int:
     value = int(text) if len(body) <= 19 else None
     if value is None or not INT64_MIN <= value <= INT64_MAX:
         raise RemoteError(ErrorCode.BAD_COMMAND,
-                          f"{cmd}: {what} does not fit in int64: {shown(text[:40])}"
+                          f"{cmd}: {what} does not fit in int64: {printable(text[:40])}"
                           + ("..." if len(text) > 40 else ""))
     return value
 

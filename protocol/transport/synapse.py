@@ -18,7 +18,7 @@ from typing import Callable, Protocol
 from dcptool.protocol.errors import ConnectFailed, ConnectionLost, ErrorCode, RemoteError
 from dcptool.protocol.synapse.bulk import Scan, SplitLines, split_lines
 from dcptool.protocol.synapse.client import SynapseClient
-from dcptool.protocol.synapse.commands import shown
+from dcptool.protocol.text import printable
 from dcptool.protocol.synapse.framing import MAX_LINE, LineFramer
 
 log = logging.getLogger("dcptool.synapse")
@@ -288,15 +288,15 @@ async def _run_redis(host, port, server_name, client, handler, *, db, password, 
                         confirmed += 1
             except rexc.AuthenticationError as exc:
                 from dcptool.protocol.errors import AuthRefused
-                raise AuthRefused(f"Redis refused the credentials: {shown(str(exc))}") from None
+                raise AuthRefused(f"Redis refused the credentials: {printable(str(exc))}") from None
             except rexc.ResponseError as exc:
-                text = shown(str(exc))
+                text = printable(str(exc))
                 if "NOAUTH" in text or "WRONGPASS" in text or "NOPERM" in text:
                     from dcptool.protocol.errors import AuthRefused
                     raise AuthRefused(f"Redis refused access: {text}") from None
                 raise ConnectFailed(f"Redis at {host}:{port}: {text}") from None
             except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
-                why = f"cannot connect to Redis at {host}:{port}: {shown(str(exc))}"
+                why = f"cannot connect to Redis at {host}:{port}: {printable(str(exc))}"
                 if not ever_connected:
                     raise ConnectFailed(why) from None
                 await asyncio.sleep(retry.failed(why))
@@ -338,7 +338,7 @@ async def _run_redis(host, port, server_name, client, handler, *, db, password, 
                     next_tick = now + tick_interval
                 await _wait_paused(handler)
         except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
-            why = f"Redis connection lost: {shown(str(exc))}"
+            why = f"Redis connection lost: {printable(str(exc))}"
         finally:
             client.connection_lost()
             try:

@@ -49,7 +49,7 @@ def timed(fn, *a, repeat: int = 3):
 
 def main():
     from dcptool.protocol.dcp import columnar
-    from dcptool.replay.dcp_batch import frames_to_record_batch
+    from dcptool.replay.store.dcp_batch import frames_to_record_batch
 
     buf = make_buffer(N)
     mb = len(buf) / 1e6

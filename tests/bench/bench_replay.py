@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from dcptool.replay.schema import capture_schema  # noqa: E402
+from dcptool.replay.store.schema import capture_schema  # noqa: E402
 
 OPS = np.array(["mutation", "deletion", "expiration", "snapshot_marker"])
 

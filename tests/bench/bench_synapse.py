@@ -67,7 +67,7 @@ def capture(host: str, port: int, want: int, outdir: str) -> tuple[float, dict]:
 
 
 def in_loop_seconds(outdir: str) -> float:
-    from dcptool.replay.reader import find_captures, read_capture_table
+    from dcptool.replay.store.reader import find_captures, read_capture_table
     t = read_capture_table(find_captures([outdir]), columns=["mono_ns"]).column("mono_ns")
     import pyarrow.compute as pc
     mm = pc.min_max(t).as_py()

@@ -1,6 +1,6 @@
 """Benchmark: memory and time of Synapse `replay` and `inspect` as the capture grows
 (issue 14 item 8). Builds seeded Synapse captures of 1M and 10M lines with the capture's
-own batch builder (replay/synapse_batch.py, as `capture` writes them), then runs
+own batch builder (replay/store/synapse_batch.py, as `capture` writes them), then runs
 
     dcptool replay CAP --table positions --checksum
     dcptool inspect CAP --json
@@ -60,8 +60,8 @@ def build(directory: str, lines: int, seed: int = 7) -> str:
     import pyarrow.parquet as pq
 
     from dcptool.protocol.synapse.bulk import Scan
-    from dcptool.replay.schema import capture_schema
-    from dcptool.replay.synapse_batch import build_batch_scan
+    from dcptool.replay.store.schema import capture_schema
+    from dcptool.replay.store.synapse_batch import build_batch_scan
     from tests.capgen import file_name
 
     rng = random.Random(seed)

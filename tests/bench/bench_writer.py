@@ -3,8 +3,8 @@
     .venv/bin/python tests/bench/bench_writer.py [--rows 1000000] [--rss-rows 5000000]
 
 Frames are real wire bytes (one mutation encoded by protocol/dcp/messages.py, tiled with
-numpy and given distinct seqnos and keys), decoded batch-wise by replay/dcp_batch.py in
-1 MiB receive buffers, and written by replay/writer.py. Reported:
+numpy and given distinct seqnos and keys), decoded batch-wise by replay/store/dcp_batch.py in
+1 MiB receive buffers, and written by replay/store/writer.py. Reported:
 
   baseline   pyarrow.parquet.write_table of the same rows in one call, zstd (no IPC
              copy, no rotation, no fsync): the floor for encoding these rows;
@@ -34,8 +34,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dcptool.protocol.dcp.messages import Mutation, encode
-from dcptool.replay.dcp_batch import frames_to_record_batch
-from dcptool.replay.writer import BackgroundWriter, CaptureWriter
+from dcptool.replay.store.dcp_batch import frames_to_record_batch
+from dcptool.replay.store.background import BackgroundWriter
+from dcptool.replay.store.writer import CaptureWriter
 
 CHUNK = 8192   # frames per receive buffer (~1 MiB)
 

@@ -1,5 +1,5 @@
 """Synapse lines -> one Arrow RecordBatch with the Synapse capture columns
-(replay/schema.py), built column-wise for the capture hot path (300k lines/s).
+(replay/store/schema.py), built column-wise for the capture hot path (300k lines/s).
 
 Each call takes the lines that arrived together (one read from the socket, or one Redis
 message): they share ``conn``, ``ts``, ``mono_ns``, ``direction`` and ``channel``. RDATA
@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from dcptool.protocol.errors import RemoteError
 from dcptool.protocol.synapse import commands as C
 from dcptool.protocol.synapse.bulk import SplitLines, split_lines
-from dcptool.replay.schema import capture_schema
+from dcptool.replay.store.schema import capture_schema
 
 SCHEMA = capture_schema("synapse")
 _TYPES = {f.name: f.type for f in SCHEMA}
@@ -278,52 +278,3 @@ def build_batch_scan(scan, *, frame_no: int, conn: int, ts_ns: int, mono_ns: int
         pa.nulls(n, pa.string()),
     ]
     return pa.RecordBatch.from_arrays(cols, schema=BATCH_SCHEMA)
-
-
-def summarize(table: pa.Table) -> dict:
-    """What `dcptool inspect` shows for a Synapse capture: rows per command, token range
-    and last POSITION per (stream, instance), and the POSITION gaps a reader would have
-    seen, found by replaying the received lines through the client state machine in
-    capture order (a new connection or capture drops unfinished batches)."""
-    from dcptool.protocol.synapse.bulk import split_lines
-    from dcptool.protocol.synapse.client import SynapseClient
-    cols = table.select(["capture_id", "conn", "direction", "command", "stream", "instance",
-                         "token", "new_token", "raw"]).to_pydict()
-    per_command: dict[str, int] = {}
-    streams: dict[str, dict] = {}
-    for cmd, stream, inst, tok, new in zip(cols["command"], cols["stream"], cols["instance"],
-                                           cols["token"], cols["new_token"]):
-        per_command[cmd or ""] = per_command.get(cmd or "", 0) + 1
-        if stream is None:
-            continue
-        s = streams.setdefault(f"{stream}/{inst}", {"rdata": 0, "batch_rows": 0, "first_token": None,
-                                                    "last_token": None, "last_position": None})
-        if cmd == "RDATA":
-            s["rdata"] += 1
-            if tok is None:
-                s["batch_rows"] += 1
-            else:
-                s["first_token"] = tok if s["first_token"] is None else s["first_token"]
-                s["last_token"] = tok
-        elif cmd == "POSITION":
-            s["last_position"] = new
-    client = SynapseClient(keepalive=False)
-    last = None
-    pending: list[bytes] = []
-    for cid, conn, direction, raw in zip(cols["capture_id"], cols["conn"], cols["direction"],
-                                         cols["raw"]):
-        if (cid, conn) != last:
-            if pending:
-                client.receive(pending, 0.0, split_lines(pending))
-                pending = []
-            client.connection_lost()
-            last = (cid, conn)
-        if direction == "in":
-            pending.append(raw)
-    if pending:
-        client.receive(pending, 0.0, split_lines(pending))
-    return {"commands": per_command, "streams": streams,
-            "gaps": [{"stream": g.stream, "instance": g.instance, "committed": g.committed,
-                      "prev_token": g.prev_token, "new_token": g.new_token, "kind": g.kind}
-                     for g in client.gaps],
-            "committed": {f"{s}/{i}": t for (s, i), t in sorted(client.committed().items())}}

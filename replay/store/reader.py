@@ -1,6 +1,6 @@
 """Reading captures at rest: finds capture files (finished Parquet segments and in-progress
 Arrow IPC streams), orders them, and returns their rows in the capture schema of
-replay/schema.py in frame order (started_at of the capture, capture_id, frame_no).
+replay/store/schema.py in frame order (started_at of the capture, capture_id, frame_no).
 
 An in-progress segment is an Arrow IPC *stream* file ending in `.arrows`; after a crash
 its last message may be cut short, so it is read batch by batch and the truncated tail is
@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from dcptool.replay.schema import (META_CAPTURE_ID, META_PROTOCOL, META_SEGMENT, META_STARTED_AT,
+from dcptool.replay.store.schema import (META_CAPTURE_ID, META_PROTOCOL, META_SEGMENT, META_STARTED_AT,
                                    PROTOCOLS, capture_schema)
 
 FINISHED_SUFFIX = ".parquet"
@@ -44,7 +44,7 @@ class CaptureFile:
     metadata: dict[str, str] = field(hash=False, compare=False)
 
 
-def _parse_started(text: str) -> _dt.datetime:
+def parse_started(text: str) -> _dt.datetime:
     try:
         t = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError as exc:
@@ -55,7 +55,7 @@ def _parse_started(text: str) -> _dt.datetime:
 
 
 def _order_key(f: CaptureFile):
-    return (_parse_started(f.started_at), f.capture_id, f.segment)
+    return (parse_started(f.started_at), f.capture_id, f.segment)
 
 
 def _schema_of(path: str, in_progress: bool) -> pa.Schema:
@@ -80,7 +80,7 @@ def _describe(path: str) -> CaptureFile:
         segment = int(meta.get(META_SEGMENT, "0"))
     except ValueError as exc:
         raise CaptureError(f"{path}: bad dcptool.segment {meta.get(META_SEGMENT)!r}") from exc
-    _parse_started(meta[META_STARTED_AT])
+    parse_started(meta[META_STARTED_AT])
     return CaptureFile(path=path, protocol=protocol, capture_id=meta[META_CAPTURE_ID],
                        segment=segment, started_at=meta[META_STARTED_AT],
                        in_progress=in_progress, metadata=meta)
@@ -141,7 +141,7 @@ def protocol_of(files: list[CaptureFile]) -> str:
 
 def _read_in_progress(path: str) -> pa.Table:
     """Every complete record batch of an in-progress segment; a torn tail is ignored."""
-    from dcptool.replay.writer import open_in_progress
+    from dcptool.replay.store.segment import open_in_progress
     schema, batches = open_in_progress(path)
     if schema is None:
         raise CaptureError(f"{path}: unreadable in-progress segment (no schema written)")
@@ -188,7 +188,7 @@ def read_file(f: CaptureFile, columns: list[str] | None = None) -> pa.Table:
 _FRAME_RANGES: dict[tuple, tuple[int, int] | None] = {}
 
 
-def _frame_range(f: CaptureFile) -> tuple[int, int] | None:
+def frame_range(f: CaptureFile) -> tuple[int, int] | None:
     """(first, last) frame_no of a finished segment whose frame numbers strictly increase
     (empty: (-1, -1)), else None. Remembered per file version: a replay asks once per pass."""
     if f.in_progress:
@@ -240,7 +240,7 @@ def may_have_values(files: list[CaptureFile], column: str) -> bool:
     return False
 
 
-def _stream_file(f: CaptureFile, cols, batch_rows: int, threads: bool = True,
+def stream_file(f: CaptureFile, cols, batch_rows: int, threads: bool = True,
                  row_groups: list[int] | None = None) -> Iterator[pa.Table]:
     full = capture_schema(f.protocol)
     schema = full if cols is None else pa.schema([full.field(c) for c in cols])
@@ -268,7 +268,7 @@ def _capture_groups(files: list[CaptureFile]) -> Iterator[tuple[list[CaptureFile
         group = files[i:j]
         streamable, last = True, None
         for f in group:
-            rng = _frame_range(f)
+            rng = frame_range(f)
             if rng is None:
                 streamable = False
                 break
@@ -299,7 +299,7 @@ def iter_capture_tables(files: list[CaptureFile], columns: list[str] | None = No
     for group, streamable in _capture_groups(files):
         if streamable:
             for f in group:
-                yield from _stream_file(f, cols, batch_rows, threads)
+                yield from stream_file(f, cols, batch_rows, threads)
         else:
             whole = _read_sorted(group, cols)
             if whole is not None:
@@ -318,7 +318,7 @@ def iter_capture_parts(files: list[CaptureFile], columns: list[str] | None = Non
             for f in group:
                 md = pq.ParquetFile(f.path).metadata
                 for i in range(md.num_row_groups):
-                    yield md.row_group(i).num_rows, functools.partial(_stream_file, f, cols, batch_rows, False, [i])
+                    yield md.row_group(i).num_rows, functools.partial(stream_file, f, cols, batch_rows, False, [i])
         else:
             whole = _read_sorted(group, cols)
             if whole is not None:

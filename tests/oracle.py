@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from dcptool.replay import reader, tables as T
-from dcptool.replay.local import DOC_STATES, VB_OPS
+from dcptool.replay import tables as T
+
+from dcptool.replay.store import reader
+from dcptool.replay.dcp_rules import DOC_STATES, VB_OPS
 
 
 def _ns(ts) -> int | None:

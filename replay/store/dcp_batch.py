@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from dcptool.protocol.dcp import columnar
 from dcptool.protocol.dcp.constants import OP_NAME_TABLE
-from dcptool.replay.schema import DCP_FIELDS, FAILOVER_ENTRY, capture_schema
+from dcptool.replay.store.schema import DCP_FIELDS, FAILOVER_ENTRY, capture_schema
 
 SCHEMA = capture_schema("dcp")
 _OP_DICT = pa.array(OP_NAME_TABLE, pa.string())

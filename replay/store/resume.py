@@ -24,10 +24,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dcptool.replay.reader import CaptureFile, find_captures, iter_capture_tables
-from dcptool.replay.writer import IN_PROGRESS_SUFFIX, finish_in_progress
+from dcptool.protocol.dcp.constants import Status
+from dcptool.replay.store.reader import CaptureFile, find_captures, iter_capture_tables
+from dcptool.replay.store.naming import IN_PROGRESS_SUFFIX
+from dcptool.replay.store.segment import finish_in_progress
 
-STATUS_ROLLBACK = 0x23
 # ops whose by_seqno is a position in the vbucket's history
 SEQNO_OPS = ("mutation", "deletion", "expiration", "system_event", "seqno_advanced",
              "prepare", "commit", "abort")
@@ -112,7 +113,7 @@ def _dcp_rows_that_matter(t: pa.Table) -> pa.Table:
     status = t.column("status")
     is_req = pc.is_null(status).to_numpy(zero_copy_only=False)
     is_ctrl = pc.fill_null(pc.is_in(op, pa.array(CONTROL_OPS)), False).to_numpy(zero_copy_only=False)
-    is_ctrl |= pc.fill_null(pc.equal(status, STATUS_ROLLBACK), False).to_numpy(zero_copy_only=False)
+    is_ctrl |= pc.fill_null(pc.equal(status, int(Status.ROLLBACK)), False).to_numpy(zero_copy_only=False)
     is_ctrl = (is_ctrl & is_in) | is_out_req
     is_item = (pc.fill_null(pc.is_in(op, pa.array(SEQNO_OPS)), False).to_numpy(zero_copy_only=False)
                & is_in & is_req & pc.is_valid(t.column("by_seqno")).to_numpy(zero_copy_only=False))
@@ -152,7 +153,7 @@ def dcp_resume_state(files) -> dict[int, VbResume]:
                 s.ended = False
                 continue
             if status is not None:                       # a response
-                if status == STATUS_ROLLBACK and cols["rollback_seqno"][i] is not None:
+                if status == int(Status.ROLLBACK) and cols["rollback_seqno"][i] is not None:
                     rb = cols["rollback_seqno"][i]
                     s.rollbacks += 1
                     s.last_seqno = min(s.last_seqno, rb)

@@ -1,0 +1,348 @@
+"""One capture segment on disk: the in-progress Arrow IPC file (written as rows arrive, read
+back by `open_in_progress`), its Parquet twin encoded row group by row group on a helper thread
+(`ParquetSegment`), finishing (fsync, rename, removal of the `.arrows`) and recovery of a
+segment a crashed or failed run left behind (`finish_in_progress`, `finish_from_memory`)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import fcntl
+import os
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from dcptool.replay.store import COMPRESSIONS
+from dcptool.replay.store.files import fsync_dir, fsync_path, one_line, remove_quiet, start_writeback, unlink_quiet
+from dcptool.replay.store.naming import TMP_SUFFIX, final_path
+
+# Uncompressed Arrow bytes buffered per Parquet row group. Small enough that the row group
+# being encoded, the one filling and the writer's queue stay well inside the capture's RSS
+# budget (one 8 MiB receive of 128 B frames is ~23 MiB of Arrow: a row group per receive);
+# large enough that per-row-group overhead is noise (~10 KB of footer per 65k rows).
+ROW_GROUP_BYTES = 16 * 2**20
+ROW_GROUP_ROWS = 1_000_000
+
+# The in-progress copy is compressed per buffer where that pays: the many all-null columns
+# of small DCP rows shrink to nothing, which costs less than pushing their zeros through the
+# page cache (and perhaps the disk) for a file that is deleted once its Parquet twin is in
+# place. LZ4, not zstd: the file is transient and the capture hot path shares two cores with
+# the network loop (tests/bench/bench_capture.py: 405k -> 565k frames/s). Large values that
+# LZ4 cannot shrink (random or already compressed bytes) make it pure cost: 1.4-1.7 GB/s
+# with LZ4 against 4-4.6 GB/s without for 1 KiB and 16 KiB values of random hex. So each
+# segment tries LZ4 on a sample of its first rows and keeps it only when it at least halves
+# them (`IPC_MIN_SAVINGS`); a reader sees the codec per message and needs no option.
+IPC_COMPRESSION = "lz4"
+IPC_MIN_SAVINGS = 0.5
+_IPC_SAMPLE_BYTES = 1 << 20
+
+# Parquet dictionary encoding only where values repeat; hashing every `raw` frame for a
+# dictionary that is then abandoned costs more than the whole zstd pass.
+_DICT_INT_COLUMNS = ("conn", "magic", "opcode", "status", "vbucket", "datatype", "stream_id",
+                     "collection_id", "item_flags", "snap_flags", "stream_end_reason",
+                     "req_flags", "system_event_id")
+
+
+class WriterError(Exception):
+    """A capture could not be written (disk full, unwritable directory ...). The message is
+    one line naming the path; finished segments are left intact."""
+
+
+def abandon_files(pq_segment, ipc, ipc_sink, lock_fd) -> None:
+    """After an error: drop the partial Parquet file, close the in-progress file (it stays)
+    and release the lock, ignoring further errors (the disk is failing already)."""
+    if pq_segment is not None:
+        pq_segment.abandon()
+    for closer in (getattr(ipc, "close", None), getattr(ipc_sink, "close", None)):
+        if closer is not None:
+            try:
+                closer()
+            except Exception:  # noqa: BLE001 - the disk is failing already
+                pass
+    if lock_fd is not None:
+        try:
+            os.close(lock_fd)
+        except OSError:
+            pass
+
+
+def parquet_compression(compression: str | None) -> str:
+    c = (compression or "none").lower()
+    if c not in COMPRESSIONS:
+        raise ValueError(f"compression must be one of {', '.join(COMPRESSIONS)}, not {compression!r}")
+    return c
+
+
+def _dictionary_columns(schema: pa.Schema) -> list[str]:
+    return [f.name for f in schema
+            if pa.types.is_dictionary(f.type) or f.name in _DICT_INT_COLUMNS]
+
+
+# ------------------------------------------------------------- reading in-progress segments
+
+def open_in_progress(path: str) -> tuple[pa.Schema | None, Iterator[pa.RecordBatch]]:
+    """Open an in-progress `.arrows` segment, possibly cut short by a crash or still being
+    written: (schema or None when not even the schema made it to disk, iterator over every
+    whole batch; a torn batch at the end is left out, never returned in part)."""
+    source = pa.memory_map(path, "r") if os.path.getsize(path) else None
+    if source is None:
+        return None, iter(())
+    try:
+        reader = ipc.open_stream(source)
+    except (pa.ArrowInvalid, OSError, EOFError):
+        source.close()
+        return None, iter(())
+
+    def batches():
+        try:
+            while True:
+                try:
+                    yield reader.read_next_batch()
+                except StopIteration:
+                    return
+                except (pa.ArrowInvalid, OSError, EOFError):
+                    return  # torn tail: everything before it is whole
+        finally:
+            source.close()
+
+    return reader.schema, batches()
+
+
+def ipc_compression(batch: pa.RecordBatch) -> str | None:
+    """IPC_COMPRESSION unless it fails to save IPC_MIN_SAVINGS on the last rows of batch
+    (about 1 MiB of them, the newest data); with less than 64 KiB to judge by (a few
+    control frames), IPC_COMPRESSION."""
+    n, nbytes = batch.num_rows, batch.nbytes
+    if n == 0 or nbytes < _IPC_SAMPLE_BYTES // 16:
+        return IPC_COMPRESSION
+    rows = max(1, min(n, int(n * _IPC_SAMPLE_BYTES / nbytes)))
+    sample = batch.slice(n - rows, rows)
+    sizes = []
+    for codec in (None, IPC_COMPRESSION):
+        sink = pa.BufferOutputStream()
+        with ipc.new_stream(sink, batch.schema, options=ipc.IpcWriteOptions(compression=codec)) as w:
+            w.write_batch(sample)
+        sizes.append(sink.tell())
+    return IPC_COMPRESSION if sizes[1] <= sizes[0] * (1 - IPC_MIN_SAVINGS) else None
+
+
+def _statistics_columns(schema: pa.Schema) -> list[str]:
+    """Min/max statistics where readers prune with them (numbers, timestamps, names); not
+    on the frame bytes and keys, where they cost time and help no query."""
+    return [f.name for f in schema
+            if not (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)
+                    or pa.types.is_list(f.type) or f.name in ("row", "args"))]
+
+
+# ------------------------------------------------------------------------- Parquet segment
+
+class ParquetSegment:
+    """A Parquet file being written under `<final>.tmp`, one bounded row group at a time.
+
+    A full row group is encoded on a helper thread (pyarrow releases the GIL while it
+    encodes and compresses) while the next one fills, so the in-progress IPC copy, and
+    with it the network side, keeps moving during the zstd pass. At most one row group is
+    in flight: the next hand-off waits for it, which bounds memory to two row groups."""
+
+    def __init__(self, final: str, schema: pa.Schema, compression: str):
+        self.final = final
+        self.tmp = final + TMP_SUFFIX
+        self.schema = schema
+        self.rows = 0
+        self._batches: list[pa.RecordBatch] = []
+        self._buffered = 0
+        self._buffered_rows = 0
+        self._encoding: concurrent.futures.Future | None = None
+        self._encoder = None
+        self._writer = pq.ParquetWriter(
+            self.tmp, schema, compression=compression,
+            use_dictionary=_dictionary_columns(schema), write_statistics=_statistics_columns(schema),
+            data_page_version="2.0")
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self._batches.append(batch)
+        self._buffered += batch.nbytes
+        self._buffered_rows += batch.num_rows
+        self.rows += batch.num_rows
+        if self._buffered >= ROW_GROUP_BYTES or self._buffered_rows >= ROW_GROUP_ROWS:
+            self.flush_row_group(wait=False)
+
+    def flush_row_group(self, wait: bool = True) -> None:
+        """Hand the buffered rows to the encoder as one row group; with wait, return once
+        every row group handed over is in the file."""
+        self._wait()
+        if self._batches:
+            batches, self._batches, self._buffered, self._buffered_rows = self._batches, [], 0, 0
+            if self._encoder is None:
+                self._encoder = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="dcptool-parquet")
+            self._encoding = self._encoder.submit(self._write_row_group, batches)
+        if wait:
+            self._wait()
+
+    def _write_row_group(self, batches: list) -> None:
+        table = pa.Table.from_batches(batches, schema=self.schema).unify_dictionaries()
+        self._writer.write_table(table, row_group_size=max(1, table.num_rows))
+        start_writeback(self.tmp)
+
+    def _wait(self) -> None:
+        fut, self._encoding = self._encoding, None
+        if fut is not None:
+            fut.result()   # an encoder error (disk full ...) surfaces here, in the caller
+
+    def _stop_encoder(self) -> None:
+        if self._encoder is not None:
+            self._encoder.shutdown(wait=True)
+            self._encoder = None
+
+    def finish(self) -> int:
+        """Write the last row group, fsync, rename into place; the size in bytes."""
+        try:
+            self.flush_row_group()
+        finally:
+            self._stop_encoder()
+        self._writer.close()
+        self._writer = None
+        fsync_path(self.tmp)
+        os.replace(self.tmp, self.final)
+        fsync_dir(os.path.dirname(self.final) or ".")
+        return os.path.getsize(self.final)
+
+    def abandon(self) -> None:
+        self._batches = []
+        try:
+            self._wait()
+        except Exception:  # noqa: BLE001 - already failing; the tmp file goes anyway
+            pass
+        self._stop_encoder()
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except Exception:  # noqa: BLE001 - already failing; the tmp file goes anyway
+                pass
+            self._writer = None
+        try:
+            os.unlink(self.tmp)
+        except OSError:
+            pass
+
+
+def finish_in_progress(arrows_path: str, compression: str = "zstd") -> dict | None:
+    """Turn a leftover in-progress segment into a normal Parquet segment.
+
+    Returns {"path", "rows", "bytes"} for a segment written now, or None when there was
+    nothing to do: the segment is still being written by a live process (its lock is
+    held), it was already renamed into place before the crash, or it held no whole row.
+    """
+    try:
+        lock_fd = os.open(arrows_path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None  # a running capture owns it
+        final = final_path(arrows_path)
+        if os.path.exists(final):
+            # killed between the rename and the unlink: the Parquet file is whole
+            unlink_quiet(final + TMP_SUFFIX)
+            unlink_quiet(arrows_path)
+            return None
+        schema, batches = open_in_progress(arrows_path)
+        if schema is None:
+            # killed before the first batch (the IPC stream writes its schema with it): no
+            # row, and whatever Parquet file was started for the segment is empty too
+            unlink_quiet(final + TMP_SUFFIX)
+            unlink_quiet(arrows_path)
+            return None
+        try:
+            seg = ParquetSegment(final, schema, parquet_compression(compression))
+            try:
+                for batch in batches:
+                    seg.add(batch)
+                if seg.rows == 0:
+                    seg.abandon()
+                    unlink_quiet(arrows_path)
+                    return None
+                size = seg.finish()
+            except BaseException:
+                seg.abandon()
+                raise
+        except OSError as exc:
+            raise WriterError(f"cannot write capture segment {final}: {one_line(exc)}") from exc
+        unlink_quiet(arrows_path)
+        return {"path": final, "rows": seg.rows, "bytes": size}
+    finally:
+        os.close(lock_fd)
+
+
+def finish_from_memory(arrows: str, compression: str) -> tuple[dict | None, int]:
+    """The last resort on a full disk: read the whole rows of an in-progress file into
+    memory, remove the file, and write them as its Parquet segment into the space it
+    gave back. (segment or None, rows that could not be saved); the file is gone either way."""
+    batches: list = []
+    schema = None
+    try:
+        with open(arrows, "rb") as f:
+            data = f.read()
+        try:
+            reader = ipc.open_stream(pa.py_buffer(data))
+            schema = reader.schema
+            while True:
+                batches.append(reader.read_next_batch())
+        except StopIteration:
+            pass
+        except (pa.ArrowInvalid, OSError, EOFError):
+            pass   # a torn tail: the whole batches before it are kept
+    except OSError:
+        pass
+    remove_quiet(arrows)
+    rows = sum(b.num_rows for b in batches)
+    if schema is None or rows == 0:
+        return None, 0
+    final = final_path(arrows)
+    seg = None
+    try:
+        seg = ParquetSegment(final, schema, parquet_compression(compression))
+        for b in batches:
+            seg.add(b)
+        size = seg.finish()
+    except Exception:  # noqa: BLE001 - the disk is failing: report the rows, not a trace
+        if seg is not None:
+            seg.abandon()
+        remove_quiet(final + TMP_SUFFIX)
+        if os.path.exists(final):   # renamed into place (whole) before the error
+            return {"path": final, "rows": rows, "bytes": os.path.getsize(final)}, 0
+        return None, rows
+    return {"path": final, "rows": seg.rows, "bytes": size}, 0
+
+
+class Finishing:
+    """A segment handed over for finishing: its Parquet file and its in-progress file."""
+
+    __slots__ = ("pq", "ipc", "ipc_sink", "arrows", "lock_fd", "ipc_bytes")
+
+    def __init__(self, pq_seg, ipc_writer, ipc_sink, arrows, lock_fd, ipc_bytes):
+        self.pq, self.ipc, self.ipc_sink = pq_seg, ipc_writer, ipc_sink
+        self.arrows, self.lock_fd, self.ipc_bytes = arrows, lock_fd, ipc_bytes
+
+    def complete(self) -> int:
+        """Parquet file whole and in place, then the in-progress copy removed; its size."""
+        size = self.pq.finish()
+        self.ipc.close()
+        self.ipc_sink.close()
+        os.unlink(self.arrows)
+        os.close(self.lock_fd)
+        self.lock_fd = None
+        return size
+
+    def abandon(self) -> None:
+        """After an error: drop the partial Parquet file, keep the in-progress file."""
+        abandon_files(self.pq, self.ipc, self.ipc_sink, self.lock_fd)
+        self.lock_fd = None
+
+
+# ----------------------------------------------------------------------------- the writer
