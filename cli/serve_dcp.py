@@ -10,6 +10,7 @@ import sys
 
 import click
 
+from dcptool.cli.playback import check_unused, playback_options, serve_dcp_capture
 from dcptool.cli.run_summary import STOP_SIGNALS
 from dcptool.cli.sources import parse_duration
 
@@ -60,9 +61,10 @@ def _reasons(text: str | None) -> tuple[int, ...]:
 @click.option("--silent", is_flag=True, help="Scenario: after the first stream request send nothing at all.")
 @click.option("--refuse-control", "refuse_controls", multiple=True,
               help="Scenario: answer this DCP_CONTROL key with NOT_SUPPORTED (repeatable).")
+@playback_options
 def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, checkpoint_items, users, tls_cert,
               tls_key, failover_at, failover_loss, disconnect_after, end_reasons, slow, slow_frames, silent,
-              refuse_controls):
+              refuse_controls, from_capture, pace, disconnect_at, stall_at, corrupt_at):
     """Serve DCP for one generated bucket on BIND:PORT.
 
     Speaks HELLO, SASL (SCRAM-SHA512/256/SHA1, PLAIN), SELECT_BUCKET, DCP_OPEN,
@@ -91,13 +93,18 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
     scenarios = Scenarios(failover_at=failover_at, failover_loss=failover_loss, disconnect_after=disconnect_after,
                           end_reasons=_reasons(end_reasons), slow=parse_duration(slow, "--slow") if slow else 0.0,
                           slow_frames=slow_frames, silent=silent, refuse_controls=tuple(refuse_controls))
-    model = server_from_options(bucket=bucket, vbuckets=vbuckets, items=items, seed=seed, value_size=value_size,
-                                users=user_map, scenarios=scenarios, checkpoint_items=checkpoint_items)
     tls = None
     if tls_cert:
         import ssl
         tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         tls.load_cert_chain(tls_cert, tls_key)
+    check_unused(click.get_current_context(), from_capture, pace, disconnect_at, stall_at, corrupt_at)
+    if from_capture:   # play a capture back (cli/playback.py); --bucket etc. come from the capture
+        serve_dcp_capture(from_capture, bind=bind, port=port, users=user_map, tls=tls, pace=pace,
+                          disconnect_at=disconnect_at, stall_at=stall_at, corrupt_at=corrupt_at)
+        return
+    model = server_from_options(bucket=bucket, vbuckets=vbuckets, items=items, seed=seed, value_size=value_size,
+                                users=user_map, scenarios=scenarios, checkpoint_items=checkpoint_items)
 
     async def main():
         stop = asyncio.Event()

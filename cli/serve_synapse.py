@@ -9,6 +9,7 @@ import time
 
 import click
 
+from dcptool.cli.playback import check_unused, playback_options, serve_synapse_capture
 from dcptool.cli.run_summary import STOP_SIGNALS
 from dcptool.cli.sources import parse_duration
 
@@ -40,8 +41,10 @@ from dcptool.cli.sources import parse_duration
               help="Scenario: after N RDATA lines send ERROR and close.")
 @click.option("--long-line-after", type=click.IntRange(min=0), default=None,
               help="Scenario: after N RDATA lines send a line over the 16384-byte cap.")
+@playback_options
 def serve_synapse(bind, port, server_name, items, seed, from_file, rate, ping_interval, timeout,
-                  drop_after, skip_on_reconnect, silent_after, error_after, long_line_after):
+                  drop_after, skip_on_reconnect, silent_after, error_after, long_line_after,
+                  from_capture, pace, disconnect_at, stall_at, corrupt_at):
     """Serve Synapse's TCP replication protocol on BIND:PORT.
 
     On connect it sends SERVER and PING; on REPLICATE a POSITION for every stream, then
@@ -57,6 +60,13 @@ def serve_synapse(bind, port, server_name, items, seed, from_file, rate, ping_in
     from dcptool.protocol.synapse.server import Feed, ServerConnection, generated_lines, recorded_lines
     from dcptool.protocol.transport.synapse import serve_tcp
 
+    check_unused(click.get_current_context(), from_capture, pace, disconnect_at, stall_at, corrupt_at)
+    if from_capture:   # play a capture back (cli/playback.py)
+        serve_synapse_capture(from_capture, bind=bind, port=port, server_name=server_name,
+                              ping=parse_duration(ping_interval, "--ping-interval"),
+                              timeout=parse_duration(timeout, "--timeout"), pace=pace,
+                              disconnect_at=disconnect_at, stall_at=stall_at, corrupt_at=corrupt_at)
+        return
     if from_file:
         with open(from_file, encoding="utf-8") as fh:
             feed = Feed(recorded_lines(fh.read()))

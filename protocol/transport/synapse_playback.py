@@ -1,0 +1,82 @@
+"""The I/O of `serve synapse --from CAPTURE`: an asyncio TCP server around the sans-IO
+playback sessions of protocol/synapse/playback.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+from dcptool.protocol.synapse import commands as C
+from dcptool.protocol.synapse.framing import LineFramer
+
+
+async def serve_playback(bind: str, port: int, make_session: Callable, *, on_listening,
+                         stop: asyncio.Event | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    """Accept replication clients on bind:port until `stop`; each gets make_session()."""
+    stop = stop or asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        session = make_session()
+        framer = LineFramer()
+        wake = asyncio.Event()
+
+        def write(lines) -> None:
+            if lines:
+                data = b"\n".join(x if isinstance(x, bytes) else x.encode("utf-8") for x in lines) + b"\n"
+                writer.write(data)
+                session.sent(clock())
+
+        async def reader_task():
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    return
+                lines = framer.feed(data)
+                if framer.error is not None:
+                    write([C.format_line(C.Error("line too long"))])
+                    return
+                write(session.receive(lines, clock()))
+                wake.set()
+
+        rt = asyncio.ensure_future(reader_task())
+        try:
+            write(session.connect(clock()))
+            while not rt.done() and not stop.is_set():
+                out, close = session.tick(clock())
+                write(out)
+                if close:
+                    break
+                lines, close = session.pull(clock())
+                write(lines)
+                await writer.drain()
+                if close:
+                    break
+                if lines:
+                    continue
+                wake.clear()
+                deadline = session.next_deadline()
+                timeout = 0.05 if deadline is None else min(0.05, max(0.0, deadline - clock()))
+                try:
+                    await asyncio.wait_for(wake.wait(), timeout)
+                except (asyncio.TimeoutError, TimeoutError):
+                    pass
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            rt.cancel()
+            try:
+                await writer.drain()
+            except (ConnectionError, OSError):
+                pass
+            writer.close()
+            try:
+                await asyncio.wait_for(writer.wait_closed(), 1.0)
+            except (ConnectionError, OSError, asyncio.TimeoutError):
+                pass
+
+    server = await asyncio.start_server(handle, bind, port)
+    sock = server.sockets[0].getsockname()
+    on_listening(sock[0], sock[1])
+    async with server:
+        await stop.wait()
