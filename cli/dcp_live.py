@@ -14,7 +14,7 @@ import numpy as np
 from dcptool.cli.console import err_console
 from dcptool.cli.errors import Interrupted
 from dcptool.cli.live import LiveOptions
-from dcptool.cli.dcp_rows import frame_rows
+from dcptool.cli.dcp_rows import frame_columns, jsonl_of, rows_of
 from dcptool.cli.output import Sink, default_format, display_columns, iso_ns
 from dcptool.cli.run_summary import (DURATION, END, MAX_MESSAGES, TO, RunStats, StopSignals, run_and_close,
                                      check_vbuckets, print_stream_summary, stop_reason_for_signal)
@@ -100,44 +100,47 @@ class RowTap:
     def _vb_of(self, opaque: int):
         return self.consumer.vb_opaque.get(opaque) if self.consumer is not None else None
 
-    def rows(self, buf, offsets, lengths, ts: str, direction: str, mono_ns: int | None = None) -> list[dict]:
-        """Display rows of whole frames (cli/dcp_rows.py: the columnar decoder), numbered."""
-        rows = frame_rows(buf, offsets, lengths, template=self.template,
-                          collections=self.consumer.collections if self.consumer is not None else False,
-                          opaque_vbuckets=self.consumer.vb_opaque if self.consumer is not None else {},
-                          values=self.values, raw=self.raw,
-                          extra={"conn": self.conn, "ts": ts, "mono_ns": mono_ns, "direction": direction})
-        for r in rows:
-            r["frame_no"] = self.frame_no
-            self.frame_no += 1
-        return rows
+    def columns(self, buf, offsets, lengths, ts: str, direction: str, mono_ns: int | None = None):
+        """Display columns of whole frames (cli/dcp_rows.py: the columnar decoder), numbered."""
+        cols, n = frame_columns(buf, offsets, lengths, template=self.template,
+                                collections=self.consumer.collections if self.consumer is not None else False,
+                                opaque_vbuckets=self.consumer.vb_opaque if self.consumer is not None else {},
+                                values=self.values, raw=self.raw,
+                                extra={"conn": self.conn, "ts": ts, "mono_ns": mono_ns, "direction": direction},
+                                first_frame_no=self.frame_no)
+        self.frame_no += n
+        return cols, n
 
-    def _count(self, row: dict) -> None:
-        op = row["op"]
-        if op in ("mutation", "deletion", "expiration"):
-            self.items += 1
-        elif op == "stream_end":
-            self.streams_ended += 1
-        elif op == "stream_req" and row["status"] == Status.ROLLBACK and row["direction"] == "in":
-            self.rollbacks += 1
+    def rows(self, buf, offsets, lengths, ts: str, direction: str, mono_ns: int | None = None) -> list[dict]:
+        return rows_of(*self.columns(buf, offsets, lengths, ts, direction, mono_ns), self.template)
+
+    def _write(self, cols: dict, n: int) -> None:
+        """Counts what is shown (this run's summary) and writes it."""
+        for op, status, direction in zip(cols["op"], cols.get("status") or [None] * n, cols["direction"]):
+            if op in ("mutation", "deletion", "expiration"):
+                self.items += 1
+            elif op == "stream_end":
+                self.streams_ended += 1
+            elif op == "stream_req" and status == Status.ROLLBACK and direction == "in":
+                self.rollbacks += 1
+        if getattr(self.sink, "fmt", None) == "jsonl":
+            self.sink.write_jsonl(jsonl_of(cols, n, self.template), n)
+        else:
+            self.sink.write_many(rows_of(cols, n, self.template))
 
     def on_received(self, buf, offsets, lengths, ts_ns: int, mono_ns: int) -> None:
         if self.remaining is not None and self.remaining <= 0:
             return
-        offs, lens = offsets.tolist(), lengths.tolist()
-        if self.remaining is not None and len(offs) > self.remaining:
-            offs, lens = offs[:self.remaining], lens[:self.remaining]
-        if len(offs) < len(offsets):
-            offsets, lengths = offsets[:len(offs)], lengths[:len(offs)]
-        rows = self.rows(buf, offsets, lengths, iso_ns(ts_ns), "in", mono_ns)
-        for r in rows:
-            self._count(r)
-        self.sink.write_many(rows)
+        if self.remaining is not None and len(offsets) > self.remaining:
+            offsets, lengths = offsets[:self.remaining], lengths[:self.remaining]
+        n = len(offsets)
+        if n:
+            self._write(*self.columns(buf, offsets, lengths, iso_ns(ts_ns), "in", mono_ns))
         st = self.stats
-        st.messages_in += len(offs)
-        st.bytes_in += sum(lens)
+        st.messages_in += n
+        st.bytes_in += int(lengths.sum())
         if self.remaining is not None:
-            self.remaining -= len(offs)
+            self.remaining -= n
             if self.remaining <= 0 and self.on_limit is not None:
                 self.on_limit()
 
@@ -147,7 +150,7 @@ class RowTap:
             return
         self.stats.messages_out += 1
         self.stats.bytes_out += len(frame)
-        self.sink.write_many(self.rows(frame, _ONE_OFFSET, np.array([len(frame)]), iso_ns(ts_ns), "out", mono_ns))
+        self._write(*self.columns(frame, _ONE_OFFSET, np.array([len(frame)]), iso_ns(ts_ns), "out", mono_ns))
 
 
 class EventLog:

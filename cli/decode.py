@@ -67,7 +67,7 @@ def column_set(raw: bool, values: bool) -> list[str]:
 
 
 def _decode_stream(file, sink, cap, collections, raw, values):
-    from dcptool.cli.dcp_rows import frame_rows
+    from dcptool.cli.dcp_rows import frame_columns, jsonl_of, rows_of
     from dcptool.protocol.dcp import columnar
     from dcptool.protocol.dcp.frames import header_lengths
     from dcptool.protocol.errors import ErrorCode, RemoteError
@@ -81,8 +81,12 @@ def _decode_stream(file, sink, cap, collections, raw, values):
         chunk = file.read(CHUNK)
         buf = buf + chunk if buf else chunk
         offsets, lengths, consumed, err = columnar.scan(buf, cap)
-        sink.write_many(frame_rows(buf, offsets, lengths, template=blank, collections=collections,
-                                   opaque_vbuckets=opaque_vb, values=values, raw=raw))
+        cols, n = frame_columns(buf, offsets, lengths, template=blank, collections=collections,
+                                opaque_vbuckets=opaque_vb, values=values, raw=raw)
+        if sink.fmt == "jsonl":
+            sink.write_jsonl(jsonl_of(cols, n, blank), n)
+        else:
+            sink.write_many(rows_of(cols, n, blank))
         if err is not None:
             err.args = (err.message.replace(f"at byte {consumed}", f"at byte {base + consumed}"),)
             raise err

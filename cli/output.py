@@ -158,7 +158,7 @@ def default_format(requested: str | None) -> str:
     return "table" if stdout_is_tty() else "jsonl"
 
 
-def _json_default(obj):
+def json_default(obj):
     if isinstance(obj, (bytes, bytearray, memoryview)):
         return base64.b64encode(bytes(obj)).decode("ascii")
     if hasattr(obj, "isoformat"):
@@ -172,7 +172,7 @@ _OPTS = orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS
 
 
 def jsonl_bytes(row: dict) -> bytes:
-    return orjson.dumps(row, default=_json_default, option=_OPTS)
+    return orjson.dumps(row, default=json_default, option=_OPTS)
 
 
 def text_line(row: dict) -> str:
@@ -212,11 +212,19 @@ class Sink:
             if len(self._table_rows) >= 50:
                 self._print_table()
 
+    def write_jsonl(self, data: bytes, count: int) -> None:
+        """`count` rows already encoded as JSON lines (a fast path of the jsonl format)."""
+        self.count += count
+        if self._bin is not None:
+            self._bin.write(data)
+        else:
+            self.out.write(data.decode("utf-8"))
+
     def write_many(self, rows: Iterable[dict]) -> None:
         if self.fmt == "jsonl":
             # append each line at once: a kept orjson result pins a page-sized buffer
             data = bytearray()
-            dumps, default = orjson.dumps, _json_default
+            dumps, default = orjson.dumps, json_default
             for r in rows:
                 data += dumps(r, default=default, option=_OPTS)
                 self.count += 1

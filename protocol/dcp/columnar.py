@@ -365,13 +365,11 @@ ROW_ORDER = ("magic", "opcode", "op", "status", "vbucket", "opaque", "cas", "dat
              "req_snap_end", "system_event_id", "decode_error")
 
 
-def to_rows(batch: Batch, *, raw: bool = False) -> list[dict]:
-    """One dict per frame with the columns it carries (the same dicts messages.to_row
-    gives). Rows that carry the same set of columns are built together, column-wise."""
+def _present_columns(batch: Batch, raw: bool):
+    """(names, columns, valid masks) of the columns some frame of the batch carries, in
+    ROW_ORDER (then `raw`): numeric columns as numpy arrays, the rest as object arrays."""
     from dcptool.protocol.dcp.constants import OP_NAME_TABLE
     n = batch.n
-    if n == 0:
-        return []
     names, cols, valids = [], [], []
     buf = batch.buf
     for name in ROW_ORDER:
@@ -409,6 +407,30 @@ def to_rows(batch: Batch, *, raw: bool = False) -> list[dict]:
         names.append("raw")
         cols.append(arr)
         valids.append(np.ones(n, dtype=bool))
+    return names, cols, valids
+
+
+def to_columns(batch: Batch, *, raw: bool = False) -> dict[str, list]:
+    """Every column some frame of the batch carries, as a Python list per column with None
+    where a frame does not carry it: the shape for rows that carry every column (the
+    output contract), built column-wise."""
+    out = {}
+    for name, col, valid in zip(*_present_columns(batch, raw)):
+        values = col.tolist()
+        if not valid.all():
+            for i in np.flatnonzero(~valid).tolist():
+                values[i] = None
+        out[name] = values
+    return out
+
+
+def to_rows(batch: Batch, *, raw: bool = False) -> list[dict]:
+    """One dict per frame with the columns it carries (the same dicts messages.to_row
+    gives). Rows that carry the same set of columns are built together, column-wise."""
+    n = batch.n
+    if n == 0:
+        return []
+    names, cols, valids = _present_columns(batch, raw)
     bits = np.packbits(np.stack(valids, axis=1), axis=1, bitorder="little")
     sig = np.zeros((n, 8), dtype=np.uint8)
     sig[:, :bits.shape[1]] = bits

@@ -87,9 +87,11 @@ def dcptool_stream(host: str, port: int) -> tuple[float, float, int]:
     wall = time.perf_counter() - t0
     if out.returncode != 0:
         raise RuntimeError(out.stderr)
-    text = " ".join(out.stderr.split())
-    m = re.search(r"(\d+) items.* ([\d.]+) s", text)
-    return wall, float(m.group(2)), int(m.group(1))
+    # the summary line (docs/CLI.md "Summaries"): `summary: key=value ...`
+    fields = dict(re.findall(r"(\w+)=(\S+)", out.stderr.split("summary:", 1)[-1]))
+    if "items" not in fields or "seconds" not in fields:
+        raise RuntimeError(f"no summary line in stderr: {out.stderr[-500:]}")
+    return wall, float(fields["seconds"]), int(fields["items"])
 
 
 def main() -> None:
