@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("dcptool.cli.inspect:inspect_cmd", "Summarise captures."),
     "decode": ("dcptool.cli.decode:decode", "Decode a raw byte stream of DCP frames."),
     "serve": ("dcptool.cli.serve:serve", "Run a built-in DCP producer or Synapse replication server."),
+    "diff": ("dcptool.cli.diff:diff", "Documents added, changed and removed between two captures or moments."),
 }
 
 
@@ -69,7 +70,8 @@ def cli(ctx, verbose):
 
     Sources: couchbase://HOST[:PORT]/BUCKET, couchbases://..., synapse://HOST:PORT,
     synapse+redis://HOST[:PORT][/DB]?server_name=NAME. Exit codes: 0 done, 1 runtime
-    failure, 2 usage, 3 could not connect, 4 auth refused, 5 protocol error, 130 interrupted.
+    failure, 2 usage, 3 could not connect, 4 auth refused, 5 protocol error, 6 findings
+    (diff, verify), 130 interrupted (143/129 on SIGTERM/SIGHUP).
     """
     ctx.ensure_object(dict)
     ctx.obj["verbose"] = verbose

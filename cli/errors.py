@@ -15,6 +15,7 @@ EXIT_USAGE = 2
 EXIT_CONNECT = 3
 EXIT_AUTH = 4
 EXIT_PROTOCOL = 5
+EXIT_FINDINGS = 6      # diff: the captures differ; verify: problems found
 EXIT_INTERRUPTED = 130
 
 AUTH_STATUSES = {0x1F, 0x20, 0x24}  # auth stale, auth error, access denied

@@ -145,13 +145,18 @@ def _spark_progress(session, label: str):
               help="Run function(key, table) per vbucket / (stream, instance) over its in frames. "
                    "MODULE is found in the working directory or on the Python path, or is a file: ./fn.py:name.")
 @click.option("--checksum", is_flag=True, help="Print SHA-256 of each chosen table in canonical form.")
+@click.option("--as-of", "as_of_ts", metavar="TIMESTAMP",
+              help="DCP: the tables as they were at this moment (RFC 3339 or integer nanoseconds): "
+                   "only frames received at or before it count.")
+@click.option("--as-of-seqno", "as_of_seqnos", multiple=True, metavar="VB:SEQNO",
+              help="DCP: for vbucket VB only changes up to SEQNO count (repeatable).")
 @click.pass_context
 def replay(ctx, captures, use_spark, master, spark_conf, output, output_alias, fmt, tables, sql, unsafe_sql,
-           apply_spec, checksum):
+           apply_spec, checksum, as_of_ts, as_of_seqnos):
     """Replay captures (files, directories, or - for paths on stdin) into result tables.
 
     \b
-    DCP tables: documents vbuckets snapshots rollbacks failover frames
+    DCP tables: documents vbuckets snapshots rollbacks failover undone frames
     Synapse tables: positions rows gaps commands frames
 
     \b
@@ -162,6 +167,7 @@ def replay(ctx, captures, use_spark, master, spark_conf, output, output_alias, f
       dcptool replay captures/ --spark --sql "SELECT vbucket, count(*) FROM documents GROUP BY 1"
       dcptool replay captures/ -o results/
       ls captures/*.parquet | dcptool replay -
+      dcptool replay captures/ --as-of 2026-01-02T03:04:05Z --table documents
     """
     out_dir = output or output_alias
     verbose = bool((ctx.find_root().obj or {}).get("verbose"))
@@ -177,6 +183,13 @@ def replay(ctx, captures, use_spark, master, spark_conf, output, output_alias, f
 
     if sum(bool(x) for x in (sql, apply_spec, checksum)) > 1:
         raise click.UsageError("choose one of --sql, --apply, --checksum")
+    from dcptool.replay.as_of import make_as_of
+    try:
+        as_of = make_as_of(as_of_ts, as_of_seqnos)
+    except ValueError as exc:
+        raise click.UsageError(f"--as-of / --as-of-seqno: {exc}") from None
+    if as_of and apply_spec:
+        raise click.UsageError("--as-of / --as-of-seqno do not combine with --apply")
     conf = {}
     for item in spark_conf:
         k, sep, v = item.partition("=")
@@ -185,6 +198,8 @@ def replay(ctx, captures, use_spark, master, spark_conf, output, output_alias, f
         conf[k] = v
     files = reader.find_captures(capture_paths(captures))
     protocol = reader.protocol_of(files)
+    if as_of and protocol != "dcp":
+        raise click.UsageError("--as-of / --as-of-seqno apply to DCP captures only")
     fn = None
     if apply_spec:
         try:
@@ -213,10 +228,10 @@ def replay(ctx, captures, use_spark, master, spark_conf, output, output_alias, f
             _emit(ctx, {"apply": result} if result is not None else {}, fmt, out_dir)
             return
         if session is not None:
-            rep = spark_engine.replay_spark(session, files)
+            rep = spark_engine.replay_spark(session, files, as_of=as_of or None)
         else:
             with console.status("replaying", spinner="dots"):
-                rep = local.replay_local(files, tables=names)
+                rep = local.replay_local(files, tables=names, as_of=as_of or None)
         progress = _spark_progress(session, "replay") if session is not None else contextlib.nullcontext()
         with progress:
             if sql:

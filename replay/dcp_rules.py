@@ -57,7 +57,9 @@ def vb_order_key(t: pa.Table) -> np.ndarray:
 MARKER_COLUMNS = ["vbucket", "capture_id", "frame_no", "ts", "snap_version", "snap_start", "snap_end",
                   "snap_flags", "_seq"]
 DOC_COLUMNS = ["vbucket", "collection_id", "key", "by_seqno", "rev_seqno", "cas", "op", "datatype",
-               "item_flags", "expiration", "value_len", "capture_id", "frame_no", "ts"]
+               "item_flags", "expiration", "value_len", "capture_id", "frame_no", "ts", "_seq"]
+# an undone change, for the `undone` table (with `_r`, the rollback that undid it)
+UNDONE_COLUMNS = ["vbucket", "collection_id", "key", "by_seqno", "op", "capture_id", "frame_no", "ts"]
 INT64_MIN = np.iinfo(np.int64).min
 
 
@@ -104,6 +106,7 @@ class DcpState:
         self._parts: list[pa.Table] = []      # newer per-chunk changes not merged into docs yet
         self._parts_rows = 0
         self._dedupe_chunks, self._not_deduped = True, 0
+        self._undone_rows: list[pa.Table] = []   # the changes rollbacks undid (rare)
 
     def feed(self, chunk: pa.Table) -> None:
         """Apply the next vbucket frames (in frame order)."""
@@ -147,6 +150,13 @@ class DcpState:
         undone_by = self._undone_by(vb, seq, seqno, is_change | is_adv)
         counted = undone_by[is_change & (undone_by >= 0)]
         p.undone = np.bincount(counted, minlength=len(self.r_vb)) if len(counted) else None
+        p.undone_rows = None
+        if len(counted):
+            und = np.flatnonzero(is_change & (undone_by >= 0))
+            u = chunk.select(UNDONE_COLUMNS).take(und)
+            u = u.set_column(UNDONE_COLUMNS.index("op"), "op", as_strings(u.column("op")))
+            u = u.set_column(UNDONE_COLUMNS.index("capture_id"), "capture_id", as_strings(u.column("capture_id")))
+            p.undone_rows = u.append_column("_r", pa.array(undone_by[und], pa.int64()))
         alive = undone_by < 0
 
         # high_seqno: the highest seqno not undone (items and seqno-advanced)
@@ -193,6 +203,8 @@ class DcpState:
             self._ends.append(p.ends)
         if p.undone is not None:
             self.undone += p.undone
+        if p.undone_rows is not None:
+            self._undone_rows.append(p.undone_rows)
         np.maximum(self.high_seqno, p.high, out=self.high_seqno)
         self.has_high |= p.has_high
         self._apply_snapshots(p)
@@ -289,6 +301,39 @@ class DcpState:
                 self.docs = _last_per_document(pa.concat_tables(tables))
                 self._docs_rows = self.docs.num_rows
 
+    def _undone_table(self) -> pa.Table:
+        """`undone`: each change a rollback undid, with the rollback, and whether the document's
+        current change (the last one not undone) was received after the rollback: `restored`,
+        at `restored_seqno` (its by_seqno)."""
+        schema = T.DCP_TABLES["undone"][0]
+        if not self._undone_rows:
+            return schema.empty_table()
+        u = pa.concat_tables(self._undone_rows).combine_chunks()
+        r = as_numpy(u.column("_r"), dtype=np.int64)
+        rb = self.rollbacks.take(pa.array(r))
+        r_seq = self.r_seq[r]
+        # the current change of each document concerned (undone documents are few)
+        current: dict = {}
+        if self.docs is not None and self.docs.num_rows:
+            d = self.docs.filter(pc.is_in(self.docs.column("key"), value_set=pc.unique(u.column("key"))))
+            for vb, cid, key, seqno, seq in zip(*(d.column(c).to_pylist() for c in
+                                                 ("vbucket", "collection_id", "key", "by_seqno", "_seq"))):
+                current[(vb, cid, key)] = (seq, seqno)
+        restored, restored_seqno = [], []
+        for vb, cid, key, rs in zip(u.column("vbucket").to_pylist(), u.column("collection_id").to_pylist(),
+                                    u.column("key").to_pylist(), r_seq.tolist()):
+            doc = current.get((vb, cid, key))
+            ok = doc is not None and doc[0] > rs
+            restored.append(ok)
+            restored_seqno.append(doc[1] if ok else None)
+        return T.canonical("dcp", "undone", pa.table({
+            "vbucket": u.column("vbucket"), "capture_id": as_strings(rb.column("capture_id")),
+            "frame_no": rb.column("frame_no"), "ts": rb.column("ts"), "rollback_seqno": rb.column("rollback_seqno"),
+            "collection_id": u.column("collection_id"), "key": u.column("key"), "by_seqno": u.column("by_seqno"),
+            "op": u.column("op"), "change_capture_id": u.column("capture_id"), "change_frame_no": u.column("frame_no"),
+            "change_ts": u.column("ts"), "restored": pa.array(restored, pa.bool_()),
+            "restored_seqno": pa.array(restored_seqno, pa.int64())}))
+
     def finish(self) -> dict[str, pa.Table]:
         out: dict[str, pa.Table] = {}
         # documents
@@ -303,6 +348,7 @@ class DcpState:
             d = d.set_column(d.column_names.index("op"), "state", state)
             docs = T.canonical("dcp", "documents", d)
         out["documents"] = docs
+        out["undone"] = self._undone_table()
 
         # snapshots, by (vbucket, frame order): complete by an item at snap_end, or the next
         # marker of the vbucket starting above it

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from dcptool.replay import tables as T
+from dcptool.replay.as_of import AS_OF_COLUMNS, AsOf
 from dcptool.replay.columns import CHUNK_ROWS, ordered_frames
 from dcptool.replay.dcp_rules import (DCP_FILTER_COLUMNS, DCP_ROLLBACK_COLUMNS, DCP_STATE_COLUMNS, DcpState,
                                       dcp_vbucket_frames, rollback_mask)
@@ -36,6 +37,7 @@ class Replay:
     protocol: str
     files: list
     results: dict[str, pa.Table]
+    as_of: AsOf | None = None
 
     def names(self) -> list[str]:
         return T.table_names(self.protocol)
@@ -44,17 +46,23 @@ class Replay:
         if name not in self.results:
             if name != "frames":
                 raise KeyError(name)
-            self.results[name] = T.canonical(self.protocol, "frames", reader.read_capture_table(self.files))
+            frames = reader.read_capture_table(self.files)
+            if self.as_of:
+                frames = frames.filter(pa.array(self.as_of.mask(frames)))
+            self.results[name] = T.canonical(self.protocol, "frames", frames)
         return self.results[name]
 
 
-def replay_local(files: list, chunk_rows: int = CHUNK_ROWS, tables=None) -> Replay:
+def replay_local(files: list, chunk_rows: int = CHUNK_ROWS, tables=None, as_of: AsOf | None = None) -> Replay:
     """`tables`: the names that will be asked for (None: any); Synapse skips building
-    `rows` when it is not among them."""
+    `rows` when it is not among them. `as_of` (DCP): only the frames it keeps count
+    (replay/as_of.py)."""
     protocol = reader.protocol_of(files)
     ranks = reader.capture_ranks(files)
     if protocol == "dcp":
-        return Replay(protocol, files, _replay_dcp(files, ranks, chunk_rows))
+        return Replay(protocol, files, _replay_dcp(files, ranks, chunk_rows, as_of or None), as_of or None)
+    if as_of:
+        raise ValueError("a point in time (--as-of) applies to DCP captures only")
     return Replay(protocol, files, _replay_synapse(files, ranks, tables, chunk_rows))
 
 
@@ -80,13 +88,15 @@ def _chunks(t: pa.Table, rows: int) -> Iterator[pa.Table]:
         yield t.slice(s, rows)
 
 
-def _replay_dcp(files, ranks, chunk_rows) -> dict[str, pa.Table]:
+def _replay_dcp(files, ranks, chunk_rows, as_of: AsOf | None = None) -> dict[str, pa.Table]:
     # the rollbacks first: they are rare, and the Parquet statistics usually tell there are none
-    cols = list(dict.fromkeys(DCP_FILTER_COLUMNS + DCP_ROLLBACK_COLUMNS))
+    cols = list(dict.fromkeys(DCP_FILTER_COLUMNS + DCP_ROLLBACK_COLUMNS + (AS_OF_COLUMNS if as_of else [])))
     rollbacks = []
     if reader.may_have_values(files, "rollback_seqno"):
         for t in ordered_frames(files, cols, ranks):
             keep = dcp_vbucket_frames(t) & rollback_mask(t)
+            if as_of:
+                keep &= as_of.mask(t)
             if keep.any():
                 rollbacks.append(t.filter(pa.array(keep)).select(DCP_ROLLBACK_COLUMNS + ["_seq"]))
     schema = pa.schema([capture_schema("dcp").field(c) for c in DCP_ROLLBACK_COLUMNS] + [("_seq", pa.int64())])
@@ -105,6 +115,8 @@ def _replay_dcp(files, ranks, chunk_rows) -> dict[str, pa.Table]:
 
     def prepare(chunk: pa.Table):
         keep = dcp_vbucket_frames(chunk)
+        if as_of:
+            keep &= as_of.mask(chunk)
         if not keep.all():
             chunk = chunk.filter(pa.array(keep))
         return state.prepare(chunk.select(DCP_STATE_COLUMNS + ["_seq"]))

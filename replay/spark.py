@@ -244,7 +244,7 @@ def _pack(protocol: str, names: list[str], results: dict[str, pa.Table]) -> pa.T
     return pa.concat_tables(parts)
 
 
-DCP_RESULTS = ["documents", "vbuckets", "snapshots", "rollbacks", "failover"]
+DCP_RESULTS = ["documents", "vbuckets", "snapshots", "rollbacks", "failover", "undone"]
 SYN_RESULTS = ["positions", "rows", "gaps"]
 
 
@@ -309,13 +309,35 @@ class SparkReplay:
             self._tmp.cleanup()
 
 
-def replay_spark(spark, files: list) -> SparkReplay:
+def as_of_filter(as_of):
+    """The Column that keeps the frames `as_of` (replay/as_of.py) keeps: the same comparisons
+    as AsOf.mask, null-safe (a null comparison drops a row in Spark, keeps nothing in numpy)."""
+    from pyspark.sql import functions as F
+    cond = F.lit(True)
+    if as_of.ts_ns is not None:
+        cond = cond & F.coalesce(F.col("ts") <= F.lit(as_of.ts_ns), F.lit(False))
+    lowest = F.lit(-(1 << 63)).cast("long")
+    marker = F.coalesce(F.col("op") == "snapshot_marker", F.lit(False))
+    start = F.when(marker, F.coalesce(F.col("snap_start"), lowest)).otherwise(lowest)
+    for vb, seqno in as_of.seqnos:
+        drop = ((F.coalesce(F.col("vbucket"), F.lit(-1)) == vb)
+                & ((F.coalesce(F.col("by_seqno"), lowest) > F.lit(seqno)) | (start > F.lit(seqno))))
+        cond = cond & ~drop
+    return cond
+
+
+def replay_spark(spark, files: list, as_of=None) -> SparkReplay:
+    """`as_of` (replay/as_of.py, DCP): only the frames it keeps count, `frames` included."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
     protocol = reader.protocol_of(files)
+    if as_of and protocol != "dcp":
+        raise ValueError("a point in time (--as-of) applies to DCP captures only")
     tmp = tempfile.TemporaryDirectory(prefix="dcptool-replay-")
     df = read_frames(spark, files, tmp.name)
+    if as_of:
+        df = df.filter(as_of_filter(as_of))
     frames = df.select(T.frames_schema(protocol).names)
     if protocol == "dcp":
         vb_frames = df.filter((F.col("direction") == "in") & F.col("vbucket").isNotNull()
@@ -326,9 +348,11 @@ def replay_spark(spark, files: list) -> SparkReplay:
         grouped = (vb_frames.select(dcp_rules.DCP_STATE_COLUMNS + ["_seq"])
                    .withColumn("_g", F.col("vbucket") % VBUCKET_GROUPS).groupBy("_g"))
         packed = grouped.applyInArrow(_dcp_group, spark_schema(_packed_schema("dcp", DCP_RESULTS)))
+        ranks = reader.capture_ranks(files)
+        any_rollback = reader.may_have_values(files, "rollback_seqno")
         result = SparkReplay(protocol, frames, packed, DCP_RESULTS,
-                             extra={"documents": _dcp_documents(vb_frames, reader.capture_ranks(files),
-                                                                 reader.may_have_values(files, "rollback_seqno"))}, _tmp=tmp)
+                             extra={"documents": _dcp_documents(vb_frames, ranks, any_rollback),
+                                    "undone": _dcp_undone(vb_frames, ranks, any_rollback)}, _tmp=tmp)
     else:
         conn_key = F.shiftleft(F.col("_rank"), 32) + F.col("conn").cast("long")
         df = df.withColumn("_conn", conn_key)
@@ -389,6 +413,49 @@ def _dcp_documents(vb_frames, ranks: dict[str, int], rollbacks: bool = True):
                                                 for x in (F.lit(i), F.lit(dcp_rules.DOC_STATES[op]))]), F.col("state")),
            "capture_id": F.element_at(by_rank, F.col("capture_id"))}
     return last.select([out.get(f.name, F.col(f.name)).alias(f.name) for f in T.schema_of("dcp", "documents")])
+
+
+def _rollback_answers(vb_frames):
+    from pyspark.sql import functions as F
+    return vb_frames.filter((F.col("op") == "stream_req") & (F.col("status") == Status.ROLLBACK)
+                            & F.col("rollback_seqno").isNotNull())
+
+
+def _dcp_undone(vb_frames, ranks: dict[str, int], rollbacks: bool = True):
+    """`undone` in Spark SQL alone, the same rules as DcpState: the pairs (change, later
+    ROLLBACK answer of its vbucket rolling back below its by_seqno), of which the earliest
+    rollback undoes the change; `restored` when the document's current change (its last one
+    not undone, as in `documents`) came after that rollback."""
+    from pyspark.sql import Window, functions as F
+
+    changes = vb_frames.filter(F.col("op").isin(*dcp_rules.DOC_STATES))
+    found = _rollback_answers(vb_frames)
+    if not rollbacks:
+        found = found.filter(F.lit(False))
+    found = found.select(F.col("vbucket").alias("_r_vb"), F.col("_seq").alias("_r_seq"),
+                         F.col("rollback_seqno").alias("_r_seqno"), F.col("_rank").alias("_r_rank"),
+                         F.col("frame_no").alias("_r_frame_no"), F.col("ts").alias("_r_ts"))
+    hits = ((F.col("vbucket") == F.col("_r_vb")) & (F.col("_r_seq") > F.col("_seq"))
+            & (F.coalesce(F.col("by_seqno"), F.lit(-1)) > F.col("_r_seqno")))
+    pairs = changes.select("vbucket", "collection_id", "key", "by_seqno", "op", "_rank", "frame_no", "ts",
+                           "_seq").join(F.broadcast(found), hits, "inner")
+    first = F.row_number().over(Window.partitionBy("_seq").orderBy("_r_seq"))
+    undone = pairs.withColumn("_n", first).filter(F.col("_n") == 1)
+    alive = changes.join(F.broadcast(found), hits, "left_anti")
+    current = alive.groupBy(F.col("vbucket").alias("_d_vb"), F.col("collection_id").alias("_d_cid"),
+                            F.col("key").alias("_d_key")).agg(
+        F.max("_seq").alias("_d_seq"), F.max_by("by_seqno", "_seq").alias("_d_seqno"))
+    same_doc = ((F.col("vbucket") == F.col("_d_vb")) & F.col("collection_id").eqNullSafe(F.col("_d_cid"))
+                & F.col("key").eqNullSafe(F.col("_d_key")))
+    joined = undone.join(current, same_doc, "left")
+    restored = F.coalesce(F.col("_d_seq") > F.col("_r_seq"), F.lit(False))
+    by_rank = F.create_map(*[x for cid, r in ranks.items() for x in (F.lit(r).cast("long"), F.lit(cid))])
+    out = {"capture_id": F.element_at(by_rank, F.col("_r_rank")), "frame_no": F.col("_r_frame_no"),
+           "ts": F.col("_r_ts"), "rollback_seqno": F.col("_r_seqno"),
+           "change_capture_id": F.element_at(by_rank, F.col("_rank")), "change_frame_no": F.col("frame_no"),
+           "change_ts": F.col("ts"), "restored": restored,
+           "restored_seqno": F.when(restored, F.col("_d_seqno"))}
+    return joined.select([out.get(f.name, F.col(f.name)).alias(f.name) for f in T.schema_of("dcp", "undone")])
 
 
 # --- user code ----------------------------------------------------------------------------

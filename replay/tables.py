@@ -57,6 +57,15 @@ DCP_TABLES: dict[str, tuple[pa.Schema, tuple[str, ...]]] = {
     "failover": (_s(("vbucket", pa.uint16()), ("position", pa.int32()), ("vbucket_uuid", pa.uint64()),
                     ("seqno", I64)),
                  ("vbucket", "position")),
+    # one row per document change a rollback undid: the rollback (capture_id, frame_no, ts,
+    # rollback_seqno), the change (collection_id, key, by_seqno, op, change_*), and whether
+    # the document's current change came after the rollback (restored, restored_seqno)
+    "undone": (_s(("vbucket", pa.uint16()), ("capture_id", STR), ("frame_no", I64), ("ts", TS),
+                  ("rollback_seqno", I64), ("collection_id", pa.uint32()), ("key", pa.binary()),
+                  ("by_seqno", I64), ("op", STR), ("change_capture_id", STR), ("change_frame_no", I64),
+                  ("change_ts", TS), ("restored", pa.bool_()), ("restored_seqno", I64)),
+               ("vbucket", "capture_id", "frame_no", "collection_id", "key", "by_seqno",
+                "change_capture_id", "change_frame_no")),
 }
 
 SYNAPSE_TABLES: dict[str, tuple[pa.Schema, tuple[str, ...]]] = {
