@@ -25,6 +25,27 @@ def _reasons(text: str | None) -> tuple[int, ...]:
                                  param_hint="--end-reasons") from None
 
 
+def _topology(failover_at, rebalance_at, add_node_at, nodes):
+    """(--failover-at N without a node, the cluster's scripted events)."""
+    from dcptool.protocol.dcp.cluster import Event
+    failover_all, events = None, []
+    for text in failover_at:
+        at, sep, node = text.partition(":")
+        if not at.isdigit() or int(at) < 1 or (sep and not node.isdigit()):
+            raise click.BadParameter(f"{text!r} is not N or N:NODE (e.g. 5000 or 5000:1)", param_hint="--failover-at")
+        if not sep:
+            if failover_all is not None:
+                raise click.BadParameter("N without a node is given once only", param_hint="--failover-at")
+            failover_all = int(at)
+            continue
+        if int(node) >= nodes + len(add_node_at):
+            raise click.BadParameter(f"node {node} does not exist (nodes are 0..{nodes + len(add_node_at) - 1})",
+                                     param_hint="--failover-at")
+        events.append(Event(int(at), "failover", int(node)))
+    events += [Event(at, "rebalance") for at in rebalance_at] + [Event(at, "add-node") for at in add_node_at]
+    return failover_all, tuple(events)
+
+
 @click.command("dcp")
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=11210, show_default=True, type=click.IntRange(0, 65535),
@@ -45,9 +66,22 @@ def _reasons(text: str | None) -> tuple[int, ...]:
               help="Require SASL as this user (repeatable); the password is DCPTOOL_PASSWORD.")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="Serve TLS with this certificate.")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="Private key of --tls-cert.")
-@click.option("--failover-at", type=click.IntRange(min=1), default=None,
-              help="Scenario: after N stream frames every vbucket fails over (a new branch) and the "
-                   "connection drops; a consumer that resumes gets ROLLBACK.")
+@click.option("--failover-at", "failover_at", multiple=True, metavar="N[:NODE]",
+              help="Scenario: N alone: after N stream frames every vbucket fails over (a new branch) and "
+                   "the connection drops; a consumer that resumes gets ROLLBACK. N:NODE (with --nodes): "
+                   "after N stream frames cluster-wide NODE stops answering and its vbuckets' replicas, "
+                   "--failover-loss seqnos behind, are promoted (repeatable).")
+@click.option("--nodes", default=1, show_default=True, type=click.IntRange(1, 16),
+              help="Serve a cluster of this many KV nodes, each on its own port (node 0 on --port, the "
+                   "others on free ports); GET_CLUSTER_CONFIG gives the map.")
+@click.option("--replicas", default=0, show_default=True, type=click.IntRange(0, 3),
+              help="Replicas of each vbucket in the cluster map.")
+@click.option("--rebalance-at", "rebalance_at", multiple=True, type=click.IntRange(min=1), metavar="N",
+              help="Topology event: after N stream frames cluster-wide, a quarter of the vbuckets (or what "
+                   "fills a node just added) move by takeover; old streams end 'state changed' (repeatable).")
+@click.option("--add-node-at", "add_node_at", multiple=True, type=click.IntRange(min=1), metavar="N",
+              help="Topology event: after N stream frames cluster-wide a new node joins the map (its port is "
+                   "listed in the first stdout line from the start; repeatable).")
 @click.option("--failover-loss", default=10, show_default=True, type=click.IntRange(min=0),
               help="Seqnos each vbucket loses in that failover (rewritten on the new branch).")
 @click.option("--disconnect-after", type=click.IntRange(min=1), default=None,
@@ -64,15 +98,17 @@ def _reasons(text: str | None) -> tuple[int, ...]:
 @playback_options
 def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, checkpoint_items, users, tls_cert,
               tls_key, failover_at, failover_loss, disconnect_after, end_reasons, slow, slow_frames, silent,
-              refuse_controls, from_capture, pace, disconnect_at, stall_at, corrupt_at):
+              refuse_controls, nodes, replicas, rebalance_at, add_node_at, from_capture, pace, disconnect_at, stall_at, corrupt_at):
     """Serve DCP for one generated bucket on BIND:PORT.
 
     Speaks HELLO, SASL (SCRAM-SHA512/256/SHA1, PLAIN), SELECT_BUCKET, DCP_OPEN,
     DCP_CONTROL, GET_ALL_VB_SEQNOS, STREAM_REQ (with Couchbase's rollback decision),
     GET_FAILOVER_LOG, CLOSE_STREAM, BUFFER_ACK and noops. Documents are pre-encoded, so a
     backfill runs at well over a million mutations per second. Flow control is enforced;
-    a connection that leaves a noop unanswered for one interval is dropped. The first
-    stdout line is {"listening": "HOST:PORT"}.
+    a connection that leaves a noop unanswered for one interval is dropped. With --nodes N
+    it serves a cluster: GET_CLUSTER_CONFIG returns the map, a vbucket asked of the wrong
+    node gets NOT_MY_VBUCKET with the map. The first stdout line is
+    {"listening": "HOST:PORT", "nodes": ["HOST:PORT", ...]} (listening = node 0).
 
     \b
     Example:
@@ -90,7 +126,8 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
         user_map = {u: password for u in users}
     if bool(tls_cert) != bool(tls_key):
         raise click.UsageError("--tls-cert and --tls-key go together")
-    scenarios = Scenarios(failover_at=failover_at, failover_loss=failover_loss, disconnect_after=disconnect_after,
+    failover_all, events = _topology(failover_at, rebalance_at, add_node_at, nodes)
+    scenarios = Scenarios(failover_at=failover_all, failover_loss=failover_loss, disconnect_after=disconnect_after,
                           end_reasons=_reasons(end_reasons), slow=parse_duration(slow, "--slow") if slow else 0.0,
                           slow_frames=slow_frames, silent=silent, refuse_controls=tuple(refuse_controls))
     tls = None
@@ -104,7 +141,8 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
                           disconnect_at=disconnect_at, stall_at=stall_at, corrupt_at=corrupt_at)
         return
     model = server_from_options(bucket=bucket, vbuckets=vbuckets, items=items, seed=seed, value_size=value_size,
-                                users=user_map, scenarios=scenarios, checkpoint_items=checkpoint_items)
+                                users=user_map, scenarios=scenarios, checkpoint_items=checkpoint_items,
+                                nodes=nodes, replicas=replicas, events=events)
 
     async def main():
         stop = asyncio.Event()
@@ -119,7 +157,8 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
                 pass
         server = ProducerServer(model, rate=rate)
         host, p = await server.start(bind, port, tls)
-        sys.stdout.write(json.dumps({"listening": f"{host}:{p}"}) + "\n")
+        sys.stdout.write(json.dumps({"listening": f"{host}:{p}",
+                                     "nodes": [f"{h}:{q}" for h, q in server.addresses]}) + "\n")
         sys.stdout.flush()
         await stop.wait()
         await server.close()

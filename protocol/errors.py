@@ -33,6 +33,7 @@ class ErrorCode(enum.IntEnum):
     UNSUPPORTED = 24         # the peer lacks something we require
     TIMEOUT = 25             # no answer to a request, or a frame stopped half way, within the timeout
     SASL_LIMIT = 26          # the server's SASL exchange exceeds our bounds (rounds, SCRAM iterations)
+    BAD_CLUSTER_CONFIG = 27  # a cluster config (bucket map) that is not JSON or lacks a required field
     # Synapse line protocol
     LINE_TOO_LONG = 40       # a line above the cap
     BAD_COMMAND = 41         # a known command whose arguments do not parse

@@ -339,8 +339,9 @@ class Session:
 # --------------------------------------------------------------------------- server
 
 class _ServerProtocol(asyncio.Protocol):
-    def __init__(self, server: "ProducerServer"):
+    def __init__(self, server: "ProducerServer", node: int = 0):
         self.server = server
+        self.node = node
         self.conn = None
         self.transport = None
         self.wake = asyncio.Event()
@@ -357,7 +358,9 @@ class _ServerProtocol(asyncio.Protocol):
             except OSError:
                 pass
         transport.set_write_buffer_limits(high=4 * 1024 * 1024)
-        self.conn = self.server.model.connect(time.monotonic())
+        model = self.server.model
+        # node-aware models (a cluster) learn which node's port the client came to
+        self.conn = model.connect(time.monotonic(), self.node) if self.node else model.connect(time.monotonic())
         self.server.protocols.add(self)
         self.task = asyncio.get_running_loop().create_task(self._writer())
 
@@ -388,6 +391,7 @@ class _ServerProtocol(asyncio.Protocol):
                 chunks = conn.pull(now)
                 if chunks:
                     self.transport.writelines(chunks)
+                self.server.wake_on_topology_change()
                 if conn.closed:
                     self.transport.close()   # flushes what is buffered first
                     return
@@ -420,18 +424,39 @@ class ProducerServer:
         self.tick = tick
         self.protocols: set[_ServerProtocol] = set()
         self._server = None
+        self._servers: list = []
         self._rate_task = None
         self.address: tuple[str, int] | None = None
+        self.addresses: list[tuple[str, int]] = []     # one per cluster node (node 0 = address)
+        self._seen_changes = 0
 
     async def start(self, host: str = "127.0.0.1", port: int = 0, tls: ssl.SSLContext | None = None):
+        """Listen on host:port, and for a cluster model one more free port per further node
+        (spare nodes of --add-node-at included). Returns node 0's address."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _ServerProtocol(self), host, port, ssl=tls,
-                                                reuse_address=True)
-        sock = self._server.sockets[0]
-        self.address = sock.getsockname()[:2]
+        cluster = getattr(self.model, "cluster", None)
+        count = len(cluster.nodes) if cluster is not None else 1
+        for node in range(count):
+            srv = await loop.create_server(lambda n=node: _ServerProtocol(self, n), host,
+                                           port if node == 0 else 0, ssl=tls, reuse_address=True)
+            self._servers.append(srv)
+            addr = srv.sockets[0].getsockname()[:2]
+            self.addresses.append(addr)
+            if hasattr(self.model, "bind_node"):
+                self.model.bind_node(node, addr[0], addr[1], addr[1] if tls is not None else None)
+        self._server = self._servers[0]
+        self.address = self.addresses[0]
         if self.rate > 0:
             self._rate_task = loop.create_task(self._live())
         return self.address
+
+    def wake_on_topology_change(self) -> None:
+        """After a topology event every connection has something to do (stream ends, drops)."""
+        changes = getattr(self.model, "topology_changes", 0)
+        if changes != self._seen_changes:
+            self._seen_changes = changes
+            for p in list(self.protocols):
+                p.wake.set()
 
     async def _live(self) -> None:
         since = time.monotonic()
@@ -454,8 +479,8 @@ class ProducerServer:
     async def close(self) -> None:
         if self._rate_task is not None:
             self._rate_task.cancel()
-        if self._server is not None:
-            self._server.close()
+        for srv in self._servers:
+            srv.close()
         tasks = []
         for p in list(self.protocols):
             if p.transport is not None:
@@ -465,8 +490,8 @@ class ProducerServer:
                 tasks.append(p.task)
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
+        for srv in self._servers:
+            await srv.wait_closed()
 
 
 class ThreadedServer:
@@ -483,6 +508,7 @@ class ThreadedServer:
         if not self._ready.wait(30) or self._error is not None:
             raise RuntimeError(f"producer did not start: {self._error}")
         self.host, self.port = self.server.address
+        self.addresses = list(self.server.addresses)
 
     def _run(self, host, port, tls) -> None:
         asyncio.set_event_loop(self.loop)
