@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "decode": ("dcptool.cli.decode:decode", "Decode a raw byte stream of DCP frames."),
     "serve": ("dcptool.cli.serve:serve", "Run a built-in DCP producer or Synapse replication server."),
     "diff": ("dcptool.cli.diff:diff", "Documents added, changed and removed between two captures or moments."),
+    "verify": ("dcptool.cli.verify:verify", "Check captures for continuity and protocol correctness."),
 }
 
 

@@ -153,3 +153,20 @@ def test_spark_undone_equals_local(spark, tmp_path):
         finally:
             rep.close()
     assert total > 0
+
+
+def test_verify_explain_prints_every_rollback_after_a_clean_verdict(failover_capture):
+    """`dcptool verify --explain`: the producer's failover capture is clean (exit 0), and the
+    rows after the findings are explain_rollbacks' rows, one per rollback."""
+    import json
+
+    from click.testing import CliRunner
+
+    from dcptool.cli import cli
+    model, files = failover_capture
+    paths = sorted({os.path.dirname(f.path) for f in files})
+    res = CliRunner().invoke(cli, ["verify", *paths, "--explain", "--format", "jsonl"])
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+    want = forensics.explain_rollbacks(files)
+    assert want and rows == json.loads(json.dumps(want))
