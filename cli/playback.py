@@ -12,7 +12,7 @@ import time
 
 import click
 
-from dcptool.cli.run_summary import STOP_SIGNALS
+from dcptool.cli.run_summary import server_stop_event
 from dcptool.cli.sources import parse_duration
 
 
@@ -87,13 +87,7 @@ def _listening(host, port) -> None:
 
 
 async def _until_stopped(start, close) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in STOP_SIGNALS:   # stopping is how a server ends: exit 0, as serve dcp does
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass
+    stop = server_stop_event()   # stopping is how a server ends: exit 0, as serve dcp does
     await start(stop)
     await stop.wait()
     await close()
@@ -138,13 +132,7 @@ def serve_synapse_capture(paths, *, bind: str, port: int, server_name: str, ping
                                wall_ms=lambda: time.time_ns() // 1_000_000)
 
     async def main():
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in STOP_SIGNALS:
-            try:
-                loop.add_signal_handler(sig, stop.set)
-            except (NotImplementedError, RuntimeError, ValueError):
-                pass
+        stop = server_stop_event()
         await serve_playback(bind, port, make_session, on_listening=_listening, stop=stop)
 
     _run(main(), bind, port)

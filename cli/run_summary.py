@@ -37,6 +37,22 @@ STOP_SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "S
                      if s is not None)
 
 
+def server_stop_event():
+    """For `serve ...` (inside its event loop): an asyncio.Event set by SIGINT (even when the
+    parent ignored it), SIGTERM or SIGHUP. Stopping is the normal end of a server, so it
+    closes its connections and exits 0; call it before printing the listening line, so a
+    signal sent as soon as that line is read is never lost."""
+    import asyncio
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in STOP_SIGNALS:
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+    return stop
+
+
 class RunStats:
     """The common counters of one run. `stop(reason)` keeps the first reason given."""
 

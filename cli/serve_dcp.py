@@ -11,7 +11,7 @@ import sys
 import click
 
 from dcptool.cli.playback import check_unused, playback_options, serve_dcp_capture
-from dcptool.cli.run_summary import STOP_SIGNALS
+from dcptool.cli.run_summary import server_stop_event
 from dcptool.cli.sources import parse_duration
 
 
@@ -145,16 +145,7 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
                                 nodes=nodes, replicas=replicas, events=events)
 
     async def main():
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        # SIGINT (even when the parent ignored it), SIGTERM, SIGHUP: stopping is the normal
-        # end of a server, so it closes its connections and exits 0; installed before the
-        # listening line, so a signal sent as soon as it is read is never lost
-        for sig in STOP_SIGNALS:
-            try:
-                loop.add_signal_handler(sig, stop.set)
-            except (NotImplementedError, RuntimeError, ValueError):
-                pass
+        stop = server_stop_event()
         server = ProducerServer(model, rate=rate)
         host, p = await server.start(bind, port, tls)
         sys.stdout.write(json.dumps({"listening": f"{host}:{p}",

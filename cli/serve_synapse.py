@@ -10,7 +10,7 @@ import time
 import click
 
 from dcptool.cli.playback import check_unused, playback_options, serve_synapse_capture
-from dcptool.cli.run_summary import STOP_SIGNALS
+from dcptool.cli.run_summary import server_stop_event
 from dcptool.cli.sources import parse_duration
 
 
@@ -84,15 +84,7 @@ def serve_synapse(bind, port, server_name, items, seed, from_file, rate, ping_in
         sys.stdout.flush()
 
     async def main():
-        # SIGINT (even when the parent ignored it), SIGTERM, SIGHUP: stopping is the normal
-        # end of a server, so it closes its connections and exits 0, as `serve dcp` does
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in STOP_SIGNALS:
-            try:
-                loop.add_signal_handler(sig, stop.set)
-            except (NotImplementedError, RuntimeError, ValueError):
-                pass
+        stop = server_stop_event()
         await serve_tcp(bind, port, make_connection, feed, on_listening=on_listening, rate=rate,
                         drop_after=drop_after, skip_on_reconnect=skip_on_reconnect,
                         silent_after=silent_after, error_after=error_after,

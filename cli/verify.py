@@ -53,6 +53,7 @@ def verify(ctx, captures, fmt, limit, summary_json, explain):
     from dcptool.cli.output import printable
     from dcptool.cli.sources import capture_paths
     from dcptool.replay import verify as V
+    from dcptool.replay.verify_findings import FINDING_COLUMNS
     paths = capture_paths(captures)
     console = err_console()
     try:
@@ -60,7 +61,7 @@ def verify(ctx, captures, fmt, limit, summary_json, explain):
             report = V.verify(paths, limit=limit)
     except V.MixedProtocols as exc:
         raise click.UsageError(str(exc)) from None
-    sink = Sink(default_format(fmt), columns=V.FINDING_COLUMNS, title="findings")
+    sink = Sink(default_format(fmt), columns=FINDING_COLUMNS, title="findings")
     rows = (f.to_row() for f in report.findings)
     sink.write_many(rows)
     sink.close()

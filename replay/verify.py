@@ -26,8 +26,7 @@ from dcptool.replay.store import reader
 from dcptool.replay.store.naming import IN_PROGRESS_SUFFIX, TMP_SUFFIX, segment_name
 from dcptool.replay.store.schema import capture_schema
 from dcptool.replay.store.segment import open_in_progress
-from dcptool.replay.verify_findings import (CHECKS, FINDING_COLUMNS, SEVERITIES, Finding, Findings,  # noqa: F401
-                                            MixedProtocols, Report, VerifyError, Where)
+from dcptool.replay.verify_findings import Finding, Findings, MixedProtocols, Report, VerifyError, Where
 
 FINISHED_SUFFIX = ".parquet"
 BATCH_ROWS = 1 << 18

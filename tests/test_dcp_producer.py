@@ -7,6 +7,7 @@ import pytest
 
 from dcptool.protocol.dcp import messages as m
 from dcptool.protocol.dcp import producer as P
+from dcptool.protocol.dcp.producer_bucket import vbucket_of
 from dcptool.protocol.dcp.constants import SnapshotFlag, Status
 from dcptool.protocol.dcp.frames import split
 from tests.test_dcp_consumer import Pair, cfg
@@ -53,7 +54,7 @@ def test_bucket_is_deterministic_and_hashes_keys():
     assert sum(vb.high_seqno for vb in a.vbuckets) == 500
     for vb in a.vbuckets:
         for it in vb.items():
-            assert P.vbucket_of(it.key, 16) == vb.vbid
+            assert vbucket_of(it.key, 16) == vb.vbid
             assert len(it.value) == 61 and it.value.startswith(b'{"n":')
     import json
     json.loads(a.vbuckets[0].disk_item(1).value)

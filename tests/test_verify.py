@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from dcptool.cli import cli
-from dcptool.replay import verify as V
+from dcptool.replay import verify as V, verify_findings
 from dcptool.replay.store.schema import META_SEGMENT, capture_schema
 from tests import capgen
 
@@ -176,7 +176,7 @@ def test_dropped_rows_are_found_with_their_frame_range(tmp_path):
     assert res.exit_code == 6
     first = json.loads(res.stdout.splitlines()[0])
     assert first["check"] == "file.frames_missing" and first["severity"] == "error"
-    assert set(first) == set(V.FINDING_COLUMNS)
+    assert set(first) == set(verify_findings.FINDING_COLUMNS)
 
 
 def test_resumed_stream_with_a_gap(tmp_path):

@@ -28,9 +28,8 @@ from dcptool.protocol.dcp.constants import Feature, OpenFlag, Status, StreamEndR
 from dcptool.protocol.dcp.cluster import Change, Cluster
 from dcptool.protocol.dcp.error_map import error_map
 from dcptool.protocol.dcp.frames import FrameParser
-from dcptool.protocol.dcp.producer_controls import MIN_NOOP_INTERVAL, control_status  # noqa: F401
-from dcptool.protocol.dcp.producer_bucket import (MAX_VBUCKETS, Bucket, Item, VBucket,  # noqa: F401 (re-exported)
-                                                  rollback_seqno, vbucket_of)
+from dcptool.protocol.dcp.producer_controls import control_status
+from dcptool.protocol.dcp.producer_bucket import Bucket, Item, VBucket, rollback_seqno
 from dcptool.protocol.dcp.producer_streams import Fixed, Stream, Var, encode_item
 from dcptool.protocol.errors import ProtocolError
 

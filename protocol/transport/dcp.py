@@ -55,6 +55,20 @@ def tls_context(ca_cert: str | None = None, insecure: bool = False) -> ssl.SSLCo
 
 # --------------------------------------------------------------------------- client
 
+def _tune_socket(transport, rcvbuf: int | None = None) -> None:
+    """TCP_NODELAY (DCP is request/response during the handshake), and a larger receive
+    buffer where asked (the consumer reads in 8 MiB batches)."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if rcvbuf:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    except OSError:
+        pass
+
+
 class _ClientProtocol(asyncio.BufferedProtocol):
     def __init__(self, consumer: Consumer, tap: Tap | None, on_events: Callable | None,
                  max_body: int = DEFAULT_MAX_BODY):
@@ -75,13 +89,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
     # ---- asyncio callbacks
     def connection_made(self, transport) -> None:
         self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
-            except OSError:
-                pass
+        _tune_socket(transport, rcvbuf=4 * 1024 * 1024)
         now = time.monotonic()
         self.consumer.start(now)
         self._flush()
@@ -351,12 +359,7 @@ class _ServerProtocol(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
+        _tune_socket(transport)
         transport.set_write_buffer_limits(high=4 * 1024 * 1024)
         model = self.server.model
         # node-aware models (a cluster) learn which node's port the client came to

@@ -353,6 +353,30 @@ async def _run_redis(host, port, server_name, client, handler, *, db, password, 
 
 # -- the built-in TCP server ----------------------------------------------------------------
 
+async def close_served(writer, reader_task) -> None:
+    """End a served connection: stop reading, send what is queued, close (bounded waits)."""
+    reader_task.cancel()
+    try:
+        await writer.drain()
+    except (ConnectionError, OSError):
+        pass
+    writer.close()
+    try:
+        await asyncio.wait_for(writer.wait_closed(), 1.0)
+    except (ConnectionError, OSError, asyncio.TimeoutError):
+        pass
+
+
+async def serve_until_stopped(handle, bind: str, port: int, on_listening, stop) -> None:
+    """Listen on bind:port with `handle` per connection, announce the address, serve until
+    `stop` is set."""
+    server = await asyncio.start_server(handle, bind, port)
+    sock = server.sockets[0].getsockname()
+    on_listening(sock[0], sock[1])
+    async with server:
+        await stop.wait()
+
+
 async def serve_tcp(bind: str, port: int, make_connection, feed, *, on_listening,
                     rate: float = 0.0, chunk: int = 2000, drop_after: int | None = None,
                     skip_on_reconnect: int = 0, silent_after: int | None = None,
@@ -434,19 +458,6 @@ async def serve_tcp(bind: str, port: int, make_connection, feed, *, on_listening
         except (ConnectionError, OSError):
             pass
         finally:
-            rt.cancel()
-            try:
-                await writer.drain()
-            except (ConnectionError, OSError):
-                pass
-            writer.close()
-            try:
-                await asyncio.wait_for(writer.wait_closed(), 1.0)
-            except (ConnectionError, OSError, asyncio.TimeoutError):
-                pass
+            await close_served(writer, rt)
 
-    server = await asyncio.start_server(handle, bind, port)
-    sock = server.sockets[0].getsockname()
-    on_listening(sock[0], sock[1])
-    async with server:
-        await stop.wait()
+    await serve_until_stopped(handle, bind, port, on_listening, stop)

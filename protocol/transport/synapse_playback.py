@@ -9,6 +9,7 @@ from typing import Callable
 
 from dcptool.protocol.synapse import commands as C
 from dcptool.protocol.synapse.framing import LineFramer
+from dcptool.protocol.transport.synapse import close_served, serve_until_stopped
 
 
 async def serve_playback(bind: str, port: int, make_session: Callable, *, on_listening,
@@ -64,19 +65,6 @@ async def serve_playback(bind: str, port: int, make_session: Callable, *, on_lis
         except (ConnectionError, OSError):
             pass
         finally:
-            rt.cancel()
-            try:
-                await writer.drain()
-            except (ConnectionError, OSError):
-                pass
-            writer.close()
-            try:
-                await asyncio.wait_for(writer.wait_closed(), 1.0)
-            except (ConnectionError, OSError, asyncio.TimeoutError):
-                pass
+            await close_served(writer, rt)
 
-    server = await asyncio.start_server(handle, bind, port)
-    sock = server.sockets[0].getsockname()
-    on_listening(sock[0], sock[1])
-    async with server:
-        await stop.wait()
+    await serve_until_stopped(handle, bind, port, on_listening, stop)
