@@ -17,6 +17,7 @@ from typing import Callable, Protocol
 
 from dcptool.protocol.errors import ConnectFailed, ConnectionLost, ErrorCode, RemoteError
 from dcptool.protocol.synapse.bulk import Scan, SplitLines, split_lines
+from dcptool.protocol.synapse import commands as C
 from dcptool.protocol.synapse.client import SynapseClient
 from dcptool.protocol.text import printable
 from dcptool.protocol.synapse.framing import MAX_LINE, LineFramer
@@ -353,6 +354,23 @@ async def _run_redis(host, port, server_name, client, handler, *, db, password, 
 
 # -- the built-in TCP server ----------------------------------------------------------------
 
+async def read_client_lines(reader, framer, write, receive, after=None) -> None:
+    """The reading half of a served connection: the client's lines go to `receive`, whose
+    answer lines are written; a line over the cap is answered with ERROR and ends the
+    reading; `after()` (a coroutine function) runs after each read."""
+    while True:
+        data = await reader.read(65536)
+        if not data:
+            return
+        lines = framer.feed(data)
+        if framer.error is not None:
+            write([C.format_line(C.Error("line too long"))])
+            return
+        write(receive(lines))
+        if after is not None:
+            await after()
+
+
 async def close_served(writer, reader_task) -> None:
     """End a served connection: stop reading, send what is queued, close (bounded waits)."""
     reader_task.cancel()
@@ -389,7 +407,6 @@ async def serve_tcp(bind: str, port: int, make_connection, feed, *, on_listening
     sending anything (PINGs included), error_after sends ERROR and closes, long_line_after
     sends a line over the cap; skip_on_reconnect drops that many feed lines between
     connections (so the next POSITION shows a gap)."""
-    from dcptool.protocol.synapse import commands as C
     state = {"connections": 0}
     stop = stop or asyncio.Event()
 
@@ -407,19 +424,8 @@ async def serve_tcp(bind: str, port: int, make_connection, feed, *, on_listening
                 writer.write(("\n".join(lines) + "\n").encode("utf-8"))
                 sc.sent(clock())
 
-        async def reader_task():
-            while True:
-                data = await reader.read(65536)
-                if not data:
-                    return
-                lines = framer.feed(data)
-                if framer.error is not None:
-                    write([C.format_line(C.Error("line too long"))])
-                    return
-                write(sc.receive(lines, clock()))
-                await writer.drain()
-
-        rt = asyncio.ensure_future(reader_task())
+        rt = asyncio.ensure_future(read_client_lines(reader, framer, write, lambda lines: sc.receive(lines, clock()),
+                                                     after=writer.drain))
         try:
             write(sc.connect(clock()))
             t0 = clock()

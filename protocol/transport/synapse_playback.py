@@ -7,9 +7,8 @@ import asyncio
 import time
 from typing import Callable
 
-from dcptool.protocol.synapse import commands as C
 from dcptool.protocol.synapse.framing import LineFramer
-from dcptool.protocol.transport.synapse import close_served, serve_until_stopped
+from dcptool.protocol.transport.synapse import close_served, read_client_lines, serve_until_stopped
 
 
 async def serve_playback(bind: str, port: int, make_session: Callable, *, on_listening,
@@ -28,19 +27,11 @@ async def serve_playback(bind: str, port: int, make_session: Callable, *, on_lis
                 writer.write(data)
                 session.sent(clock())
 
-        async def reader_task():
-            while True:
-                data = await reader.read(65536)
-                if not data:
-                    return
-                lines = framer.feed(data)
-                if framer.error is not None:
-                    write([C.format_line(C.Error("line too long"))])
-                    return
-                write(session.receive(lines, clock()))
-                wake.set()
+        async def woken():
+            wake.set()
 
-        rt = asyncio.ensure_future(reader_task())
+        rt = asyncio.ensure_future(read_client_lines(reader, framer, write,
+                                                     lambda lines: session.receive(lines, clock()), after=woken))
         try:
             write(session.connect(clock()))
             while not rt.done() and not stop.is_set():
