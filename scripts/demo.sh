@@ -35,9 +35,9 @@ ADDR="$("$PY" -c 'import json,sys; print(json.loads(sys.stdin.readline())["liste
 URL="couchbase://$ADDR/default"
 echo "  listening on $ADDR (loopback only)"
 
-step "2. Watch the stream: the first 12 messages of vbucket 0, decoded"
-run "dcptool stream $URL --vbuckets 0 --max-messages 12 --format table"
-COLUMNS=${COLUMNS:-120} "$DCPTOOL" stream "$URL" --vbuckets 0 --max-messages 12 --format table 2>/dev/null \
+step "2. Watch the stream of vbucket 0, decoded: the handshake (HELLO .. DCP_CONTROL), then the stream"
+run "dcptool stream $URL --vbuckets 0 --max-messages 16 --format table"
+COLUMNS=${COLUMNS:-120} "$DCPTOOL" stream "$URL" --vbuckets 0 --max-messages 16 --format table 2>/dev/null \
   | sed 's/^/  /'
 
 step "3. Capture every frame of the bucket, both directions, into Parquet"
