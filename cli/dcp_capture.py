@@ -21,7 +21,7 @@ from dcptool.protocol.dcp import columnar
 from dcptool.protocol.dcp import consumer as dcp_consumer
 
 # Knobs tests turn down.
-DEFAULTS = {"reconnects": 5, "connect_timeout": 10.0, "pause_backlog_bytes": 32 * 2**20}
+DEFAULTS = {"reconnects": 5, "pause_backlog_bytes": 32 * 2**20}   # the connect bound is --timeout
 
 
 class CaptureTap:

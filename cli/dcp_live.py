@@ -27,7 +27,7 @@ TABLE_COLUMNS = ["conn", "direction", "op", "vbucket", "status", "opaque", "by_s
 
 _ONE_OFFSET = np.zeros(1, np.int64)   # a frame we send is a batch of one
 # Knobs tests turn down.
-DEFAULTS = {"reconnects": 3, "connect_timeout": 10.0}
+DEFAULTS = {"reconnects": 3}   # the connect bound is --timeout
 
 
 def consumer_config(opts: LiveOptions) -> dcp_consumer.ConsumerConfig:

@@ -28,3 +28,24 @@ def spark():
                            conf={"spark.sql.shuffle.partitions": "4"})
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def failover_capture(tmp_path_factory):
+    """A capture from the built-in producer with a forced failover (rollbacks on the resumed
+    streams): (the producer's model, the capture files). Made once for the whole run."""
+    import subprocess
+    import sys
+
+    from dcptool.protocol.dcp import producer as P
+    from dcptool.protocol.transport.dcp import ThreadedServer
+    from dcptool.replay.store.reader import find_captures
+    dcptool = os.path.join(os.path.dirname(sys.executable), "dcptool")
+    out = tmp_path_factory.mktemp("failover") / "caps"
+    model = P.server_from_options(vbuckets=16, items=4000, seed=21,
+                                  scenarios=P.Scenarios(failover_at=2500, failover_loss=12))
+    with ThreadedServer(model) as srv:
+        res = subprocess.run([dcptool, "capture", f"couchbase://{srv.host}:{srv.port}/default", "-o", str(out),
+                              "--quiet"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return model, find_captures([str(out)])

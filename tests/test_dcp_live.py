@@ -325,10 +325,8 @@ def test_batch_rows_equal_the_codec_in_jsonl():
     assert Sink.rows == want and [list(r) for r in Sink.rows] == [list(r) for r in want]
 
 
-def test_unknown_host_exits_3(monkeypatch):
-    from dcptool.cli import dcp_live
-    monkeypatch.setitem(dcp_live.DEFAULTS, "connect_timeout", 5.0)
-    res = CliRunner().invoke(cli, ["stream", "couchbase://no-such-host.invalid:11210/default"])
+def test_unknown_host_exits_3():
+    res = CliRunner().invoke(cli, ["stream", "couchbase://no-such-host.invalid:11210/default", "--timeout", "5s"])
     assert res.exit_code == 3
     assert "no-such-host.invalid" in res.output
 

@@ -6,32 +6,15 @@ engine (grouped DcpState and Spark SQL alike) gives the same `undone` table."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 
-from dcptool.protocol.dcp import producer as P
-from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay import forensics, local, tables as T
 from dcptool.replay.store import reader
-from dcptool.replay.store.reader import find_captures, read_capture_table
+from dcptool.replay.store.reader import read_capture_table
 from tests import capgen
 
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 CHANGES = ("mutation", "deletion", "expiration")
-
-
-@pytest.fixture(scope="module")
-def failover_capture(tmp_path_factory):
-    out = tmp_path_factory.mktemp("failover") / "caps"
-    model = P.server_from_options(vbuckets=16, items=4000, seed=21,
-                                  scenarios=P.Scenarios(failover_at=2500, failover_loss=12))
-    with ThreadedServer(model) as srv:
-        res = subprocess.run([DCPTOOL, "capture", f"couchbase://{srv.host}:{srv.port}/default", "-o", str(out),
-                              "--quiet"], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    return model, find_captures([str(out)])
 
 
 def _independent_undone(files) -> set:

@@ -4,6 +4,7 @@ DCP_CONTROL keys, bootstrap before auth). Raw frames over 127.0.0.1, bounded in 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -210,6 +211,26 @@ def _cluster(items, vbuckets, events, replicas=1, loss=10):
     return model, ThreadedServer(model)
 
 
+@contextlib.contextmanager
+def _streamed_cluster(event, loss=10, items=600, nvb=8):
+    """A 3-node cluster whose one scripted event fires just after every stream sent its disk
+    snapshot, with a connection per node that has streamed every vbucket to its high seqno.
+    Yields (model, server, connections by node, the config before, the tracker, high seqnos)."""
+    model, srv = _cluster(items, nvb, (Event(items + nvb + 5, *event),), loss=loss)
+    with srv:
+        conns = {i: Raw(srv.addresses[i]).dcp(b"c%d" % i) for i in range(3)}
+        cfg, _ = conns[0].config()
+        t = Tracker()
+        stream_all(conns, cfg, t)
+        highs = {vb.vbid: vb.high_seqno for vb in model.buckets["default"].vbuckets}
+        pump(list(conns.values()), t, lambda: all(t.last.get(vb, 0) == h for vb, h in highs.items()))
+        try:
+            yield model, srv, conns, cfg, t, highs
+        finally:
+            for c in conns.values():
+                c.close()
+
+
 def _trigger(srv: ThreadedServer, cfg, node: int, frames_needed: int) -> None:
     """Serve more stream frames (a second connection re-reading vbuckets of `node`)."""
     c = Raw(srv.addresses[node]).dcp(b"trigger")
@@ -222,17 +243,7 @@ def _trigger(srv: ThreadedServer, cfg, node: int, frames_needed: int) -> None:
 
 
 def test_rebalance_ends_moved_streams_and_new_owner_continues_without_rollback():
-    items, nvb = 600, 8
-    at = items + nvb + 5       # just after every stream has sent its disk snapshot
-    model, srv = _cluster(items, nvb, (Event(at, "rebalance"),))
-    with srv:
-        bucket = model.buckets["default"]
-        conns = {i: Raw(srv.addresses[i]).dcp(b"c%d" % i) for i in range(3)}
-        cfg, _ = conns[0].config()
-        t = Tracker()
-        stream_all(conns, cfg, t)
-        highs = {vb.vbid: vb.high_seqno for vb in bucket.vbuckets}
-        pump(list(conns.values()), t, lambda: all(t.last.get(vb, 0) == h for vb, h in highs.items()))
+    with _streamed_cluster(("rebalance",)) as (model, srv, conns, cfg, t, highs):
         assert model.cluster.rev == cfg.rev          # nothing happened yet
         _trigger(srv, cfg, 0, 10)
         change = model.cluster.changes[0]
@@ -256,22 +267,11 @@ def test_rebalance_ends_moved_streams_and_new_owner_continues_without_rollback()
             assert rsp.status == 0, rsp
             assert rsp.failover_log[0][1] == highs[vb] == mv.seqno and rsp.failover_log[1][0] == t.uuid[vb]
             new.close()
-        for c in conns.values():
-            c.close()
 
 
 def test_failover_promotes_lagging_replicas_and_consumers_roll_back():
-    items, nvb, loss = 600, 8, 7
-    at = items + nvb + 5
-    model, srv = _cluster(items, nvb, (Event(at, "failover", 2),), loss=loss)
-    with srv:
-        bucket = model.buckets["default"]
-        conns = {i: Raw(srv.addresses[i]).dcp(b"c%d" % i) for i in range(3)}
-        cfg, _ = conns[0].config()
-        t = Tracker()
-        stream_all(conns, cfg, t)
-        highs = {vb.vbid: vb.high_seqno for vb in bucket.vbuckets}
-        pump(list(conns.values()), t, lambda: all(t.last.get(vb, 0) == h for vb, h in highs.items()))
+    loss = 7
+    with _streamed_cluster(("failover", 2), loss=loss) as (model, srv, conns, cfg, t, highs):
         lost_vbs = cfg.active_vbuckets(2)
         assert lost_vbs
         _trigger(srv, cfg, 0, 10)
@@ -295,8 +295,6 @@ def test_failover_promotes_lagging_replicas_and_consumers_roll_back():
         with pytest.raises(ConnectionError):
             dead.call(m.Request(opcode=0xB5))
         dead.close()
-        for c in conns.values():
-            c.close()
 
 
 def test_add_node_then_rebalance_fills_it():

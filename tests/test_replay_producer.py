@@ -4,32 +4,14 @@ each rollback with the number of changes it undid, and the Spark engine agrees."
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 
 import pytest
 
-from dcptool.protocol.dcp import producer as P
-from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay import local
-from dcptool.replay.store.reader import find_captures, read_capture_table
+from dcptool.replay.store.reader import read_capture_table
 
 pytestmark = pytest.mark.integration
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 STATE = {"m": "live", "d": "deleted", "x": "expired"}
-
-
-@pytest.fixture(scope="module")
-def failover_capture(tmp_path_factory):
-    out = tmp_path_factory.mktemp("failover") / "caps"
-    model = P.server_from_options(vbuckets=16, items=4000, seed=21,
-                                  scenarios=P.Scenarios(failover_at=2500, failover_loss=12))
-    with ThreadedServer(model) as srv:
-        res = subprocess.run([DCPTOOL, "capture", f"couchbase://{srv.host}:{srv.port}/default", "-o", str(out),
-                              "--quiet"], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    return model, find_captures([str(out)])
 
 
 def test_documents_equal_the_producers_final_state(failover_capture):
