@@ -65,18 +65,6 @@ _INTS = frozenset({int, type(None)})
 _NUMERIC = frozenset({int, float, type(None)})
 
 
-def _cell(v) -> str:
-    """cell_text, escaped; plain text and numbers (the bulk) take the short way."""
-    if v is None:
-        return ""
-    t = type(v)
-    if t is int:
-        return str(v)
-    if t is str and v.isascii() and v.isprintable():
-        return v
-    return printable(cell_text(v))
-
-
 def _width(s: str) -> int:
     if s.isascii():
         return len(s)
