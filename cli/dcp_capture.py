@@ -34,8 +34,10 @@ class CaptureTap:
         self.progress = progress
         self.frame_no = 0
         self.conn = 0
+        self.node: str | None = None
         self.consumer: dcp_consumer.Consumer | None = None
-        self.opaque_vb: dict[int, int] = {}
+        self.opaque_vb: dict[int, int] = {}     # this connection's: request opaque -> vbucket
+        self._opaque_vbs: dict[int, dict[int, int]] = {}   # per connection (opaques repeat across them)
         self.received = 0
         self.wire_bytes = 0
         self.sent = 0
@@ -48,14 +50,17 @@ class CaptureTap:
         self._next_progress = 0.0
 
     # -- transport hooks
-    def attach(self, conn: int, consumer: dcp_consumer.Consumer) -> None:
+    def attach(self, conn: int, consumer: dcp_consumer.Consumer, node: str | None = None) -> None:
+        if conn == self.conn and consumer is self.consumer and node == self.node:
+            return
         self._flush_out()
-        self.conn, self.consumer = conn, consumer
+        self.conn, self.consumer, self.node = conn, consumer, node
+        self.opaque_vb = self._opaque_vbs.setdefault(conn, {})
 
     def on_sent(self, frame: bytes, ts_ns: int, mono_ns: int) -> None:
         self.sent += 1
         self.sent_bytes += len(frame)
-        self.connections = self.conn
+        self.connections = max(self.connections, self.conn)
         self._out.append((self.frame_no, frame, ts_ns, mono_ns))
         self.frame_no += 1
 
@@ -69,7 +74,8 @@ class CaptureTap:
                                       opaque_vbuckets=self.opaque_vb)
         rb = self._to_batch(batch, frame_no=np.arange(self.frame_no, self.frame_no + n, dtype=np.int64),
                             conn=self.conn, ts_ns=np.full(n, ts_ns, dtype=np.int64),
-                            mono_ns=np.full(n, mono_ns, dtype=np.int64), direction=np.zeros(n, dtype=np.uint8))
+                            mono_ns=np.full(n, mono_ns, dtype=np.int64), direction=np.zeros(n, dtype=np.uint8),
+                            node=self.node)
         self.frame_no += n
         self.received += n
         nbytes = int(lengths.sum())
@@ -111,7 +117,7 @@ class CaptureTap:
         rb = self._to_batch(batch, frame_no=np.array([x[0] for x in out], dtype=np.int64), conn=self.conn,
                             ts_ns=np.array([x[2] for x in out], dtype=np.int64),
                             mono_ns=np.array([x[3] for x in out], dtype=np.int64),
-                            direction=np.ones(len(out), dtype=np.uint8))
+                            direction=np.ones(len(out), dtype=np.uint8), node=self.node)
         self._submit(rb)
 
     def finish(self) -> None:
@@ -155,10 +161,9 @@ def resume_from(directory: str) -> tuple[dict[int, dcp_consumer.VbState], list[s
 
 def run_capture(opts: LiveOptions, settings: CaptureSettings) -> None:
     without_pandas()
-    from dcptool.cli.dcp_live import (EventLog, consumer_config, every_stream_failed, finish_reason,
-                                      run_session, tls_for)
+    from dcptool.cli.dcp_live import EventLog, every_stream_failed, finish_reason, make_session, run_session
     from dcptool.cli.progress import make_progress, print_summary
-    from dcptool.protocol.transport.dcp import Session
+    from dcptool.cli.run_summary import unserved_error, unserved_fields
     from dcptool.replay.store.background import BackgroundWriter
     from dcptool.replay.store.writer import CaptureWriter, WriterError
 
@@ -182,7 +187,6 @@ def run_capture(opts: LiveOptions, settings: CaptureSettings) -> None:
 
     def on_connect(conn, consumer):
         box["loop"] = asyncio.get_running_loop()
-        tap.attach(conn, consumer)
 
     def writer_failed(_exc):
         # the writer thread died (disk full ...): the consumer may be paused on the backlog,
@@ -228,10 +232,8 @@ def run_capture(opts: LiveOptions, settings: CaptureSettings) -> None:
 
     tap = CaptureTap(bg, progress, max_messages=opts.max_messages, on_limit=on_limit)
     pause_at = DEFAULTS["pause_backlog_bytes"]
-    session = Session(consumer_config(opts), opts.source.host, opts.source.port, tls=tls_for(opts),
-                      tap=tap, on_events=on_events, on_connect=on_connect, resume=resume or None,
-                      should_pause=should_pause,
-                      reconnects=DEFAULTS["reconnects"], connect_timeout=opts.timeout)
+    session = make_session(opts, tap=tap, on_events=on_events, on_connect=on_connect, resume=resume or None,
+                           should_pause=should_pause, reconnects=DEFAULTS["reconnects"])
     box["session"] = session
     error: BaseException | None = None
     consumer = None
@@ -260,11 +262,14 @@ def run_capture(opts: LiveOptions, settings: CaptureSettings) -> None:
         stats.stop(finish_reason(opts, events))
         if events.failed and not events.ends:
             error = every_stream_failed(events)
+        elif events.unserved:
+            error = unserved_error(events.unserved)
     stop_exc = error if error is not None else signals.interrupted()
     stats.messages_in, stats.bytes_in = tap.received, tap.wire_bytes
     stats.messages_out, stats.bytes_out, stats.connections = tap.sent, tap.sent_bytes, tap.connections
     extra = {**stats.summary(stop_exc), "capture_id": writer.capture_id, "frames": tap.frame_no,
-             "received": tap.received, "rollbacks": events.rollbacks, "streams_ended": len(events.ends)}
+             "received": tap.received, "rollbacks": events.rollbacks, "streams_ended": len(events.ends),
+             **unserved_fields(events.unserved)}
     if recovered:
         extra["recovered_segments"] = recovered
     if files or error is None:

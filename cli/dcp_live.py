@@ -17,8 +17,10 @@ from dcptool.cli.live import LiveOptions
 from dcptool.cli.dcp_rows import frame_columns, jsonl_of, rows_of
 from dcptool.cli.output import Sink, default_format, display_columns, iso_ns
 from dcptool.cli.run_summary import (DURATION, END, MAX_MESSAGES, TO, RunStats, StopSignals, run_and_close,
-                                     check_vbuckets, print_stream_summary, stop_reason_for_signal)
+                                     check_vbuckets, print_stream_summary, stop_reason_for_signal,
+                                     unserved_error, unserved_fields)
 from dcptool.protocol.dcp import consumer as dcp_consumer
+from dcptool.protocol.dcp import routing
 from dcptool.protocol.dcp.constants import Status, status_name, stream_end_reason_name
 from dcptool.protocol.errors import ErrorCode, RemoteError
 
@@ -49,7 +51,7 @@ def tls_for(opts: LiveOptions):
 
 # The columns of a `stream` row: the capture format's (replay/store/schema.py; a test checks they
 # agree) plus `key_base64`; `value`/`value_base64`/`value_error` with --values, `raw` with --raw.
-COMMON_COLUMNS = ("frame_no", "conn", "ts", "mono_ns", "direction")
+COMMON_COLUMNS = ("frame_no", "conn", "node", "ts", "mono_ns", "direction")
 DCP_COLUMNS = ("magic", "opcode", "op", "status", "vbucket", "opaque", "cas", "datatype", "stream_id",
                "collection_id", "key", "key_base64", "value_len", "by_seqno", "rev_seqno", "item_flags",
                "expiration", "lock_time", "delete_time", "snap_version", "snap_start", "snap_end",
@@ -78,6 +80,7 @@ class RowTap:
         self.on_limit = on_limit
         self.consumer: dcp_consumer.Consumer | None = None
         self.conn = 0
+        self.node: str | None = None
         self.frame_no = 0
         self.stats = stats if stats is not None else RunStats("dcp", "")
         self.template = dict.fromkeys(row_columns(values, raw))
@@ -94,8 +97,8 @@ class RowTap:
     def sent(self) -> int:
         return self.stats.messages_out
 
-    def attach(self, conn: int, consumer: dcp_consumer.Consumer) -> None:
-        self.conn, self.consumer = conn, consumer
+    def attach(self, conn: int, consumer: dcp_consumer.Consumer, node: str | None = None) -> None:
+        self.conn, self.consumer, self.node = conn, consumer, node
 
     def _vb_of(self, opaque: int):
         return self.consumer.vb_opaque.get(opaque) if self.consumer is not None else None
@@ -106,7 +109,7 @@ class RowTap:
                                 collections=self.consumer.collections if self.consumer is not None else False,
                                 opaque_vbuckets=self.consumer.vb_opaque if self.consumer is not None else {},
                                 values=self.values, raw=self.raw,
-                                extra={"conn": self.conn, "ts": ts, "mono_ns": mono_ns, "direction": direction},
+                                extra={"conn": self.conn, "node": self.node, "ts": ts, "mono_ns": mono_ns, "direction": direction},
                                 first_frame_no=self.frame_no)
         self.frame_no += n
         return cols, n
@@ -145,7 +148,7 @@ class RowTap:
                 self.on_limit()
 
     def on_sent(self, frame: bytes, ts_ns: int, mono_ns: int) -> None:
-        self.stats.connections = self.conn   # sending HELLO: this connection was made
+        self.stats.connections = max(self.stats.connections, self.conn)   # sending HELLO: it was made
         if self.remaining is not None and self.remaining <= 0:
             return
         self.stats.messages_out += 1
@@ -156,8 +159,11 @@ class RowTap:
 class EventLog:
     """Consumer events as one line each on stderr."""
 
-    def __init__(self, quiet: bool = False, requested: list[int] | None = None):
+    def __init__(self, quiet: bool = False, requested: list[int] | None = None, on_map=None):
         self.console = err_console()
+        self.on_map = on_map           # called with the node list of each newer cluster map
+        self.unserved: dict[int, str] = {}
+        self.nodes: tuple = ()
         self.quiet = quiet
         self.requested = requested     # --vbuckets, checked against the server's vbuckets
         self.failed: dict[int, int] = {}
@@ -181,6 +187,20 @@ class EventLog:
                 self.failed[e.vbucket] = e.status
                 if e.status != 0x07 or len(self.failed) <= 3:
                     self._say(f"[yellow]vbucket {e.vbucket}: stream request failed[/] ({status_name(e.status)})")
+            elif t is routing.MapApplied:
+                if e.nodes != self.nodes and len(e.nodes) > 1:
+                    self._say(f"cluster map rev {e.rev_epoch}/{e.rev}: {len(e.nodes)} nodes "
+                              f"({_safe(', '.join(e.nodes))})")
+                self.nodes = e.nodes
+                if self.on_map is not None:
+                    self.on_map(e.nodes)
+            elif t is dcp_consumer.NotMyVbucket:
+                self._say(f"vbucket {e.vbucket}: NOT_MY_VBUCKET; following the cluster map")
+            elif t is routing.Rerouted:
+                self._say(f"vbucket {e.vbucket}: now streamed from {_safe(e.node)}")
+            elif t is routing.Unserved:
+                self.unserved[e.vbucket] = e.reason
+                self._say(f"[red]vbucket {e.vbucket}: not served[/]: {e.reason}")
             elif t is dcp_consumer.StreamEnded:
                 self.ends[e.vbucket] = e.reason
                 if e.reason and e.reason != 1:   # 1: closed because we asked
@@ -190,6 +210,32 @@ class EventLog:
     def _say(self, text: str) -> None:
         if not self.quiet:
             self.console.print(text, highlight=False)
+
+
+def _safe(text: str) -> str:
+    """Server text (node names from a cluster map) for a rich line: escaped both ways."""
+    from rich.markup import escape
+
+    from dcptool.cli.output import printable
+    return escape(printable(text))
+
+
+def make_session(opts: LiveOptions, **kw):
+    """The session of a DCP run: the seeds of the source, a cluster map followed when the
+    server has one (protocol/transport/dcp_cluster.py), else one node as before."""
+    from dcptool.protocol.transport.dcp_cluster import ClusterSession
+    return ClusterSession(consumer_config(opts), opts.source.seed_list, tls=tls_for(opts),
+                          connect_timeout=opts.timeout, conn_per_node=opts.conn_per_node,
+                          config_poll=opts.config_poll, **kw)
+
+
+def add_node_column(sink):
+    """A table gets a `node` column after `conn` once the map has more than one node."""
+    def on_map(nodes):
+        cols = sink.columns
+        if len(nodes) > 1 and cols is not None and "node" not in cols and "conn" in cols:
+            cols.insert(cols.index("conn") + 1, "node")
+    return on_map
 
 
 GRACE = 3.0   # seconds a stop request may take (closing streams) before the run is cancelled
@@ -257,11 +303,9 @@ def every_stream_failed(events: "EventLog") -> RemoteError:
 
 
 def run_stream(opts: LiveOptions) -> None:
-    from dcptool.protocol.transport.dcp import Session
-
     fmt = default_format(opts.fmt)
     sink = Sink(fmt, columns=display_columns(TABLE_COLUMNS, opts.values) if fmt in ("table",) else None)
-    events = EventLog(requested=opts.vbuckets)
+    events = EventLog(requested=opts.vbuckets, on_map=add_node_column(sink))
     stats = RunStats("dcp", opts.source.url)
     session_box: dict = {}
 
@@ -273,9 +317,7 @@ def run_stream(opts: LiveOptions) -> None:
 
     tap = RowTap(sink, values=opts.values, raw=opts.raw, max_messages=opts.max_messages,
                  on_limit=stop, stats=stats)
-    session = Session(consumer_config(opts), opts.source.host, opts.source.port, tls=tls_for(opts),
-                      tap=tap, on_events=events, on_connect=tap.attach, reconnects=DEFAULTS["reconnects"],
-                      connect_timeout=opts.timeout)
+    session = make_session(opts, tap=tap, on_events=events, reconnects=DEFAULTS["reconnects"])
     session_box["session"] = session
     with StopSignals() as signals:
         consumer, error = run_and_close(lambda: run_session(session, opts.duration, stats, signals), sink)
@@ -290,8 +332,10 @@ def run_stream(opts: LiveOptions) -> None:
         if events.streaming or isinstance(error, Interrupted):
             summary = stats.summary(error)
             summary.update(items=tap.items, streams_ended=tap.streams_ended, rollbacks=tap.rollbacks,
-                           failed_streams=len(events.failed))
+                           failed_streams=len(events.failed), **unserved_fields(events.unserved))
             if not isinstance(error, BrokenPipeError):
                 print_stream_summary(summary)
+    if error is None and events.unserved:
+        error = unserved_error(events.unserved)
     if error is not None:
         raise error

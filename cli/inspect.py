@@ -12,7 +12,8 @@ import click
 
 from dcptool.cli.console import data_console
 
-_LEFT = ("file", "op", "command", "stream", "instance", "reason", "error", "capture_id", "started_at")
+_LEFT = ("file", "op", "command", "stream", "instance", "reason", "error", "capture_id", "started_at",
+         "node", "from node", "via", "active", "ts")
 _FOLD = ("file", "error")  # long text that may wrap on a terminal; ids, names, numbers stay whole
 
 
@@ -47,6 +48,11 @@ def render(summary: dict, console) -> None:
                   + (f", {span['first']} .. {span['last']} ({span['seconds']:.3f} s)" if span else "")
                   + "; " + ", ".join(f"{printable(k)}: {v:,}" for k, v in summary["directions"].items()),
                   highlight=False, markup=False)
+    if summary.get("nodes"):
+        nodes = table("nodes", "node", "rows")
+        for k, v in summary["nodes"].items():
+            nodes.add_row(str(k), f"{v:,}")
+        console.print(nodes)
     kind = "op" if summary["protocol"] == "dcp" else "command"
     kinds = table(f"rows per {kind}", kind, "rows")
     for k, v in summary["ops" if kind == "op" else "commands"].items():
@@ -75,6 +81,14 @@ def render(summary: dict, console) -> None:
             console.print(se)
         else:
             console.print("stream ends: none", highlight=False)
+        if summary.get("configs"):
+            cf = table("cluster config revisions", "rev", "ts", "from node", "via", "vbuckets", "active")
+            for c in summary["configs"]:
+                cf.add_row(f"{c['rev_epoch']}:{c['rev']}", c["ts"] or "", c["node"] or "", c["via"],
+                           str(c["vbuckets"]), ", ".join(f"{k} {v}" for k, v in c["active"].items()))
+            console.print(cf)
+        else:
+            console.print("cluster config revisions: none", highlight=False)
     else:
         pos = table("positions", "stream", "instance", "token", "rows", "batches", "positions",
                     "gaps", "dropped", "waiting")
@@ -105,8 +119,9 @@ def render(summary: dict, console) -> None:
 @click.argument("captures", nargs=-1, required=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
 def inspect_cmd(captures, as_json):
-    """Summarise captures: files, rows, time span, rows per op/command, seqno ranges per
-    vbucket, snapshots, rollbacks, stream ends, Synapse positions and gaps, decode errors.
+    """Summarise captures: files, rows, time span, rows per op/command and per node, seqno
+    ranges per vbucket, snapshots, rollbacks, stream ends, cluster config revisions, Synapse
+    positions and gaps, decode errors.
 
     CAPTURE is a segment (.parquet or in-progress .arrows), a directory, or - to read paths
     from stdin.

@@ -32,6 +32,8 @@ class LiveOptions:
     ca_cert: str | None = None
     insecure: bool = False
     sasl_plain: bool = False
+    conn_per_node: int = 1         # DCP cluster: connections per KV node
+    config_poll: float = 2.5       # DCP cluster: GET_CLUSTER_CONFIG poll interval
     # Synapse
     streams: list[str] | None = None
     replicate: bool = True
@@ -79,6 +81,10 @@ def connection_options(fn):
         click.option("--timeout", default="30s", show_default=True,
                      help="DCP: bound on connect + TLS, each handshake request, a stream reply "
                      "and a half-received frame; also the idle limit when noops are refused."),
+        click.option("--conn-per-node", type=click.IntRange(1, 64), default=1, show_default=True,
+                     help="DCP: connections per KV node of a cluster (its vbuckets split over them)."),
+        click.option("--config-poll", default="2.5s", show_default=True,
+                     help="DCP: how often to ask a cluster for its map (GET_CLUSTER_CONFIG)."),
         click.option("--streams", default=None, help="Synapse: only these streams, e.g. events,caches."),
         click.option("--replicate/--no-replicate", default=True, show_default=True,
                      help="Synapse: send REPLICATE to obtain POSITIONs."),
@@ -105,6 +111,9 @@ def build_options(ctx: click.Context, kw: dict) -> LiveOptions:
     timeout = parse_duration(kw.pop("timeout"), "--timeout")
     if timeout <= 0:
         raise click.BadParameter("must be above 0, e.g. 30s", param_hint="--timeout")
+    config_poll = parse_duration(kw.pop("config_poll"), "--config-poll")
+    if config_poll <= 0:
+        raise click.BadParameter("must be above 0, e.g. 2.5s", param_hint="--config-poll")
     duration = kw.pop("duration")
     streams = kw.pop("streams")
     name = kw.pop("name")
@@ -117,7 +126,7 @@ def build_options(ctx: click.Context, kw: dict) -> LiveOptions:
     return LiveOptions(
         source=source, user=user, password=password,
         vbuckets=parse_vbuckets(vb) if vb else None,
-        buffer_size=buffer_size, noop_interval=noop, timeout=timeout,
+        buffer_size=buffer_size, noop_interval=noop, timeout=timeout, config_poll=config_poll,
         duration=parse_duration(duration, "--duration") if duration else None,
         streams=[s for s in streams.split(",") if s] if streams else None,
         name=name, verbose=bool((ctx.find_root().obj or {}).get("verbose")),

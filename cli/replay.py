@@ -100,9 +100,15 @@ def _display_columns(table) -> list[str]:
 
 @contextlib.contextmanager
 def _spark_progress(session, label: str):
-    """A status line on stderr with Spark's stage progress while a job runs."""
+    """A status line on stderr with Spark's stage progress while a job runs (a Connect
+    session has no status tracker in this process: the line says `working`)."""
     from dcptool.cli.console import err_console
+    from dcptool.replay import spark as spark_engine
     console = err_console()
+    if spark_engine.is_connect(session):
+        with console.status(f"{label}: working", spinner="dots"):
+            yield
+        return
     stop = threading.Event()
     with console.status(f"{label}: starting", spinner="dots") as status:
         def poll():
@@ -132,6 +138,9 @@ def _spark_progress(session, label: str):
 @click.option("--spark", "use_spark", is_flag=True, help="Run on a Spark session instead of in-process.")
 @click.option("--master", default="local[*]", show_default=True,
               help="Spark master URL (local[N], spark://HOST:PORT, yarn, k8s://...). Implies --spark.")
+@click.option("--remote", metavar="sc://HOST:PORT",
+              help="Run on this Spark Connect endpoint (any server or cluster; token from "
+                   "SPARK_CONNECT_AUTHENTICATE_TOKEN). Implies --spark.")
 @click.option("--conf", "spark_conf", multiple=True, metavar="KEY=VALUE", help="Extra Spark setting (repeatable).")
 @output_dir_option("Write each chosen table to DIR/NAME.parquet (created).")
 @click.option("--format", "fmt", type=click.Choice(["table", "jsonl"]), default=None,
@@ -151,7 +160,7 @@ def _spark_progress(session, label: str):
 @click.option("--as-of-seqno", "as_of_seqnos", multiple=True, metavar="VB:SEQNO",
               help="DCP: for vbucket VB only changes up to SEQNO count (repeatable).")
 @click.pass_context
-def replay(ctx, captures, use_spark, master, spark_conf, output, output_alias, fmt, tables, sql, unsafe_sql,
+def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_alias, fmt, tables, sql, unsafe_sql,
            apply_spec, checksum, as_of_ts, as_of_seqnos):
     """Replay captures (files, directories, or - for paths on stdin) into result tables.
 
@@ -164,6 +173,8 @@ def replay(ctx, captures, use_spark, master, spark_conf, output, output_alias, f
       dcptool replay captures/ --table documents --format jsonl | jq .key
       dcptool replay captures/ --checksum
       dcptool replay captures/ --spark --checksum          # same checksums
+      dcptool spark start; dcptool replay captures/ --spark # on the warm server
+      dcptool replay captures/ --remote sc://10.0.0.5:15002 --checksum
       dcptool replay captures/ --spark --sql "SELECT vbucket, count(*) FROM documents GROUP BY 1"
       dcptool replay captures/ -o results/
       ls captures/*.parquet | dcptool replay -
@@ -172,13 +183,18 @@ def replay(ctx, captures, use_spark, master, spark_conf, output, output_alias, f
     out_dir = output or output_alias
     verbose = bool((ctx.find_root().obj or {}).get("verbose"))
     source = ctx.get_parameter_source("master")
-    if source is not None and source.name != "DEFAULT":
+    master_given = source is not None and source.name != "DEFAULT"
+    if master_given and remote:
+        raise click.UsageError("choose one of --master and --remote")
+    if master_given or remote:
         use_spark = True
+    if remote:
+        _check_remote_url(remote)
     if sql and not use_spark:
         raise click.UsageError("--sql runs on Spark: add --spark")
     _tune_process(in_process=not (use_spark or apply_spec))
     from dcptool.cli.console import err_console
-    from dcptool.replay import apply, local
+    from dcptool.replay import apply
     from dcptool.replay.store import reader
 
     if sum(bool(x) for x in (sql, apply_spec, checksum)) > 1:
@@ -207,17 +223,33 @@ def replay(ctx, captures, use_spark, master, spark_conf, output, output_alias, f
         except Exception as exc:  # noqa: BLE001 - the user's module may raise anything on import
             _usage_line(ctx, f"--apply {apply_spec}: {_first_line(exc)}", exc, verbose)
     names = _table_choice(protocol, tables, default_all=True)
+    if not use_spark and protocol == "dcp":
+        from dcptool.replay.local import doc_budget
+        try:
+            doc_budget()
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
     console = err_console()
 
     session = None
+    keep_alive = contextlib.nullcontext()
     if use_spark:
         import warnings
         if not verbose:
             warnings.filterwarnings("ignore", module="pyspark")
             warnings.filterwarnings("ignore", category=FutureWarning)
+        session, keep_alive, label = _open_session(ctx, console, master, master_given, remote, conf, verbose,
+                                                   fenced_sql=bool(sql) and not unsafe_sql)
+    with keep_alive:
+        _run(ctx, session, files, names, fn, sql, unsafe_sql, checksum, as_of, fmt, out_dir, console, verbose)
+    if session is not None:   # after the output, and only on success: an error stays one line
+        console.print(f"spark: {label}", highlight=False, style="dim")
+
+
+def _run(ctx, session, files, names, fn, sql, unsafe_sql, checksum, as_of, fmt, out_dir, console, verbose):
+    from dcptool.replay import apply, local
+    if session is not None:
         from dcptool.replay import spark as spark_engine
-        with console.status(f"starting Spark ({master})", spinner="dots"):
-            session = spark_engine.make_session(master, app_name="dcptool-replay", conf=conf, verbose=verbose)
     try:
         if fn is not None:
             if session is not None:
@@ -254,6 +286,80 @@ def replay(ctx, captures, use_spark, master, spark_conf, output, output_alias, f
             with contextlib.suppress(Exception):
                 rep.close()  # noqa: F821 - bound when the replay ran
             spark_engine.stop_session(session)
+
+
+def _check_remote_url(url: str) -> None:
+    """sc://HOST[:PORT][/;param=value...], without a token: a credential never goes on the
+    command line (pyspark reads SPARK_CONNECT_AUTHENTICATE_TOKEN)."""
+    from urllib.parse import urlparse
+    parsed = urlparse(url)
+    if parsed.scheme != "sc" or not parsed.hostname:
+        raise click.UsageError(f"--remote wants sc://HOST:PORT, got {url!r}")
+    if "token=" in url.lower():
+        raise click.UsageError("--remote: a token does not go on the command line; "
+                               "set SPARK_CONNECT_AUTHENTICATE_TOKEN instead")
+    try:
+        parsed.port
+    except ValueError:
+        raise click.UsageError(f"--remote: bad port in {url!r}") from None
+
+
+def _open_session(ctx, console, master, master_given, remote, conf, verbose, fenced_sql):
+    """The Spark session of this replay and a context that keeps a warm server marked as
+    used while it runs: --remote's endpoint (unreachable: exit 3); else with --spark alone
+    the warm server of `dcptool spark start` when it answers (else the embedded session,
+    with a warning when one is recorded); else an embedded session on `master`. The label
+    says which (printed after a successful run)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from dcptool.cli.errors import EXIT_CONNECT, EXIT_USAGE
+    from dcptool.replay import connect_server, spark as spark_engine
+    keep_alive = contextlib.nullcontext()
+    url = token = None
+    if remote:
+        parsed = urlparse(remote)
+        port = parsed.port or connect_server.DEFAULT_PORT
+        try:
+            socket.create_connection((parsed.hostname, port), timeout=10).close()
+        except OSError as exc:
+            _usage_line(ctx, f"--remote {remote}: cannot reach the Spark Connect server "
+                             f"({exc.strerror or exc})", exc, verbose, code=EXIT_CONNECT)
+        url, label = remote, f"Spark Connect {remote}"
+    elif not master_given:
+        rec, warning = connect_server.warm()
+        if warning:
+            console.print(f"[yellow]dcptool:[/] {warning}; using an embedded local[*] session",
+                          highlight=False)
+        elif rec is not None and fenced_sql:
+            console.print("dcptool: --sql's read-only check needs Spark's parser in this process: "
+                          "an embedded local[*] session, not the warm server (--unsafe-sql uses it)",
+                          highlight=False)
+        elif rec is not None:
+            url, token, label = rec.url, rec.token, f"warm Spark Connect server {rec.url} (pid {rec.pid})"
+            keep_alive = connect_server.keep_alive(rec)
+    if url is None:
+        label = f"embedded {master} session"
+        with console.status(f"starting Spark ({master})", spinner="dots"):
+            session = spark_engine.make_session(master, app_name="dcptool-replay", conf=conf, verbose=verbose)
+    else:
+        if fenced_sql:
+            _usage_line(ctx, "--sql over --remote cannot be checked read-only (the check needs Spark's "
+                             "parser in this process); add --unsafe-sql to run it as is", code=EXIT_USAGE)
+        if token:
+            connect_server.touch()   # before the session: the watchdog must not stop it now
+        try:
+            session = spark_engine.connect_session(url, token)
+        except Exception as exc:  # noqa: BLE001 - gRPC and Spark errors come as many classes
+            _usage_line(ctx, f"cannot use the Spark Connect server at {url}: {_first_line(exc)}", exc, verbose,
+                        code=EXIT_CONNECT)
+        for k, v in conf.items():
+            try:
+                session.conf.set(k, v)
+            except Exception as exc:  # noqa: BLE001 - static settings cannot change on a running server
+                spark_engine.stop_session(session)
+                _usage_line(ctx, f"--conf {k}: {_first_line(exc)}", exc, verbose)
+    return session, keep_alive, label
 
 
 def _first_line(exc: BaseException) -> str:

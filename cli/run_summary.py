@@ -232,3 +232,24 @@ def check_vbuckets(requested: list[int] | None, known) -> None:
     if bad:
         raise LateUsageError(f"--vbuckets: {ranges_text(bad)} out of range; the bucket has vbuckets "
                              f"0-{count - 1}")
+
+
+def unserved_text(unserved: dict[int, str]) -> str:
+    """'0-3: reason; 7: other reason' (vbuckets grouped by reason)."""
+    by: dict[str, list[int]] = {}
+    for vb, why in sorted(unserved.items()):
+        by.setdefault(why, []).append(vb)
+    return "; ".join(f"{ranges_text(vbs)}: {why}" for why, vbs in by.items())
+
+
+def unserved_fields(unserved: dict[int, str]) -> dict:
+    """The summary fields of a cluster run's unserved vbuckets (none when all were served)."""
+    if not unserved:
+        return {}
+    return {"unserved_vbuckets": len(unserved), "unserved": unserved_text(unserved)}
+
+
+def unserved_error(unserved: dict[int, str]):
+    """Exit 1 with one line naming the vbuckets a cluster run could not serve, and why."""
+    from dcptool.protocol.errors import ConnectionLost
+    return ConnectionLost(f"{len(unserved)} vbucket(s) could not be served: {unserved_text(unserved)}")

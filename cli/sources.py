@@ -24,6 +24,11 @@ class Source:
     server_name: str | None = None  # synapse+redis (required), synapse (optional: expected SERVER)
     tls: bool = False
     url: str = ""                   # safe to print and record: never holds a password
+    seeds: tuple = ()               # couchbase: ((host, port), ...) in the order given; host/port = the first
+
+    @property
+    def seed_list(self) -> list[tuple[str, int]]:
+        return list(self.seeds) or [(self.host, self.port)]
 
     @property
     def protocol(self) -> str:
@@ -34,8 +39,49 @@ class Source:
         return f"{self.host}:{self.port}"
 
 
+def _seeds(url: str, scheme: str) -> tuple[str, tuple]:
+    """couchbase://[USER@]H1[:P1],H2[:P2].../BUCKET: the netloc as one seed (host:port) for
+    urlsplit, and every seed. urlsplit cannot read a comma host list, so the netloc is split
+    here; each seed without a port gets the scheme's default, IPv6 hosts go in brackets."""
+    rest = url.split("://", 1)[1]
+    netloc = rest.split("/", 1)[0].split("?", 1)[0]
+    userinfo, at, hosts = netloc.rpartition("@")
+    default = DEFAULT_PORTS[scheme]
+    seeds = []
+    for part in hosts.split(","):
+        part = part.strip()
+        if not part:
+            raise click.BadParameter(f"empty seed in the host list of {url!r}", param_hint="SOURCE")
+        if part.startswith("["):
+            host, sep, tail = part[1:].partition("]")
+            if not sep or (tail and not tail.startswith(":")):
+                raise click.BadParameter(f"bad IPv6 seed {part!r} (use [ADDR]:PORT)", param_hint="SOURCE")
+            port_text = tail[1:] if tail else ""
+        else:
+            host, _, port_text = part.partition(":")
+            if ":" in port_text:
+                raise click.BadParameter(f"bad seed {part!r}: an IPv6 address goes in brackets",
+                                         param_hint="SOURCE")
+        if not host:
+            raise click.BadParameter(f"no host in seed {part!r}", param_hint="SOURCE")
+        if port_text:
+            if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+                raise click.BadParameter(f"bad port in seed {part!r}", param_hint="SOURCE")
+            port = int(port_text)
+        else:
+            port = default
+        seeds.append((host, port))
+    first = f"{_host_for_url(seeds[0][0])}:{seeds[0][1]}"
+    one = url.replace(netloc, f"{userinfo}{at}{first}", 1)
+    return one, tuple(seeds)
+
+
 def parse_source(url: str) -> Source:
     """Parse a SOURCE argument; raise click.BadParameter with one clear line."""
+    seeds: tuple = ()
+    head = url.split("://", 1)[0].lower() if "://" in url else ""
+    if head in ("couchbase", "couchbases") and "," in url.split("://", 1)[1].split("/", 1)[0]:
+        url, seeds = _seeds(url, head)
     try:
         parts = urllib.parse.urlsplit(url)
     except ValueError as exc:
@@ -70,8 +116,11 @@ def parse_source(url: str) -> Source:
         if not path or "/" in path:
             raise click.BadParameter(f"{scheme}:// needs exactly one bucket: {scheme}://HOST[:PORT]/BUCKET",
                                      param_hint="SOURCE")
+        if seeds:
+            safe = urllib.parse.urlunsplit((scheme, user_part + ",".join(
+                f"{_host_for_url(h)}:{p}" for h, p in seeds), parts.path, parts.query, ""))
         return Source(scheme, host, port, bucket=urllib.parse.unquote(path),
-                      tls=scheme == "couchbases", url=safe)
+                      tls=scheme == "couchbases", url=safe, seeds=seeds or ((host, port),))
     server_name = (query.get("server_name") or [None])[0]
     if scheme == "synapse":
         return Source(scheme, host, port, server_name=server_name, url=safe)

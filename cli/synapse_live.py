@@ -292,12 +292,14 @@ class _CaptureHandler(_Base):
         self.bytes = 0
         self.progress = progress
         self.client: SynapseClient | None = None
+        src = opts.source  # the `node` column: the TCP or Redis server address
+        self.node = f"[{src.host}]:{src.port}" if ":" in str(src.host) else f"{src.host}:{src.port}"
 
     def lines(self, direction, lines, split, *, conn, ts_ns, mono_ns, channel=None, errors=None):
         from dcptool.replay.store.synapse_batch import build_batch
         batch = build_batch(lines, frame_no=self.frame_no, conn=conn, ts_ns=ts_ns,
                             mono_ns=mono_ns, direction=direction, channel=channel, split=split,
-                            errors=errors)
+                            errors=errors, node=self.node)
         self.frame_no += len(lines)
         self.bytes += sum(map(len, lines))
         self.count(direction, conn, len(lines), _line_bytes(lines, channel))
@@ -308,7 +310,7 @@ class _CaptureHandler(_Base):
     def block(self, direction, scan, *, conn, ts_ns, mono_ns, channel=None):
         from dcptool.replay.store.synapse_batch import build_batch_scan
         batch = build_batch_scan(scan, frame_no=self.frame_no, conn=conn, ts_ns=ts_ns,
-                                 mono_ns=mono_ns, direction=direction, channel=channel)
+                                 mono_ns=mono_ns, direction=direction, channel=channel, node=self.node)
         self.frame_no += scan.n
         self.bytes += len(scan.buf)
         self.count(direction, conn, scan.n, len(scan.buf))

@@ -10,8 +10,6 @@ changes made before it), so the state takes the rollback answers up front."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,7 +17,8 @@ import pyarrow.compute as pc
 from dcptool.protocol.dcp.constants import Status
 from dcptool.replay import tables as T
 from dcptool.replay.store.schema import capture_schema
-from dcptool.replay.columns import CHUNK_ROWS, NONE_TS, Grow, as_numpy, as_strings, equals, is_in, lookup_codes, ts_array, ts_ns
+from dcptool.replay.doc_state import DocumentStore, prepare_changes
+from dcptool.replay.columns import NONE_TS, Grow, as_numpy, as_strings, equals, is_in, lookup_codes, ts_array, ts_ns
 
 SEQ_BITS = 44
 DOC_STATES = {"mutation": "live", "deletion": "deleted", "expiration": "expired"}
@@ -56,8 +55,6 @@ def vb_order_key(t: pa.Table) -> np.ndarray:
 
 MARKER_COLUMNS = ["vbucket", "capture_id", "frame_no", "ts", "snap_version", "snap_start", "snap_end",
                   "snap_flags", "_seq"]
-DOC_COLUMNS = ["vbucket", "collection_id", "key", "by_seqno", "rev_seqno", "cas", "op", "datatype",
-               "item_flags", "expiration", "value_len", "capture_id", "frame_no", "ts", "_seq"]
 # an undone change, for the `undone` table (with `_r`, the rollback that undid it)
 UNDONE_COLUMNS = ["vbucket", "collection_id", "key", "by_seqno", "op", "capture_id", "frame_no", "ts"]
 INT64_MIN = np.iinfo(np.int64).min
@@ -75,11 +72,10 @@ class DcpState:
     `feed` takes the vbucket frames in frame order, in chunks of any size; the state it keeps
     grows with documents, snapshots and vbuckets, not with frames."""
 
-    def __init__(self, rollbacks: pa.Table, merger: ThreadPoolExecutor | None = None):
-        # `merger`, when given, merges document changes in the background (one at a time)
-        self._merger = merger
-        self._merging = None                  # the merge running there, if any
-        self._docs_rows = 0                   # documents after the last merge that finished
+    def __init__(self, rollbacks: pa.Table, snapshots: bool = True):
+        # `snapshots` False: no snapshots are tracked, and `finish` leaves out the two tables
+        # that need them (snapshots, vbuckets)
+        self.with_snapshots = snapshots
         # a ROLLBACK response to a stream request rolls the vbucket back to rollback_seqno
         self.rollbacks = rollbacks.take(np.argsort(vb_order_key(rollbacks), kind="stable"))
         self.r_vb = as_numpy(self.rollbacks.column("vbucket"), dtype=np.int64)
@@ -102,10 +98,8 @@ class DcpState:
         self._markers: list[pa.Table] = []
         self._failover: list[pa.Table] = []   # stream-request successes with a failover log
         self._ends: list[pa.Table] = []       # stream ends
-        self.docs: pa.Table | None = None     # the last surviving change per document so far
-        self._parts: list[pa.Table] = []      # newer per-chunk changes not merged into docs yet
-        self._parts_rows = 0
-        self._dedupe_chunks, self._not_deduped = True, 0
+        # the last surviving change per document (replay/doc_state.py)
+        self.docs = DocumentStore()
         self._undone_rows: list[pa.Table] = []   # the changes rollbacks undid (rare)
 
     def feed(self, chunk: pa.Table) -> None:
@@ -126,13 +120,14 @@ class DcpState:
             chunk.column("op"), {"mutation"}, {"deletion"}, {"expiration"}, {"seqno_advanced"},
             {"snapshot_marker"}, {"stream_end"}, {"stream_req"})
 
-        # per-vbucket activity and counters
-        p.seen = np.bincount(vb, minlength=1 << 16) > 0
-        p.first_ts = np.full(1 << 16, NONE_TS, np.int64)
+        # per-vbucket activity and counters (arrays as long as the highest vbucket + 1)
+        p.nvb = nvb = int(vb.max()) + 1
+        p.seen = np.bincount(vb, minlength=nvb) > 0
+        p.first_ts = np.full(nvb, NONE_TS, np.int64)
         np.minimum.at(p.first_ts, vb, ts)
-        p.last_ts = np.full(1 << 16, INT64_MIN, np.int64)
+        p.last_ts = np.full(nvb, INT64_MIN, np.int64)
         np.maximum.at(p.last_ts, vb, np.where(ts == NONE_TS, INT64_MIN, ts))
-        p.counts = {name: np.bincount(vb[m], minlength=1 << 16)
+        p.counts = {name: np.bincount(vb[m], minlength=nvb)
                     for name, m in (("mutation", is_mut), ("deletion", is_del), ("expiration", is_exp))}
         is_change = is_mut | is_del | is_exp
         seqno = as_numpy(chunk.column("by_seqno"), fill=-1, dtype=np.int64)
@@ -161,42 +156,26 @@ class DcpState:
 
         # high_seqno: the highest seqno not undone (items and seqno-advanced)
         hi = (is_change | is_adv) & alive
-        p.high = np.full(1 << 16, -1, np.int64)
+        p.high = np.full(nvb, -1, np.int64)
         np.maximum.at(p.high, vb[hi], seqno[hi])
-        p.has_high = np.bincount(vb[hi], minlength=1 << 16) > 0
+        p.has_high = np.bincount(vb[hi], minlength=nvb) > 0
 
-        self._prepare_snapshots(p, chunk, vb, seq, seqno, is_marker, is_end, is_change, is_adv)
+        if self.with_snapshots:
+            self._prepare_snapshots(p, chunk, vb, seq, seqno, is_marker, is_end, is_change, is_adv)
 
         # mutation, deletion, expiration: the document takes the change; the later frame wins
-        keep = np.flatnonzero(is_change & alive)
-        p.part = None
-        if len(keep):
-            # a chunk's own earlier changes of a document are dropped here, when that pays:
-            # with far more documents than a chunk holds, the merge alone is cheaper (either
-            # way the merge gives the same documents, so threads racing on the flag are harmless)
-            if self._dedupe_chunks:
-                rows = _last_per_document_rows(chunk, keep)
-                if len(keep) >= 1 << 16:    # small chunks tell nothing
-                    self._dedupe_chunks = len(rows) < 0.75 * len(keep)
-            else:
-                rows = keep
-                self._not_deduped += 1
-                self._dedupe_chunks = self._not_deduped % 8 == 0   # look again now and then
-            rows = rows[np.argsort(vb[rows].astype(np.uint16), kind="stable")]   # by (vbucket, frame order)
-            part = chunk.select(DOC_COLUMNS).take(rows)
-            part = part.set_column(DOC_COLUMNS.index("op"), "op", as_strings(part.column("op")))
-            p.part = part.set_column(DOC_COLUMNS.index("capture_id"), "capture_id",
-                                     as_strings(part.column("capture_id")))
+        p.changes = prepare_changes(chunk, np.flatnonzero(is_change & alive))
         return p
 
     def apply(self, p: "_Prepared | None") -> None:
         if p is None:
             return
-        self.seen |= p.seen
-        np.minimum(self.first_ts, p.first_ts, out=self.first_ts)
-        np.maximum(self.last_ts, p.last_ts, out=self.last_ts)
+        v = slice(0, p.nvb)
+        self.seen[v] |= p.seen
+        np.minimum(self.first_ts[v], p.first_ts, out=self.first_ts[v])
+        np.maximum(self.last_ts[v], p.last_ts, out=self.last_ts[v])
         for name, c in p.counts.items():
-            self.counts[name] += c
+            self.counts[name][v] += c
         if p.failover is not None:
             self._failover.append(p.failover)
         if p.ends is not None:
@@ -205,15 +184,11 @@ class DcpState:
             self.undone += p.undone
         if p.undone_rows is not None:
             self._undone_rows.append(p.undone_rows)
-        np.maximum(self.high_seqno, p.high, out=self.high_seqno)
-        self.has_high |= p.has_high
-        self._apply_snapshots(p)
-        if p.part is not None:
-            self._parts.append(p.part)
-            self._parts_rows += p.part.num_rows
-            # merge once the pending changes are twice the documents: amortised linear
-            if self._parts_rows >= max(CHUNK_ROWS, 2 * self._docs_rows):
-                self._merge_docs(background=self._merger is not None)
+        np.maximum(self.high_seqno[v], p.high, out=self.high_seqno[v])
+        self.has_high[v] |= p.has_high
+        if self.with_snapshots:
+            self._apply_snapshots(p)
+        self.docs.apply(p.changes)
 
     def _undone_by(self, vb, seq, seqno, candidates) -> np.ndarray:
         """For each row, the rollback that undoes it (index into self.rollbacks), or -1."""
@@ -287,20 +262,6 @@ class DcpState:
         s.has_first[fm] = True
         s.last_seqno[imi[last_i]] = iseq[last_i]
 
-    def _merge_docs(self, background: bool = False) -> None:
-        if self._merging is not None:         # merges chain: the next one starts from its result
-            self.docs, self._merging = self._merging.result(), None
-            self._docs_rows = self.docs.num_rows
-        if self._parts:
-            tables = ([self.docs] if self.docs is not None else []) + self._parts
-            # each table is by (vbucket, frame order) and newer than the one before it
-            self._parts, self._parts_rows = [], 0
-            if background:
-                self._merging = self._merger.submit(_last_per_document, pa.concat_tables(tables))
-            else:
-                self.docs = _last_per_document(pa.concat_tables(tables))
-                self._docs_rows = self.docs.num_rows
-
     def _undone_table(self) -> pa.Table:
         """`undone`: each change a rollback undid, with the rollback, and whether the document's
         current change (the last one not undone) was received after the rollback: `restored`,
@@ -312,43 +273,30 @@ class DcpState:
         r = as_numpy(u.column("_r"), dtype=np.int64)
         rb = self.rollbacks.take(pa.array(r))
         r_seq = self.r_seq[r]
-        # the current change of each document concerned (undone documents are few)
-        current: dict = {}
-        if self.docs is not None and self.docs.num_rows:
-            d = self.docs.filter(pc.is_in(self.docs.column("key"), value_set=pc.unique(u.column("key"))))
-            for vb, cid, key, seqno, seq in zip(*(d.column(c).to_pylist() for c in
-                                                 ("vbucket", "collection_id", "key", "by_seqno", "_seq"))):
-                current[(vb, cid, key)] = (seq, seqno)
-        restored, restored_seqno = [], []
-        for vb, cid, key, rs in zip(u.column("vbucket").to_pylist(), u.column("collection_id").to_pylist(),
-                                    u.column("key").to_pylist(), r_seq.tolist()):
-            doc = current.get((vb, cid, key))
-            ok = doc is not None and doc[0] > rs
-            restored.append(ok)
-            restored_seqno.append(doc[1] if ok else None)
+        # the current change of each document concerned
+        cid = u.column("collection_id")
+        code = self.docs.lookup(as_numpy(u.column("vbucket"), dtype=np.int64), as_numpy(cid, fill=0, dtype=np.int64),
+                                as_numpy(cid.is_valid(), dtype=bool), u.column("key"))
+        at = np.maximum(code, 0)
+        ok = (code >= 0) & (self.docs.field("seq")[at] > r_seq) if self.docs.n else np.zeros(len(code), bool)
+        has_seqno = ok & self.docs.valid("by_seqno")[at] if self.docs.n else ok
+        restored = pa.array(ok, pa.bool_())
+        restored_seqno = pa.array(self.docs.field("by_seqno")[at] if self.docs.n else np.zeros(len(code), np.int64),
+                                  pa.int64(), mask=~has_seqno)
         return T.canonical("dcp", "undone", pa.table({
             "vbucket": u.column("vbucket"), "capture_id": as_strings(rb.column("capture_id")),
             "frame_no": rb.column("frame_no"), "ts": rb.column("ts"), "rollback_seqno": rb.column("rollback_seqno"),
             "collection_id": u.column("collection_id"), "key": u.column("key"), "by_seqno": u.column("by_seqno"),
             "op": u.column("op"), "change_capture_id": u.column("capture_id"), "change_frame_no": u.column("frame_no"),
-            "change_ts": u.column("ts"), "restored": pa.array(restored, pa.bool_()),
-            "restored_seqno": pa.array(restored_seqno, pa.int64())}))
+            "change_ts": u.column("ts"), "restored": restored, "restored_seqno": restored_seqno}))
 
     def finish(self) -> dict[str, pa.Table]:
         out: dict[str, pa.Table] = {}
-        # documents
-        self._merge_docs()
-        if self.docs is None:
-            docs = T.DCP_TABLES["documents"][0].empty_table()
-        else:
-            d = self.docs
-            op = d.column("op")
-            state = pc.if_else(pc.equal(op, "mutation"), "live",
-                               pc.if_else(pc.equal(op, "deletion"), "deleted", "expired"))
-            d = d.set_column(d.column_names.index("op"), "state", state)
-            docs = T.canonical("dcp", "documents", d)
-        out["documents"] = docs
+        # documents (after `undone`, which looks documents up)
         out["undone"] = self._undone_table()
+        doc_counts = self.docs.state_counts()
+        docs = self.docs.table()
+        out["documents"] = docs
 
         # snapshots, by (vbucket, frame order): complete by an item at snap_end, or the next
         # marker of the vbucket starting above it
@@ -411,8 +359,6 @@ class DcpState:
                     vals[at[v]] = x
             return pa.array(vals, typ)
 
-        dvb = as_numpy(docs.column("vbucket"), dtype=np.int64)
-        live_, deleted_, expired_ = lookup_codes(docs.column("state"), {"live"}, {"deleted"}, {"expired"})
         heads = [lst[0]["vbucket_uuid"] if lst else None for lst in fl.to_pylist()] if f.num_rows else []
         ends = _last_per_vbucket(pa.concat_tables(self._ends)) if self._ends else None
         has_high = self.has_high[vbs]
@@ -421,9 +367,9 @@ class DcpState:
             "vbucket_uuid": per_vbucket(as_numpy(f.column("vbucket"), dtype=np.int64) if f.num_rows
                                         else np.zeros(0, np.int64), heads, pa.uint64()),
             "high_seqno": pa.array(self.high_seqno[vbs], pa.int64(), mask=~has_high),
-            "live": pa.array(np.bincount(dvb[live_], minlength=1 << 16)[vbs], pa.int64()),
-            "deleted": pa.array(np.bincount(dvb[deleted_], minlength=1 << 16)[vbs], pa.int64()),
-            "expired": pa.array(np.bincount(dvb[expired_], minlength=1 << 16)[vbs], pa.int64()),
+            "live": pa.array(doc_counts["live"][vbs], pa.int64()),
+            "deleted": pa.array(doc_counts["deleted"][vbs], pa.int64()),
+            "expired": pa.array(doc_counts["expired"][vbs], pa.int64()),
             "mutations": pa.array(self.counts["mutation"][vbs], pa.int64()),
             "deletions": pa.array(self.counts["deletion"][vbs], pa.int64()),
             "expirations": pa.array(self.counts["expiration"][vbs], pa.int64()),
@@ -435,6 +381,8 @@ class DcpState:
                                   if ends is not None else pa.nulls(nv, pa.uint32())),
             "first_ts": ts_array(self.first_ts[vbs], self.first_ts[vbs] != NONE_TS),
             "last_ts": ts_array(self.last_ts[vbs], self.last_ts[vbs] != INT64_MIN)}))
+        if not self.with_snapshots:
+            del out["snapshots"], out["vbuckets"]
         return out
 
 
@@ -446,75 +394,6 @@ def _last_per_vbucket(t: pa.Table) -> pa.Table:
     last = np.full(1 << 16, -1, np.int64)
     np.maximum.at(last, as_numpy(t.column("vbucket"), dtype=np.int64), np.arange(t.num_rows))
     return t.take(np.sort(last[last >= 0]))
-
-
-# keys are hashed in groups of whole vbuckets about this big: a hash table that fits in
-# cache is several times faster than one over every document (measured 1.9M keys: 252 ms
-# in one table)
-KEY_GROUP_ROWS = 1 << 16
-
-
-def _key_codes(t: pa.Table, rows: np.ndarray, vb: np.ndarray,
-               order: np.ndarray | None) -> tuple[np.ndarray, int]:
-    """A code per row of `rows`: rows of the same vbucket have the same code exactly when
-    they have the same key (null included). Returns the codes and their upper bound.
-    `order` (rows by vbucket), when given, has the keys hashed a group of vbuckets at a time."""
-    if order is None or len(rows) <= 4 * KEY_GROUP_ROWS:
-        enc = pc.dictionary_encode(t.column("key"))   # the other rows' keys are null: cheap
-        if isinstance(enc, pa.ChunkedArray):
-            enc = enc.combine_chunks()
-        n = len(enc.dictionary) + 1                    # + one code for a null key
-        return as_numpy(enc.indices, fill=n - 1, dtype=np.int64)[rows], n
-    keys = t.column("key").take(rows[order])
-    keys = keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys
-    starts = np.flatnonzero(np.diff(vb[order])) + 1      # where a vbucket begins
-    cut = np.searchsorted(starts, np.arange(KEY_GROUP_ROWS, len(rows), KEY_GROUP_ROWS))
-    bounds = np.concatenate([[0], np.unique(starts[cut[cut < len(starts)]]), [len(rows)]])
-    codes = np.empty(len(rows), np.int64)
-    base = 0
-    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
-        enc = pc.dictionary_encode(keys.slice(lo, hi - lo))
-        n = len(enc.dictionary) + 1
-        codes[order[lo:hi]] = as_numpy(enc.indices, fill=n - 1, dtype=np.int64) + base
-        base += n
-    return codes, base
-
-
-def _last_per_document_rows(t: pa.Table, rows: np.ndarray, by_vbucket: bool = False) -> np.ndarray:
-    """Of `rows` (frame order within each vbucket), those that are the last change of their
-    document (vbucket, collection_id, key): in the order of `rows`, or with `by_vbucket` by
-    (vbucket, order in `rows`)."""
-    vb = as_numpy(t.column("vbucket"), dtype=np.int64)[rows]
-    order = (np.argsort(vb.astype(np.uint16), kind="stable")
-             if by_vbucket or len(rows) > 2 * KEY_GROUP_ROWS else None)
-    key, nkeys = _key_codes(t, rows, vb, order)
-    cid = t.column("collection_id")
-    cid = np.where(as_numpy(cid.is_valid(), dtype=bool), as_numpy(cid, fill=0, dtype=np.int64) + 1, 0)[rows]
-    owner = (cid << 16) | vb
-    # a key almost always lives in one (vbucket, collection): then the key's code is the document
-    seen = np.full(nkeys, -1, np.int64)
-    seen[key] = owner
-    if (seen[key] == owner).all():
-        doc, ndocs = key, nkeys
-    else:
-        _, owner_code = np.unique(owner, return_inverse=True)
-        _, doc = np.unique(key * (int(owner_code.max()) + 1) + owner_code, return_inverse=True)
-        ndocs = int(doc.max()) + 1
-    last = np.full(ndocs, -1, np.int64)
-    np.maximum.at(last, doc, np.arange(len(rows)))
-    if not by_vbucket:
-        return rows[np.sort(last[last >= 0])]
-    is_last = np.zeros(len(rows), bool)
-    is_last[last[last >= 0]] = True
-    return rows[order[is_last[order]]]
-
-
-def _last_per_document(t: pa.Table) -> pa.Table:
-    """The last row of each (vbucket, collection_id, key), rows of a vbucket being in frame
-    order; the result is by (vbucket, frame order)."""
-    if t.num_rows == 0:
-        return t
-    return t.take(_last_per_document_rows(t, np.arange(t.num_rows), by_vbucket=True))
 
 
 def dcp_group_tables(frames: pa.Table) -> dict[str, pa.Table]:

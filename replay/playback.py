@@ -101,7 +101,7 @@ def load_dcp(paths: list[str]) -> DcpRecording:
     incoming = _np(pc.equal(t.column("direction").cast(pa.string()), "in"), bool, False)
     magic = _np(t.column("magic"), np.int64, 0)
     opcode = _np(t.column("opcode"), np.int64, 0)
-    vbucket = _np(t.column("vbucket"), np.int64, -1)
+    vbucket = _np(t.column("vbucket").cast(pa.int32()), np.int64, -1)   # uint16: -1 needs a signed type
 
     # control rows (few): stream requests and answers, GET_ALL_VB_SEQNOS, failover logs
     ctl = np.nonzero(np.isin(opcode, (0x53, 0x48, 0x54)))[0]

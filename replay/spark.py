@@ -1,11 +1,16 @@
 """The Spark engine: the rules of REPLAY.md on DataFrames, for captures larger than one
 machine. The only module that imports pyspark (lazily, inside functions).
 
-Frames never come to the driver. Each vbucket (DCP) or (stream, instance) (Synapse) is one
-group of `groupBy(...).applyInArrow`; inside the group the frames are sorted by their frame
-order and handed to the same functions the local engine runs (dcp_rules.DcpState,
-synapse_rules.synapse_tables), so the two engines share their semantics and the result does not
-depend on partitioning. Results (not frames) are brought to the driver as Arrow to be
+Frames never come to the driver. DCP `documents`, `undone`, `rollbacks` and `failover` are
+plain Spark SQL (no Python workers). The other tables come from groups of
+`groupBy(...).applyInArrow` (vbuckets for DCP, (stream, instance) for Synapse); inside the
+group the frames are sorted by their frame order and handed to the same functions the local
+engine runs (dcp_rules.DcpState, synapse_rules.synapse_tables), so the two engines share their
+semantics and the result does not depend on partitioning.
+
+Sessions: an embedded one (make_session, py4j and a JVM in this process) or a Spark Connect
+client (connect_session: the warm server of replay/connect_server.py, or `--remote`); the
+engine code is the same for both (no SparkContext outside make_session and ship_user_module). Results (not frames) are brought to the driver as Arrow to be
 printed, written or check-summed, in the canonical form of replay/tables.py.
 
 Spark has no unsigned types and no nanosecond timestamps: inside Spark, uint8/16/32 are
@@ -30,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 
 from dcptool.protocol.dcp.constants import Status
-from dcptool.replay import apply, columns, dcp_rules, synapse_rules, tables as T
+from dcptool.replay import apply, columns, dcp_rules, synapse_rules, tables as T, topology
 
 from dcptool.replay.store import reader
 from dcptool.replay.store.schema import capture_schema
@@ -137,10 +142,42 @@ def make_session(master: str = "local[*]", app_name: str = "dcptool", conf: dict
 _WAREHOUSES: dict[int, str] = {}
 
 
+def connect_session(url: str, token: str | None = None):
+    """A Spark Connect client session on `url` (sc://HOST:PORT[/;params]) with the runtime
+    settings of make_session (a server not started by dcptool may lack them). `token`, when
+    given, authenticates (through the environment, as pyspark reads it, never the URL)."""
+    import logging
+
+    from pyspark.sql import SparkSession
+
+    for name in ("py4j", "grpc", "pyspark"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    if token is not None:
+        os.environ["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = token
+    session = SparkSession.builder.remote(url).getOrCreate()
+    for k, v in CONNECT_CONF.items():
+        session.conf.set(k, v)
+    return session
+
+
+# runtime settings every session needs (a Connect server's static ones are set at its start)
+CONNECT_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.legacy.parquet.nanosAsLong": "true",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.runSQLOnFiles": "false",
+}
+
+
+def is_connect(session) -> bool:
+    """A Spark Connect client session (no SparkContext, no JVM in this process)."""
+    return type(session).__module__.startswith("pyspark.sql.connect")
+
+
 def stop_session(session) -> None:
     """Stop a session from make_session and remove its warehouse directory."""
     try:
-        session.stop()
+        session.stop()   # a Connect session: releases it on the server, which keeps running
     finally:
         warehouse = _WAREHOUSES.pop(id(session), None)
         if warehouse:
@@ -352,7 +389,11 @@ def replay_spark(spark, files: list, as_of=None) -> SparkReplay:
         any_rollback = reader.may_have_values(files, "rollback_seqno")
         result = SparkReplay(protocol, frames, packed, DCP_RESULTS,
                              extra={"documents": _dcp_documents(vb_frames, ranks, any_rollback),
-                                    "undone": _dcp_undone(vb_frames, ranks, any_rollback)}, _tmp=tmp)
+                                    "undone": _dcp_undone(vb_frames, ranks, any_rollback),
+                                    "rollbacks": _dcp_rollbacks(vb_frames, ranks, any_rollback),
+                                    "failover": _dcp_failover(vb_frames),
+                                    "topology": topology.spark_dataframe(df, spark_schema, to_spark_arrow, ranks)},
+                             _tmp=tmp)
     else:
         conn_key = F.shiftleft(F.col("_rank"), 32) + F.col("conn").cast("long")
         df = df.withColumn("_conn", conn_key)
@@ -421,7 +462,7 @@ def _rollback_answers(vb_frames):
                             & F.col("rollback_seqno").isNotNull())
 
 
-def _dcp_undone(vb_frames, ranks: dict[str, int], rollbacks: bool = True):
+def _dcp_undone(vb_frames, ranks: dict[str, int], rollbacks: bool = True, pairs_only: bool = False):
     """`undone` in Spark SQL alone, the same rules as DcpState: the pairs (change, later
     ROLLBACK answer of its vbucket rolling back below its by_seqno), of which the earliest
     rollback undoes the change; `restored` when the document's current change (its last one
@@ -441,6 +482,8 @@ def _dcp_undone(vb_frames, ranks: dict[str, int], rollbacks: bool = True):
                            "_seq").join(F.broadcast(found), hits, "inner")
     first = F.row_number().over(Window.partitionBy("_seq").orderBy("_r_seq"))
     undone = pairs.withColumn("_n", first).filter(F.col("_n") == 1)
+    if pairs_only:   # each undone change with the rollback that undid it (_r_*)
+        return undone
     alive = changes.join(F.broadcast(found), hits, "left_anti")
     current = alive.groupBy(F.col("vbucket").alias("_d_vb"), F.col("collection_id").alias("_d_cid"),
                             F.col("key").alias("_d_key")).agg(
@@ -456,6 +499,36 @@ def _dcp_undone(vb_frames, ranks: dict[str, int], rollbacks: bool = True):
            "change_ts": F.col("ts"), "restored": restored,
            "restored_seqno": F.when(restored, F.col("_d_seqno"))}
     return joined.select([out.get(f.name, F.col(f.name)).alias(f.name) for f in T.schema_of("dcp", "undone")])
+
+
+def _dcp_rollbacks(vb_frames, ranks: dict[str, int], rollbacks: bool = True):
+    """`rollbacks` in Spark SQL alone: each ROLLBACK answer with the number of changes it
+    undid (those of `undone` whose earliest rollback it is)."""
+    from pyspark.sql import functions as F
+
+    found = _rollback_answers(vb_frames)
+    if not rollbacks:
+        found = found.filter(F.lit(False))
+    counts = (_dcp_undone(vb_frames, ranks, rollbacks, pairs_only=True)
+              .groupBy(F.col("_r_seq").alias("_c_seq")).agg(F.count(F.lit(1)).alias("_c_undone")))
+    by_rank = F.create_map(*[x for cid, r in ranks.items() for x in (F.lit(r).cast("long"), F.lit(cid))])
+    joined = found.join(counts, F.col("_seq") == F.col("_c_seq"), "left")
+    out = {"capture_id": F.element_at(by_rank, F.col("_rank")),
+           "undone": F.coalesce(F.col("_c_undone"), F.lit(0)).cast("long")}
+    return joined.select([out.get(f.name, F.col(f.name)).alias(f.name) for f in T.schema_of("dcp", "rollbacks")])
+
+
+def _dcp_failover(vb_frames):
+    """`failover` in Spark SQL alone: the failover log of each vbucket's last stream-request
+    success, one row per entry, position 0 = the newest entry as on the wire."""
+    from pyspark.sql import functions as F
+
+    ok = vb_frames.filter((F.col("op") == "stream_req") & (F.col("status") == Status.SUCCESS)
+                          & F.col("failover_log").isNotNull())
+    last = ok.groupBy("vbucket").agg(F.max_by("failover_log", "_seq").alias("_log"))
+    entries = last.select("vbucket", F.posexplode("_log").alias("position", "_e"))
+    return entries.select(F.col("vbucket"), F.col("position").cast("int").alias("position"),
+                          F.col("_e.vbucket_uuid").alias("vbucket_uuid"), F.col("_e.seqno").alias("seqno"))
 
 
 # --- user code ----------------------------------------------------------------------------
@@ -479,9 +552,9 @@ def _apply_group(protocol: str, fn, key, table: pa.Table) -> pa.Table:
 
 
 def ship_user_module(spark, fn) -> str | None:
-    """Send the file of fn's module to the workers (SparkContext.addPyFile) when it is a
-    top-level module outside the installed packages (`--apply mymodule:fn` from the working
-    directory, `--apply ./fn.py:fn`): cloudpickle refers to its functions by module name,
+    """Send the file of fn's module to the workers (SparkContext.addPyFile, or a Connect
+    session's artifacts) when it is a top-level module outside the installed packages
+    (`--apply mymodule:fn` from the working directory, `--apply ./fn.py:fn`): cloudpickle refers to its functions by module name,
     and the workers import it. The path shipped, or None."""
     import sysconfig
     name = getattr(fn, "__module__", None) or ""
@@ -495,7 +568,10 @@ def ship_user_module(spark, fn) -> str | None:
                                                 sysconfig.get_paths().get("stdlib")) if p}
     if any(path.startswith(p + os.sep) for p in installed):
         return None
-    spark.sparkContext.addPyFile(path)
+    if is_connect(spark):
+        spark.addArtifacts(path, pyfile=True)   # to this session's Python workers on the server
+    else:
+        spark.sparkContext.addPyFile(path)
     return path
 
 

@@ -1,8 +1,8 @@
 """What a capture holds, without replaying it (`dcptool inspect`): files, rows, time span,
-rows per `op` (DCP) or `command` (Synapse), per-vbucket seqno ranges, snapshots, rollbacks,
-stream ends and decode errors; for Synapse, positions per stream and the gaps in them.
-Segments are read chunk by chunk and only the columns needed (never `raw` or values), so
-memory does not grow with the capture."""
+rows per `op` (DCP) or `command` (Synapse), rows per node, per-vbucket seqno ranges,
+snapshots, rollbacks, stream ends, cluster config revisions and decode errors; for Synapse, positions per stream and the gaps in them.
+Segments are read chunk by chunk and only the columns needed (`raw` only where a cluster
+config is), so memory does not grow with the capture."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from dcptool.protocol.dcp.constants import Status, stream_end_reason_name
 from dcptool.replay.store import reader
 from dcptool.replay.timestamps import iso_ns
 
-_DCP_COLUMNS = ["frame_no", "capture_id", "ts", "direction", "decode_error", "op", "status",
+_DCP_COLUMNS = ["frame_no", "capture_id", "node", "ts", "direction", "decode_error", "op", "status",
                 "vbucket", "by_seqno", "snap_start", "snap_end", "stream_end_reason",
                 "rollback_seqno"]
-_SYN_COLUMNS = ["frame_no", "capture_id", "conn", "ts", "direction", "decode_error", "command",
+_SYN_COLUMNS = ["frame_no", "capture_id", "conn", "node", "ts", "direction", "decode_error", "command",
                 "stream", "instance", "token", "batch", "prev_token", "new_token"]
 _MAX_EXAMPLES = 10
 
@@ -84,7 +84,29 @@ def summarize(paths) -> dict:
         if protocol == "synapse" and s.files[-1]["rows"]:
             # a change of connection drops the rows still waiting for a token (REPLAY.md)
             s.syn.connection((f.capture_id, last_conn))
+    if protocol == "dcp":
+        s.configs = _configs(files)
     return s.result()
+
+
+def _configs(files) -> list[dict]:
+    """One entry per cluster config revision the captures hold (the `topology` table of
+    replay/topology.py, which reads `raw` only in row groups that hold a config)."""
+    from dcptool.replay.topology import local_topology
+    out: dict[tuple, dict] = {}
+    for r in local_topology(files).to_pylist():
+        c = out.get((r["rev_epoch"], r["rev"]))
+        if c is None:
+            c = out[(r["rev_epoch"], r["rev"])] = {
+                "rev_epoch": r["rev_epoch"], "rev": r["rev"], "capture_id": r["capture_id"],
+                "frame_no": r["frame_no"], "ts": _iso(int(r["ts"].value)) if r["ts"] is not None else None,
+                "node": r["node"], "via": r["via"], "vbuckets": 0, "active": {}}
+        c["vbuckets"] += 1
+        a = r["active"] if r["active"] is not None else "none"
+        c["active"][a] = c["active"].get(a, 0) + 1
+    for c in out.values():
+        c["active"] = dict(sorted(c["active"].items()))
+    return [out[k] for k in sorted(out)]
 
 
 class _Summary:
@@ -95,6 +117,8 @@ class _Summary:
         self.rows = 0
         self.ts_min = self.ts_max = None
         self.directions: dict = {}
+        self.nodes: dict = {}           # "host:port" -> rows (version 2 captures)
+        self.configs: list[dict] = []   # DCP: cluster config revisions
         self.kinds: dict = {}           # op or command -> rows
         self.decode_errors = 0
         self.error_examples: list[dict] = []
@@ -133,6 +157,7 @@ class _Summary:
             self.ts_min = lo if self.ts_min is None else min(self.ts_min, lo)
             self.ts_max = hi if self.ts_max is None else max(self.ts_max, hi)
         _add(self.directions, _counts(t.column("direction")))
+        _add(self.nodes, {k: v for k, v in _counts(t.column("node")).items() if k is not None})
         _add(self.kinds, _counts(t.column("op" if self.protocol == "dcp" else "command")))
         errs = t.filter(pc.is_valid(t.column("decode_error")))
         self.decode_errors += errs.num_rows
@@ -216,6 +241,7 @@ class _Summary:
             "rows": self.rows,
             "time_span": span,
             "directions": dict(sorted(self.directions.items(), key=lambda kv: str(kv[0]))),
+            "nodes": dict(sorted(self.nodes.items())),
         }
         kinds = dict(sorted(self.kinds.items(), key=lambda kv: (-kv[1], str(kv[0]))))
         if self.protocol == "dcp":
@@ -224,6 +250,7 @@ class _Summary:
             out["snapshots"] = sum(v["snapshots"] for v in self.vbs.values())
             out["rollbacks"] = self.rollbacks
             out["stream_ends"] = self.stream_ends
+            out["configs"] = self.configs
         else:
             out["commands"] = kinds
             out["positions"], out["gaps"] = self.syn.result()

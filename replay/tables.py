@@ -66,6 +66,12 @@ DCP_TABLES: dict[str, tuple[pa.Schema, tuple[str, ...]]] = {
                   ("change_ts", TS), ("restored", pa.bool_()), ("restored_seqno", I64)),
                ("vbucket", "capture_id", "frame_no", "collection_id", "key", "by_seqno",
                 "change_capture_id", "change_frame_no")),
+    # one row per (cluster config revision, vbucket), the revision where it was first seen
+    # (replay/topology.py): who sent it (node, via) and the vbucket's active node and replicas
+    "topology": (_s(("rev_epoch", I64), ("rev", I64), ("capture_id", STR), ("frame_no", I64), ("ts", TS),
+                    ("node", STR), ("via", STR), ("vbucket", pa.uint16()), ("active", STR),
+                    ("replicas", pa.list_(STR))),
+                 ("rev_epoch", "rev", "vbucket")),
 }
 
 SYNAPSE_TABLES: dict[str, tuple[pa.Schema, tuple[str, ...]]] = {

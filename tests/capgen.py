@@ -26,10 +26,10 @@ import pyarrow.parquet as pq
 
 from dcptool.replay.store.schema import (META_CAPTURE_ID, META_FORMAT, META_OPTIONS, META_PROTOCOL,
                                    META_SEGMENT, META_SOURCE, META_STARTED_AT, META_VERSION,
-                                   capture_schema)
+                                   FORMAT_VERSION, capture_schema)
 
 BASE_TS = 1_763_800_000_000_000_000  # 2025-11-22, ns
-OPCODES = {"hello": 0x1F, "open": 0x50, "control": 0x5E, "stream_req": 0x53, "stream_end": 0x55,
+OPCODES = {"get_cluster_config": 0xB5, "hello": 0x1F, "open": 0x50, "control": 0x5E, "stream_req": 0x53, "stream_end": 0x55,
            "snapshot_marker": 0x56, "mutation": 0x57, "deletion": 0x58, "expiration": 0x59,
            "noop": 0x5C, "buffer_ack": 0x5D, "seqno_advanced": 0x64, "get_failover_log": 0x54}
 
@@ -238,10 +238,257 @@ def _synapse_run(rng: random.Random, n_events: int) -> list[dict]:
     return run.rows
 
 
+class _Cluster:
+    """The generated cluster: nodes, the map (revEpoch, rev, per vbucket [active, replica]),
+    and the consumer's connections (one per node, opaques counted per connection)."""
+
+    def __init__(self, rng: random.Random, run: _Run, nvb: int):
+        self.rng, self.run = rng, run
+        self.hosts = [f"10.0.{i}.{rng.randrange(1, 250)}" for i in range(4)]
+        self.port = rng.choice([11210, 12000])
+        self.live = [0, 1, 2]                   # node indexes in the cluster
+        self.epoch, self.rev = rng.randrange(1, 5), rng.randrange(1, 100)
+        self.map = [[i % 3, (i + 1) % 3] for i in range(nvb)]
+        self.conns: dict[int, dict] = {}        # node -> {"conn", "opaque"}
+        self.truth: dict[tuple[int, int], list] = {}
+        self.carriers: list[tuple[dict, tuple[int, int], str]] = []   # (row, config key, via)
+        self._note()
+
+    def addr(self, i: int) -> str:
+        return f"{self.hosts[i]}:{self.port}"
+
+    def _note(self):
+        self.truth[(self.epoch, self.rev)] = [
+            (self.addr(a) if a >= 0 else None, [self.addr(r) for r in rs if r >= 0])
+            for a, *rs in self.map]
+
+    def config_json(self, answering: int) -> bytes:
+        from dcptool.protocol.dcp.cluster_config import ClusterConfig, Node
+        nodes = tuple(Node(self.hosts[i], self.port) for i in range(len(self.hosts)))
+        cfg = ClusterConfig(rev=self.rev, rev_epoch=self.epoch, name="b", uuid="u", nodes=nodes,
+                            vbucket_map=tuple(tuple(r) for r in self.map), num_replicas=1)
+        return cfg.render(this_node=answering)   # the answering node as $HOST
+
+    def new_map(self, map_, epoch_bump=False):
+        self.map = map_
+        self.rev += 1
+        if epoch_bump:
+            self.epoch += 1
+        self._note()
+
+    def connect(self, i: int):
+        self.run.conn += 1
+        self.conns[i] = {"conn": self.run.conn, "opaque": 100}
+        for op in ("hello", "open", "control"):
+            self.resp(i, self.req(i, op, 0))
+        if self.rng.random() < 0.6:
+            self.config_reply(i, self.req(i, "get_cluster_config", 0))
+
+    def add(self, i: int, direction: str, **cols) -> dict:
+        self.run.conn = self.conns[i]["conn"]
+        return self.run.add(direction, node=self.addr(i), **cols)
+
+    def req(self, i: int, op: str, vb: int, **kw) -> dict:
+        c = self.conns[i]
+        c["opaque"] += 1
+        return self.add(i, "out", magic=0x80, opcode=OPCODES[op], op=op, vbucket=vb, opaque=c["opaque"], **kw)
+
+    def resp(self, i: int, r: dict, status=0, raw_value: bytes | None = None, **kw) -> dict:
+        row = self.add(i, "in", magic=0x81, opcode=r["opcode"], op=r["op"], vbucket=r["vbucket"],
+                       opaque=r["opaque"], status=status, **kw)
+        if raw_value is not None:
+            from dcptool.protocol.dcp.frames import encode_frame
+            row["raw"] = encode_frame(0x81, r["opcode"], vbucket_or_status=status, opaque=r["opaque"],
+                                      datatype=0x01, value=raw_value)
+            row["value_len"] = len(raw_value)
+            row["datatype"] = 0x01
+        return row
+
+    def config_reply(self, i: int, r: dict):
+        row = self.resp(i, r, raw_value=self.config_json(i))
+        self.carriers.append((row, (self.epoch, self.rev), "get_cluster_config"))
+
+    def notify(self, i: int):
+        from dcptool.protocol.dcp.frames import encode_frame
+        value = self.config_json(i)
+        extras = self.epoch.to_bytes(8, "big") + self.rev.to_bytes(8, "big")
+        raw = encode_frame(0x82, 0x01, extras=extras, key=b"b", value=value, datatype=0x01)
+        row = self.add(i, "in", magic=0x82, opcode=0x01, op="unknown_0x01", opaque=0, key=b"b",
+                       value_len=len(value), datatype=0x01, raw=raw)
+        self.carriers.append((row, (self.epoch, self.rev), "clustermap_notification"))
+
+
+def _cluster_run(rng: random.Random, n_events: int) -> tuple[list[dict], _Cluster]:
+    """A consumer streaming every vbucket from its active node while the map changes:
+    rebalance moves (stream end "state changed", NOT_MY_VBUCKET with the config, reopen on
+    the new owner without rollback), failovers (the node goes silent, its replicas are
+    promoted a few mutations behind: ROLLBACK, then reopen), config polls, notifications,
+    a node added, reconnects."""
+    run = _Run(rng)
+    nvb = rng.choice([4, 8, 16])
+    cl = _Cluster(rng, run, nvb)
+    keys = [f"doc-{i}".encode() for i in range(rng.choice([5, 20]))]
+    seqno = [0] * nvb
+    logs = [[(rng.getrandbits(64), 0)] for _ in range(nvb)]
+    streams: dict[int, dict] = {}       # vb -> {"node", "opaque", "left"}
+    replica_lag = [0] * nvb             # mutations the replica has not got yet
+
+    def open_stream(vb: int, start: int | None = None):
+        a = cl.map[vb][0]
+        if a not in cl.conns:
+            cl.connect(a)
+        mine = seqno[vb] if start is None else start
+        r = cl.req(a, "stream_req", vb, req_flags=0, req_start_seqno=mine, req_end_seqno=2**64 - 1,
+                   req_vbucket_uuid=logs[vb][0][0], req_snap_start=mine, req_snap_end=mine)
+        if mine > seqno[vb]:  # the new owner has less: roll back to its branch point
+            cl.resp(a, r, status=0x23, rollback_seqno=seqno[vb])
+            r = cl.req(a, "stream_req", vb, req_flags=0, req_start_seqno=seqno[vb], req_end_seqno=2**64 - 1,
+                       req_vbucket_uuid=logs[vb][0][0], req_snap_start=seqno[vb], req_snap_end=seqno[vb])
+        cl.resp(a, r, failover_log=[{"vbucket_uuid": u, "seqno": s} for u, s in logs[vb]])
+        streams[vb] = {"node": a, "opaque": r["opaque"], "left": 0}
+
+    def item(vb: int, st: dict):
+        op = rng.choices(["mutation", "deletion", "expiration"], [6, 2, 1])[0]
+        seqno[vb] += 1
+        replica_lag[vb] = min(replica_lag[vb] + 1, rng.randrange(0, 4))
+        cols = dict(magic=0x80, opcode=OPCODES[op], op=op, vbucket=vb, opaque=st["opaque"],
+                    cas=rng.getrandbits(64), datatype=1, collection_id=None, key=rng.choice(keys),
+                    by_seqno=seqno[vb], rev_seqno=rng.randrange(1, 50))
+        if op == "mutation":
+            cols.update(value_len=rng.randrange(1, 100), item_flags=0, expiration=0, lock_time=0)
+        else:
+            cols.update(value_len=0, delete_time=rng.getrandbits(32))
+        cl.add(st["node"], "in", **cols)
+
+    seed_node = rng.choice(cl.live)
+    cl.connect(seed_node)
+    cl.config_reply(seed_node, cl.req(seed_node, "get_cluster_config", 0))
+    for vb in range(nvb):
+        open_stream(vb)
+    for _ in range(n_events):
+        x = rng.random()
+        if x < 0.04 and len(cl.live) > 2:
+            # rebalance: one vbucket moves to another node (takeover)
+            vb = rng.choice([v for v in range(nvb) if v in streams])
+            old = cl.map[vb][0]
+            new = rng.choice([i for i in cl.live if i != old])
+            m = [list(r) for r in cl.map]
+            m[vb] = [new, old]
+            cl.new_map(m)
+            cl.add(old, "in", magic=0x80, opcode=OPCODES["stream_end"], op="stream_end", vbucket=vb,
+                   opaque=streams.pop(vb)["opaque"], stream_end_reason=2)
+            logs[vb].insert(0, (rng.getrandbits(64), seqno[vb]))   # turned active: a new entry
+            if rng.random() < 0.5:
+                # asked the old owner again first: NOT_MY_VBUCKET with the new config
+                r = cl.req(old, "stream_req", vb, req_flags=0, req_start_seqno=seqno[vb],
+                           req_end_seqno=2**64 - 1, req_vbucket_uuid=logs[vb][1][0])
+                row = cl.resp(old, r, status=0x07, raw_value=cl.config_json(old))
+                cl.carriers.append((row, (cl.epoch, cl.rev), "not_my_vbucket"))
+            elif rng.random() < 0.5:
+                cl.notify(old)
+            open_stream(vb)
+            continue
+        if x < 0.06 and len(cl.live) > 2:
+            # failover: a node goes silent; replicas are promoted, a few mutations behind
+            dead = rng.choice(cl.live)
+            cl.live.remove(dead)
+            cl.conns.pop(dead, None)
+            m = [list(r) for r in cl.map]
+            moved = [vb for vb in range(nvb) if m[vb][0] == dead]
+            for vb in range(nvb):
+                if m[vb][0] == dead:
+                    m[vb] = [m[vb][1] if m[vb][1] in cl.live else rng.choice(cl.live), -1]
+                elif m[vb][1] == dead:
+                    m[vb][1] = -1
+            cl.new_map(m, epoch_bump=rng.random() < 0.3)
+            ours = {vb: seqno[vb] for vb in moved}
+            for vb in moved:
+                streams.pop(vb, None)
+                seqno[vb] -= replica_lag[vb]
+                replica_lag[vb] = 0
+                logs[vb].insert(0, (rng.getrandbits(64), seqno[vb]))
+            survivor = rng.choice(cl.live)
+            if survivor not in cl.conns:
+                cl.connect(survivor)
+            cl.config_reply(survivor, cl.req(survivor, "get_cluster_config", 0))
+            for vb in moved:
+                open_stream(vb, start=ours[vb])
+            continue
+        if x < 0.07 and len(cl.live) < len(cl.hosts):
+            # a node is added (no vbuckets yet): a new config, polled
+            cl.live.append(next(i for i in range(len(cl.hosts)) if i not in cl.live and i not in cl.conns))
+            cl.new_map([list(r) for r in cl.map])
+            i = rng.choice(sorted(cl.conns))
+            cl.config_reply(i, cl.req(i, "get_cluster_config", 0))
+            continue
+        if x < 0.10:
+            # a poll that finds the same revision (counted once in `topology`)
+            i = rng.choice(sorted(cl.conns))
+            cl.config_reply(i, cl.req(i, "get_cluster_config", 0))
+            continue
+        if x < 0.12:
+            # a dropped connection: reconnect to the same node, reopen its streams
+            i = rng.choice(sorted(cl.conns))
+            cl.connect(i)
+            for vb in [v for v, st in streams.items() if st["node"] == i]:
+                open_stream(vb)
+            continue
+        if x < 0.14:
+            i = rng.choice(sorted(cl.conns))
+            cl.add(i, "in", magic=0x80, opcode=OPCODES["noop"], op="noop", opaque=1)
+            cl.add(i, "out", magic=0x81, opcode=OPCODES["noop"], op="noop", opaque=1, status=0)
+            continue
+        if not streams:
+            continue
+        vb = rng.choice(sorted(streams))
+        st = streams[vb]
+        if st["left"] <= 0:
+            n = rng.randrange(1, 5)
+            cl.add(st["node"], "in", magic=0x80, opcode=OPCODES["snapshot_marker"], op="snapshot_marker",
+                   vbucket=vb, opaque=st["opaque"], snap_version="2.0", snap_start=seqno[vb] + 1,
+                   snap_end=seqno[vb] + n, snap_flags=0x01, max_visible_seqno=seqno[vb] + n,
+                   high_completed_seqno=seqno[vb])
+            st["left"] = n
+            continue
+        item(vb, st)
+        st["left"] -= 1
+    for r in run.rows:
+        r.setdefault("raw", _raw(rng, r))
+    return run.rows, cl
+
+
 def generate(protocol: str, seed: int, n_events: int = 200, max_captures: int = 3) -> list[tuple[dict, pa.Table]]:
     """A run cut into 1..max_captures captures: [(metadata, table)] in capture order."""
     rng = random.Random(seed)
     rows = _dcp_run(rng, n_events) if protocol == "dcp" else _synapse_run(rng, n_events)
+    return _cut(protocol, rng, rows, seed, max_captures)
+
+
+def generate_cluster(seed: int, n_events: int = 300, max_captures: int = 3):
+    """A DCP run against a generated multi-node cluster (`_cluster_run`), cut into captures
+    like `generate`. Returns (captures, truth): truth["maps"] maps each config's
+    (rev_epoch, rev) to its vbucket map [(active "host:port" or None, [replicas])];
+    truth["first"] maps each config a frame carried to the first such frame:
+    (capture_id, frame_no, node, via)."""
+    rng = random.Random(seed)
+    rows, cl = _cluster_run(rng, n_events)
+    captures = _cut("dcp", rng, rows, seed, max_captures)
+    first: dict[tuple[int, int], tuple] = {}
+    for row, key, via in cl.carriers:     # in frame order; _cut numbered the rows in place
+        first.setdefault(key, (row["capture_id"], row["frame_no"], row["node"], via))
+    return captures, {"maps": cl.truth, "first": first}
+
+
+def as_version_1(captures: list[tuple[dict, pa.Table]]) -> list[tuple[dict, pa.Table]]:
+    """The same captures as format version 1 wrote them: no `node` column."""
+    out = []
+    for meta, table in captures:
+        m = dict(meta, **{META_FORMAT: "1"})
+        out.append((m, table.drop_columns(["node"])))   # write_captures writes the metadata of m
+    return out
+
+
+def _cut(protocol: str, rng: random.Random, rows: list[dict], seed: int, max_captures: int):
     ncap = rng.randrange(1, max_captures + 1)
     # cut at connection changes, as a restarted capture would
     cuts = sorted(rng.sample(range(1, len(rows)), min(ncap - 1, len(rows) - 1))) if len(rows) > 1 else []
@@ -255,7 +502,7 @@ def generate(protocol: str, seed: int, n_events: int = 200, max_captures: int = 
         for i, r in enumerate(part):
             r.update(capture_id=cid, frame_no=i)
             r["conn"] = r["conn"] - base_conn
-        meta = {META_FORMAT: "1", META_PROTOCOL: protocol, META_CAPTURE_ID: cid,
+        meta = {META_FORMAT: FORMAT_VERSION, META_PROTOCOL: protocol, META_CAPTURE_ID: cid,
                 META_STARTED_AT: started.isoformat(timespec="microseconds").replace("+00:00", "Z"),
                 META_VERSION: "0.1.0", META_SOURCE: "couchbase://127.0.0.1/b" if protocol == "dcp" else "synapse://127.0.0.1:9092",
                 META_OPTIONS: json.dumps({"seed": seed})}

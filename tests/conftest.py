@@ -19,6 +19,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_state_dir(tmp_path_factory):
+    """`replay --spark` uses a warm server recorded in the state directory: not the user's."""
+    os.environ["DCPTOOL_STATE_DIR"] = str(tmp_path_factory.mktemp("state"))
+
+
 @pytest.fixture(scope="session")
 def spark():
     """One local[2] session for every Spark test: UI off, few shuffle partitions, driver

@@ -68,7 +68,7 @@ def write_capture(directory, protocol: str) -> tuple[list[str], list[dict], Capt
     types = dict(S.fields(protocol))
     for i, r in enumerate(rows):
         r.setdefault("direction", "in")
-        r.update(frame_no=i, conn=i // 4, ts=T0 + i, mono_ns=10**12 + i)
+        r.update(frame_no=i, conn=i // 4, node=f"127.0.0.1:{11210 + i // 4}", ts=T0 + i, mono_ns=10**12 + i)
     half = len(rows) // 2
     w = CaptureWriter(directory, protocol, source=f"{protocol}://127.0.0.1/x",
                       options={"vbuckets": [3, 4], "password": "never"}, rotate_size=1)
@@ -81,7 +81,7 @@ def write_capture(directory, protocol: str) -> tuple[list[str], list[dict], Capt
 
 def test_every_column_is_set_somewhere():
     for protocol, rows in (("dcp", _dcp_rows()), ("synapse", _synapse_rows())):
-        given = {k for r in rows for k in r} | {"capture_id", "frame_no", "conn", "ts", "mono_ns", "direction"}
+        given = {k for r in rows for k in r} | {"capture_id", "frame_no", "conn", "node", "ts", "mono_ns", "direction"}
         assert given == set(S.column_names(protocol)), protocol
 
 
@@ -96,7 +96,7 @@ def test_pyarrow_reads_it_exactly_as_the_contract_says(tmp_path, protocol):
         assert [(f.name, f.type) for f in pf.schema_arrow] == [(f.name, f.type) for f in contract]
         meta = {k.decode(): v.decode() for k, v in pf.metadata.metadata.items()}
         assert {k: meta[k] for k in S.META_KEYS} == {
-            "dcptool.format": "1", "dcptool.protocol": protocol, "dcptool.capture_id": w.capture_id,
+            "dcptool.format": "2", "dcptool.protocol": protocol, "dcptool.capture_id": w.capture_id,
             "dcptool.segment": str(seg), "dcptool.started_at": w.started_at,
             "dcptool.version": S.tool_version(), "dcptool.source": f"{protocol}://127.0.0.1/x",
             "dcptool.options": json.dumps({"vbuckets": [3, 4]}, separators=(",", ":"))}

@@ -23,8 +23,9 @@ def _commands():
     for name in COMMANDS:
         cmd = cli.get_command(ctx, name)
         if isinstance(cmd, click.Group):
-            for sub in SERVERS:
-                yield f"{name} {sub}", cmd.get_command(click.Context(cmd, parent=ctx), sub)
+            sub_ctx = click.Context(cmd, parent=ctx)
+            for sub in (SERVERS if name == "serve" else cmd.list_commands(sub_ctx)):
+                yield f"{name} {sub}", cmd.get_command(sub_ctx, sub)
         else:
             yield name, cmd
 

@@ -76,7 +76,7 @@ def test_round_trip_schema_metadata_and_order(tmp_path):
     meta = {k.decode(): v.decode() for k, v in pf.metadata.metadata.items()}
     for key in S.META_KEYS:
         assert key in meta
-    assert meta[S.META_FORMAT] == "1" and meta[S.META_PROTOCOL] == "dcp"
+    assert meta[S.META_FORMAT] == S.FORMAT_VERSION == "2" and meta[S.META_PROTOCOL] == "dcp"
     assert meta[S.META_CAPTURE_ID] == w.capture_id and meta[S.META_SEGMENT] == "0"
     assert meta[S.META_SOURCE] == "couchbase://h/b"
     assert json.loads(meta[S.META_OPTIONS]) == {"vbuckets": [0, 1], "nested": {}}
@@ -90,7 +90,7 @@ def test_round_trip_schema_metadata_and_order(tmp_path):
     assert pf.metadata.row_group(0).column(0).compression == "ZSTD"
 
 
-@pytest.mark.parametrize("compression,codec", [("zstd", "ZSTD"), ("snappy", "SNAPPY"),
+@pytest.mark.parametrize("compression,codec", [("zstd", "ZSTD"), ("lz4", "LZ4"), ("snappy", "SNAPPY"),
                                                 ("none", "UNCOMPRESSED")])
 def test_compression(tmp_path, compression, codec):
     w = CaptureWriter(tmp_path, "dcp", source="s", options={}, compression=compression)

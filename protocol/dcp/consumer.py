@@ -31,17 +31,17 @@ from dcptool.protocol.dcp.constants import (SEQNO_INFINITY, Feature, Opcode, Sna
                                             Status, StreamEndReason, StreamRequestFlag, op_name,
                                             status_name, stream_end_reason_name)
 from dcptool.protocol.dcp.frames import parse_frame, split_until_error
-from dcptool.protocol.dcp.consumer_api import (DEFAULT_REOPEN, NUM_VB_SLOTS, ConsumerConfig,
-                                               ControlRefused, Finished, HandshakeComplete, Rollback,
-                                               ServerVbuckets, StreamEnded, StreamFailed, StreamOpened,
-                                               VbState)
+from dcptool.protocol.dcp.consumer_api import (DEFAULT_REOPEN, NUM_VB_SLOTS, ConfigReceived,
+                                               ConsumerConfig, ControlRefused, Finished, Handoff,
+                                               HandshakeComplete, NotMyVbucket, Rollback, ServerVbuckets,
+                                               StreamEnded, StreamFailed, StreamOpened, VbState)
 from dcptool.protocol.dcp.handshake import Handshake
 from dcptool.protocol.errors import AuthRefused, ErrorCode, RemoteError
 
 # the consumer's API is importable from here (consumer_api.py holds the definitions)
-__all__ = ["Consumer", "ConsumerConfig", "VbState", "DEFAULT_REOPEN", "NUM_VB_SLOTS", "ControlRefused",
-           "Finished", "HandshakeComplete", "Rollback", "ServerVbuckets", "StreamEnded", "StreamFailed",
-           "StreamOpened"]
+__all__ = ["Consumer", "ConsumerConfig", "VbState", "DEFAULT_REOPEN", "NUM_VB_SLOTS", "ConfigReceived",
+           "ControlRefused", "Finished", "Handoff", "HandshakeComplete", "NotMyVbucket", "Rollback",
+           "ServerVbuckets", "StreamEnded", "StreamFailed", "StreamOpened"]
 
 _DATA = struct.Struct(">BB4xH4xI8xQ")     # magic opcode . vbucket . opaque . by_seqno
 DATA_OPS = frozenset({0x57, 0x58, 0x59, 0x5F, 0x64})
@@ -148,6 +148,52 @@ class Consumer(Handshake):
             st.snapshot_complete = st.snapshot_complete or st.last_seqno >= st.snap_end
             out[vb] = dataclasses.replace(st, failover_log=list(st.failover_log))
         return out
+
+    # ---- commands of a cluster session (transport/dcp_cluster.py)
+    def adopt(self, vb: int, state: VbState) -> None:
+        """Take over a vbucket's state (it moved here from another connection)."""
+        if not 0 <= vb < NUM_VB_SLOTS:
+            return      # resume state recorded from a hostile server: no stream to resume
+        self.states[vb] = dataclasses.replace(state, failover_log=list(state.failover_log))
+        self._last[vb] = state.last_seqno
+
+    def add_vbuckets(self, states: dict[int, VbState]) -> None:
+        """Stream these vbuckets too, from their states (a streaming connection, not finished)."""
+        for vb, st in states.items():
+            self.adopt(vb, st)
+            if self.phase != "streaming":
+                self.cfg = dataclasses.replace(self.cfg, vbuckets=[*(self.cfg.vbuckets or ()), vb])
+                continue
+            self._reopens.pop(vb, None)
+            self._phase[vb] = _WAIT
+            self._queue.append(vb)
+        if self.phase == "streaming":
+            self._pump()
+
+    def take_states(self, vbuckets) -> dict[int, VbState]:
+        """Give up these vbuckets (handed off, or their stream is to move): their states,
+        current to the last seqno received. The connection forgets them."""
+        out = {}
+        for vb in vbuckets:
+            st = self.states.pop(vb, None)
+            if st is None:
+                continue
+            st.last_seqno = self._last[vb]
+            st.snapshot_complete = st.snapshot_complete or st.last_seqno >= st.snap_end
+            out[vb] = st
+            self._sopq[vb] = -1
+            if self._phase.pop(vb, None) in (_FLOG, _REQ):
+                self._in_flight -= 1     # its answer, when it comes, is ignored
+            if vb in self._queue:
+                self._queue.remove(vb)
+        self._check_finished()
+        return out
+
+    def unfinished(self) -> list[int]:
+        """The vbuckets this connection streams or will, whose stream has not ended or failed."""
+        if self.phase != "streaming":
+            return list(self.cfg.vbuckets or ())
+        return [vb for vb, p in self._phase.items() if p != _DONE]
 
     def check(self, now: float) -> None:
         """Raise RemoteError(TIMEOUT) when a request has waited longer than the timeout for
@@ -436,7 +482,13 @@ class Consumer(Handshake):
         self._request(req, lambda rsp, vb=vb, start=start: self._on_stream_rsp(vb, start, rsp))
 
     def _on_flog(self, vb: int, rsp) -> None:
+        if vb not in self._phase:
+            return      # given up meanwhile
         st = self.states[vb]
+        if rsp.status == Status.NOT_MY_VBUCKET and self.cfg.handoff:
+            self._in_flight -= 1
+            self._not_mine(vb, rsp)
+            return
         if rsp.status != Status.SUCCESS or not rsp.failover_log:
             self._in_flight -= 1
             self._stream_failed(vb, rsp.status)
@@ -449,9 +501,20 @@ class Consumer(Handshake):
         st.snapshot_complete = True
         self._send_stream_req(vb)
 
+    def _not_mine(self, vb: int, rsp) -> None:
+        self._events.append(NotMyVbucket(vb, bytes(getattr(rsp, "value", b"") or b"")))
+        self._phase[vb] = _WAIT     # until the caller takes it (take_states)
+        self._pump()
+
     def _on_stream_rsp(self, vb: int, start: int, rsp) -> None:
+        if vb not in self._phase:
+            return      # given up meanwhile
         st = self.states[vb]
         status = rsp.status
+        if status == Status.NOT_MY_VBUCKET and self.cfg.handoff:
+            self._in_flight -= 1
+            self._not_mine(vb, rsp)
+            return
         if status == Status.SUCCESS or status == Status.KEY_EEXISTS:
             if rsp.failover_log is not None:
                 st.failover_log = list(rsp.failover_log)
@@ -509,6 +572,11 @@ class Consumer(Handshake):
         st.last_seqno = self._last[vb]
         st.snapshot_complete = st.snapshot_complete or st.last_seqno >= st.snap_end
         self._sopq[vb] = -1
+        if self.cfg.handoff and reason == StreamEndReason.STATE_CHANGED and not self.closing:
+            self._events.append(StreamEnded(vb, reason, False))
+            self._events.append(Handoff(vb, reason))
+            self._phase[vb] = _WAIT     # until the caller takes it (take_states)
+            return
         n = self._reopens.get(vb, 0)
         if reason in self.cfg.reopen_reasons and n < self.cfg.max_reopens and not self.closing:
             self._reopens[vb] = n + 1

@@ -60,6 +60,12 @@ class ConsumerConfig:
     ack_ratio: float = 0.5
     timeout: float = 30.0                 # a request unanswered this long is a dead connection
     check_vbuckets: bool = False          # ask GET_ALL_VB_SEQNOS with vbuckets given too (ServerVbuckets)
+    # cluster (docs/CLUSTER.md): after SELECT_BUCKET ask GET_CLUSTER_CONFIG, emit ConfigReceived
+    # and wait for route(); with handoff, a stream that ends "state changed" or is refused
+    # NOT_MY_VBUCKET goes back to the caller (Handoff / NotMyVbucket) instead of being
+    # reopened here or failed
+    fetch_config: bool = False
+    handoff: bool = False
 
 
 # --------------------------------------------------------------------------- events
@@ -112,3 +118,29 @@ class ServerVbuckets:
 class Finished:
     ended: int
     failed: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ConfigReceived:
+    """A GET_CLUSTER_CONFIG answer. status 0 with a body: the config JSON (raw, as sent);
+    anything else (UNKNOWN_COMMAND, NOT_SUPPORTED, KEY_ENOENT, an empty body): no map, a
+    single node that serves every vbucket. bootstrap: the connection waits for route()."""
+    raw: bytes
+    status: int
+    bootstrap: bool
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NotMyVbucket:
+    """A stream request (or GET_FAILOVER_LOG) refused NOT_MY_VBUCKET in handoff mode; the
+    vbucket left this connection (take_states) and config_raw is the body (may be empty)."""
+    vbucket: int
+    config_raw: bytes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Handoff:
+    """In handoff mode the stream ended with a reason that means "ask the map again" (state
+    changed): the vbucket left this connection; take_states() gives its state."""
+    vbucket: int
+    reason: int

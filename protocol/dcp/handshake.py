@@ -10,8 +10,8 @@ import dataclasses
 from dcptool.protocol.dcp import messages as m
 from dcptool.protocol.dcp import sasl
 from dcptool.protocol.dcp.constants import Feature, OpenFlag, Status, status_name
-from dcptool.protocol.dcp.consumer_api import (NUM_VB_SLOTS, ControlRefused, HandshakeComplete,
-                                               ServerVbuckets)
+from dcptool.protocol.dcp.consumer_api import (NUM_VB_SLOTS, ConfigReceived, ControlRefused,
+                                               HandshakeComplete, ServerVbuckets)
 from dcptool.protocol.errors import AuthRefused, ErrorCode, RemoteError
 
 
@@ -70,6 +70,34 @@ class Handshake:
             raise RemoteError(ErrorCode.STATUS, f"bucket {self.cfg.bucket!r} does not exist on the server", st)
         if st != Status.SUCCESS:
             raise RemoteError(ErrorCode.STATUS, f"SELECT_BUCKET {self.cfg.bucket!r} failed: {status_name(st)}", st)
+        if self.cfg.fetch_config:
+            self.phase = "config"
+            self._request(m.Request(opcode=0xB5), self._on_config)
+            return
+        self._after_select()
+
+    def request_config(self) -> None:
+        """Ask GET_CLUSTER_CONFIG (a poll); the answer comes as ConfigReceived(bootstrap=False)."""
+        self._request(m.Request(opcode=0xB5), self._on_config)
+
+    def _on_config(self, rsp) -> None:
+        body = bytes(getattr(rsp, "value", b"") or b"")
+        boot = self.phase == "config"
+        if boot:
+            self.phase = "routing"     # route() continues the handshake
+        self._events.append(ConfigReceived(body, rsp.status, boot))
+
+    def route(self, vbuckets: list[int] | None, *, states: dict | None = None, check: bool = False,
+              handoff: bool = False) -> None:
+        """After ConfigReceived(bootstrap=True): stream these vbuckets (None: every vbucket the
+        server lists, as without a map) from `states` where given, and go on with DCP_OPEN."""
+        self.cfg = dataclasses.replace(self.cfg, vbuckets=None if vbuckets is None else list(vbuckets),
+                                       check_vbuckets=check, handoff=handoff, fetch_config=False)
+        for vb, st in (states or {}).items():
+            self.adopt(vb, st)
+        self._after_select()
+
+    def _after_select(self) -> None:
         if self.cfg.vbuckets is None or self.cfg.check_vbuckets:
             self._request(m.GetAllVbSeqnos(), self._on_vb_seqnos)
         else:

@@ -139,6 +139,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             self._flush()
             if events and self.on_events is not None:
                 self.on_events(events)
+                self._flush()       # what the handler asked of the consumer (cluster routing)
             if self.consumer.finished and not self.done.done():
                 self.done.set_result(None)
         if err is not None:
@@ -286,21 +287,26 @@ class Session:
         if self._stop is not None:
             self._stop.set()
 
-    async def run(self) -> Consumer:
+    async def run(self, first: _ClientProtocol | None = None) -> Consumer:
+        """first: a connection already made (by a cluster session's bootstrap) to continue on."""
         self._stop = asyncio.Event()
         if self.stopped:
             self._stop.set()
         attempts = 0
         while True:
-            self.conn += 1
-            consumer = Consumer(self.cfg, self.resume, time.monotonic())
-            consumer.should_pause = self.should_pause
-            self.consumer = consumer
-            if self.on_connect is not None:
-                self.on_connect(self.conn, consumer)
-            proto = await open_connection(consumer, self.host, self.port, tls=self.tls,
-                                          server_hostname=self.server_hostname, tap=self.tap,
-                                          on_events=self.on_events, timeout=self.connect_timeout)
+            if first is not None:
+                proto, first = first, None
+                consumer = self.consumer = proto.consumer
+            else:
+                self.conn += 1
+                consumer = Consumer(self.cfg, self.resume, time.monotonic())
+                consumer.should_pause = self.should_pause
+                self.consumer = consumer
+                if self.on_connect is not None:
+                    self.on_connect(self.conn, consumer)
+                proto = await open_connection(consumer, self.host, self.port, tls=self.tls,
+                                              server_hostname=self.server_hostname, tap=self.tap,
+                                              on_events=self.on_events, timeout=self.connect_timeout)
             self._proto = proto
             stop_wait = asyncio.ensure_future(self._stop.wait())
             try:

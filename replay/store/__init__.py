@@ -4,5 +4,6 @@ protocols, the segment writer with its in-progress format and crash recovery, th
 the resume state. The replay engines (replay/local.py, replay/spark.py) import from here; the
 store never imports an engine."""
 
-# the Parquet codecs a finished segment may use (no pyarrow import here: `capture --help` lists them)
-COMPRESSIONS = ("zstd", "snappy", "none")
+# the Parquet codecs a finished segment may use (no pyarrow import here: `capture --help` lists
+# them); "lz4" is Parquet's LZ4_RAW, for speed over size
+COMPRESSIONS = ("zstd", "lz4", "snappy", "none")

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from dcptool.protocol.dcp import columnar
 from dcptool.protocol.dcp.constants import OP_NAME_TABLE
-from dcptool.replay.store.schema import DCP_FIELDS, FAILOVER_ENTRY, capture_schema
+from dcptool.replay.store.schema import DCP_FIELDS, DICT_STR, FAILOVER_ENTRY, capture_schema
 
 SCHEMA = capture_schema("dcp")
 _OP_DICT = pa.array(OP_NAME_TABLE, pa.string())
@@ -60,12 +60,15 @@ def _numeric(name, col, n):
 
 
 def to_record_batch(batch: columnar.Batch, *, frame_no: np.ndarray, conn: int | np.ndarray,
-                    ts_ns: np.ndarray, mono_ns: np.ndarray, direction: np.ndarray) -> pa.RecordBatch:
-    """direction: uint8 array, 0 = in, 1 = out. capture_id is left to the writer."""
+                    ts_ns: np.ndarray, mono_ns: np.ndarray, direction: np.ndarray,
+                    node: str | None = None) -> pa.RecordBatch:
+    """direction: uint8 array, 0 = in, 1 = out; node: the "host:port" the connection went to
+    (null when unknown). capture_id is left to the writer."""
     n = batch.n
     cols = {
         "frame_no": pa.array(frame_no, pa.int64()),
         "conn": pa.array(np.broadcast_to(np.asarray(conn, dtype=np.int32), (n,)), pa.int32()),
+        "node": node_column(node, n),
         "ts": pa.array(ts_ns.astype("datetime64[ns]"), pa.timestamp("ns", tz="UTC")) if n else
         pa.array([], pa.timestamp("ns", tz="UTC")),
         "mono_ns": pa.array(mono_ns, pa.int64()),
@@ -95,8 +98,15 @@ def to_record_batch(batch: columnar.Batch, *, frame_no: np.ndarray, conn: int | 
     return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
 
 
+def node_column(node: str | None, n: int) -> pa.Array:
+    """The `node` column of n rows from one connection: one dictionary value, or nulls."""
+    if node is None:
+        return pa.nulls(n, DICT_STR)
+    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([node], pa.string()))
+
+
 def frames_to_record_batch(buf, *, collections=False, opaque_vbuckets=None, frame_no_start=0,
-                           conn=0, ts_ns=0, mono_ns=0, direction=0, max_body=None):
+                           conn=0, ts_ns=0, mono_ns=0, direction=0, max_body=None, node=None):
     """Convenience for tests and `decode`: every whole frame in buf as one record batch
     (all with the same timestamp and direction). Returns (batch, consumed, error)."""
     kw = {} if max_body is None else {"max_body": max_body}
@@ -105,5 +115,5 @@ def frames_to_record_batch(buf, *, collections=False, opaque_vbuckets=None, fram
     n = len(offsets)
     rb = to_record_batch(b, frame_no=np.arange(frame_no_start, frame_no_start + n, dtype=np.int64), conn=conn,
                          ts_ns=np.full(n, ts_ns, dtype=np.int64), mono_ns=np.full(n, mono_ns, dtype=np.int64),
-                         direction=np.full(n, direction, dtype=np.uint8))
+                         direction=np.full(n, direction, dtype=np.uint8), node=node)
     return rb, consumed, err

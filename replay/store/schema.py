@@ -1,4 +1,4 @@
-"""The capture schema (CAPTURE_FORMAT.md, version 1): the one source of truth for column
+"""The capture schema (CAPTURE_FORMAT.md, version 2): the one source of truth for column
 names, Arrow types and key-value metadata keys. Everything that writes or reads captures
 takes its columns from here."""
 
@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"
+# versions readers accept; a version 1 file has no `node` column (it reads as null)
+READABLE_VERSIONS = ("1", "2")
 
 DICT_STR = pa.dictionary(pa.int32(), pa.string())
 
@@ -16,6 +18,7 @@ COMMON_FIELDS: list[tuple[str, pa.DataType]] = [
     ("capture_id", DICT_STR),
     ("frame_no", pa.int64()),
     ("conn", pa.int32()),
+    ("node", DICT_STR),  # "host:port" the connection went to (version 2)
     ("ts", pa.timestamp("ns", tz="UTC")),
     ("mono_ns", pa.int64()),
     ("direction", DICT_STR),

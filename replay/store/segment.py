@@ -1,11 +1,11 @@
 """One capture segment on disk: the in-progress Arrow IPC file (written as rows arrive, read
-back by `open_in_progress`), its Parquet twin encoded row group by row group on a helper thread
-(`ParquetSegment`), finishing (fsync, rename, removal of the `.arrows`) and recovery of a
+back by `open_in_progress`), its Parquet twin encoded row group by row group on the writer's
+encoder thread (`ParquetSegment`, encoder.py), finishing (fsync, rename, removal of the `.arrows`) and recovery of a
 segment a crashed or failed run left behind (`finish_in_progress`, `finish_from_memory`)."""
 
 from __future__ import annotations
 
-import concurrent.futures
+import collections
 import fcntl
 import os
 from typing import Iterator
@@ -15,6 +15,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from dcptool.replay.store import COMPRESSIONS
+from dcptool.replay.store.encoder import RowGroupEncoder
 from dcptool.replay.store.files import fsync_dir, fsync_path, one_line, remove_quiet, start_writeback, unlink_quiet
 from dcptool.replay.store.naming import TMP_SUFFIX, final_path
 
@@ -138,15 +139,27 @@ def _statistics_columns(schema: pa.Schema) -> list[str]:
 
 # ------------------------------------------------------------------------- Parquet segment
 
+def parquet_writer(where, schema: pa.Schema, compression: str) -> pq.ParquetWriter:
+    """The Parquet writer of a segment, with its encodings (where: a path or a sink; the
+    benchmark times the same settings into memory)."""
+    return pq.ParquetWriter(where, schema, compression=compression,
+                            use_dictionary=_dictionary_columns(schema),
+                            write_statistics=_statistics_columns(schema), data_page_version="2.0")
+
+
 class ParquetSegment:
     """A Parquet file being written under `<final>.tmp`, one bounded row group at a time.
 
-    A full row group is encoded on a helper thread (pyarrow releases the GIL while it
-    encodes and compresses) while the next one fills, so the in-progress IPC copy, and
-    with it the network side, keeps moving during the zstd pass. At most one row group is
-    in flight: the next hand-off waits for it, which bounds memory to two row groups."""
+    A full row group is handed to a `RowGroupEncoder` (the capture writer's, shared by its
+    segments in turn, or one of its own), which encodes and compresses it on its thread
+    while the next one fills, so the in-progress IPC copy, and with it the network side,
+    keeps moving during the zstd pass. The encoder's queue is bounded: a hand-off waits for
+    room, which bounds memory. An encoder error (disk full ...) is raised by the next
+    hand-off, `finish` or `flush_row_group(wait=True)`, in the caller's thread; no row group
+    of this file is encoded after a failed one."""
 
-    def __init__(self, final: str, schema: pa.Schema, compression: str):
+    def __init__(self, final: str, schema: pa.Schema, compression: str,
+                 encoder: RowGroupEncoder | None = None):
         self.final = final
         self.tmp = final + TMP_SUFFIX
         self.schema = schema
@@ -154,12 +167,11 @@ class ParquetSegment:
         self._batches: list[pa.RecordBatch] = []
         self._buffered = 0
         self._buffered_rows = 0
-        self._encoding: concurrent.futures.Future | None = None
-        self._encoder = None
-        self._writer = pq.ParquetWriter(
-            self.tmp, schema, compression=compression,
-            use_dictionary=_dictionary_columns(schema), write_statistics=_statistics_columns(schema),
-            data_page_version="2.0")
+        self._pending: collections.deque = collections.deque()   # futures, oldest first
+        self._failed: BaseException | None = None
+        self._encoder = encoder
+        self._own_encoder = encoder is None
+        self._writer = parquet_writer(self.tmp, schema, compression)
 
     def add(self, batch: pa.RecordBatch) -> None:
         self._batches.append(batch)
@@ -172,29 +184,35 @@ class ParquetSegment:
     def flush_row_group(self, wait: bool = True) -> None:
         """Hand the buffered rows to the encoder as one row group; with wait, return once
         every row group handed over is in the file."""
-        self._wait()
+        self._reap(block=False)
         if self._batches:
             batches, self._batches, self._buffered, self._buffered_rows = self._batches, [], 0, 0
             if self._encoder is None:
-                self._encoder = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=1, thread_name_prefix="dcptool-parquet")
-            self._encoding = self._encoder.submit(self._write_row_group, batches)
+                self._encoder = RowGroupEncoder()
+            self._pending.append(self._encoder.submit(self._write_row_group, batches))
         if wait:
-            self._wait()
+            self._reap(block=True)
 
     def _write_row_group(self, batches: list) -> None:
-        table = pa.Table.from_batches(batches, schema=self.schema).unify_dictionaries()
-        self._writer.write_table(table, row_group_size=max(1, table.num_rows))
-        start_writeback(self.tmp)
+        if self._failed is not None:
+            raise self._failed      # the file is broken already: nothing more goes into it
+        try:
+            table = pa.Table.from_batches(batches, schema=self.schema).unify_dictionaries()
+            self._writer.write_table(table, row_group_size=max(1, table.num_rows))
+            start_writeback(self.tmp)
+        except BaseException as exc:
+            self._failed = exc
+            raise
 
-    def _wait(self) -> None:
-        fut, self._encoding = self._encoding, None
-        if fut is not None:
-            fut.result()   # an encoder error (disk full ...) surfaces here, in the caller
+    def _reap(self, block: bool) -> None:
+        """Collect row groups the encoder is done with (all of them with block); the first
+        error (disk full ...) is raised here, in the caller."""
+        while self._pending and (block or self._pending[0].done()):
+            self._pending.popleft().result()
 
     def _stop_encoder(self) -> None:
-        if self._encoder is not None:
-            self._encoder.shutdown(wait=True)
+        if self._own_encoder and self._encoder is not None:
+            self._encoder.close()
             self._encoder = None
 
     def finish(self) -> int:
@@ -212,10 +230,11 @@ class ParquetSegment:
 
     def abandon(self) -> None:
         self._batches = []
-        try:
-            self._wait()
-        except Exception:  # noqa: BLE001 - already failing; the tmp file goes anyway
-            pass
+        while self._pending:     # the encoder must be done with the file before it goes
+            try:
+                self._pending.popleft().result()
+            except Exception:  # noqa: BLE001 - already failing; the tmp file goes anyway
+                pass
         self._stop_encoder()
         if self._writer is not None:
             try:

@@ -68,10 +68,12 @@ def _const_dict(value: str | None, n: int) -> pa.Array:
                                           pa.array([value], pa.string()))
 
 
-def _position_columns(n: int, frame_no: int, conn: int, ts_ns: int, mono_ns: int, direction: str):
-    """frame_no, conn, ts, mono_ns and direction of n lines read (or sent) at one instant."""
+def _position_columns(n: int, frame_no: int, conn: int, ts_ns: int, mono_ns: int, direction: str,
+                      node: str | None = None):
+    """frame_no, conn, node, ts, mono_ns and direction of n lines read (or sent) at one instant."""
     return [pa.array(np.arange(frame_no, frame_no + n, dtype=np.int64)),
             pa.array(np.full(n, conn, dtype=np.int32)),
+            _const_dict(node, n),
             pa.array(np.full(n, ts_ns, dtype=np.int64)).cast(_TYPES["ts"]),
             pa.array(np.full(n, mono_ns, dtype=np.int64)),
             _const_dict(direction, n)]
@@ -106,7 +108,7 @@ def _parse_other(line: bytes) -> dict:
 
 def build_batch(lines: list[bytes], *, frame_no: int, conn: int, ts_ns: int, mono_ns: int,
                 direction: str = "in", channel: str | None = None,
-                split: SplitLines | None = None,
+                split: SplitLines | None = None, node: str | None = None,
                 errors: dict[int, str] | None = None) -> pa.RecordBatch:
     """``lines`` (without newlines) -> RecordBatch; frame_no counts up from ``frame_no``.
     ``split`` is ``split_lines(lines)`` when the caller already has it; ``errors`` gives a
@@ -177,7 +179,7 @@ def build_batch(lines: list[bytes], *, frame_no: int, conn: int, ts_ns: int, mon
         decode_error = pa.array(err, pa.string())
 
     cols = [
-        *_position_columns(n, frame_no, conn, ts_ns, mono_ns, direction),
+        *_position_columns(n, frame_no, conn, ts_ns, mono_ns, direction, node),
         raw,
         decode_error,
         _const_dict(channel, n),
@@ -230,7 +232,8 @@ def _views(arr: np.ndarray, buf_obj, starts: np.ndarray, lens: np.ndarray, typ) 
 
 
 def build_batch_scan(scan, *, frame_no: int, conn: int, ts_ns: int, mono_ns: int,
-                     direction: str = "in", channel: str | None = None) -> pa.RecordBatch:
+                     direction: str = "in", channel: str | None = None,
+                     node: str | None = None) -> pa.RecordBatch:
     """Like ``build_batch`` for a bulk.Scan block. A block of only well-formed RDATA lines
     is built from numpy offsets into the receive buffer (views, then one C++ copy per
     column); anything else goes through ``build_batch``."""
@@ -239,7 +242,7 @@ def build_batch_scan(scan, *, frame_no: int, conn: int, ts_ns: int, mono_ns: int
         return _empty()
     if not scan.all_fast:
         return build_batch(scan.lines(), frame_no=frame_no, conn=conn, ts_ns=ts_ns,
-                           mono_ns=mono_ns, direction=direction, channel=channel)
+                           mono_ns=mono_ns, direction=direction, channel=channel, node=node)
     buf_obj = pa.py_buffer(scan.buf)
     lens = scan.ends - scan.starts
     raw_v = _views(scan.arr, buf_obj, scan.starts, lens, pa.binary_view())
@@ -250,7 +253,7 @@ def build_batch_scan(scan, *, frame_no: int, conn: int, ts_ns: int, mono_ns: int
         rows = rows.cast(pa.string())
     except pa.ArrowInvalid:
         return build_batch(scan.lines(), frame_no=frame_no, conn=conn, ts_ns=ts_ns,
-                           mono_ns=mono_ns, direction=direction, channel=channel)
+                           mono_ns=mono_ns, direction=direction, channel=channel, node=node)
     raw = raw_v.cast(pa.binary())
     # stream / instance dictionaries from the scan's key dictionary
     streams: dict[bytes, int] = {}
@@ -263,7 +266,7 @@ def build_batch_scan(scan, *, frame_no: int, conn: int, ts_ns: int, mono_ns: int
         pa.array(k_inst[scan.inv]), pa.array([s.decode() for s in insts], pa.string()))
     is_batch = scan.is_batch
     cols = [
-        *_position_columns(n, frame_no, conn, ts_ns, mono_ns, direction),
+        *_position_columns(n, frame_no, conn, ts_ns, mono_ns, direction, node),
         raw,
         pa.nulls(n, pa.string()),
         _const_dict(channel, n),

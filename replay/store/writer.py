@@ -1,13 +1,17 @@
 """The capture writer: segments, rotation and crash safety (CAPTURE_FORMAT.md). The on-disk
-segment is segment.py, names naming.py, redaction redact.py, the writer thread background.py.
+segment is segment.py, names naming.py, redaction redact.py, the writer thread background.py,
+the encoder thread encoder.py.
 
 Every batch handed to `CaptureWriter.write` goes two ways:
 
 * into the in-progress segment, an Arrow IPC stream `<segment>.arrows` written through an
   unbuffered OS file, so that what was written is in the page cache at once and survives a
   SIGKILL of the process (with `fsync_in_progress=True` also fsync'ed each `flush_interval`, for power loss);
-* into a bounded row-group buffer that is encoded to `<segment>.parquet.tmp` whenever it
-  holds `ROW_GROUP_BYTES` (on a helper thread, one row group in flight).
+* into a bounded row-group buffer that is handed to the writer's encoder thread whenever it
+  holds `ROW_GROUP_BYTES`, and encoded there to `<segment>.parquet.tmp` while the next one
+  fills (at most `ENCODER_QUEUE_ROW_GROUPS` handed over and not yet written; a hand-off
+  waits for room). One encoder thread serves the segments in turn, so each file gets its
+  row groups in `frame_no` order.
 
 When a segment is finished (rotation or close) the last row group is written, the Parquet
 file is fsync'ed, renamed to its final name, the directory fsync'ed, and only then is the
@@ -38,6 +42,7 @@ from dcptool.replay.store import schema as S
 from dcptool.replay.store.files import one_line, remove_quiet, unlink_quiet
 import concurrent.futures
 
+from dcptool.replay.store.encoder import RowGroupEncoder
 from dcptool.replay.store.naming import TMP_SUFFIX, final_path, in_progress_path, segment_name, utcnow
 from dcptool.replay.store.redact import mask_sasl_credentials, strip_secrets
 from dcptool.replay.store.segment import (Finishing, ParquetSegment, WriterError, abandon_files,
@@ -121,6 +126,7 @@ class CaptureWriter:
         self._ipc_bytes = 0
         self._finishing: tuple | None = None     # (Finishing, Future) of a rotated segment
         self._finisher = None
+        self._encoder: RowGroupEncoder | None = None   # started with the first segment
         self._unfinished: list[str] = []         # in-progress files a disk error left behind
         self._abandoning = False
         self._closed = False
@@ -208,6 +214,7 @@ class CaptureWriter:
             self._abandon_segment()
             raise self.error
         self._stop_finisher()
+        self._stop_encoder()
         return list(self.segments)
 
     def __enter__(self):
@@ -227,6 +234,11 @@ class CaptureWriter:
     @property
     def in_progress(self) -> str | None:
         return self._arrows
+
+    @property
+    def encoder(self) -> RowGroupEncoder | None:
+        """The thread encoding row groups (its counters show how full its queue got)."""
+        return self._encoder
 
     # -- conforming batches to the schema ------------------------------------------------
 
@@ -284,7 +296,8 @@ class CaptureWriter:
     def _mask_sasl(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """Find SASL AUTH/STEP requests by their header bytes, vectorised over the batch,
         and mask their values; other batches pass through untouched."""
-        raw = batch.column(6)
+        raw_i = batch.schema.get_field_index("raw")
+        raw = batch.column(raw_i)
         if raw.null_count == len(raw):
             return batch
         bufs = raw.buffers()
@@ -306,7 +319,7 @@ class CaptureWriter:
         for i in idx[hit]:
             if values[i] is not None:
                 values[i] = mask_sasl_credentials(values[i])
-        return batch.set_column(6, batch.schema.field(6), pa.array(values, pa.binary()))
+        return batch.set_column(raw_i, batch.schema.field(raw_i), pa.array(values, pa.binary()))
 
     # -- segments -------------------------------------------------------------------------
 
@@ -340,7 +353,9 @@ class CaptureWriter:
             # of ms for a file that is about to be deleted.
             sink = pa.OSFile(arrows, "ab")
             writer = ipc.new_stream(sink, schema, options=ipc.IpcWriteOptions(compression=codec))
-            pq_seg = ParquetSegment(final, schema, self.compression)
+            if self._encoder is None:
+                self._encoder = RowGroupEncoder()
+            pq_seg = ParquetSegment(final, schema, self.compression, self._encoder)
         except BaseException:
             # no row is in the new segment yet: leave no file of it behind (disk full ...)
             abandon_files(pq_seg, writer, sink, fd)
@@ -400,6 +415,8 @@ class CaptureWriter:
         self._collect_finished(block=True)
         if self._ipc is None:
             return
+        # the last row group goes to the encoder from here, ahead of the next segment's
+        self._pq.flush_row_group(wait=False)
         seg = Finishing(self._pq, self._ipc, self._ipc_sink, self._arrows, self._lock_fd,
                          self._ipc_bytes)
         self._ipc = self._ipc_sink = self._pq = self._arrows = None
@@ -472,6 +489,7 @@ class CaptureWriter:
         self._lock_fd = None
         self._pending = []
         self._stop_finisher()
+        self._stop_encoder()
         notes = [self._salvage(path) for path in self._unfinished]
         self._unfinished = []
         notes = [n for n in notes if n]
@@ -504,6 +522,10 @@ class CaptureWriter:
         if self._finisher is not None:
             self._finisher.shutdown(wait=True)
             self._finisher = None
+
+    def _stop_encoder(self) -> None:
+        if self._encoder is not None:
+            self._encoder.close()      # kept: its counters stay readable
 
     # -- errors ---------------------------------------------------------------------------
 

@@ -2,13 +2,18 @@
 
 For each size it times, in the same run and on the same Parquet:
   - `dcptool replay DIR --table documents --out OUT`            (local engine, a subprocess)
-  - `dcptool replay DIR --spark --table documents --out OUT`    (Spark local[*], start-up included)
+  - `dcptool replay DIR --master 'local[*]' --table documents --out OUT`
+                                                                (embedded Spark, cold: JVM start included)
+  - `dcptool replay DIR --spark --table documents --out OUT`    (through a warm Spark Connect server
+                                                                 of `dcptool spark start`; the server's
+                                                                 start is timed once, apart)
   - the same `documents` as one plain DuckDB SQL query (the baseline; installed into the
     venv by this script when missing), written to Parquet too, timed twice: inside this
     warm process, and as a fresh `python -c` process like `dcptool replay` itself,
-checks that the three results are equal, and prints the ratios to DuckDB, the cost per
-million frames, and the local engine's peak RSS (which should follow distinct documents,
-not frames).
+checks that the results are equal, and prints the ratios to DuckDB, the cost per
+million frames, the 10M/1M time ratio per engine, the local engine's peak RSS (which should
+follow distinct documents, not frames) next to DuckDB's, both measured by
+tests/bench/replay_rss.py (each child's own peak).
 
     .venv/bin/python tests/bench/bench_replay.py            # 1M and 10M
     .venv/bin/python tests/bench/bench_replay.py 1000000    # sizes to run
@@ -129,11 +134,12 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def timed_cli(args: list[str]) -> tuple[float, int]:
-    """Wall seconds and peak RSS (MiB) of `dcptool ARGS` in a child process."""
+def timed_cli(args: list[str], env: dict | None = None) -> tuple[float, int]:
+    """Wall seconds and ru_maxrss (MiB) of `dcptool ARGS` in a child process (not its peak:
+    Linux starts a child's ru_maxrss from the parent's size at the fork; rss_columns has it)."""
     t0 = time.perf_counter()
     p = subprocess.Popen([sys.executable, "-m", "dcptool.cli", *args], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=ROOT))
+                         stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=ROOT, **(env or {})))
     _, status, usage = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t0
     err = p.stderr.read().decode()
@@ -158,7 +164,37 @@ COPY (
 """
 
 
-def run(frames: int, docs: int, workdir: str, spark: bool) -> dict:
+def start_warm_server(workdir: str) -> tuple[dict, float]:
+    """`dcptool spark start` on a free port with its own state directory (so replays of this
+    run find it); the environment for them, and the seconds the start took."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {"DCPTOOL_STATE_DIR": os.path.join(workdir, "state")}
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "dcptool.cli", "spark", "start", "--port", str(port),
+                    "--idle-timeout", "1h"], check=True, env=dict(os.environ, PYTHONPATH=ROOT, **env),
+                   stderr=subprocess.DEVNULL)
+    return env, time.perf_counter() - t0
+
+
+def stop_warm_server(env: dict) -> None:
+    subprocess.run([sys.executable, "-m", "dcptool.cli", "spark", "stop"], env=dict(os.environ, PYTHONPATH=ROOT, **env),
+                   stderr=subprocess.DEVNULL, check=False)
+
+
+def rss_columns(cap: str) -> dict:
+    """Peak RSS (each child's own VmHWM, tests/bench/replay_rss.py) of the local engine and of
+    DuckDB on the same capture, and the distinct documents."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import replay_rss
+    m = replay_rss.measure(cap)
+    return {"local_rss_mib": m["local_peak_mib"], "duckdb_rss_mib": m["duckdb_peak_mib"],
+            "distinct_documents": m["distinct_documents"]}
+
+
+def run(frames: int, docs: int, workdir: str, spark: bool, warm_env: dict | None = None) -> dict:
     duckdb = ensure_duckdb()
     cap = os.path.join(workdir, f"cap-{frames}-{docs}")
     os.makedirs(cap, exist_ok=True)
@@ -183,10 +219,14 @@ def run(frames: int, docs: int, workdir: str, spark: bool) -> dict:
     lo = os.path.join(workdir, f"local-{frames}-{docs}")
     runs = [timed_cli(["replay", cap, "--table", "documents", "--out", lo]) for _ in range(REPEAT)]
     out["local_s"] = min(r[0] for r in runs)
-    out["local_rss_mib"] = max(r[1] for r in runs)
     if spark:
         so = os.path.join(workdir, f"spark-{frames}-{docs}")
-        out["spark_s"], _ = timed_cli(["replay", cap, "--spark", "--table", "documents", "--out", so])
+        out["spark_s"], _ = timed_cli(["replay", cap, "--master", "local[*]", "--table", "documents", "--out", so])
+    if warm_env is not None:
+        wo = os.path.join(workdir, f"warm-{frames}-{docs}")
+        out["warm_s"] = min(timed_cli(["replay", cap, "--spark", "--table", "documents", "--out", wo],
+                                      env=warm_env)[0] for _ in range(REPEAT))
+    out.update(rss_columns(cap))
     # the three results are the same documents
     duck = pq.read_table(dd).sort_by([("vbucket", "ascending"), ("key", "ascending")])
     mine = pq.read_table(os.path.join(lo, "documents.parquet"))
@@ -195,6 +235,8 @@ def run(frames: int, docs: int, workdir: str, spark: bool) -> dict:
         assert duck.column(c).to_pylist() == mine.column(c).to_pylist(), c
     if spark:
         assert pq.read_table(os.path.join(so, "documents.parquet")).equals(mine)
+    if warm_env is not None:
+        assert pq.read_table(os.path.join(wo, "documents.parquet")).equals(mine)
     return out
 
 
@@ -208,19 +250,48 @@ def main(argv: list[str]) -> None:
         configs.append((max(sizes), 1_000_000))
     results = []
     with tempfile.TemporaryDirectory(prefix="dcptool-bench-") as work:
-        for frames, docs in configs:
-            print(f"== {frames:,} frames, {docs:,} distinct documents", flush=True)
-            r = run(frames, docs, work, spark)
-            results.append(r)
-            d, dp = r["duckdb_s"], r["duckdb_proc_s"]
-            line = (f"  duckdb query {d:.2f}s, as a process {dp:.2f}s | local {r['local_s']:.2f}s "
-                    f"({r['local_s'] / d:.2f}x the query, {r['local_s'] / dp:.2f}x the process; "
-                    f"{r['local_s'] / frames * 1e6:.2f}s/M frames, peak RSS {r['local_rss_mib']} MiB)")
-            if spark:
-                line += (f" | spark {r['spark_s']:.2f}s ({r['spark_s'] / d:.2f}x the query, "
-                         f"{r['spark_s'] / dp:.2f}x the process)")
-            print(line, flush=True)
-    same_docs = [r for r in results if r["docs"] == 100_000]
+        warm_env = None
+        if spark:
+            warm_env, start_s = start_warm_server(work)
+            print(f"== warm Spark Connect server started in {start_s:.1f}s (not in the times below)", flush=True)
+        try:
+            for frames, docs in configs:
+                print(f"== {frames:,} frames, {docs:,} distinct documents", flush=True)
+                r = run(frames, docs, work, spark, warm_env)
+                results.append(r)
+                _print_run(r, spark)
+        finally:
+            if warm_env is not None:
+                stop_warm_server(warm_env)
+    _print_scaling(results, spark)
+    print(json.dumps(results))
+
+
+def _print_run(r: dict, spark: bool) -> None:
+    frames = r["frames"]
+    d, dp = r["duckdb_s"], r["duckdb_proc_s"]
+    line = (f"  duckdb query {d:.2f}s, as a process {dp:.2f}s | local {r['local_s']:.2f}s "
+            f"({r['local_s'] / d:.2f}x the query, {r['local_s'] / dp:.2f}x the process; "
+            f"{r['local_s'] / frames * 1e6:.2f}s/M frames)")
+    if spark:
+        line += (f" | spark cold (embedded) {r['spark_s']:.2f}s ({r['spark_s'] / d:.2f}x the query, "
+                 f"{r['spark_s'] / dp:.2f}x the process; goal <= 8x)"
+                 f" | spark warm (Connect) {r['warm_s']:.2f}s ({r['warm_s'] / d:.2f}x the query, "
+                 f"{r['warm_s'] / dp:.2f}x the process; goal <= 4x)")
+    loc, duck, docs = r["local_rss_mib"], r["duckdb_rss_mib"], r["distinct_documents"]
+    line += (f" | peak RSS local {loc:.0f} MiB, duckdb {duck:.0f} MiB ({loc / duck:.2f}x, goal <= 2x; "
+             f"{(loc - 300) * 2**20 / max(docs, 1):.0f} bytes per document above a 300 MiB base, goal <= 400)")
+    print(line, flush=True)
+
+
+def _print_scaling(results: list[dict], spark: bool) -> None:
+    by_docs = [r for r in results if r["docs"] == 100_000]
+    if len(by_docs) > 1:
+        small, big = by_docs[0], by_docs[-1]
+        engines = ["duckdb_s", "duckdb_proc_s", "local_s"] + (["spark_s", "warm_s"] if spark else [])
+        print(f"== {big['frames'] / small['frames']:.0f}x the frames, time ratio per engine (goal <= 12x): "
+              + ", ".join(f"{e[:-2]} {big[e] / small[e]:.1f}x" for e in engines), flush=True)
+    same_docs = by_docs
     if len(same_docs) > 1:
         small, big = same_docs[0], same_docs[-1]
         scale = big["frames"] / small["frames"]
@@ -229,7 +300,6 @@ def main(argv: list[str]) -> None:
     if len(results) > len(same_docs):
         many = results[-1]
         print(f"== 10x the documents, same frames: peak RSS {many['local_rss_mib'] / same_docs[-1]['local_rss_mib']:.2f}x")
-    print(json.dumps(results))
 
 
 if __name__ == "__main__":
