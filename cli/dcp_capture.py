@@ -19,6 +19,8 @@ from dcptool.cli.process import fewer_gc_passes, without_pandas
 from dcptool.cli.run_summary import MAX_MESSAGES, RunStats, StopSignals
 from dcptool.protocol.dcp import columnar
 from dcptool.protocol.dcp import consumer as dcp_consumer
+from dcptool.protocol.dcp.constants import StreamEndReason
+from dcptool.protocol.dcp.consumer_api import FilterResolved
 
 # Knobs tests turn down.
 DEFAULTS = {"reconnects": 5, "pause_backlog_bytes": 32 * 2**20}   # the connect bound is --timeout
@@ -134,6 +136,28 @@ class CaptureTap:
                              bytes_written=self.bg.writer.bytes_written, backlog_bytes=self.bg.backlog_bytes)
 
 
+def keep_filter(opts: LiveOptions, directory: str) -> None:
+    """capture --resume keeps the collection filter (ids and manifest uid) the capture in
+    `directory` recorded; other --scope / --collection names than it had are a usage error."""
+    import os
+
+    from dcptool.cli.errors import LateUsageError
+    from dcptool.replay.store.resume import dcp_resume_options
+    rec = dcp_resume_options(directory) if os.path.isdir(directory) else {}
+    flt = rec.get("collection_filter")
+    given = (tuple(opts.scopes), tuple(opts.collection_names))
+    recorded = (tuple(rec.get("scopes") or ()), tuple(rec.get("collection_names") or ()))
+    if not rec or given == recorded and flt is None:
+        return
+    if flt is None or (any(given) and given != recorded):
+        had = " ".join([*(f"--scope {x}" for x in recorded[0]), *(f"--collection {x}" for x in recorded[1])])
+        raise LateUsageError(f"--resume keeps the collection filter of the capture in {directory} "
+                             f"({had or 'none: every collection'}); give the same options or none")
+    opts.scopes, opts.collection_names = recorded
+    opts.stream_filter = dict(flt)
+    opts.collections = True
+
+
 def resume_from(directory: str) -> tuple[dict[int, dcp_consumer.VbState], list[str]]:
     """Per-vbucket state recorded by earlier captures in directory (finishing any segment a
     killed capture left in progress first)."""
@@ -155,7 +179,9 @@ def resume_from(directory: str) -> tuple[dict[int, dcp_consumer.VbState], list[s
         # a stream that reached its end continues from there: the new run's end is later
         state[vb] = dcp_consumer.VbState(failover_log=list(r.failover_log), last_seqno=r.last_seqno,
                               snap_start=r.snap_start, snap_end=r.snap_end,
-                              snapshot_complete=r.snapshot_complete)
+                              snapshot_complete=r.snapshot_complete,
+                              # "filter empty": every filtered collection was dropped; not reopened
+                              ended_reason=r.stream_end_reason if r.stream_end_reason == StreamEndReason.FILTER_EMPTY else None)
     return state, recovered
 
 
@@ -169,6 +195,8 @@ def run_capture(opts: LiveOptions, settings: CaptureSettings) -> None:
 
     out = settings.output
     resume, recovered = resume_from(out) if settings.resume else ({}, [])
+    if settings.resume:     # after resume_from: the segments a killed run left are finished
+        keep_filter(opts, out)
     if settings.resume:
         err_console().print(f"resuming {len(resume)} vbuckets from the captures in {out}"
                             + (f" (finished {len(recovered)} in-progress segment(s))" if recovered else ""),
@@ -208,6 +236,8 @@ def run_capture(opts: LiveOptions, settings: CaptureSettings) -> None:
     def on_events(evs):
         events(evs)
         for e in evs:
+            if type(e) is FilterResolved:     # recorded with the options (resume keeps it)
+                options["collection_filter"] = dict(e.filter)
             if type(e) is dcp_consumer.HandshakeComplete and tap._held is not None:
                 handshake.update(features=list(e.features), controls=dict(e.controls))
                 full = dict(options, hello_features=[f"0x{f:02x}" for f in e.features], dcp_controls=e.controls)

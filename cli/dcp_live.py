@@ -7,20 +7,24 @@ batch is decoded at once by the columnar decoder (cli/dcp_rows.py), the same as 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 
 import numpy as np
 
 from dcptool.cli.console import err_console
-from dcptool.cli.errors import Interrupted
+from dcptool.cli.errors import Interrupted, LateUsageError
 from dcptool.cli.live import LiveOptions
 from dcptool.cli.dcp_rows import frame_columns, jsonl_of, rows_of
 from dcptool.cli.output import Sink, default_format, display_columns, iso_ns
-from dcptool.cli.run_summary import (DURATION, END, MAX_MESSAGES, TO, RunStats, StopSignals, run_and_close,
+from dcptool.cli.run_summary import (DURATION, END, MAX_MESSAGES, TO, RunStats, StopSignals, add_rates,
+                                     run_and_close, stream_sink,
                                      check_vbuckets, print_stream_summary, stop_reason_for_signal,
                                      unserved_error, unserved_fields)
 from dcptool.protocol.dcp import consumer as dcp_consumer
+from dcptool.protocol.dcp import collections as dcp_collections
 from dcptool.protocol.dcp import routing
+from dcptool.protocol.dcp.consumer_api import FilterResolved, FilterUnknown
 from dcptool.protocol.dcp.constants import Status, status_name, stream_end_reason_name
 from dcptool.protocol.errors import ErrorCode, RemoteError
 
@@ -39,7 +43,11 @@ def consumer_config(opts: LiveOptions) -> dcp_consumer.ConsumerConfig:
         password=opts.password, vbuckets=opts.vbuckets, start=opts.from_, to=opts.to,
         no_value=opts.no_value, xattrs=opts.xattrs, collections=opts.collections,
         buffer_size=opts.buffer_size, noop_interval=opts.noop_interval, timeout=opts.timeout, tls=src.tls,
-        allow_plain=opts.sasl_plain, check_vbuckets=opts.vbuckets is not None)
+        allow_plain=opts.sasl_plain, check_vbuckets=opts.vbuckets is not None,
+        compress=opts.compress, sync_writes=opts.sync_writes, expiry_opcode=opts.expiry_opcode,
+        ack_ratio=opts.ack_ratio, required=frozenset(opts.required_controls),
+        scopes=tuple(opts.scopes), collection_names=tuple(opts.collection_names),
+        stream_filter=opts.stream_filter)
 
 
 def tls_for(opts: LiveOptions):
@@ -88,6 +96,8 @@ class RowTap:
         self.items = 0
         self.streams_ended = 0
         self.rollbacks = 0
+        self.ops: dict[str, int] = {}
+        self.notes = None              # collections.EventNotes when collections are on
 
     @property
     def received(self) -> int:
@@ -119,14 +129,19 @@ class RowTap:
 
     def _write(self, cols: dict, n: int) -> None:
         """Counts what is shown (this run's summary) and writes it."""
+        ops = self.ops
         for op, status, direction in zip(cols["op"], cols.get("status") or [None] * n, cols["direction"]):
+            ops[op] = ops.get(op, 0) + 1
             if op in ("mutation", "deletion", "expiration"):
                 self.items += 1
             elif op == "stream_end":
                 self.streams_ended += 1
             elif op == "stream_req" and status == Status.ROLLBACK and direction == "in":
                 self.rollbacks += 1
-        if getattr(self.sink, "fmt", None) == "jsonl":
+        fmt = getattr(self.sink, "fmt", None)
+        if fmt == "none":      # stream --json without --format: counted only
+            self.sink.count += n
+        elif fmt == "jsonl":
             self.sink.write_jsonl(jsonl_of(cols, n, self.template), n)
         else:
             self.sink.write_many(rows_of(cols, n, self.template))
@@ -139,6 +154,9 @@ class RowTap:
         n = len(offsets)
         if n:
             self._write(*self.columns(buf, offsets, lengths, iso_ns(ts_ns), "in", mono_ns))
+            if self.notes is not None:    # collection system events, told once each on stderr
+                for line in self.notes.lines(buf, offsets, lengths):
+                    err_console().print(_safe(line), highlight=False)
         st = self.stats
         st.messages_in += n
         st.bytes_in += int(lengths.sum())
@@ -170,6 +188,8 @@ class EventLog:
         self.rollbacks = 0
         self.ends: dict[int, int] = {}
         self.streaming = False         # a handshake completed: the run reached its streams
+        self.filter_said = False
+        self.notes = None              # collections.EventNotes of the run's RowTap
 
     def __call__(self, events) -> None:
         for e in events:
@@ -196,6 +216,15 @@ class EventLog:
                     self.on_map(e.nodes)
             elif t is dcp_consumer.NotMyVbucket:
                 self._say(f"vbucket {e.vbucket}: NOT_MY_VBUCKET; following the cluster map")
+            elif t is FilterUnknown:
+                raise LateUsageError(e.message)
+            elif t is FilterResolved and not self.filter_said:
+                self.filter_said = True
+                self._say(f"collection filter {_safe(json.dumps(e.filter, separators=(',', ':')))}")
+                if e.manifest_raw and self.notes is not None:
+                    self.notes.manifest = dcp_collections.parse_manifest(e.manifest_raw)
+            elif t is dcp_consumer.PushIgnored:
+                self._say(f"[yellow]server request ignored[/]: {_safe(e.reason)}")
             elif t is routing.Rerouted:
                 self._say(f"vbucket {e.vbucket}: now streamed from {_safe(e.node)}")
             elif t is routing.Unserved:
@@ -304,7 +333,8 @@ def every_stream_failed(events: "EventLog") -> RemoteError:
 
 def run_stream(opts: LiveOptions) -> None:
     fmt = default_format(opts.fmt)
-    sink = Sink(fmt, columns=display_columns(TABLE_COLUMNS, opts.values) if fmt in ("table",) else None)
+    sink = stream_sink(opts, lambda: Sink(fmt, columns=display_columns(TABLE_COLUMNS, opts.values)
+                                          if fmt in ("table",) else None))
     events = EventLog(requested=opts.vbuckets, on_map=add_node_column(sink))
     stats = RunStats("dcp", opts.source.url)
     session_box: dict = {}
@@ -317,6 +347,8 @@ def run_stream(opts: LiveOptions) -> None:
 
     tap = RowTap(sink, values=opts.values, raw=opts.raw, max_messages=opts.max_messages,
                  on_limit=stop, stats=stats)
+    if opts.collections:
+        tap.notes = events.notes = dcp_collections.EventNotes()
     session = make_session(opts, tap=tap, on_events=events, reconnects=DEFAULTS["reconnects"])
     session_box["session"] = session
     with StopSignals() as signals:
@@ -333,8 +365,9 @@ def run_stream(opts: LiveOptions) -> None:
             summary = stats.summary(error)
             summary.update(items=tap.items, streams_ended=tap.streams_ended, rollbacks=tap.rollbacks,
                            failed_streams=len(events.failed), **unserved_fields(events.unserved))
+            add_rates(summary, tap.ops)
             if not isinstance(error, BrokenPipeError):
-                print_stream_summary(summary)
+                print_stream_summary(summary, opts)
     if error is None and events.unserved:
         error = unserved_error(events.unserved)
     if error is not None:

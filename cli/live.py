@@ -34,6 +34,16 @@ class LiveOptions:
     sasl_plain: bool = False
     conn_per_node: int = 1         # DCP cluster: connections per KV node
     config_poll: float = 2.5       # DCP cluster: GET_CLUSTER_CONFIG poll interval
+    # DCP stream options (issue 13): DCP_CONTROLs and flow control
+    compress: bool = False         # force_value_compression
+    sync_writes: bool = False      # enable_sync_writes
+    expiry_opcode: bool = True     # enable_expiry_opcode
+    ack_ratio: float = 0.5         # acknowledge once this share of --buffer-size is unacknowledged
+    required_controls: tuple = ()  # the controls given on the command line: a refusal is fatal
+    # DCP collection filter (issue 13): names, resolved through GET_COLLECTIONS_MANIFEST
+    scopes: tuple = ()             # --scope NAME
+    collection_names: tuple = ()   # --collection SCOPE.NAME
+    stream_filter: dict | None = None  # already resolved (capture --resume keeps the recorded one)
     # Synapse
     streams: list[str] | None = None
     replicate: bool = True
@@ -43,6 +53,7 @@ class LiveOptions:
     values: bool = False
     raw: bool = False
     fmt: str | None = None
+    json_summary: bool = False     # stream --json: the summary as JSON (cli/run_summary.py)
     verbose: bool = False
 
     def safe_dict(self) -> dict:
@@ -85,6 +96,8 @@ def connection_options(fn):
                      help="DCP: connections per KV node of a cluster (its vbuckets split over them)."),
         click.option("--config-poll", default="2.5s", show_default=True,
                      help="DCP: how often to ask a cluster for its map (GET_CLUSTER_CONFIG)."),
+        *stream_control_options(),
+        *collection_filter_options(),
         click.option("--streams", default=None, help="Synapse: only these streams, e.g. events,caches."),
         click.option("--replicate/--no-replicate", default=True, show_default=True,
                      help="Synapse: send REPLICATE to obtain POSITIONs."),
@@ -95,6 +108,67 @@ def connection_options(fn):
     for o in reversed(opts):
         fn = o(fn)
     return fn
+
+
+def stream_control_options() -> list:
+    """DCP_CONTROL and flow-control options of issue 13 (--compress, --sync-writes,
+    --expiry-opcode, --ack-ratio); parsed by _stream_controls."""
+    return [
+        click.option("--compress", is_flag=True,
+                     help="DCP: ask for Snappy-compressed values (force_value_compression); they are "
+                     "captured as sent and shown decompressed."),
+        click.option("--sync-writes", is_flag=True,
+                     help="DCP: receive durable writes as prepare, commit and abort (enable_sync_writes)."),
+        click.option("--expiry-opcode/--no-expiry-opcode", default=None,
+                     help="DCP: expirations as their own opcode (enable_expiry_opcode; default on) or "
+                     "as deletions."),
+        click.option("--ack-ratio", default="0.5", show_default=True,
+                     help="DCP: acknowledge once this share (0 < F <= 1) of --buffer-size is unacknowledged."),
+    ]
+
+
+# option -> the DCP_CONTROL it asks for (a refusal of one given on the command line is fatal)
+CONTROL_OF = {"compress": "force_value_compression", "sync_writes": "enable_sync_writes",
+              "expiry_opcode": "enable_expiry_opcode"}
+
+
+def _stream_controls(kw: dict) -> dict:
+    text = kw.pop("ack_ratio")
+    try:
+        ratio = float(text)
+    except ValueError:
+        ratio = -1.0
+    if not 0 < ratio <= 1:
+        raise click.BadParameter(f"{text!r}: a share of --buffer-size above 0 and at most 1, e.g. 0.5",
+                                 param_hint="--ack-ratio")
+    expiry = kw.pop("expiry_opcode")
+    out = {"compress": kw.pop("compress"), "sync_writes": kw.pop("sync_writes"),
+           "expiry_opcode": True if expiry is None else expiry, "ack_ratio": ratio}
+    given = {"compress": out["compress"], "sync_writes": out["sync_writes"], "expiry_opcode": expiry is True}
+    out["required_controls"] = tuple(CONTROL_OF[k] for k, on in given.items() if on)
+    return out
+
+
+def collection_filter_options() -> list:
+    """--scope / --collection (repeatable; they imply --collections); parsed by _collection_filter."""
+    return [
+        click.option("--scope", "scopes", multiple=True, metavar="NAME",
+                     help="DCP: only the collections of this scope (repeatable; implies --collections)."),
+        click.option("--collection", "collection_names", multiple=True, metavar="SCOPE.NAME",
+                     help="DCP: only this collection (repeatable; implies --collections)."),
+    ]
+
+
+def _collection_filter(kw: dict) -> dict:
+    scopes, names = tuple(kw.pop("scopes")), tuple(kw.pop("collection_names"))
+    for name in names:
+        scope, dot, coll = name.partition(".")
+        if not scope or not dot or not coll:
+            raise click.BadParameter(f"{name!r} is not SCOPE.NAME (e.g. inventory.airline)",
+                                     param_hint="--collection")
+    if scopes or names:
+        kw["collections"] = True
+    return {"scopes": scopes, "collection_names": names}
 
 
 def build_options(ctx: click.Context, kw: dict) -> LiveOptions:
@@ -114,6 +188,8 @@ def build_options(ctx: click.Context, kw: dict) -> LiveOptions:
     config_poll = parse_duration(kw.pop("config_poll"), "--config-poll")
     if config_poll <= 0:
         raise click.BadParameter("must be above 0, e.g. 2.5s", param_hint="--config-poll")
+    controls = _stream_controls(kw)
+    controls.update(_collection_filter(kw))
     duration = kw.pop("duration")
     streams = kw.pop("streams")
     name = kw.pop("name")
@@ -130,7 +206,7 @@ def build_options(ctx: click.Context, kw: dict) -> LiveOptions:
         duration=parse_duration(duration, "--duration") if duration else None,
         streams=[s for s in streams.split(",") if s] if streams else None,
         name=name, verbose=bool((ctx.find_root().obj or {}).get("verbose")),
-        **kw,
+        **controls, **kw,
     )
 
 

@@ -108,10 +108,63 @@ def _error_text(exc: BaseException) -> str:
     return describe(exc)
 
 
-def print_stream_summary(summary: dict) -> None:
-    """The end of `stream`: one line on stderr, `key=value` pairs (stdout carries only rows)."""
+class NullSink:
+    """`stream --json` without `--format`: the rows are counted, not printed (stdout carries
+    the JSON summary alone)."""
+    fmt = "none"
+    columns = None
+
+    def __init__(self):
+        self.count = 0
+
+    def write(self, row) -> None:
+        self.count += 1
+
+    def write_many(self, rows) -> None:
+        for _ in rows:
+            self.count += 1
+
+    def write_jsonl(self, data, count: int) -> None:
+        self.count += count
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def stream_sink(opts, make):
+    """The sink of a `stream` run: `make()` (rows printed), or a NullSink with `--json` and
+    no `--format`."""
+    return NullSink() if getattr(opts, "json_summary", False) and not opts.fmt else make()
+
+
+def add_rates(summary: dict, ops: dict | None = None) -> dict:
+    """`rate` (messages received per second) and, for DCP, `ops` (frames shown per op name,
+    both directions) after the other fields."""
+    secs = summary.get("seconds") or 0
+    summary["rate"] = round(summary.get("messages_in", 0) / secs, 1) if secs > 0 else None
+    if ops is not None:
+        summary["ops"] = dict(sorted(ops.items()))
+    return summary
+
+
+def print_stream_summary(summary: dict, opts=None) -> None:
+    """The end of `stream`: one line on stderr, `key=value` pairs (stdout carries only rows).
+    With `--json` (opts.json_summary): the summary as one JSON object, on stdout when the
+    rows are not printed (no `--format`), else as one line on stderr."""
+    import json
+    import sys
+
     from dcptool.cli.console import err_console
     from dcptool.cli.output import printable
+    if opts is not None and getattr(opts, "json_summary", False):
+        text = json.dumps(summary, default=str) + "\n"
+        out = sys.stderr if opts.fmt else sys.stdout
+        out.write(text)
+        out.flush()
+        return
     parts = []
     for k, v in summary.items():
         if v is None or isinstance(v, (dict, list)):

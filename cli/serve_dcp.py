@@ -46,6 +46,23 @@ def _topology(failover_at, rebalance_at, add_node_at, nodes):
     return failover_all, tuple(events)
 
 
+def _manifest(scopes, per_scope, create_at, drop_at):
+    """The bucket's collections manifest (protocol/dcp/producer_collections.py)."""
+    from dcptool.protocol.dcp.producer_collections import Manifest, parse_events
+    try:
+        events = parse_events(create_at, drop_at)
+    except ValueError as exc:
+        hint = "--create-collection-at" if any(t in str(exc) for t in create_at) else "--drop-collection-at"
+        raise click.BadParameter(str(exc), param_hint=hint) from None
+    if scopes * per_scope > 120:
+        raise click.BadParameter("at most 120 collections at start (--scopes x --collections-per-scope)",
+                                 param_hint="--scopes")
+    try:
+        return Manifest(scopes, per_scope, events)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--create-collection-at / --drop-collection-at") from None
+
+
 @click.command("dcp")
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=11210, show_default=True, type=click.IntRange(0, 65535),
@@ -95,10 +112,30 @@ def _topology(failover_at, rebalance_at, add_node_at, nodes):
 @click.option("--silent", is_flag=True, help="Scenario: after the first stream request send nothing at all.")
 @click.option("--refuse-control", "refuse_controls", multiple=True,
               help="Scenario: answer this DCP_CONTROL key with NOT_SUPPORTED (repeatable).")
+@click.option("--sync-write-ratio", default=0.0, show_default=True, type=click.FloatRange(0, 1),
+              help="Share of live mutations (--rate) made durable: a prepare, then at the next seqno its "
+                   "commit (4 in 5, seeded) or abort. Connections without enable_sync_writes get only the "
+                   "committed mutations.")
+@click.option("--corrupt-value-at", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Scenario: the N-th Snappy-compressed value sent (force_value_compression) is cut short, "
+                   "so it does not decompress.")
+@click.option("--scopes", default=0, show_default=True, type=click.IntRange(0, 20),
+              help="Collections: user scopes besides _default (inventory, tenants, sales, ...); documents are "
+                   "spread over _default._default and every collection (doc-N: N modulo their count).")
+@click.option("--collections-per-scope", default=2, show_default=True, type=click.IntRange(1, 20),
+              help="Collections in each user scope (airline, route, hotel, ...; ids from 0x8).")
+@click.option("--create-collection-at", "create_collection_at", multiple=True, metavar="N:SCOPE.NAME",
+              help="Scenario: after N stream frames a collection is created (a system event in every "
+                   "vbucket, the manifest uid moves on; repeatable).")
+@click.option("--drop-collection-at", "drop_collection_at", multiple=True, metavar="N:SCOPE.NAME",
+              help="Scenario: after N stream frames a collection is dropped (a system event in every vbucket; "
+                   "its items are gone; a stream whose filter named only dropped collections ends "
+                   "'filter empty'; repeatable).")
 @playback_options
 def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, checkpoint_items, users, tls_cert,
               tls_key, failover_at, failover_loss, disconnect_after, end_reasons, slow, slow_frames, silent,
-              refuse_controls, nodes, replicas, rebalance_at, add_node_at, from_capture, pace, disconnect_at, stall_at, corrupt_at):
+              refuse_controls, sync_write_ratio, corrupt_value_at, nodes, replicas, rebalance_at, add_node_at, from_capture, pace, disconnect_at, stall_at, corrupt_at,
+              scopes, collections_per_scope, create_collection_at, drop_collection_at):
     """Serve DCP for one generated bucket on BIND:PORT.
 
     Speaks HELLO, SASL (SCRAM-SHA512/256/SHA1, PLAIN), SELECT_BUCKET, DCP_OPEN,
@@ -129,7 +166,8 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
     failover_all, events = _topology(failover_at, rebalance_at, add_node_at, nodes)
     scenarios = Scenarios(failover_at=failover_all, failover_loss=failover_loss, disconnect_after=disconnect_after,
                           end_reasons=_reasons(end_reasons), slow=parse_duration(slow, "--slow") if slow else 0.0,
-                          slow_frames=slow_frames, silent=silent, refuse_controls=tuple(refuse_controls))
+                          slow_frames=slow_frames, silent=silent, refuse_controls=tuple(refuse_controls),
+                          corrupt_value_at=corrupt_value_at)
     tls = None
     if tls_cert:
         import ssl
@@ -140,9 +178,12 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
         serve_dcp_capture(from_capture, bind=bind, port=port, users=user_map, tls=tls, pace=pace,
                           disconnect_at=disconnect_at, stall_at=stall_at, corrupt_at=corrupt_at)
         return
+    manifest = _manifest(scopes, collections_per_scope, create_collection_at, drop_collection_at)
     model = server_from_options(bucket=bucket, vbuckets=vbuckets, items=items, seed=seed, value_size=value_size,
                                 users=user_map, scenarios=scenarios, checkpoint_items=checkpoint_items,
-                                nodes=nodes, replicas=replicas, events=events)
+                                nodes=nodes, replicas=replicas, events=events, manifest=manifest)
+    for b in model.buckets.values():
+        b.sync_ratio = sync_write_ratio
 
     async def main():
         stop = server_stop_event()

@@ -14,6 +14,9 @@ from dcptool.cli.output import FORMATS
               help="table on a TTY, jsonl in a pipe (default).")
 @click.option("--values", is_flag=True, help="Include document values / row JSON (base64 for bytes).")
 @click.option("--raw", is_flag=True, help="Include the whole frame or line, base64.")
+@click.option("--json", "json_summary", is_flag=True,
+              help="Print the final summary as one JSON object: on stdout, with no rows printed, unless "
+              "--format is given (then the rows go to stdout and the JSON summary to stderr).")
 @click.pass_context
 def stream(ctx, **kw):
     """Open SOURCE and print each decoded message as it arrives.

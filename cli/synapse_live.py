@@ -12,7 +12,7 @@ from dcptool.cli.console import err_console
 from dcptool.cli.live import CaptureSettings, LiveOptions
 from dcptool.cli.output import iso_ns
 from dcptool.cli.run_summary import (DURATION, END, MAX_MESSAGES, RunStats, StopSignals, run_and_close,
-                                     print_stream_summary, stop_reason_for_signal)
+                                     add_rates, print_stream_summary, stop_reason_for_signal, stream_sink)
 from dcptool.protocol.synapse.client import Gap, ServerError, SynapseClient
 
 # Knobs the tests turn down (keep-alive and reconnects); the protocol's own values otherwise.
@@ -257,7 +257,7 @@ class _StreamHandler(_Base):
 def run_stream(opts: LiveOptions) -> None:
     from dcptool.cli.output import Sink, default_format
     fmt = default_format(opts.fmt)
-    sink = Sink(fmt, columns=TABLE_COLUMNS if fmt != "jsonl" else None)
+    sink = stream_sink(opts, lambda: Sink(fmt, columns=TABLE_COLUMNS if fmt != "jsonl" else None))
     handler = _StreamHandler(opts, sink)
     client = _client(opts)
     handler.client = client
@@ -267,8 +267,9 @@ def run_stream(opts: LiveOptions) -> None:
         if handler.streaming or stop_exc is not None and error is None:
             summary = handler.stats.summary(stop_exc, default=END)
             summary.update(gaps=len(handler.gaps), server_errors=len(handler.server_errors))
+            add_rates(summary)
             if not isinstance(error, BrokenPipeError):
-                print_stream_summary(summary)
+                print_stream_summary(summary, opts)
     if stop_exc is not None:
         raise stop_exc
 

@@ -18,6 +18,7 @@ from dcptool.protocol.dcp.constants import Status
 from dcptool.replay import tables as T
 from dcptool.replay.store.schema import capture_schema
 from dcptool.replay.doc_state import DocumentStore, prepare_changes
+from dcptool.replay import dcp_sync
 from dcptool.replay.columns import NONE_TS, Grow, as_numpy, as_strings, equals, is_in, lookup_codes, ts_array, ts_ns
 
 SEQ_BITS = 44
@@ -32,7 +33,8 @@ DCP_FILTER_COLUMNS = ["direction", "vbucket", "op", "decode_error"]
 DCP_STATE_COLUMNS = ["capture_id", "frame_no", "ts", "vbucket", "op", "status", "cas", "datatype",
                      "collection_id", "key", "value_len", "by_seqno", "rev_seqno", "item_flags",
                      "expiration", "snap_version", "snap_start", "snap_end", "snap_flags",
-                     "stream_end_reason", "rollback_seqno", "failover_log"]
+                     "stream_end_reason", "rollback_seqno", "failover_log", "system_event_id"]
+COLLECTION_DROP = 1      # system_event_id of a collection drop (kv_engine system_event.md)
 DCP_ROLLBACK_COLUMNS = ["capture_id", "frame_no", "ts", "vbucket", "op", "status", "rollback_seqno"]
 
 
@@ -100,7 +102,9 @@ class DcpState:
         self._ends: list[pa.Table] = []       # stream ends
         # the last surviving change per document (replay/doc_state.py)
         self.docs = DocumentStore()
+        self.prepares = dcp_sync.Prepares()      # durable writes (replay/dcp_sync.py)
         self._undone_rows: list[pa.Table] = []   # the changes rollbacks undid (rare)
+        self.dropped: set[tuple[int, int]] = set()   # (vbucket, collection id) of collection drops
 
     def feed(self, chunk: pa.Table) -> None:
         """Apply the next vbucket frames (in frame order)."""
@@ -116,9 +120,10 @@ class DcpState:
         vb = as_numpy(chunk.column("vbucket"), dtype=np.int64)
         seq = as_numpy(chunk.column("_seq"), dtype=np.int64)
         ts = ts_ns(chunk.column("ts"))
-        is_mut, is_del, is_exp, is_adv, is_marker, is_end, is_req = lookup_codes(
+        is_mut, is_del, is_exp, is_adv, is_marker, is_end, is_req, is_prep, is_commit, is_abort = lookup_codes(
             chunk.column("op"), {"mutation"}, {"deletion"}, {"expiration"}, {"seqno_advanced"},
-            {"snapshot_marker"}, {"stream_end"}, {"stream_req"})
+            {"snapshot_marker"}, {"stream_end"}, {"stream_req"}, {"prepare"}, {"commit"}, {"abort"})
+        is_sync = is_prep | is_commit | is_abort
 
         # per-vbucket activity and counters (arrays as long as the highest vbucket + 1)
         p.nvb = nvb = int(vb.max()) + 1
@@ -130,6 +135,7 @@ class DcpState:
         p.counts = {name: np.bincount(vb[m], minlength=nvb)
                     for name, m in (("mutation", is_mut), ("deletion", is_del), ("expiration", is_exp))}
         is_change = is_mut | is_del | is_exp
+        doc_change = is_change | is_commit       # a commit changes its document (dcp_sync.py)
         seqno = as_numpy(chunk.column("by_seqno"), fill=-1, dtype=np.int64)
 
         # a stream-request success sets the vbucket's failover log, a stream end its reason
@@ -142,12 +148,12 @@ class DcpState:
 
         # rollback: a change with by_seqno above rollback_seqno, made before the rollback and
         # not already undone, is undone by it
-        undone_by = self._undone_by(vb, seq, seqno, is_change | is_adv)
-        counted = undone_by[is_change & (undone_by >= 0)]
+        undone_by = self._undone_by(vb, seq, seqno, is_change | is_adv | is_sync)
+        counted = undone_by[doc_change & (undone_by >= 0)]
         p.undone = np.bincount(counted, minlength=len(self.r_vb)) if len(counted) else None
         p.undone_rows = None
         if len(counted):
-            und = np.flatnonzero(is_change & (undone_by >= 0))
+            und = np.flatnonzero(doc_change & (undone_by >= 0))
             u = chunk.select(UNDONE_COLUMNS).take(und)
             u = u.set_column(UNDONE_COLUMNS.index("op"), "op", as_strings(u.column("op")))
             u = u.set_column(UNDONE_COLUMNS.index("capture_id"), "capture_id", as_strings(u.column("capture_id")))
@@ -155,16 +161,18 @@ class DcpState:
         alive = undone_by < 0
 
         # high_seqno: the highest seqno not undone (items and seqno-advanced)
-        hi = (is_change | is_adv) & alive
+        hi = (is_change | is_adv | is_sync) & alive
         p.high = np.full(nvb, -1, np.int64)
         np.maximum.at(p.high, vb[hi], seqno[hi])
         p.has_high = np.bincount(vb[hi], minlength=nvb) > 0
 
         if self.with_snapshots:
-            self._prepare_snapshots(p, chunk, vb, seq, seqno, is_marker, is_end, is_change, is_adv)
+            self._prepare_snapshots(p, chunk, vb, seq, seqno, is_marker, is_end, is_change | is_sync, is_adv)
 
-        # mutation, deletion, expiration: the document takes the change; the later frame wins
-        p.changes = prepare_changes(chunk, np.flatnonzero(is_change & alive))
+        # mutation, deletion, expiration, commit: the document takes the change; the later frame wins
+        p.changes = prepare_changes(chunk, np.flatnonzero(doc_change & alive))
+        p.drops = _collection_drops(chunk)
+        p.sync = dcp_sync.collect(chunk, np.flatnonzero((is_prep | is_commit) & alive), is_prep)
         return p
 
     def apply(self, p: "_Prepared | None") -> None:
@@ -188,7 +196,9 @@ class DcpState:
         self.has_high[v] |= p.has_high
         if self.with_snapshots:
             self._apply_snapshots(p)
+        self.prepares.resolve(p.sync, p.changes)
         self.docs.apply(p.changes)
+        self.dropped.update(p.drops)
 
     def _undone_by(self, vb, seq, seqno, candidates) -> np.ndarray:
         """For each row, the rollback that undoes it (index into self.rollbacks), or -1."""
@@ -296,6 +306,8 @@ class DcpState:
         out["undone"] = self._undone_table()
         doc_counts = self.docs.state_counts()
         docs = self.docs.table()
+        if self.dropped:        # a dropped collection's documents are gone (REPLAY.md)
+            docs = without_dropped(docs, self.dropped, doc_counts)
         out["documents"] = docs
 
         # snapshots, by (vbucket, frame order): complete by an item at snap_end, or the next
@@ -404,3 +416,32 @@ def dcp_group_tables(frames: pa.Table) -> dict[str, pa.Table]:
     state = DcpState(frames.filter(pa.array(rollback_mask(frames))))
     state.feed(frames)
     return state.finish()
+
+
+def _collection_drops(chunk: pa.Table) -> set[tuple[int, int]]:
+    """(vbucket, collection id) of the collection-drop system events in a chunk."""
+    ev = as_numpy(chunk.column("system_event_id").cast(pa.int64()), fill=-1, dtype=np.int64)
+    hit = (ev == COLLECTION_DROP) & equals(chunk.column("op"), "system_event") \
+        & as_numpy(chunk.column("collection_id").is_valid(), dtype=bool)
+    if not hit.any():
+        return set()
+    idx = np.flatnonzero(hit)
+    vb = as_numpy(chunk.column("vbucket"), dtype=np.int64)[idx]
+    cid = as_numpy(chunk.column("collection_id"), fill=0, dtype=np.int64)[idx]
+    return set(zip(vb.tolist(), cid.tolist()))
+
+
+def without_dropped(docs: pa.Table, dropped: set, counts: dict) -> pa.Table:
+    """`documents` without the documents of dropped collections (a collection id is never
+    used again, so every document of it is gone), and `counts` (state -> per-vbucket
+    counts, for `vbuckets`) lowered by them."""
+    vb = as_numpy(docs.column("vbucket"), dtype=np.int64)
+    cid = as_numpy(docs.column("collection_id").cast(pa.int64()), fill=-1, dtype=np.int64)
+    keys = (vb << 32) | (cid & 0xFFFFFFFF)
+    gone = np.isin(keys, np.array([(v << 32) | c for v, c in dropped], np.int64)) & (cid >= 0)
+    if not gone.any():
+        return docs
+    states = as_strings(docs.column("state")).to_numpy(zero_copy_only=False)
+    for state, arr in counts.items():
+        np.subtract.at(arr, vb[gone & (states == state)], 1)
+    return docs.filter(pa.array(~gone))

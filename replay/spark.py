@@ -22,7 +22,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import decimal
-import io
 import os
 import re
 import shutil
@@ -31,13 +30,15 @@ import tempfile
 from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
-import numpy as np
 import pyarrow as pa
 
 from dcptool.protocol.dcp.constants import Status
-from dcptool.replay import apply, columns, dcp_rules, synapse_rules, tables as T, topology
+from dcptool.replay import apply, dcp_rules, dcp_sync, synapse_rules, tables as T, topology
 
 from dcptool.replay.store import reader
+from dcptool.replay.spark_arrow import (DCP_RESULTS, SYN_RESULTS, apply_group_table, dcp_group, from_spark_arrow,
+                                        ops_present, packed_schema, spark_arrow_schema, synapse_group,
+                                        to_spark_arrow)
 from dcptool.replay.store.schema import capture_schema
 
 SEQ_SHIFT = 44
@@ -127,6 +128,10 @@ def make_session(master: str = "local[*]", app_name: str = "dcptool", conf: dict
     if _is_loopback_master(master):
         os.environ["SPARK_LOCAL_IP"] = LOOPBACK
         settings.update({"spark.driver.host": LOOPBACK, "spark.driver.bindAddress": LOOPBACK})
+    archive = None
+    if "spark.driver.extraJavaOptions" not in (conf or {}):
+        archive = class_archive()
+        settings["spark.driver.extraJavaOptions"] = archive.java_options()
     settings.update(conf or {})
     for k, v in settings.items():
         builder = builder.config(k, v)
@@ -134,6 +139,8 @@ def make_session(master: str = "local[*]", app_name: str = "dcptool", conf: dict
     # is tens of thousands of lines; dcptool's own -v output is the traceback)
     with _quiet_fd2(True):
         session = builder.getOrCreate()
+    if archive is not None:
+        archive.started(session)
     session.sparkContext.setLogLevel("ERROR")
     _WAREHOUSES[id(session)] = warehouse
     return session
@@ -142,10 +149,17 @@ def make_session(master: str = "local[*]", app_name: str = "dcptool", conf: dict
 _WAREHOUSES: dict[int, str] = {}
 
 
+def class_archive():
+    """The driver JVM's class-data sharing archive (replay/spark_cds.py) in the state directory."""
+    from dcptool.replay import connect_server, spark_cds
+    return spark_cds.ClassArchive(connect_server.state_dir())
+
+
 def connect_session(url: str, token: str | None = None):
     """A Spark Connect client session on `url` (sc://HOST:PORT[/;params]) with the runtime
     settings of make_session (a server not started by dcptool may lack them). `token`, when
-    given, authenticates (through the environment, as pyspark reads it, never the URL)."""
+    given, authenticates (through the environment, as pyspark reads it, never the URL): it is
+    the warm server of replay/connect_server.py, started with those settings."""
     import logging
 
     from pyspark.sql import SparkSession
@@ -155,8 +169,9 @@ def connect_session(url: str, token: str | None = None):
     if token is not None:
         os.environ["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = token
     session = SparkSession.builder.remote(url).getOrCreate()
-    for k, v in CONNECT_CONF.items():
-        session.conf.set(k, v)
+    if token is None:   # dcptool's own server (it has a token) starts with these: no round trips
+        for k, v in CONNECT_CONF.items():
+            session.conf.set(k, v)
     return session
 
 
@@ -184,43 +199,6 @@ def stop_session(session) -> None:
             shutil.rmtree(warehouse, ignore_errors=True)
 
 
-# --- types between Arrow-as-captured and Arrow-as-Spark-sees-it -----------------------------
-
-def spark_arrow_type(t: pa.DataType) -> pa.DataType:
-    if pa.types.is_dictionary(t):
-        return spark_arrow_type(t.value_type)
-    if t == pa.uint8():
-        return pa.int16()
-    if t == pa.uint16():
-        return pa.int32()
-    if t == pa.uint32():
-        return pa.int64()
-    if t == pa.uint64():
-        return pa.decimal128(20, 0)
-    if pa.types.is_timestamp(t):
-        return pa.int64()
-    if pa.types.is_list(t):
-        return pa.list_(spark_arrow_type(t.value_type))
-    if pa.types.is_struct(t):
-        return pa.struct([pa.field(f.name, spark_arrow_type(f.type)) for f in t])
-    return t
-
-
-def spark_arrow_schema(schema: pa.Schema) -> pa.Schema:
-    return pa.schema([pa.field(f.name, spark_arrow_type(f.type)) for f in schema])
-
-
-def to_spark_arrow(table: pa.Table) -> pa.Table:
-    return table.cast(spark_arrow_schema(table.schema))
-
-
-def from_spark_arrow(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """Columns of `table` named in `schema`, cast back to its types."""
-    cols = [table.column(f.name).cast(f.type) if table.column(f.name).type != f.type else table.column(f.name)
-            for f in schema]
-    return pa.Table.from_arrays(cols, schema=schema)
-
-
 def spark_schema(schema: pa.Schema):
     """The pyspark StructType for an Arrow schema (after spark_arrow_schema)."""
     from pyspark.sql.pandas.types import from_arrow_schema
@@ -238,66 +216,13 @@ def read_frames(spark, files: list, tmpdir: str):
     paths = reader.parquet_paths(files, tmpdir)
     df = spark.read.schema(spark_schema(capture_schema(protocol))).parquet(*paths)
     ranks = reader.capture_ranks(files)
-    pairs = [x for cid, r in ranks.items() for x in (F.lit(cid), F.lit(r))]
-    rank = F.element_at(F.create_map(*pairs), F.col("capture_id")).cast("long")
+    if len(ranks) == 1:   # one capture: a constant, and capture_id is not read at all
+        rank = F.lit(0).cast("long")
+    else:
+        pairs = [x for cid, r in ranks.items() for x in (F.lit(cid), F.lit(r))]
+        rank = F.element_at(F.create_map(*pairs), F.col("capture_id")).cast("long")
     return (df.withColumn("_rank", rank)
               .withColumn("_seq", F.shiftleft(F.col("_rank"), SEQ_SHIFT) + F.col("frame_no")))
-
-
-def _dense_seq(t: pa.Table) -> pa.Table:
-    """Replace _seq (rank << 44 | frame_no) by its rank in the group, which fits the local
-    engine's 44 bits whatever the frame numbers are."""
-    seq = columns.as_numpy(t.column("_seq"), dtype=np.int64)
-    order = np.argsort(seq, kind="stable")
-    t = t.take(order)
-    return t.set_column(t.column_names.index("_seq"), "_seq", pa.array(np.arange(t.num_rows, dtype=np.int64)))
-
-
-# --- packing several result tables into one grouped output ------------------------------
-
-def _packed_schema(protocol: str, names: list[str]) -> pa.Schema:
-    fields = [pa.field("_t", pa.int32())]
-    for name in names:
-        for f in T.schema_of(protocol, name):
-            fields.append(pa.field(f"{name}__{f.name}", spark_arrow_type(f.type)))
-    return pa.schema(fields)
-
-
-def _pack(protocol: str, names: list[str], results: dict[str, pa.Table]) -> pa.Table:
-    schema = _packed_schema(protocol, names)
-    parts = []
-    for i, name in enumerate(names):
-        t = to_spark_arrow(results[name])
-        n = t.num_rows
-        cols = []
-        for f in schema:
-            if f.name == "_t":
-                cols.append(pa.array(np.full(n, i, np.int32)))
-            elif f.name.startswith(name + "__"):
-                cols.append(t.column(f.name[len(name) + 2:]))
-            else:
-                cols.append(pa.nulls(n, f.type))
-        parts.append(pa.Table.from_arrays(cols, schema=schema))
-    return pa.concat_tables(parts)
-
-
-DCP_RESULTS = ["documents", "vbuckets", "snapshots", "rollbacks", "failover", "undone"]
-SYN_RESULTS = ["positions", "rows", "gaps"]
-
-
-def _state_schema(protocol: str, cols: list[str], extra: list[str]) -> pa.Schema:
-    cap = capture_schema(protocol)
-    return pa.schema([cap.field(c) for c in cols] + [pa.field(c, pa.int64()) for c in extra])
-
-
-def _dcp_group(table: pa.Table) -> pa.Table:
-    t = from_spark_arrow(table, _state_schema("dcp", dcp_rules.DCP_STATE_COLUMNS, ["_seq"]))
-    return _pack("dcp", DCP_RESULTS, dcp_rules.dcp_group_tables(_dense_seq(t)))
-
-
-def _synapse_group(max_conn: int, table: pa.Table) -> pa.Table:
-    t = from_spark_arrow(table, _state_schema("synapse", synapse_rules.SYN_STATE_COLUMNS, ["_seq", "_conn"]))
-    return _pack("synapse", SYN_RESULTS, synapse_rules.synapse_tables(_dense_seq(t), max_conn))
 
 
 # --- the engine -------------------------------------------------------------------------
@@ -305,24 +230,39 @@ def _synapse_group(max_conn: int, table: pa.Table) -> pa.Table:
 @dataclass
 class SparkReplay:
     """Result of a Spark replay: DataFrames by name (Spark types), and canonical Arrow
-    tables on demand (`table(name)`), equal to the local engine's."""
+    tables on demand (`table(name)`), equal to the local engine's.
+
+    Each table's plan is built when it is first asked for: building a DataFrame costs
+    round trips to the JVM (analysis), and a replay usually wants one or two tables."""
     protocol: str
     frames_df: object
-    packed_df: object
     result_names: list[str]
-    extra: dict = field(default_factory=dict)   # name -> DataFrame computed without groups
+    builders: dict = field(default_factory=dict)   # name -> () -> DataFrame computed without groups
+    packed_builder: object = None                  # () -> the grouped (applyInArrow) output
+    _frames: dict = field(default_factory=dict)
+    _packed: object = None
     _results: dict = field(default_factory=dict)
     _tmp: object = None
 
     def names(self) -> list[str]:
         return T.table_names(self.protocol)
 
+    @property
+    def packed_df(self):
+        """The packed output of the Python groups, persisted (several tables come from it)."""
+        if self._packed is None:
+            from pyspark import StorageLevel
+            self._packed = self.packed_builder().persist(StorageLevel.MEMORY_AND_DISK)
+        return self._packed
+
     def dataframe(self, name: str):
         from pyspark.sql import functions as F
         if name == "frames":
             return self.frames_df
-        if name in self.extra:
-            return self.extra[name]
+        if name in self.builders:
+            if name not in self._frames:
+                self._frames[name] = self.builders[name]()
+            return self._frames[name]
         i = self.result_names.index(name)
         return self.packed_df.filter(F.col("_t") == i).select(
             [F.col(f"{name}__{f.name}").alias(f.name) for f in T.schema_of(self.protocol, name)])
@@ -340,8 +280,9 @@ class SparkReplay:
         return self._results[name]
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.packed_df.unpersist()
+        if self._packed is not None:
+            with contextlib.suppress(Exception):
+                self._packed.unpersist()
         if self._tmp is not None:
             self._tmp.cleanup()
 
@@ -364,8 +305,8 @@ def as_of_filter(as_of):
 
 
 def replay_spark(spark, files: list, as_of=None) -> SparkReplay:
-    """`as_of` (replay/as_of.py, DCP): only the frames it keeps count, `frames` included."""
-    from pyspark import StorageLevel
+    """`as_of` (replay/as_of.py, DCP): only the frames it keeps count, `frames` included.
+    Nothing runs here: each table's plan is built, and run, when it is asked for."""
     from pyspark.sql import functions as F
 
     protocol = reader.protocol_of(files)
@@ -379,81 +320,132 @@ def replay_spark(spark, files: list, as_of=None) -> SparkReplay:
     if protocol == "dcp":
         vb_frames = df.filter((F.col("direction") == "in") & F.col("vbucket").isNotNull()
                               & F.col("decode_error").isNull() & F.col("op").isin(*dcp_rules.VB_OPS))
-        # several vbuckets per group (a pure function of the vbucket, so the result cannot
-        # depend on partitioning): DcpState keeps vbuckets apart, and fewer, larger groups
-        # save the per-call overhead of the Python worker
-        grouped = (vb_frames.select(dcp_rules.DCP_STATE_COLUMNS + ["_seq"])
-                   .withColumn("_g", F.col("vbucket") % VBUCKET_GROUPS).groupBy("_g"))
-        packed = grouped.applyInArrow(_dcp_group, spark_schema(_packed_schema("dcp", DCP_RESULTS)))
+
+        def packed():
+            # several vbuckets per group (a pure function of the vbucket, so the result cannot
+            # depend on partitioning): DcpState keeps vbuckets apart, and fewer, larger groups
+            # save the per-call overhead of the Python worker
+            grouped = (vb_frames.select(dcp_rules.DCP_STATE_COLUMNS + ["_seq"])
+                       .withColumn("_g", F.col("vbucket") % VBUCKET_GROUPS).groupBy("_g"))
+            return grouped.applyInArrow(dcp_group, spark_schema(packed_schema("dcp", DCP_RESULTS)))
+
         ranks = reader.capture_ranks(files)
         any_rollback = reader.may_have_values(files, "rollback_seqno")
-        result = SparkReplay(protocol, frames, packed, DCP_RESULTS,
-                             extra={"documents": _dcp_documents(vb_frames, ranks, any_rollback),
-                                    "undone": _dcp_undone(vb_frames, ranks, any_rollback),
-                                    "rollbacks": _dcp_rollbacks(vb_frames, ranks, any_rollback),
-                                    "failover": _dcp_failover(vb_frames),
-                                    "topology": topology.spark_dataframe(df, spark_schema, to_spark_arrow, ranks)},
-                             _tmp=tmp)
-    else:
-        conn_key = F.shiftleft(F.col("_rank"), 32) + F.col("conn").cast("long")
-        df = df.withColumn("_conn", conn_key)
+        return SparkReplay(protocol, frames, DCP_RESULTS, packed_builder=packed, _tmp=tmp, builders={
+            "documents": lambda: _dcp_documents(vb_frames, ranks, any_rollback, ops_present(files)),
+            "undone": lambda: _dcp_undone(vb_frames, ranks, any_rollback),
+            "rollbacks": lambda: _dcp_rollbacks(vb_frames, ranks, any_rollback),
+            "failover": lambda: _dcp_failover(vb_frames),
+            "topology": lambda: topology.spark_dataframe(df, spark_schema, to_spark_arrow, ranks)})
+    conn_key = F.shiftleft(F.col("_rank"), 32) + F.col("conn").cast("long")
+    df = df.withColumn("_conn", conn_key)
+
+    def packed():
         max_conn = df.agg(F.max("_conn")).first()[0]  # one number, not frames
         max_conn = -1 if max_conn is None else int(max_conn)
         group_frames = df.filter((F.col("direction") == "in") & F.col("stream").isNotNull()
                                  & F.col("decode_error").isNull()
                                  & F.col("command").isin(*synapse_rules.SYN_GROUP_COMMANDS))
         grouped = group_frames.select(synapse_rules.SYN_STATE_COLUMNS + ["_seq", "_conn"]).groupBy("stream", "instance")
-        def synapse_group(table):
-            return _synapse_group(max_conn, table)
 
-        packed = grouped.applyInArrow(synapse_group,
-                                      spark_schema(_packed_schema("synapse", SYN_RESULTS)))
-        commands = (df.filter(F.col("command").isNotNull()).groupBy("command")
-                      .agg(F.count(F.lit(1)).alias("count"), F.min("ts").alias("first_ts"),
-                           F.max("ts").alias("last_ts")))
-        result = SparkReplay(protocol, frames, packed, SYN_RESULTS, extra={"commands": commands}, _tmp=tmp)
-    result.packed_df = packed.persist(StorageLevel.MEMORY_AND_DISK)
-    return result
+        def one_group(table):
+            return synapse_group(max_conn, table)
+
+        return grouped.applyInArrow(one_group, spark_schema(packed_schema("synapse", SYN_RESULTS)))
+
+    def commands():
+        return (df.filter(F.col("command").isNotNull()).groupBy("command")
+                  .agg(F.count(F.lit(1)).alias("count"), F.min("ts").alias("first_ts"),
+                       F.max("ts").alias("last_ts")))
+    return SparkReplay(protocol, frames, SYN_RESULTS, packed_builder=packed, builders={"commands": commands},
+                       _tmp=tmp)
 
 
-def _dcp_documents(vb_frames, ranks: dict[str, int], rollbacks: bool = True):
+def _dcp_documents(vb_frames, ranks: dict[str, int], rollbacks: bool = True, ops: set[str] | None = None):
     """`documents` in Spark SQL alone (no Python workers): the same rules as DcpState.
 
-    A change (mutation, deletion, expiration) is undone when a later ROLLBACK answer of its
-    vbucket rolls back below its by_seqno (a null by_seqno counts as -1, as in DcpState);
-    each document keeps its last change that was not undone. `rollbacks=False` (the Parquet
-    statistics show none) saves the scan that looks for them."""
+    A change (mutation, deletion, expiration, commit) is undone when a later ROLLBACK answer
+    of its vbucket rolls back below its by_seqno (a null by_seqno counts as -1, as in
+    DcpState); each document keeps its last change that was not undone. A commit takes the
+    columns of the last prepare of its document before it that was not undone
+    (replay/dcp_sync.py). `rollbacks=False` (the Parquet statistics show none) saves the
+    scan that looks for them."""
     from pyspark.sql import functions as F
 
-    changes = vb_frames.filter(F.col("op").isin(*dcp_rules.DOC_STATES))
-    alive = changes
-    if rollbacks:
+    def not_undone(df):
+        if not rollbacks:
+            return df
         found = (vb_frames.filter((F.col("op") == "stream_req") & (F.col("status") == Status.ROLLBACK)
                                   & F.col("rollback_seqno").isNotNull())
                  .select(F.col("vbucket").alias("_r_vb"), F.col("_seq").alias("_r_seq"),
                          F.col("rollback_seqno").alias("_r_seqno")))
-        alive = changes.join(F.broadcast(found),
-                             (F.col("vbucket") == F.col("_r_vb")) & (F.col("_r_seq") > F.col("_seq"))
-                             & (F.coalesce(F.col("by_seqno"), F.lit(-1)) > F.col("_r_seqno")), "left_anti")
-    # each document's last change in one hash aggregate: max_by of every column alone, all
-    # of them numbers (a struct, or a string, would make Spark sort every change instead)
-    ops = list(dcp_rules.DOC_STATES)   # op -> state, coded by position
-    state = F.element_at(F.create_map(*[x for i, op in enumerate(ops) for x in (F.lit(op), F.lit(i))]),
-                         F.col("op"))
+        return df.join(F.broadcast(found),
+                       (F.col("vbucket") == F.col("_r_vb")) & (F.col("_r_seq") > F.col("_seq"))
+                       & (F.coalesce(F.col("by_seqno"), F.lit(-1)) > F.col("_r_seqno")), "left_anti")
+
+    alive = not_undone(vb_frames.filter(F.col("op").isin(*dcp_sync.DOC_CHANGE_OPS)))
+    if ops is None or "commit" in ops:   # `ops` (ops_present): no commit, no prepare to look up
+        alive = dcp_sync.spark_with_prepares(F, alive, not_undone(vb_frames.filter(F.col("op") == "prepare")))
+    # a dropped collection's documents are gone (dcp_rules.without_dropped): ids are never reused
+    drops = (vb_frames.filter((F.col("op") == "system_event") & (F.col("system_event_id") == dcp_rules.COLLECTION_DROP)
+                              & F.col("collection_id").isNotNull())
+             .select(F.col("vbucket").alias("_x_vb"), F.col("collection_id").alias("_x_cid")).distinct())
+    if ops is None or "system_event" in ops:
+        alive = alive.join(F.broadcast(drops), (F.col("vbucket") == F.col("_x_vb"))
+                           & (F.col("collection_id") == F.col("_x_cid")), "left_anti")
+    # each document's last change in one hash aggregate of numbers only (a struct, or a
+    # string, would make Spark sort every change instead); fewer aggregates, less work per
+    # change: frame_no and the capture come from max(_seq) (rank << 44 | frame_no), and the
+    # small columns travel packed in two longs (_doc_pack)
     two63 = F.lit(decimal.Decimal(2**63)).cast("decimal(20,0)")
+    small, flags_exp = _doc_pack(F)
     numeric = {"by_seqno": F.col("by_seqno"), "rev_seqno": F.col("rev_seqno"),
                "cas": (F.col("cas") - two63).cast("long"),          # uint64 as a long, shifted
-               "state": state, "datatype": F.col("datatype"), "item_flags": F.col("item_flags"),
-               "expiration": F.col("expiration"), "value_len": F.col("value_len"),
-               "capture_id": F.col("_rank"), "frame_no": F.col("frame_no"), "ts": F.col("ts")}
+               "_small": small, "_flags_exp": flags_exp, "ts": F.col("ts")}
     last = alive.groupBy("vbucket", "collection_id", "key").agg(
-        *[F.max_by(col, F.col("_seq")).alias(name) for name, col in numeric.items()])
+        F.max("_seq").alias("_last"), *[F.max_by(col, F.col("_seq")).alias(name) for name, col in numeric.items()])
     by_rank = F.create_map(*[x for cid, r in ranks.items() for x in (F.lit(r).cast("long"), F.lit(cid))])
     out = {"cas": (F.col("cas").cast("decimal(20,0)") + two63).cast("decimal(20,0)"),
-           "state": F.element_at(F.create_map(*[x for i, op in enumerate(ops)
-                                                for x in (F.lit(i), F.lit(dcp_rules.DOC_STATES[op]))]), F.col("state")),
-           "capture_id": F.element_at(by_rank, F.col("capture_id"))}
+           "capture_id": F.element_at(by_rank, F.shiftright(F.col("_last"), SEQ_SHIFT)),
+           "frame_no": F.col("_last").bitwiseAND(F.lit((1 << SEQ_SHIFT) - 1)),
+           **_doc_unpack(F)}
     return last.select([out.get(f.name, F.col(f.name)).alias(f.name) for f in T.schema_of("dcp", "documents")])
+
+
+# the packed columns of `documents`: value_len (32 bits) | datatype << 32 | state << 40 | a
+# null bit per column from bit 42; item_flags << 32 | expiration (both uint32 in captures)
+_NULL_BIT = {"value_len": 42, "datatype": 43, "item_flags": 44, "expiration": 45}
+
+
+def _doc_pack(F):
+    """The two packed longs of a change (F: pyspark.sql.functions)."""
+    def bits(name):
+        return F.coalesce(F.col(name).cast("long"), F.lit(0).cast("long"))
+    state = F.lit(3).cast("long")   # (no other op reaches here; 3 would read back as null)
+    for i, op in enumerate(dcp_rules.DOC_STATES):   # op -> state, coded by position
+        state = F.when(F.col("op") == op, F.lit(i).cast("long")).otherwise(state)
+    state = F.when(F.col("op") == "commit", F.lit(0).cast("long")).otherwise(state)   # a commit is a mutation
+    small = bits("value_len").bitwiseOR(F.shiftleft(bits("datatype"), 32)).bitwiseOR(F.shiftleft(state, 40))
+    for name, bit in _NULL_BIT.items():
+        small = small.bitwiseOR(F.when(F.col(name).isNull(), F.lit(1 << bit).cast("long")).otherwise(F.lit(0).cast("long")))
+    return small, F.shiftleft(bits("item_flags"), 32).bitwiseOR(bits("expiration"))
+
+
+def _doc_unpack(F) -> dict:
+    """The columns of `documents` from the packed longs (`_small`, `_flags_exp`)."""
+    small, fe = F.col("_small"), F.col("_flags_exp")
+    low32 = F.lit(0xFFFFFFFF).cast("long")
+
+    def unless_null(name, value):
+        return F.when(F.shiftright(small, _NULL_BIT[name]).bitwiseAND(F.lit(1)) == 0, value)
+    states = F.lit(None).cast("string")
+    for i, op in enumerate(dcp_rules.DOC_STATES):
+        states = F.when(F.shiftright(small, 40).bitwiseAND(F.lit(3)) == i, F.lit(dcp_rules.DOC_STATES[op])).otherwise(states)
+    return {"value_len": unless_null("value_len", small.bitwiseAND(low32)),
+            "datatype": unless_null("datatype", F.shiftright(small, 32).bitwiseAND(F.lit(0xFF)).cast("smallint")),
+            "item_flags": unless_null("item_flags", F.shiftrightunsigned(fe, 32)),
+            "expiration": unless_null("expiration", fe.bitwiseAND(low32)),
+            "state": states}
 
 
 def _rollback_answers(vb_frames):
@@ -469,7 +461,7 @@ def _dcp_undone(vb_frames, ranks: dict[str, int], rollbacks: bool = True, pairs_
     not undone, as in `documents`) came after that rollback."""
     from pyspark.sql import Window, functions as F
 
-    changes = vb_frames.filter(F.col("op").isin(*dcp_rules.DOC_STATES))
+    changes = vb_frames.filter(F.col("op").isin(*dcp_sync.DOC_CHANGE_OPS))
     found = _rollback_answers(vb_frames)
     if not rollbacks:
         found = found.filter(F.lit(False))
@@ -533,24 +525,6 @@ def _dcp_failover(vb_frames):
 
 # --- user code ----------------------------------------------------------------------------
 
-def _apply_group(protocol: str, fn, key, table: pa.Table) -> pa.Table:
-    schema = capture_schema(protocol)
-    t = from_spark_arrow(table, pa.schema(list(schema) + [pa.field("_seq", pa.int64())]))
-    t = t.take(np.argsort(columns.as_numpy(t.column("_seq"), dtype=np.int64), kind="stable")).drop_columns(["_seq"])
-    k = tuple(x.as_py() for x in key)
-    k = k[0] if protocol == "dcp" else k
-    result = fn(k, t)
-    sink = io.BytesIO()
-    if result is not None:
-        with pa.ipc.new_stream(sink, result.schema) as w:
-            w.write_table(result)
-    keys = {"vbucket": [k]} if protocol == "dcp" else {"stream": [k[0]], "instance": [k[1]]}
-    types = {"vbucket": pa.int32(), "stream": pa.string(), "instance": pa.string()}
-    cols = {c: pa.array(v, types[c]) for c, v in keys.items()}
-    cols["ipc"] = pa.array([sink.getvalue() if result is not None else None], pa.binary())
-    return pa.table(cols)
-
-
 def ship_user_module(spark, fn) -> str | None:
     """Send the file of fn's module to the workers (SparkContext.addPyFile, or a Connect
     session's artifacts) when it is a top-level module outside the installed packages
@@ -591,7 +565,7 @@ def apply_spark(spark, files: list, fn) -> pa.Table | None:
         out_schema = "vbucket int, ipc binary" if protocol == "dcp" else "stream string, instance string, ipc binary"
 
         def apply_group(key, table):
-            return _apply_group(protocol, fn, key, table)
+            return apply_group_table(protocol, fn, key, table)
 
         out = frames.groupBy(*keys).applyInArrow(apply_group, out_schema).toArrow()
     results = []

@@ -23,6 +23,7 @@ def free_port() -> int:
 def _own_state_dir(tmp_path_factory):
     """`replay --spark` uses a warm server recorded in the state directory: not the user's."""
     os.environ["DCPTOOL_STATE_DIR"] = str(tmp_path_factory.mktemp("state"))
+    os.environ.setdefault("DCPTOOL_SPARK_CDS", "0")   # no 180 MB class archive per test run (test_spark_cds.py)
 
 
 @pytest.fixture(scope="session")

@@ -91,7 +91,9 @@ def compare(row: dict, raw: bytes, ts: dict) -> list[str]:
         eq("snap_flags", row["snap_flags"], _int(g("couchbase.extras.flags")))
     if row.get("op") == "mutation":
         eq("item_flags", row["item_flags"], _int(g("couchbase.extras.flags")))
-    if row.get("collection_id") is not None and g("couchbase.key.collection_id"):
+    # a system event's key is the collection's name, with no id prefix (tshark reads one
+    # anyway); our collection_id for it comes from the event's value
+    if row.get("collection_id") is not None and g("couchbase.key.collection_id") and row.get("op") != "system_event":
         eq("collection_id", row["collection_id"], _int(g("couchbase.key.collection_id")))
         eq("key", row["key"].decode("latin-1"), g("couchbase.key.logical_key"))
     return diffs

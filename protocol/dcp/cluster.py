@@ -13,6 +13,10 @@ a deterministic (seeded) vbucket placement, and scripted topology events (docs/C
 
 Every event bumps `rev`. Node indexes are stable for the life of the cluster; the config's
 serverList lists the joined, live nodes only, and its map is re-indexed accordingly.
+
+After every event each live connection that negotiated HELLO Duplex and a cluster-map change
+notification gets the new config pushed as a server request (`notifications`): the whole
+config for 0x0d, only (revEpoch, rev) for 0x1f (brief; it wins when a client asks both).
 """
 
 from __future__ import annotations
@@ -20,10 +24,13 @@ from __future__ import annotations
 import dataclasses
 import random
 
+from dcptool.protocol.dcp import messages as m
 from dcptool.protocol.dcp.cluster_config import ClusterConfig, Node
+from dcptool.protocol.dcp.constants import SERVER_OP_CLUSTERMAP_CHANGE_NOTIFICATION, Feature
 from dcptool.protocol.dcp.producer_bucket import Bucket
 
 MAX_REPLICAS = 3
+NOTIFY_OPAQUE_BASE = 20_000_000   # opaques of our server requests (apart from noops')
 
 
 @dataclasses.dataclass(slots=True)
@@ -90,6 +97,7 @@ class Cluster:
         self.changes: list[Change] = []
         self._config: ClusterConfig | None = None
         self._rendered: dict[tuple[int, int], bytes] = {}
+        self.pushes = 0               # cluster-map change notifications sent
 
     # ---- queries
     def serving_nodes(self) -> list[ClusterNode]:
@@ -256,3 +264,36 @@ class Cluster:
             return self._bump("add-node")
         spare.joined = True
         return self._bump("add-node", (), spare.index)
+
+
+# --------------------------------------------------------------------------- notifications
+
+def notify_mode(features) -> str | None:
+    """"full", "brief" or None: what a connection with these HELLO features gets pushed."""
+    if Feature.DUPLEX not in features:
+        return None
+    if Feature.CLUSTERMAP_CHANGE_NOTIFICATION_BRIEF in features:
+        return "brief"
+    return "full" if Feature.CLUSTERMAP_CHANGE_NOTIFICATION in features else None
+
+
+def notifications(cluster: Cluster, conns) -> list[tuple[object, bytes]]:
+    """(connection, frame) for every open connection (producer.ProducerConnection: `closed`,
+    `bucket`, `node`, `features`) of a serving node that selected the cluster's bucket and
+    negotiated a notification: a server request (magic 0x82, opcode 0x01), key = bucket name,
+    extras = revEpoch i64 + rev i64, value = the config as that node renders it (JSON), or
+    nothing when brief."""
+    out = []
+    for conn in conns:
+        mode = notify_mode(conn.features)
+        if (mode is None or conn.closed or conn.bucket is not cluster.bucket
+                or not 0 <= conn.node < len(cluster.nodes) or not cluster.nodes[conn.node].serving):
+            continue
+        value = b"" if mode == "brief" else cluster.render(conn.node)
+        cluster.pushes += 1
+        req = m.Request(opcode=SERVER_OP_CLUSTERMAP_CHANGE_NOTIFICATION, magic=0x82,
+                        opaque=NOTIFY_OPAQUE_BASE + cluster.pushes, key=cluster.bucket.name.encode(),
+                        extras=cluster.rev_epoch.to_bytes(8, "big") + cluster.rev.to_bytes(8, "big"),
+                        value=value, datatype=1 if value else 0)
+        out.append((conn, m.encode(req)))
+    return out

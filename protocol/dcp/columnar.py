@@ -311,6 +311,9 @@ def decode_batch(buf, offsets: np.ndarray, lengths: np.ndarray, *, collections: 
     se, seex = sel(fop == 0x5F)
     set_fields(se, seex, _SYSTEM_EVENT_EXTRAS)
     b.set("value_len", se, value_len[se])
+    if len(se):   # a collection event (create, drop, modify; value version 0/1): its collection id
+        ce = np.isin(be_uint(u8, seex + 8, 4), (0, 1, 5)) & (u8[seex + 12] < 2) & (value_len[se] >= 16)
+        b.set("collection_id", se[ce], be_uint(u8, seex[ce] + 13 + key_len[se[ce]] + 12, 4))
     en, enex = sel(fop == 0x55)
     b.set("stream_end_reason", en, be_uint(u8, enex, 4))
     key_valid = np.zeros(n, dtype=bool)
@@ -368,14 +371,15 @@ ROW_ORDER = ("magic", "opcode", "op", "status", "vbucket", "opaque", "cas", "dat
 def _present_columns(batch: Batch, raw: bool):
     """(names, columns, valid masks) of the columns some frame of the batch carries, in
     ROW_ORDER (then `raw`): numeric columns as numpy arrays, the rest as object arrays."""
-    from dcptool.protocol.dcp.constants import OP_NAME_TABLE
+    from dcptool.protocol.dcp.constants import OP_NAME_TABLE, op_index
     n = batch.n
     names, cols, valids = [], [], []
     buf = batch.buf
     for name in ROW_ORDER:
         if name == "op":
             names.append(name)
-            cols.append(np.asarray(OP_NAME_TABLE, dtype=object)[batch.numeric["opcode"][0]])
+            cols.append(np.asarray(OP_NAME_TABLE, dtype=object)[op_index(batch.numeric["magic"][0],
+                                                                          batch.numeric["opcode"][0])])
             valids.append(np.ones(n, dtype=bool))
         elif name == "key":
             starts, lens, valid = batch.key

@@ -53,6 +53,7 @@ class Opcode(enum.IntEnum):
     SELECT_BUCKET = 0x89        # choose the bucket of the connection
     GET_FAILOVER_LOG = 0x96     # non-DCP failover log
     GET_CLUSTER_CONFIG = 0xB5   # cluster map
+    GET_COLLECTIONS_MANIFEST = 0xBA  # the bucket's collections manifest (JSON)
     GET_ERROR_MAP = 0xFE        # extended error map
 
 
@@ -65,13 +66,30 @@ OP_NAMES: dict[int, str] = {
     0x5E: "control", 0x5F: "system_event", 0x60: "prepare", 0x61: "seqno_acknowledged",
     0x62: "commit", 0x63: "abort", 0x64: "seqno_advanced", 0x65: "oso_snapshot",
     0x89: "select_bucket", 0x96: "get_failover_log_nondcp", 0xB5: "get_cluster_config",
+    0xBA: "get_collections_manifest",
     0xFE: "get_error_map",
 }
-OP_NAME_TABLE: list[str] = [OP_NAMES.get(i, f"unknown_0x{i:02x}") for i in range(256)]
+# server requests (magic 0x82) and their answers (0x83) have their own opcode space
+SERVER_OP_CLUSTERMAP_CHANGE_NOTIFICATION = 0x01
+SERVER_OP_NAMES: dict[int, str] = {0x01: "clustermap_change_notification", 0x02: "authenticate",
+                                   0x03: "active_external_users", 0x04: "get_authorization"}
+# index opcode, or SERVER_OP_BASE + opcode for magic 0x82 / 0x83 (op_index)
+SERVER_OP_BASE = 256
+OP_NAME_TABLE: list[str] = ([OP_NAMES.get(i, f"unknown_0x{i:02x}") for i in range(256)]
+                            + [SERVER_OP_NAMES.get(i, f"server_unknown_0x{i:02x}") for i in range(256)])
 
 
-def op_name(opcode: int) -> str:
-    return OP_NAME_TABLE[opcode & 0xFF]
+def op_name(opcode: int, magic: int = 0x80) -> str:
+    return OP_NAME_TABLE[(opcode & 0xFF) + (SERVER_OP_BASE if magic in (0x82, 0x83) else 0)]
+
+
+def op_index(magic, opcode):
+    """OP_NAME_TABLE indexes (int32) of numpy magic / opcode arrays."""
+    idx = opcode.astype("int32")
+    server = (magic | 1) == 0x83          # 0x82 or 0x83
+    if server.any():
+        idx[server] += SERVER_OP_BASE
+    return idx
 
 
 class Status(enum.IntEnum):
@@ -130,7 +148,7 @@ class Feature(enum.IntEnum):
     SNAPPY = 0x0A               # values may arrive Snappy-compressed
     JSON = 0x0B                 # server marks JSON values
     DUPLEX = 0x0C               # server-initiated requests
-    CLUSTERMAP_CHANGE_NOTIFICATION = 0x0D
+    CLUSTERMAP_CHANGE_NOTIFICATION = 0x0D   # with Duplex: the server pushes each new config
     UNORDERED_EXECUTION = 0x0E  # never on DCP connections
     TRACING = 0x0F
     ALT_REQUEST_SUPPORT = 0x10  # flexible framing
@@ -139,6 +157,7 @@ class Feature(enum.IntEnum):
     SNAPPY_EVERYWHERE = 0x13
     PRESERVE_TTL = 0x14
     VATTR = 0x15
+    CLUSTERMAP_CHANGE_NOTIFICATION_BRIEF = 0x1F   # with Duplex: only (revEpoch, rev) pushed
 
 
 class OpenFlag(enum.IntFlag):

@@ -13,53 +13,42 @@ twice the noop interval, or, when noops were refused, for max(2 x noop interval,
 Every field from the peer is checked before it indexes anything: a stream message for a
 vbucket outside 0-1023 is RemoteError(BAD_VBUCKET) (the caller has already recorded it).
 
-Hot path: data frames (mutation, deletion, expiration, system event, seqno advanced) are
-never decoded into messages: opcode, vbucket, opaque and by_seqno are read with one
-struct.unpack_from at fixed offsets and only per-vbucket state is updated. Everything else
-is rare and decoded fully with protocol.dcp.messages.
+The receive path (the hot path for data frames, and server requests such as cluster-map
+change notifications) is consumer_receive.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import struct
 from typing import Callable
 
 from dcptool.protocol.dcp import messages as m
-from dcptool.protocol.dcp.columnar import be_uint as _be
-from dcptool.protocol.dcp.constants import (SEQNO_INFINITY, Feature, Opcode, SnapshotFlag,
-                                            Status, StreamEndReason, StreamRequestFlag, op_name,
-                                            status_name, stream_end_reason_name)
-from dcptool.protocol.dcp.frames import parse_frame, split_until_error
+from dcptool.protocol.dcp.constants import (SEQNO_INFINITY, Feature, Opcode, Status, StreamEndReason,
+                                            StreamRequestFlag, op_name, status_name, stream_end_reason_name)
+from dcptool.protocol.dcp.frames import split_until_error
 from dcptool.protocol.dcp.consumer_api import (DEFAULT_REOPEN, NUM_VB_SLOTS, ConfigReceived,
                                                ConsumerConfig, ControlRefused, Finished, Handoff,
                                                HandshakeComplete, NotMyVbucket, Rollback, ServerVbuckets,
                                                StreamEnded, StreamFailed, StreamOpened, VbState)
+from dcptool.protocol.dcp.consumer_receive import (DATA_OPS, STREAM_OPS, ConfigPushed, PushIgnored,
+                                                   Receiver)
 from dcptool.protocol.dcp.handshake import Handshake
 from dcptool.protocol.errors import AuthRefused, ErrorCode, RemoteError
 
 # the consumer's API is importable from here (consumer_api.py holds the definitions)
 __all__ = ["Consumer", "ConsumerConfig", "VbState", "DEFAULT_REOPEN", "NUM_VB_SLOTS", "ConfigReceived",
            "ControlRefused", "Finished", "Handoff", "HandshakeComplete", "NotMyVbucket", "Rollback",
-           "ServerVbuckets", "StreamEnded", "StreamFailed", "StreamOpened"]
-
-_DATA = struct.Struct(">BB4xH4xI8xQ")     # magic opcode . vbucket . opaque . by_seqno
-DATA_OPS = frozenset({0x57, 0x58, 0x59, 0x5F, 0x64})
-_DATA_OPS_ARRAY = sorted(DATA_OPS)
-# DCP messages that belong to a vbucket's stream: one for a vbucket beyond NUM_VB_SLOTS makes
-# the stream meaningless
-STREAM_OPS = frozenset({0x55, 0x56, 0x57, 0x58, 0x59, 0x5B, 0x5F, 0x60, 0x62, 0x63, 0x64, 0x65})
-_VECTOR_MIN = 48           # runs shorter than this take the per-frame loop
-
-
-def _tolist(a):
-    return a.tolist() if hasattr(a, "tolist") else list(a)
+           "ServerVbuckets", "StreamEnded", "StreamFailed", "StreamOpened", "ConfigPushed", "PushIgnored",
+           "DATA_OPS", "STREAM_OPS"]
 
 # per-vbucket phase
 _WAIT, _FLOG, _REQ, _OPEN, _DONE = range(5)
 
 
-class Consumer(Handshake):
+class Consumer(Handshake, Receiver):
+    # HELLO asks for these with Duplex: the server pushes each new cluster map (0x0d, whole)
+    NOTIFY_FEATURES: tuple = (Feature.CLUSTERMAP_CHANGE_NOTIFICATION,)
+
     def __init__(self, config: ConsumerConfig, resume: dict[int, VbState] | None = None, now: float = 0.0):
         self.cfg = config
         # resume state comes from captures, which record whatever a server sent: a vbucket
@@ -110,7 +99,7 @@ class Consumer(Handshake):
         """Queue the first request (HELLO)."""
         self.last_rx = self._now = now
         feats = [Feature.XERROR, Feature.SELECT_BUCKET, Feature.JSON, Feature.SNAPPY, Feature.DUPLEX,
-                 Feature.TCP_NODELAY]
+                 Feature.TCP_NODELAY, *self.NOTIFY_FEATURES]
         if self.cfg.xattrs:
             feats.append(Feature.XATTR)
         if self.cfg.collections:
@@ -260,149 +249,6 @@ class Consumer(Handshake):
             self.acked_total += self._unacked
             self._unacked = 0
 
-    # ---- receive
-    def receive(self, buf, offsets, lengths, now: float) -> list:
-        """Process the whole frames at offsets/lengths in buf. Returns the events.
-
-        Long runs of data frames (a backfill) are applied column-wise: per vbucket the seqnos
-        are checked to rise and the last one kept; every other frame, and any run that breaks
-        a rule, goes through the per-frame path in wire order."""
-        n = len(offsets)
-        if n == 0:
-            return self.events()
-        self.last_rx = self._now = now
-        self.frames_in += n
-        if n < _VECTOR_MIN or not hasattr(offsets, "dtype"):
-            self._receive_frames(buf, _tolist(offsets), _tolist(lengths), now)
-        else:
-            self._receive_vectorised(buf, offsets, lengths, now)
-        self.flush_acks()
-        return self.events()
-
-    def _receive_vectorised(self, buf, offsets, lengths, now: float) -> None:
-        import numpy as np
-        n = len(offsets)
-        u8 = np.frombuffer(buf, dtype=np.uint8)
-        data = np.isin(u8[offsets + 1], _DATA_OPS_ARRAY) & (u8[offsets] == 0x80) & (lengths >= 32)
-        idx = np.nonzero(data)[0]
-        vbs = _be(u8, offsets[idx] + 6, 2).astype(np.int64)
-        opq = _be(u8, offsets[idx] + 12, 4).astype(np.int64)
-        # a vbucket id from the peer indexes nothing before it is checked: out-of-range ids
-        # take the per-frame path, which reports them
-        in_range = vbs < NUM_VB_SLOTS
-        ok = in_range & (opq == np.asarray(self._sopq, dtype=np.int64)[np.where(in_range, vbs, 0)])
-        # a run ends at every frame that is not a valid data frame
-        stop = np.ones(n, dtype=bool)
-        stop[idx[ok]] = False
-        stops = np.nonzero(stop)[0].tolist()
-        seqs = _be(u8, offsets[idx] + 24, 8)
-        pos_in_idx = np.full(n, -1, dtype=np.int64)
-        pos_in_idx[idx] = np.arange(len(idx))
-        prev = 0
-        for s in stops + [n]:
-            if s > prev:
-                self._apply_run(buf, offsets, lengths, prev, s, pos_in_idx, vbs, seqs, now)
-            if s < n:
-                self._receive_frames(buf, [int(offsets[s])], [int(lengths[s])], now)
-            prev = s + 1
-
-    def _apply_run(self, buf, offsets, lengths, a: int, b: int, pos_in_idx, vbs, seqs, now) -> None:
-        import numpy as np
-        if b - a < _VECTOR_MIN:
-            self._receive_frames(buf, offsets[a:b].tolist(), lengths[a:b].tolist(), now)
-            return
-        sel = pos_in_idx[a:b]
-        v = vbs[sel]
-        q = seqs[sel].astype(np.int64)
-        order = np.argsort(v, kind="stable")
-        v_sorted, q_sorted = v[order], q[order]
-        first = np.ones(len(v_sorted), dtype=bool)
-        first[1:] = v_sorted[1:] != v_sorted[:-1]
-        last = np.asarray(self._last, dtype=np.int64)
-        rising = np.where(first, q_sorted > last[v_sorted], np.r_[True, q_sorted[1:] > q_sorted[:-1]])
-        if not rising.all() or (seqs[sel] >= 1 << 63).any():
-            self._receive_frames(buf, offsets[a:b].tolist(), lengths[a:b].tolist(), now)
-            return
-        ends = np.r_[np.nonzero(first)[0][1:] - 1, len(v_sorted) - 1]
-        for vb, seq in zip(v_sorted[ends].tolist(), q_sorted[ends].tolist()):
-            self._last[vb] = seq
-        self._unacked += int(lengths[a:b].sum())
-        self.data_frames += b - a
-
-    def _receive_frames(self, buf, offsets: list, lengths: list, now: float) -> None:
-        unpack = _DATA.unpack_from
-        last = self._last
-        sopq = self._sopq
-        unacked = 0
-        data = 0
-        for i in range(len(offsets)):
-            off = offsets[i]
-            ln = lengths[i]
-            op = buf[off + 1]
-            if op in DATA_OPS and ln >= 32 and buf[off] == 0x80:
-                _, _, vb, opaque, seq = unpack(buf, off)
-                if vb < NUM_VB_SLOTS and opaque == sopq[vb] and seq > last[vb]:
-                    last[vb] = seq
-                    unacked += ln
-                    data += 1
-                    continue
-            magic = buf[off]
-            if (magic == 0x80 or magic == 0x08) and op != 0x5C:
-                unacked += ln
-            self._unacked += unacked
-            unacked = 0
-            self._slow(parse_frame(buf, off, ln), now)
-        self._unacked += unacked
-        self.data_frames += data
-
-    def _slow(self, frame, now: float) -> None:
-        msg = m.decode(frame, self.collections)
-        if msg.IS_RESPONSE:
-            handler = self._pending.pop(msg.opaque, None)
-            self._sent_at.pop(msg.opaque, None)
-            if handler is not None:
-                handler(msg)
-            return
-        magic = frame.magic
-        op = msg.op_code
-        if magic == 0x82:   # server-initiated request (Duplex): acknowledge
-            self._out.append(m.encode(m.Response(opcode=op, opaque=msg.opaque, magic=0x83)))
-            return
-        if op == 0x5C:
-            self._out.append(m.encode(m.Response(opcode=0x5C, opaque=msg.opaque)))
-            self.noops_answered += 1
-            return
-        vb = getattr(msg, "vbucket", None)
-        if vb is not None and vb >= NUM_VB_SLOTS and op in STREAM_OPS:
-            raise RemoteError(ErrorCode.BAD_VBUCKET,
-                              f"{op_name(op)} for vbucket {vb} (opaque {msg.opaque}): vbucket ids go up to "
-                              f"{NUM_VB_SLOTS - 1}; the stream cannot be trusted")
-        if vb is None or vb >= NUM_VB_SLOTS or msg.opaque != self._sopq[vb]:
-            return   # a frame of a stream we no longer have (closed, replaced, not ours): ignore
-        t = type(msg)
-        st = self.states[vb]
-        if t is m.SnapshotMarker:
-            st.last_seqno = self._last[vb]
-            st.snap_start, st.snap_end = msg.snap_start, msg.snap_end
-            st.snapshot_complete = st.last_seqno >= st.snap_end
-            if msg.snap_flags & SnapshotFlag.ACK:
-                self._out.append(m.encode(m.Response(opcode=0x56, opaque=msg.opaque)))
-        elif t is m.StreamEnd:
-            self._stream_end(vb, msg.reason)
-        elif t is m.SetVbucketState:
-            self._out.append(m.encode(m.Response(opcode=0x5B, opaque=msg.opaque)))
-        elif op in DATA_OPS or t in (m.Prepare, m.Commit, m.Abort):
-            seq = getattr(msg, "by_seqno", None)
-            if seq is None:
-                seq = getattr(msg, "commit_seqno", None) or getattr(msg, "abort_seqno", None)
-            if seq is not None:
-                if seq <= self._last[vb]:
-                    raise RemoteError(ErrorCode.UNEXPECTED_MESSAGE,
-                                      f"vbucket {vb}: seqno {seq} after {self._last[vb]}")
-                self._last[vb] = seq
-        elif getattr(msg, "decode_error", None) and op in DATA_OPS:
-            raise RemoteError(ErrorCode.BAD_EXTRAS, f"vbucket {vb}: {msg.decode_error}")
-
     # ---- requests and handshake
     def _request(self, msg, handler) -> int:
         self._opaque += 1
@@ -478,7 +324,7 @@ class Consumer(Handshake):
         self._phase[vb] = _REQ
         self._end_seqno[vb] = end
         req = m.StreamRequest(vbucket=vb, flags=int(flags), start_seqno=start, end_seqno=end,
-                              vbucket_uuid=uuid, snap_start=ss, snap_end=se)
+                              vbucket_uuid=uuid, snap_start=ss, snap_end=se, value=self.stream_value)
         self._request(req, lambda rsp, vb=vb, start=start: self._on_stream_rsp(vb, start, rsp))
 
     def _on_flog(self, vb: int, rsp) -> None:

@@ -66,6 +66,18 @@ class ConsumerConfig:
     # reopened here or failed
     fetch_config: bool = False
     handoff: bool = False
+    # DCP_CONTROLs of issue 13 (handshake.py); `required` names the controls the user asked
+    # for explicitly: a refusal of one of them is fatal, of any other reported and skipped
+    compress: bool = False                # force_value_compression=true (needs HELLO snappy)
+    sync_writes: bool = False             # enable_sync_writes=true: prepare, commit, abort
+    expiry_opcode: bool = True            # enable_expiry_opcode=true
+    required: frozenset = frozenset()
+    # collection filter (collections.py, handshake.py): --scope / --collection names resolved
+    # through GET_COLLECTIONS_MANIFEST after SELECT_BUCKET; or a filter already resolved
+    # (capture --resume keeps the recorded one): the STREAM_REQ value as a dict
+    scopes: tuple = ()
+    collection_names: tuple = ()
+    stream_filter: dict | None = None
 
 
 # --------------------------------------------------------------------------- events
@@ -144,3 +156,18 @@ class Handoff:
     changed): the vbucket left this connection; take_states() gives its state."""
     vbucket: int
     reason: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FilterResolved:
+    """The collection filter every stream request carries (STREAM_REQ value) and the
+    manifest it was resolved from (raw JSON; empty when it came from the config)."""
+    filter: dict
+    manifest_raw: bytes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FilterUnknown:
+    """--scope / --collection named something the manifest does not have: the handshake
+    stops here; `message` lists the names that exist."""
+    message: str

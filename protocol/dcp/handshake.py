@@ -10,8 +10,9 @@ import dataclasses
 from dcptool.protocol.dcp import messages as m
 from dcptool.protocol.dcp import sasl
 from dcptool.protocol.dcp.constants import Feature, OpenFlag, Status, status_name
-from dcptool.protocol.dcp.consumer_api import (NUM_VB_SLOTS, ConfigReceived, ControlRefused,
-                                               HandshakeComplete, ServerVbuckets)
+from dcptool.protocol.dcp import collections as dcp_collections
+from dcptool.protocol.dcp.consumer_api import (NUM_VB_SLOTS, ConfigReceived, ControlRefused, FilterResolved,
+                                               FilterUnknown, HandshakeComplete, ServerVbuckets)
 from dcptool.protocol.errors import AuthRefused, ErrorCode, RemoteError
 
 
@@ -97,7 +98,40 @@ class Handshake:
             self.adopt(vb, st)
         self._after_select()
 
+    # ---- collection filter: GET_COLLECTIONS_MANIFEST once, before the vbuckets and DCP_OPEN
+    @property
+    def stream_value(self) -> bytes:
+        """The STREAM_REQ value: the collection filter JSON, or nothing."""
+        return dcp_collections.filter_value(getattr(self, "_filter", None) or self.cfg.stream_filter)
+
+    def _wants_manifest(self) -> bool:
+        cfg = self.cfg
+        return bool(cfg.scopes or cfg.collection_names) and cfg.stream_filter is None \
+            and getattr(self, "_filter", None) is None
+
+    def _on_manifest(self, rsp) -> None:
+        if rsp.status != Status.SUCCESS:
+            raise RemoteError(ErrorCode.STATUS, "GET_COLLECTIONS_MANIFEST refused: "
+                              f"{status_name(rsp.status)}; the server cannot filter collections", rsp.status)
+        raw = bytes(getattr(rsp, "value", b"") or b"")
+        manifest = dcp_collections.parse_manifest(raw)
+        try:
+            self._filter = dcp_collections.resolve(manifest, tuple(self.cfg.scopes), tuple(self.cfg.collection_names))
+        except dcp_collections.UnknownNames as exc:
+            self.phase = "manifest"        # stops here: the caller reports the names
+            self._events.append(FilterUnknown(str(exc)))
+            return
+        self._events.append(FilterResolved(dict(self._filter), raw))
+        self._after_select()
+
     def _after_select(self) -> None:
+        if self._wants_manifest():
+            self.phase = "manifest"
+            self._request(m.Request(opcode=0xBA), self._on_manifest)
+            return
+        if self.cfg.stream_filter is not None and getattr(self, "_filter", None) is None:
+            self._filter = dict(self.cfg.stream_filter)
+            self._events.append(FilterResolved(dict(self._filter), b""))
         if self.cfg.vbuckets is None or self.cfg.check_vbuckets:
             self._request(m.GetAllVbSeqnos(), self._on_vb_seqnos)
         else:
@@ -143,7 +177,12 @@ class Handshake:
             controls.append(("set_noop_interval", f"{cfg.noop_interval:g}"))
             controls.append(("enable_noop", "true"))
         controls.append(("send_stream_end_on_client_close_stream", "true"))
-        controls.append(("enable_expiry_opcode", "true"))
+        if cfg.expiry_opcode:
+            controls.append(("enable_expiry_opcode", "true"))
+        if cfg.sync_writes:
+            controls.append(("enable_sync_writes", "true"))
+        if cfg.compress:
+            controls.append(("force_value_compression", "true"))
         if cfg.collections:
             controls.append(("max_marker_version", "2.2"))
         self._controls_left = len(controls)
@@ -151,19 +190,24 @@ class Handshake:
             self._request(m.Control(key=key.encode(), value=val.encode()),
                           lambda rsp, k=key, v=val: self._on_control(k, v, rsp))
 
-    def _required(self, key: str) -> bool:
-        noop_needed = self.cfg.collections or self.cfg.xattrs
-        return noop_needed and key in ("enable_noop", "set_noop_interval")
+    def _required(self, key: str) -> str | None:
+        """Why a refusal of `key` is fatal, or None when the run goes on without it."""
+        if key in self.cfg.required:
+            return "asked for on the command line"
+        if (self.cfg.collections or self.cfg.xattrs) and key in ("enable_noop", "set_noop_interval"):
+            return "noops are required with collections or xattrs"
+        return None
 
     def _on_control(self, key: str, val: str, rsp) -> None:
         if rsp.status == Status.SUCCESS:
             self.controls[key] = val
         else:
             self.refused[key] = rsp.status
-            if self._required(key):
+            why = self._required(key)
+            if why:
                 raise RemoteError(ErrorCode.UNSUPPORTED,
-                                  f"DCP_CONTROL {key}={val} refused ({status_name(rsp.status)}); "
-                                  "noops are required with collections or xattrs", rsp.status)
+                                  f"DCP_CONTROL {key}={val} refused ({status_name(rsp.status)}); {why}",
+                                  rsp.status)
             self._events.append(ControlRefused(key, val, rsp.status))
         self._controls_left -= 1
         if self._controls_left == 0:

@@ -769,7 +769,7 @@ def to_row(m: Message, raw: bytes | None = None, *, value: bool = False) -> dict
     bytes; `value` adds the value bytes under `value` (not a capture column)."""
     magic = m.wire_magic()
     op = m.op_code
-    row = {"magic": magic, "opcode": op, "op": op_name(op)}
+    row = {"magic": magic, "opcode": op, "op": op_name(op, magic)}
     if m.IS_RESPONSE:
         row["status"] = getattr(m, "status", 0)
     else:
@@ -797,6 +797,8 @@ def to_row(m: Message, raw: bytes | None = None, *, value: bool = False) -> dict
         v = getattr(m, attr)
         if v is not None:
             row[col] = v
+    if t is SystemEvent and m.event_id in (0, 1, 5) and m.version < 2 and len(m.value) >= 16:
+        row["collection_id"] = int.from_bytes(m.value[12:16], "big")   # the collection it is about
     if t is StreamRequestResponse or t is FailoverLogResponse:
         if m.failover_log is not None:
             row["failover_log"] = [{"vbucket_uuid": u, "seqno": s} for u, s in m.failover_log]

@@ -4,7 +4,8 @@ decision of DCP_DIGEST §6.2, snapshots with de-duplication, flow control with t
 sizes, noops and idle drops, failure scenarios and scripted topology events).
 
 The generated bucket is producer_bucket.py, the streams and their pre-encoded segments
-producer_streams.py, the cluster map and its events cluster.py, the DCP_CONTROL keys
+producer_streams.py, what connections share (users, scenarios, topology events)
+producer_server.py, the cluster map and its events cluster.py, the DCP_CONTROL keys
 producer_controls.py.
 
 Speed: the documents generated at start-up are pre-encoded per vbucket into one numpy
@@ -18,118 +19,25 @@ Time is always an argument: `receive(data, now)`, `pull(now)`, `tick(now)`.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import math
-
 from dcptool.protocol.dcp import messages as m
 from dcptool.protocol.dcp import sasl
 from dcptool.protocol.dcp.constants import Feature, OpenFlag, Status, StreamEndReason, StreamRequestFlag
-from dcptool.protocol.dcp.cluster import Change, Cluster
 from dcptool.protocol.dcp.error_map import error_map
 from dcptool.protocol.dcp.frames import FrameParser
 from dcptool.protocol.dcp.producer_controls import control_status
 from dcptool.protocol.dcp.producer_bucket import Bucket, Item, VBucket, rollback_seqno
+from dcptool.protocol.dcp import producer_collections as pcol
 from dcptool.protocol.dcp.producer_streams import Fixed, Stream, Var, encode_item
+from dcptool.protocol.dcp.producer_server import Scenarios, ServerModel, rate_items, server_from_options  # noqa: F401
 from dcptool.protocol.errors import ProtocolError
 
 NOOP_OPAQUE_BASE = 10_000_000     # kv_engine starts its noop opaques here
 GRANTED_FEATURES = (Feature.TCP_NODELAY, Feature.MUTATION_SEQNO, Feature.XATTR, Feature.XERROR,
                     Feature.SELECT_BUCKET, Feature.SNAPPY, Feature.JSON, Feature.DUPLEX,
-                    Feature.ALT_REQUEST_SUPPORT, Feature.SYNC_REPLICATION, Feature.COLLECTIONS)
+                    Feature.ALT_REQUEST_SUPPORT, Feature.SYNC_REPLICATION, Feature.COLLECTIONS,
+                    Feature.CLUSTERMAP_CHANGE_NOTIFICATION, Feature.CLUSTERMAP_CHANGE_NOTIFICATION_BRIEF)
 STREAM_CHUNK = 64 * 1024          # bytes taken from one stream before moving to the next
 PULL_LIMIT = 1024 * 1024          # bytes handed to the transport per pull
-
-
-# --------------------------------------------------------------------------- scenarios
-
-@dataclasses.dataclass
-class Scenarios:
-    """Failure scenarios a test can ask for (each fires once per server unless noted)."""
-    failover_at: int | None = None     # after N stream frames: fail over every vbucket, drop
-    failover_loss: int = 10            # seqnos each vbucket loses in that failover
-    disconnect_after: int | None = None  # drop the first connection after N stream frames
-    end_reasons: tuple[int, ...] = ()  # vbucket i's first stream ends with end_reasons[i]
-    slow: float = 0.0                  # seconds between small send batches
-    slow_frames: int = 16              # frames per batch when slow
-    silent: bool = False               # after the first stream request: send nothing at all
-    refuse_controls: tuple[str, ...] = ()  # DCP_CONTROL keys answered NOT_SUPPORTED
-    # cluster topology events (--rebalance-at, --failover-at N:NODE, --add-node-at) live in
-    # cluster.Cluster.events; failover_loss is also how far a promoted replica lags
-
-
-class ServerModel:
-    """What all connections of one server share: buckets, users, scenario state."""
-
-    def __init__(self, buckets: list[Bucket], users: dict[str, str] | None = None,
-                 scenarios: Scenarios | None = None, seed: int = 0, cluster: Cluster | None = None):
-        self.buckets = {b.name: b for b in buckets}
-        self.cluster = cluster          # None: a single node, made when the transport binds
-        self.connections: set[ProducerConnection] = set()   # open ones
-        self.topology_changes = 0       # transports wake every connection when this moves
-        self.scenarios = scenarios or Scenarios()
-        self.users = dict(users or {})
-        self._creds = {}
-        for user, password in self.users.items():
-            for mech in sasl.SCRAM_HASHES:
-                salt = hashlib.sha256(f"{seed}:{user}:{mech}".encode()).digest()[:16]
-                self._creds[(user, mech)] = sasl.ScramCredentials.derive(mech, password, salt, 4096)
-        self.connections_by_name: dict[bytes, "ProducerConnection"] = {}
-        self.stream_frames = 0          # stream frames sent by every connection together
-        self.failover_done = False
-        self.disconnect_done = False
-        self.end_reason_done: set[int] = set()
-        self.silent_active = False
-        self.accepted = 0
-        self.stats: list[dict] = []     # one dict per connection, kept after it closes
-
-    def credentials(self, user: str, mech: str):
-        return self._creds.get((user, mech))
-
-    def check_plain(self, user: str, password: str) -> bool:
-        import hmac
-        expected = self.users.get(user)
-        return expected is not None and hmac.compare_digest(expected.encode(), password.encode())
-
-    def bind_node(self, node: int, host: str, port: int, tls_port: int | None = None) -> None:
-        """The transport tells where node `node` listens (a single node by default)."""
-        if self.cluster is None:
-            first = next((b for b in self.buckets.values() if isinstance(b, Bucket)), None)
-            if first is None:
-                return
-            self.cluster = Cluster(first)
-        if node < len(self.cluster.nodes):
-            self.cluster.set_address(node, host, port, tls_port)
-
-    def cluster_for(self, bucket) -> Cluster | None:
-        cl = self.cluster
-        return cl if cl is not None and cl.bucket is bucket else None
-
-    def connect(self, now: float, node: int = 0) -> "ProducerConnection":
-        self.accepted += 1
-        conn = ProducerConnection(self, now, self.accepted, node)
-        cl = self.cluster
-        if cl is not None and node < len(cl.nodes) and not cl.nodes[node].alive:
-            conn.close(f"node {node} has failed over")
-        else:
-            self.connections.add(conn)
-        return conn
-
-    def apply_changes(self, changes: list[Change]) -> None:
-        """Topology events: streams of moved vbuckets end with "state changed" on the old
-        owner; every connection to a failed node drops."""
-        for ch in changes:
-            self.topology_changes += 1
-            conns = sorted(self.connections, key=lambda c: c.conn_id)
-            if ch.kind == "failover" and ch.node is not None:
-                for conn in conns:
-                    if conn.node == ch.node:
-                        conn.close(f"node {ch.node} failed over")
-                continue
-            for mv in ch.moves:
-                for conn in conns:
-                    if conn.node == mv.old and self.cluster_for(conn.bucket) is not None:
-                        conn.end_stream(mv.vb, StreamEndReason.STATE_CHANGED)
 
 
 # --------------------------------------------------------------------------- connection
@@ -281,6 +189,8 @@ class ProducerConnection:
             return
         if t is m.Hello:
             self.features = {f for f in msg.features if f in GRANTED_FEATURES}
+            if Feature.CLUSTERMAP_CHANGE_NOTIFICATION_BRIEF in self.features:   # brief wins (CLUSTER.md)
+                self.features.discard(Feature.CLUSTERMAP_CHANGE_NOTIFICATION)
             self._reply(msg, cls=m.HelloResponse, features=tuple(f for f in msg.features if f in self.features))
             return
         if t is m.SaslListMechs:
@@ -309,6 +219,9 @@ class ProducerConnection:
             return
         if t is m.DcpOpen:
             self._open(msg)
+            return
+        if msg.op_code == 0xBA:         # GET_COLLECTIONS_MANIFEST
+            self._reply_json(msg, *pcol.manifest_reply(self.bucket))
             return
         if t is m.GetAllVbSeqnos:
             if self.bucket is None:
@@ -441,6 +354,10 @@ class ProducerConnection:
         if req.vbucket in self.streams:
             self._reply(req, Status.KEY_EEXISTS)
             return
+        fstatus, flt, fbody = pcol.parse_filter(req.value, getattr(self.bucket, "manifest", None), self.collections)
+        if fstatus != Status.SUCCESS:
+            self._reply_json(req, fstatus, fbody)
+            return
         rb = rollback_seqno(start=start, vb_uuid=uuid, snap_start=snap_start, snap_end=snap_end,
                             failover_log=vb.failover_log, high_seqno=high, purge_seqno=vb.purge_seqno,
                             strict=bool(req.flags & StreamRequestFlag.STRICT_VB_UUID))
@@ -461,6 +378,7 @@ class ProducerConnection:
         # kv_engine: a first marker never starts after the snapshot the client was inside
         partial = snap_start if snap_start < start <= snap_end else None
         self.streams[req.vbucket] = Stream(self, vb, req.opaque, start, end, reason, partial)
+        self.streams[req.vbucket].flt = flt
         self._order.append(req.vbucket)
         if sc.silent:
             self.server.silent_active = True
@@ -517,7 +435,8 @@ class ProducerConnection:
             frames_cap = max_frames
             for limit_at, done_flag in ((sc.disconnect_after, srv.disconnect_done),
                                         (sc.failover_at, srv.failover_done),
-                                        (srv.cluster.next_event_at() if srv.cluster else None, False)):
+                                        (srv.cluster.next_event_at() if srv.cluster else None, False),
+                                        (pcol.next_event_at(self.bucket), False)):
                 if limit_at is not None and not done_flag:
                     frames_cap = min(frames_cap, limit_at - srv.stream_frames)
             if frames_cap <= 0:
@@ -556,6 +475,9 @@ class ProducerConnection:
             elif not self.sequential:
                 self._rr += 1
             self._fire_scenarios()
+            if self._out:       # a cluster map pushed just now goes before any more data
+                out.extend(self._out)
+                self._out = []
             if self.closed:
                 break
         self.stats["bytes_sent"] += sum(len(x) for x in out)
@@ -573,6 +495,7 @@ class ProducerConnection:
             if self.bucket is not None:
                 self.bucket.fail_over_all(sc.failover_loss)
             self.close(f"scenario: failover after {sc.failover_at} frames")
+        pcol.fire_due(srv, self.bucket)
         cl = srv.cluster
         if cl is not None and cl.events and srv.stream_frames >= cl.events[0].at:
             srv.apply_changes(cl.fire_due(srv.stream_frames, sc.failover_loss))
@@ -582,22 +505,4 @@ class ProducerConnection:
         return bool(self._out)
 
 
-def server_from_options(*, bucket: str = "default", vbuckets: int = 64, items: int = 10_000, seed: int = 0,
-                        value_size: int = 61, users: dict | None = None, scenarios: Scenarios | None = None,
-                        checkpoint_items: int = 100, nodes: int = 1, replicas: int = 0,
-                        events: tuple = ()) -> ServerModel:
-    """A server for one generated bucket; `nodes` > 1 or `events` make it a cluster
-    (cluster.Cluster; events are cluster.Event, add-node events reserve spare nodes)."""
-    b = Bucket(bucket, vbuckets, items, seed, value_size, checkpoint_items)
-    cluster = None
-    if nodes > 1 or replicas or events:
-        spare = sum(1 for e in events if e.kind == "add-node")
-        cluster = Cluster(b, nodes, replicas, seed, spare, events=tuple(events))
-    return ServerModel([b], users, scenarios, seed, cluster)
-
-
-def rate_items(rate: float, since: float, now: float, carry: float) -> tuple[int, float]:
-    """How many live items to generate for `rate` per second between since and now."""
-    want = rate * max(0.0, now - since) + carry
-    n = int(math.floor(want))
-    return n, want - n
+ServerModel.connection_class = ProducerConnection

@@ -54,8 +54,10 @@ class Item:
     value: bytes
     rev: int
     cas: int
-    kind: str = "m"        # m mutation, d deletion, x expiration
+    kind: str = "m"        # m mutation, d deletion, x expiration; sync writes: p prepare, c commit, a abort
     datatype: int = 1      # JSON
+    prepared: int = 0      # c, a: the seqno of the prepare they complete
+    cid: int = 0           # collection id; sc / sd: a collection create / drop (producer_collections.py)
 
 
 def _mutation_dtype(key_len: int, value_len: int) -> np.dtype:
@@ -73,12 +75,14 @@ class VBucket:
     """One vbucket: seqno == position + 1 over disk items then memory items."""
 
     def __init__(self, vbid: int, uuid: int, disk_keys: np.ndarray, disk_values: np.ndarray,
-                 cas_base: int, checkpoint_items: int):
+                 cas_base: int, checkpoint_items: int, disk_cids: np.ndarray | None = None):
         self.vbid = vbid
         self.failover_log: list[tuple[int, int]] = [(uuid, 0)]
         self.disk_keys = disk_keys            # (n, key_len) uint8
         self.disk_values = disk_values        # (n, value_len) uint8
         self.disk_high = len(disk_keys)
+        # collection id of each disk item (all < 0x80: a one-byte LEB128 key prefix)
+        self.disk_cids = disk_cids if disk_cids is not None else np.zeros(len(disk_keys), np.uint8)
         self.cas_base = cas_base
         self.mem: list[Item] = []             # seqnos disk_high+1 ... high
         self.checkpoint_items = checkpoint_items
@@ -95,7 +99,8 @@ class VBucket:
 
     def disk_item(self, seqno: int) -> Item:
         i = seqno - 1
-        return Item(seqno, bytes(self.disk_keys[i]), bytes(self.disk_values[i]), 1, self.cas_base + seqno)
+        return Item(seqno, bytes(self.disk_keys[i]), bytes(self.disk_values[i]), 1, self.cas_base + seqno,
+                    cid=int(self.disk_cids[i]))
 
     def items(self):
         """Every item of the history, in seqno order (tests and tools)."""
@@ -117,8 +122,8 @@ class VBucket:
             return recs[:self.disk_high]
         n = self.disk_high
         keys = self.disk_keys[:n]
-        if collections:  # default collection: LEB128 prefix 0x00
-            keys = np.concatenate([np.zeros((n, 1), np.uint8), keys], axis=1)
+        if collections:  # the collection id as a one-byte LEB128 prefix
+            keys = np.concatenate([self.disk_cids[:n, None].astype(np.uint8), keys], axis=1)
         kl = keys.shape[1]
         vl = 0 if no_value else self.disk_values.shape[1]
         recs = np.zeros(n, dtype=_mutation_dtype(kl, vl))
@@ -144,7 +149,8 @@ class VBucket:
         """Promote a replica that had only `keep` seqnos: a new branch at R = keep; the lost
         tail is rewritten (same keys, new values) on the new branch. Returns R."""
         r = max(0, min(keep, self.high_seqno))
-        lost = [it.key for it in self.items() if it.seqno > r]
+        # (a lost collection event is not rewritten: the manifest change stays made)
+        lost = [(it.key, it.cid) for it in self.items() if it.seqno > r and it.kind not in ("sc", "sd")]
         if r < self.disk_high:
             self.disk_high = r
             self.mem = []
@@ -152,9 +158,9 @@ class VBucket:
             self.mem = self.mem[: r - self.disk_high]
         self.failover_log.insert(0, (new_uuid, r))
         del self.failover_log[25:]
-        for key in lost:
+        for key, cid in lost:
             self.append(key, b'{"branch":%d,"r":%d}' % (len(self.failover_log), rng.randrange(1 << 30)),
-                        "m", now_cas)
+                        "m", now_cas, cid)
         return r
 
     def turn_active(self, new_uuid: int) -> None:
@@ -163,11 +169,20 @@ class VBucket:
         self.failover_log.insert(0, (new_uuid, self.high_seqno))
         del self.failover_log[25:]
 
-    def append(self, key: bytes, value: bytes, kind: str, cas: int) -> Item:
-        it = Item(self.high_seqno + 1, key, value if kind == "m" else b"", 1, cas, kind,
-                  1 if kind == "m" else 0)
+    def append(self, key: bytes, value: bytes, kind: str, cas: int, cid: int = 0) -> Item:
+        it = Item(self.high_seqno + 1, key, value if kind in ("m", "sc", "sd") else b"", 1, cas, kind,
+                  1 if kind == "m" else 0, cid=cid)
         self.mem.append(it)
         return it
+
+    def append_sync(self, key: bytes, value: bytes, cas: int, commit: bool) -> None:
+        """A durable write: a prepare, then (at the next seqno) its commit or abort. The
+        commit carries the prepare's value and cas (what a consumer without sync writes gets
+        as the mutation at the commit seqno)."""
+        p = Item(self.high_seqno + 1, key, value, 1, cas, "p", 1)
+        self.mem.append(p)
+        self.mem.append(Item(p.seqno + 1, key, value if commit else b"", 1, cas, "c" if commit else "a",
+                             1 if commit else 0, p.seqno))
 
     def checkpoint_end(self, seqno: int) -> int:
         """Last seqno of the memory checkpoint holding seqno."""
@@ -181,10 +196,12 @@ class Bucket:
     (128 with the default 61)."""
 
     def __init__(self, name: str = "default", num_vbuckets: int = 64, items: int = 10_000,
-                 seed: int = 0, value_size: int = 61, checkpoint_items: int = 100):
+                 seed: int = 0, value_size: int = 61, checkpoint_items: int = 100, manifest=None):
         if not 1 <= num_vbuckets <= MAX_VBUCKETS:
             raise ValueError(f"vbuckets must be 1..{MAX_VBUCKETS}")
         value_size = max(value_size, 24)
+        from dcptool.protocol.dcp.producer_collections import Manifest
+        self.manifest = manifest if manifest is not None else Manifest()
         self.name = name
         self.num_vbuckets = num_vbuckets
         self.seed = seed
@@ -198,12 +215,15 @@ class Bucket:
         bounds = np.searchsorted(vbs[order], np.arange(num_vbuckets + 1))
         self.cas_base = 0x1800_0000_0000_0000 + (seed % 1000) * 1_000_000_000
         self.vbuckets: list[VBucket] = []
+        start_ids = np.array(self.manifest.start_ids, np.uint8)
+        cids = start_ids[np.arange(items) % len(start_ids)]
         for vb in range(num_vbuckets):
             sel = order[bounds[vb]:bounds[vb + 1]]
             uuid = self.rng.randrange(1, 1 << 48)
             self.vbuckets.append(VBucket(vb, uuid, keys[sel], values[sel],
-                                         self.cas_base + vb * 10_000_000_000, checkpoint_items))
+                                         self.cas_base + vb * 10_000_000_000, checkpoint_items, cids[sel]))
         self.live_keys: list[list[bytes]] | None = None
+        self.sync_ratio = 0.0      # share of live mutations made as sync writes (producer_sync.py)
         self.cas_clock = self.cas_base + (1 << 58)
         self.generation = 0        # bumps when items are added (wakes idle streams)
 
@@ -249,7 +269,15 @@ class Bucket:
                 key = keys[rng.randrange(len(keys))]
                 kind = "m" if roll < 0.85 else ("d" if roll < 0.95 else "x")
             value = b'{"u":%d,"r":"%08x"}' % (self.vbuckets[vb].high_seqno + 1, rng.randrange(1 << 32))
-            self.vbuckets[vb].append(key, value, kind, self.next_cas())
+            cid = self.manifest.cid_of_key(key)
+            if cid and cid not in self.manifest.live_ids():
+                continue    # its collection was dropped: nothing is written to it any more
+            if kind == "m" and self.sync_ratio and rng.random() < self.sync_ratio:
+                self.vbuckets[vb].append_sync(key, value, self.next_cas(), rng.random() < 0.8)
+                for it in self.vbuckets[vb].mem[-2:]:   # the prepare and its commit / abort
+                    it.cid = cid
+                continue
+            self.vbuckets[vb].append(key, value, kind, self.next_cas(), cid)
         self.generation += 1
 
     def fail_over_all(self, loss: int) -> dict[int, int]:

@@ -2,9 +2,9 @@
 which values, and what this producer does with them (DCP_DIGEST §2.6).
 
 Honoured: connection_buffer_size, enable_noop, set_noop_interval, send_stream_end_on_client_
-close_stream, enable_expiry_opcode, enable_sync_writes (marker v2.0), max_marker_version
-(2.2), force_value_compression (snappy values), backfill_order (sequential = one stream at a
-time). Accepted and true by construction here: flatbuffers_system_events (this producer sends
+close_stream, enable_expiry_opcode, enable_sync_writes (prepare, commit, abort and marker
+V2.0: producer_sync.py), max_marker_version (2.2), force_value_compression (snappy values),
+backfill_order (sequential = one stream at a time). Accepted and true by construction here: flatbuffers_system_events (this producer sends
 no system events), include_deleted_user_xattrs (no xattrs in deletions),
 enable_out_of_order_snapshots (kv_engine backfills out of order only for a stream filtered to
 one collection, which this producer does not offer, so streams stay in seqno order as they

@@ -11,6 +11,9 @@ import cramjam
 from dcptool.protocol.dcp import messages as m
 from dcptool.protocol.dcp.constants import SnapshotFlag, StreamEndReason
 from dcptool.protocol.dcp.producer_bucket import Item, VBucket
+from dcptool.protocol.dcp.producer_collections import system_event_frame
+from dcptool.protocol.dcp.producer_compress import compressed_disk_frames, with_opaque
+from dcptool.protocol.dcp.producer_sync import snapshot_items, sync_frame
 
 # --------------------------------------------------------------------------- segments
 
@@ -59,6 +62,13 @@ class Var:
     def done(self):
         return self.i >= len(self.starts) - 1
 
+    @classmethod
+    def of_blob(cls, data, starts: list) -> "Var":
+        """Frames already joined in `data`, frame i at starts[i]:starts[i + 1]."""
+        v = cls.__new__(cls)
+        v.data, v.starts, v.i = memoryview(data), starts, 0
+        return v
+
 
 # --------------------------------------------------------------------------- streams
 
@@ -76,8 +86,9 @@ class Stream:
         self.injected_end = end_reason   # scenario: end after the first data chunk
         self.sent_data = False
         self.partial_snap_start = partial_snap_start   # requested snap_start when start was inside it
+        self.flt = None              # producer_collections.Filter: what this stream sends
 
-    def _marker(self, start: int, end: int, flags: int, disk: bool) -> bytes:
+    def _marker(self, start: int, end: int, flags: int, disk: bool, mvs: int | None = None) -> bytes:
         c = self.conn
         if c.marker_v22 and disk:
             msg = m.SnapshotMarker(vbucket=self.vb.vbid, opaque=self.opaque, snap_version="2.2",
@@ -86,8 +97,8 @@ class Stream:
                                    high_prepared_seqno=0)
         elif c.sync_writes:
             msg = m.SnapshotMarker(vbucket=self.vb.vbid, opaque=self.opaque, snap_version="2.0",
-                                   snap_start=start, snap_end=end, snap_flags=flags, max_visible_seqno=end,
-                                   high_completed_seqno=0)
+                                   snap_start=start, snap_end=end, snap_flags=flags,
+                                   max_visible_seqno=end if mvs is None else mvs, high_completed_seqno=0)
         else:
             msg = m.SnapshotMarker(vbucket=self.vb.vbid, opaque=self.opaque, snap_start=start, snap_end=end,
                                    snap_flags=flags)
@@ -121,29 +132,51 @@ class Stream:
             last = min(vb.disk_high, self.end)
             flags = SnapshotFlag.DISK | SnapshotFlag.CHECKPOINT
             self.segments.append(Var([self._marker(snap_from, last, flags, True)]))
-            if c.compress:   # values differ in size once compressed: through the codec
+            # a collection filter (producer_collections.Filter): a mask over the disk items
+            mask = None if self.flt is None else self.flt.disk_mask(vb.disk_cids[self.cursor:last],
+                                                                     c.bucket.manifest)
+            if c.compress and mask is None and getattr(c.server.scenarios, "corrupt_value_at", None) is None:
+                blob, starts = compressed_disk_frames(vb, c.collections, c.no_value, c.json)   # built once
+                self.segments.append(Var.of_blob(*with_opaque(blob, starts, self.cursor, last, self.opaque)))
+            elif c.compress:   # values differ in size once compressed: through the codec
                 self.segments.append(Var([c.encode_item(vb.vbid, self.opaque, vb.disk_item(s))
-                                          for s in range(self.cursor + 1, last + 1)]))
+                                          for s in range(self.cursor + 1, last + 1)
+                                          if mask is None or mask[s - self.cursor - 1]]))
             else:
-                recs = vb.disk_records(c.collections, c.no_value, c.json)[self.cursor:last].copy()
+                recs = vb.disk_records(c.collections, c.no_value, c.json)[self.cursor:last]
+                recs = recs.copy() if mask is None else recs[mask]
                 recs["opaque"] = self.opaque
-                self.segments.append(Fixed(recs.tobytes(), recs.dtype.itemsize, len(recs)))
+                if len(recs):
+                    self.segments.append(Fixed(recs.tobytes(), recs.dtype.itemsize, len(recs)))
+            if mask is not None and not mask[-1] and not self.flt.legacy:
+                # kv_engine: a filtered snapshot whose end is not this stream's item ends with
+                # a seqno advanced to it (collection-aware connections only)
+                self.segments.append(Var([m.encode(m.SeqnoAdvanced(vbucket=vb.vbid, opaque=self.opaque,
+                                                                    by_seqno=last))]))
         else:
             last = min(vb.checkpoint_end(self.cursor + 1), high, self.end)
             first = self.cursor + 1
             items = vb.mem[first - vb.disk_high - 1:last - vb.disk_high]
-            latest = {}
-            for it in items:               # de-duplication within the snapshot
-                latest[it.key] = it.seqno
+            filter_empty = False
+            if self.flt is not None:    # collections: this stream's items and system events
+                items, filter_empty = self.flt.memory_items(items, c.bucket.manifest)
+            # de-duplication within the snapshot; sync writes as the connection gets them
+            items, mvs = snapshot_items(items, c.sync_writes)
             flags = SnapshotFlag.MEMORY
             if (first - vb.disk_high - 1) % vb.checkpoint_items == 0:
                 flags |= SnapshotFlag.CHECKPOINT
-            frames = [self._marker(snap_from, last, flags, False)]
-            frames.extend(c.encode_item(vb.vbid, self.opaque, it) for it in items if latest[it.key] == it.seqno)
+            if not c.sync_writes and mvs is None:   # nothing it can see: no snapshot
+                self.cursor = last
+                return self.refill()
+            snap_last = last if c.sync_writes else mvs
+            frames = [self._marker(snap_from, snap_last, flags, False, mvs or 0)]
+            frames.extend(c.encode_item(vb.vbid, self.opaque, it) for it in items)
             self.segments.append(Var(frames[:1]))
             self.segments.append(Var(frames[1:]) if len(frames) > 1 else None)
             if self.segments[-1] is None:
                 self.segments.pop()
+            if filter_empty:
+                self.segments.append(Var([self.end_frame(StreamEndReason.FILTER_EMPTY)]))
         self.first_marker = False
         self.cursor = last
         return True
@@ -151,12 +184,16 @@ class Stream:
 
 def encode_item(c, vbid: int, opaque: int, it: Item) -> bytes:
     """One memory item as the connection `c` (a ProducerConnection) gets it."""
-    cid = 0 if c.collections else None
-    if it.kind == "m":
+    cid = it.cid if c.collections else None
+    if it.kind in ("sc", "sd"):
+        return system_event_frame(vbid, opaque, it)
+    if it.kind in ("p", "a") or (it.kind == "c" and c.sync_writes):
+        return sync_frame(c, vbid, opaque, it, cid)
+    if it.kind in ("m", "c"):        # a commit, to a connection without sync writes: the mutation
         value = b"" if c.no_value else it.value
         dt = it.datatype if (c.json and value) else 0
         if value and c.compress:     # force_value_compression: snappy, datatype bit 0x02
-            value = bytes(cramjam.snappy.compress_raw(value))
+            value = corrupt_value(c, bytes(cramjam.snappy.compress_raw(value)))
             dt |= 0x02
         return m.encode(m.Mutation(vbucket=vbid, opaque=opaque, cas=it.cas, datatype=dt, key=it.key,
                                    collection_id=cid, value=value, by_seqno=it.seqno, rev_seqno=it.rev))
@@ -166,3 +203,14 @@ def encode_item(c, vbid: int, opaque: int, it: Item) -> bytes:
     dt = 0 if c.delete_times else None
     return m.encode(m.Deletion(vbucket=vbid, opaque=opaque, cas=it.cas, key=it.key, collection_id=cid,
                                by_seqno=it.seqno, rev_seqno=it.rev, delete_time=dt))
+
+
+def corrupt_value(c, value: bytes) -> bytes:
+    """Scenario `--corrupt-value-at N`: the N-th compressed value the server sends (counted
+    over every connection, once) loses its last bytes, so it does not decompress."""
+    srv = c.server
+    at = getattr(srv.scenarios, "corrupt_value_at", None)
+    if at is None:
+        return value
+    srv.compressed_values = getattr(srv, "compressed_values", 0) + 1
+    return value[:max(1, len(value) - 4)] if srv.compressed_values == at else value

@@ -9,8 +9,10 @@ of one node, the run is today's single-connection Session on that same connectio
 
 Per-vbucket state (VbState) belongs to the vbucket: a stream that ends "state changed", is
 refused NOT_MY_VBUCKET, or whose node stops answering hands its state back here, waits for a
-map that names its owner (polled with GET_CLUSTER_CONFIG every `config_poll` seconds, and at
-once after a handoff), and is reopened there from its last consistent point. A vbucket that
+map that names its owner (pushed by the server where HELLO negotiated cluster-map change
+notifications, polled with GET_CLUSTER_CONFIG every `config_poll` seconds, and at once after
+a handoff the current map does not explain), and is reopened there from its last
+consistent point. A vbucket that
 finds no owner within the timeout is unserved, with the reason (`unserved`).
 
 Connection numbers count from 1 across every node and reconnect, so (conn, opaque) is unique
@@ -28,9 +30,9 @@ import time
 from typing import Callable
 
 from dcptool.protocol.dcp import routing
-from dcptool.protocol.dcp.consumer import (NUM_VB_SLOTS, ConfigReceived, Consumer, ConsumerConfig, Handoff,
-                                           NotMyVbucket, ServerVbuckets, StreamEnded, StreamFailed,
-                                           StreamOpened, VbState)
+from dcptool.protocol.dcp.consumer import (NUM_VB_SLOTS, ConfigPushed, ConfigReceived, Consumer, ConsumerConfig,
+                                           Handoff, NotMyVbucket, PushIgnored, ServerVbuckets, StreamEnded,
+                                           StreamFailed, StreamOpened, VbState)
 from dcptool.protocol.dcp.routing import MapApplied, Rerouted, Router, Unserved
 from dcptool.protocol.errors import ConnectFailed, ConnectionLost, ErrorCode, ProtocolError, RemoteError
 from dcptool.protocol.transport.dcp import Session, open_connection
@@ -407,6 +409,11 @@ class ClusterSession:
             t = type(e)
             if t is ConfigReceived:
                 self._config(link, e, fwd)
+            elif t is ConfigPushed:
+                self._pushed(link, e, fwd)
+            elif t is PushIgnored:
+                log.info("connection %d: %s", link.conn, e.reason)
+                fwd.append(e)
             elif t is Handoff or t is NotMyVbucket:
                 if t is NotMyVbucket and e.config_raw:
                     self._apply(link, e.config_raw, fwd)
@@ -414,7 +421,10 @@ class ClusterSession:
                 for vb, st in link.consumer.take_states([e.vbucket]).items():
                     self.states[vb] = st
                     self.router.wait(vb, link.node, now, self.cfg.timeout, routing.REFUSED)
-                if link.consumer.phase == "streaming" and not link.consumer.finished:
+                # ask for the map unless the one we hold (a notification may have brought it
+                # before the stream end) already names another owner
+                if (link.consumer.phase == "streaming" and not link.consumer.finished
+                        and self.router.owner(e.vbucket) in (None, link.node)):
                     link.consumer.request_config()
                 self._wake.set()
             else:
@@ -433,6 +443,25 @@ class ClusterSession:
         fwd.append(MapApplied(cfg.rev_epoch, cfg.rev, tuple(self.router.node_addresses())))
         self._wake.set()
         return True
+
+    def _pushed(self, link: _Link, e: ConfigPushed, fwd: list) -> None:
+        """A cluster-map change notification: applied as a poll answer would be; a brief one
+        (no body) that is newer than our map is fetched at once. A malformed pushed config
+        is reported and ignored (the next poll or NOT_MY_VBUCKET body still counts)."""
+        if self._mode != "cluster":
+            return          # the bootstrap answer is on its way
+        if not e.raw:
+            if self.router.key is None or (e.rev_epoch, e.rev) > self.router.key:
+                link.consumer.request_config()
+            return
+        try:
+            self._apply(link, e.raw, fwd)
+        except RemoteError as exc:
+            if exc.code != ErrorCode.BAD_CLUSTER_CONFIG:
+                raise
+            ign = PushIgnored(0x01, f"cluster-map change notification: {exc.message}")
+            log.info("connection %d: %s", link.conn, ign.reason)
+            fwd.append(ign)
 
     def _config(self, link: _Link, e: ConfigReceived, fwd: list) -> None:
         has_map = e.status == 0 and bool(e.raw)

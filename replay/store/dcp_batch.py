@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 
 from dcptool.protocol.dcp import columnar
-from dcptool.protocol.dcp.constants import OP_NAME_TABLE
+from dcptool.protocol.dcp.constants import OP_NAME_TABLE, op_index
 from dcptool.replay.store.schema import DCP_FIELDS, DICT_STR, FAILOVER_ENTRY, capture_schema
 
 SCHEMA = capture_schema("dcp")
@@ -80,7 +80,8 @@ def to_record_batch(batch: columnar.Batch, *, frame_no: np.ndarray, conn: int | 
     opcode = batch.numeric["opcode"][0] if n else np.zeros(0, np.uint8)
     for name, _typ in DCP_FIELDS:
         if name == "op":
-            cols[name] = pa.DictionaryArray.from_arrays(pa.array(opcode.astype(np.int32), pa.int32()), _OP_DICT)
+            magic = batch.numeric["magic"][0] if n else np.zeros(0, np.uint8)
+            cols[name] = pa.DictionaryArray.from_arrays(pa.array(op_index(magic, opcode), pa.int32()), _OP_DICT)
         elif name == "key":
             s, l, v = batch.key
             cols[name] = _binary(batch.buf, s, l, v)

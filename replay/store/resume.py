@@ -179,6 +179,23 @@ def dcp_resume_state(files) -> dict[int, VbResume]:
     return state
 
 
+def dcp_resume_options(files) -> dict:
+    """The `dcptool.options` of the newest DCP capture segment (what the run that wrote it
+    asked for: `capture --resume` keeps its collection filter); {} when there is none."""
+    import json
+
+    from dcptool.replay.store.schema import META_OPTIONS
+    found = _files(files, "dcp")
+    if not found:
+        return {}
+    text = found[-1].metadata.get(META_OPTIONS)
+    try:
+        out = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
 def synapse_resume_state(files) -> dict[tuple[str, str], int]:
     """Last committed token per (stream, instance): RDATA with a numeric token commits at
     that token (and commits the `batch` rows waiting before it); `batch` rows alone commit

@@ -3,7 +3,9 @@
 For each size it times, in the same run and on the same Parquet:
   - `dcptool replay DIR --table documents --out OUT`            (local engine, a subprocess)
   - `dcptool replay DIR --master 'local[*]' --table documents --out OUT`
-                                                                (embedded Spark, cold: JVM start included)
+                                                                (embedded Spark, cold: JVM start included;
+                                                                 the first such run of the benchmark, which
+                                                                 writes the JVM's class archive, is timed apart)
   - `dcptool replay DIR --spark --table documents --out OUT`    (through a warm Spark Connect server
                                                                  of `dcptool spark start`; the server's
                                                                  start is timed once, apart)
@@ -194,7 +196,24 @@ def rss_columns(cap: str) -> dict:
             "distinct_documents": m["distinct_documents"]}
 
 
-def run(frames: int, docs: int, workdir: str, spark: bool, warm_env: dict | None = None) -> dict:
+def _archive_ready(env: dict) -> bool:
+    import glob
+    return bool(glob.glob(os.path.join(env["DCPTOOL_STATE_DIR"], "spark-cds-*.jsa")))
+
+
+def _wait_archive(env: dict, limit: float = 300.0) -> None:
+    """Until the JVM that writes the class archive has exited (it does so after the replay)."""
+    import glob
+    deadline = time.monotonic() + limit
+    for pid_file in glob.glob(os.path.join(env["DCPTOOL_STATE_DIR"], "spark-cds-*.tmp.pid")):
+        with open(pid_file) as f:
+            pid = int(f.read().strip() or 0)
+        while pid and os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+            time.sleep(0.5)   # a process we do not parent: poll, bounded
+
+
+def run(frames: int, docs: int, workdir: str, spark: bool, warm_env: dict | None = None,
+        cold_env: dict | None = None) -> dict:
     duckdb = ensure_duckdb()
     cap = os.path.join(workdir, f"cap-{frames}-{docs}")
     os.makedirs(cap, exist_ok=True)
@@ -221,7 +240,13 @@ def run(frames: int, docs: int, workdir: str, spark: bool, warm_env: dict | None
     out["local_s"] = min(r[0] for r in runs)
     if spark:
         so = os.path.join(workdir, f"spark-{frames}-{docs}")
-        out["spark_s"], _ = timed_cli(["replay", cap, "--master", "local[*]", "--table", "documents", "--out", so])
+        cold = ["replay", cap, "--master", "local[*]", "--table", "documents", "--out", so]
+        if not _archive_ready(cold_env):
+            # the very first embedded session writes the JVM's class archive at its exit
+            # (replay/spark_cds.py); every later one maps it. Timed apart, once.
+            out["spark_first_s"], _ = timed_cli(cold, env=cold_env)
+            _wait_archive(cold_env)
+        out["spark_s"], _ = timed_cli(cold, env=cold_env)
     if warm_env is not None:
         wo = os.path.join(workdir, f"warm-{frames}-{docs}")
         out["warm_s"] = min(timed_cli(["replay", cap, "--spark", "--table", "documents", "--out", wo],
@@ -257,7 +282,8 @@ def main(argv: list[str]) -> None:
         try:
             for frames, docs in configs:
                 print(f"== {frames:,} frames, {docs:,} distinct documents", flush=True)
-                r = run(frames, docs, work, spark, warm_env)
+                r = run(frames, docs, work, spark, warm_env,
+                        cold_env={"DCPTOOL_STATE_DIR": os.path.join(work, "state")})
                 results.append(r)
                 _print_run(r, spark)
         finally:
@@ -274,6 +300,8 @@ def _print_run(r: dict, spark: bool) -> None:
             f"({r['local_s'] / d:.2f}x the query, {r['local_s'] / dp:.2f}x the process; "
             f"{r['local_s'] / frames * 1e6:.2f}s/M frames)")
     if spark:
+        if "spark_first_s" in r:
+            line += f" | spark cold, first run ever (writes the JVM class archive) {r['spark_first_s']:.2f}s"
         line += (f" | spark cold (embedded) {r['spark_s']:.2f}s ({r['spark_s'] / d:.2f}x the query, "
                  f"{r['spark_s'] / dp:.2f}x the process; goal <= 8x)"
                  f" | spark warm (Connect) {r['warm_s']:.2f}s ({r['warm_s'] / d:.2f}x the query, "

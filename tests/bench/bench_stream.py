@@ -78,12 +78,13 @@ def bare_client(host: str, port: int) -> tuple[float, int, int]:
     return time.perf_counter() - t0, mutations, total
 
 
-def dcptool_stream(host: str, port: int) -> tuple[float, float, int]:
+def dcptool_stream(host: str, port: int, *extra: str) -> tuple[float, float, int]:
     """(wall seconds including interpreter start, session seconds from the summary, mutations)."""
     t0 = time.perf_counter()
     with open(os.devnull, "wb") as devnull:
         out = subprocess.run([BIN, "stream", f"couchbase://{host}:{port}/default", "--format", "jsonl",
-                              "--name", "bench"], stdout=devnull, stderr=subprocess.PIPE, text=True, timeout=600)
+                              "--name", "bench", *extra], stdout=devnull, stderr=subprocess.PIPE, text=True,
+                             timeout=600)
     wall = time.perf_counter() - t0
     if out.returncode != 0:
         raise RuntimeError(out.stderr)
@@ -99,6 +100,10 @@ def main() -> None:
     try:
         bare_s, bare_n, bare_bytes = bare_client(host, port)
         wall, session_s, n = dcptool_stream(host, port)
+        # issue 13: the first --compress run includes the producer compressing every value
+        # once (then kept per vbucket); the second is the consumer's own rate
+        _, compress_first, _ = dcptool_stream(host, port, "--compress")
+        _, compress_s, compress_n = dcptool_stream(host, port, "--compress")
         bare_s2, _, _ = bare_client(host, port)
     finally:
         proc.terminate()
@@ -110,6 +115,10 @@ def main() -> None:
           f"({bare_bytes / bare_best / 1e6:,.0f} MB/s, {bare_best:.2f} s)")
     print(f"dcptool stream --format jsonl:    {n / session_s:12,.0f} mutations/s  (session {session_s:.2f} s)")
     print(f"  same, wall clock incl. start-up: {n / wall:12,.0f} mutations/s  ({wall:.2f} s)")
+    assert compress_n == n, (compress_n, n)
+    print(f"dcptool stream --compress:        {n / compress_s:12,.0f} mutations/s  (session {compress_s:.2f} s; "
+          f"{session_s / compress_s:.2f} x the plain run; first run, the producer compressing too: "
+          f"{session_s / compress_first:.2f} x)")
     print(f"ratio stream/bare: {bare_best / session_s:.2f}   target 200,000/s: "
           f"{'met' if n / session_s >= 200_000 else 'NOT met'}")
 
