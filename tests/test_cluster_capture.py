@@ -57,9 +57,12 @@ def documents(out) -> dict[int, dict[str, int]]:
 
 
 def test_capture_then_replay_gives_the_producers_final_bucket(tmp_path):
+    # paced (16 frames per connection every 10 ms) so that every node is still streaming when
+    # node 2 fails at frame 3500: a node that had already sent all it has would leave
+    # nothing to roll back, whatever the load on the machine
     model = P.server_from_options(vbuckets=16, items=6000, seed=9, nodes=3, replicas=1,
                                   events=(Event(1500, "rebalance"), Event(3500, "failover", 2)),
-                                  scenarios=P.Scenarios(failover_loss=12))
+                                  scenarios=P.Scenarios(failover_loss=12, slow=0.01, slow_frames=16))
     with ThreadedServer(model) as srv:
         res = capture(f"couchbase://{srv.host}:{srv.port}/default", tmp_path)
         nodes = {f"{h}:{p}" for h, p in srv.addresses}
