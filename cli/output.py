@@ -45,30 +45,10 @@ def key_fields(key) -> tuple[str | None, str | None]:
         return None, _b64(b)
 
 
-def _snappy_length(b: bytes) -> int:
-    n = shift = 0
-    for i in range(min(len(b), 5)):
-        n |= (b[i] & 0x7F) << shift
-        if not b[i] & 0x80:
-            return n
-        shift += 7
-    raise ValueError("bad length header")
-
-
 def snappy_decompress(b: bytes) -> bytes:
     """Raw (unframed) Snappy, as Couchbase sends it; ValueError when it is not."""
-    import cramjam
-    n = _snappy_length(b)
-    if n > MAX_SNAPPY_OUT:
-        raise ValueError(f"uncompressed length {n} over {MAX_SNAPPY_OUT}")
-    try:
-        out = bytes(cramjam.snappy.decompress_raw(b))
-    except Exception as exc:  # noqa: BLE001 - cramjam raises its own DecompressionError
-        msg = (str(exc).splitlines() or ["corrupt input"])[0]
-        raise ValueError(msg[8:] if msg.lower().startswith("snappy: ") else msg) from None
-    if len(out) != n:
-        raise ValueError("length does not match its header")
-    return out
+    from dcptool.protocol.dcp import snappy
+    return snappy.decompress(b, MAX_SNAPPY_OUT)
 
 
 def value_fields(value, datatype: int | None) -> tuple[object, str | None, str | None]:

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dcptool.protocol.dcp import cluster_config
+from dcptool.protocol.dcp import cluster_config, snappy
 from dcptool.protocol.dcp.frames import parse_frame
 from dcptool.replay import tables as T
 from dcptool.replay.columns import as_numpy
@@ -82,17 +82,6 @@ def _host_of(node: str | None) -> str:
 MAX_CONFIG = 64 << 20   # bytes a decompressed config may have (a 1024-vbucket map is ~30 KB)
 
 
-def _snappy_length(b: bytes) -> int:
-    """The uncompressed length a raw Snappy block announces (its varint preamble)."""
-    n = shift = 0
-    for c in b[:5]:
-        n |= (c & 0x7F) << shift
-        if not c & 0x80:
-            return n
-        shift += 7
-    return 1 << 62
-
-
 def config_of(raw: bytes | None, node: str | None) -> cluster_config.ClusterConfig | None:
     """The bucket config a frame's value carries, or None (no value, not a config)."""
     if not raw or len(raw) < 24:
@@ -101,10 +90,7 @@ def config_of(raw: bytes | None, node: str | None) -> cluster_config.ClusterConf
         frame = parse_frame(raw, 0, len(raw))
         value = frame.value
         if frame.datatype & SNAPPY and value:
-            if _snappy_length(value) > MAX_CONFIG:
-                return None   # a hostile length preamble: never a large allocation
-            import cramjam
-            value = bytes(cramjam.snappy.decompress_raw(value))
+            value = snappy.decompress(value, MAX_CONFIG)   # a hostile preamble: ValueError, no allocation
         if not value:
             return None
         return cluster_config.parse(value, _host_of(node))

@@ -21,6 +21,7 @@ import dataclasses
 import struct
 
 from dcptool.protocol.dcp import messages as m
+from dcptool.protocol.dcp import snappy
 from dcptool.protocol.dcp.columnar import be_uint as _be
 from dcptool.protocol.dcp.constants import SERVER_OP_CLUSTERMAP_CHANGE_NOTIFICATION, SnapshotFlag, op_name
 from dcptool.protocol.dcp.consumer_api import NUM_VB_SLOTS
@@ -58,17 +59,6 @@ class PushIgnored:
     """A server request (magic 0x82) that was answered and otherwise ignored, and why."""
     opcode: int
     reason: str
-
-
-def _snappy_length(b: bytes) -> int:
-    """The uncompressed length a raw Snappy block announces (its varint preamble)."""
-    n = shift = 0
-    for c in b[:5]:
-        n |= (c & 0x7F) << shift
-        if not c & 0x80:
-            return n
-        shift += 7
-    return 1 << 62
 
 
 class Receiver:
@@ -233,12 +223,11 @@ class Receiver:
             return PushIgnored(op, f"{what} with {len(ex)} bytes of extras (16 or 4 expected)")
         value = bytes(frame.value)
         if frame.datatype & _SNAPPY and value:
-            if _snappy_length(value) > MAX_PUSHED_CONFIG:
-                return PushIgnored(op, f"{what} announces more than {MAX_PUSHED_CONFIG} bytes")
             try:
-                import cramjam
-                value = bytes(cramjam.snappy.decompress_raw(value))
-            except Exception:  # noqa: BLE001 - whatever cramjam raises on a bad block
+                value = snappy.decompress(value, MAX_PUSHED_CONFIG)
+            except snappy.TooLarge:
+                return PushIgnored(op, f"{what} announces more than {MAX_PUSHED_CONFIG} bytes")
+            except ValueError:
                 return PushIgnored(op, f"{what}: the Snappy value does not decompress")
         if len(value) > MAX_PUSHED_CONFIG:
             return PushIgnored(op, f"{what} of {len(value)} bytes (limit {MAX_PUSHED_CONFIG})")

@@ -28,29 +28,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 BASE_MIB = 300            # the fixed base the goal allows
 DOC_GOAL = 400            # bytes per distinct document above it
-DUCKDB_SQL = """
-COPY (
-  SELECT vbucket, collection_id, key,
-         arg_max(by_seqno, frame_no) AS by_seqno, arg_max(rev_seqno, frame_no) AS rev_seqno,
-         arg_max(cas, frame_no) AS cas,
-         arg_max(CASE op WHEN 'mutation' THEN 'live' WHEN 'deletion' THEN 'deleted' ELSE 'expired' END, frame_no) AS state,
-         arg_max(value_len, frame_no) AS value_len, max(frame_no) AS frame_no
-  FROM read_parquet('{src}')
-  WHERE direction = 'in' AND vbucket IS NOT NULL AND decode_error IS NULL
-    AND op IN ('mutation', 'deletion', 'expiration')
-  GROUP BY vbucket, collection_id, key
-) TO '{dst}' (FORMAT parquet)
-"""
 
 
 def _duckdb_sql() -> str:
-    """bench_replay.py's query when it is importable (so both always run the same), else ours."""
-    try:
-        sys.path.insert(0, HERE)
-        import bench_replay
-        return bench_replay.DUCKDB_SQL
-    except (ImportError, AttributeError):
-        return DUCKDB_SQL
+    """bench_replay.py's query, so both always run the same one."""
+    sys.path.insert(0, HERE)
+    import bench_replay
+    return bench_replay.DUCKDB_SQL
 
 
 # run in the child: its own VmHWM when it exits. The child's ru_maxrss would not do: Linux
