@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections import Counter
 
 import numpy as np
 
@@ -129,15 +130,16 @@ class RowTap:
 
     def _write(self, cols: dict, n: int) -> None:
         """Counts what is shown (this run's summary) and writes it."""
+        counts = Counter(cols["op"])     # counted in C, not per row in Python
         ops = self.ops
-        for op, status, direction in zip(cols["op"], cols.get("status") or [None] * n, cols["direction"]):
-            ops[op] = ops.get(op, 0) + 1
-            if op in ("mutation", "deletion", "expiration"):
-                self.items += 1
-            elif op == "stream_end":
-                self.streams_ended += 1
-            elif op == "stream_req" and status == Status.ROLLBACK and direction == "in":
-                self.rollbacks += 1
+        for op, k in counts.items():
+            ops[op] = ops.get(op, 0) + k
+        self.items += counts["mutation"] + counts["deletion"] + counts["expiration"]
+        self.streams_ended += counts["stream_end"]
+        if counts["stream_req"]:
+            self.rollbacks += sum(1 for op, status, direction in zip(cols["op"], cols.get("status") or [None] * n,
+                                                                     cols["direction"])
+                                  if op == "stream_req" and status == Status.ROLLBACK and direction == "in")
         fmt = getattr(self.sink, "fmt", None)
         if fmt == "none":      # stream --json without --format: counted only
             self.sink.count += n

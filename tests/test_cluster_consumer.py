@@ -23,6 +23,7 @@ from dcptool.protocol.dcp.cluster_config import ClusterConfig, Node
 from dcptool.protocol.dcp.consumer import (ConfigReceived, Consumer, ConsumerConfig, Handoff, NotMyVbucket,
                                            VbState)
 from dcptool.protocol.transport.dcp import ThreadedServer
+from tests.cli_util import error_line, self_signed_tls
 from tests.conftest import free_port
 from tests.hostile_dcp import HostileDcp
 
@@ -39,13 +40,6 @@ def run(url, *args, cmd="stream"):
     res = subprocess.run(full, capture_output=True, text=True, timeout=BOUND)
     rows = [orjson.loads(ln) for ln in res.stdout.splitlines() if ln.startswith("{")] if cmd == "stream" else []
     return res, rows
-
-
-def error_line(res) -> str:
-    assert "Traceback" not in res.stderr, res.stderr
-    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("dcptool:")]
-    assert len(lines) == 1, res.stderr
-    return lines[0]
 
 
 def survivors(rows) -> dict[int, dict[bytes, int]]:
@@ -247,13 +241,7 @@ def test_vbucket_without_a_node_is_named_in_the_summary_and_exit_code():
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 def test_tls_and_scram_per_node(tmp_path):
-    import ssl
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                    "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
-                    "-out", str(cert)], check=True, capture_output=True, timeout=60)
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(cert, key)
+    ctx, cert = self_signed_tls(tmp_path)
     model = P.server_from_options(vbuckets=8, items=400, seed=3, nodes=3, users={"u": "pw"})
     with ThreadedServer(model, tls=ctx) as srv:
         res = subprocess.run([DCPTOOL, "stream", f"couchbases://{srv.host}:{srv.port}/default", "--user", "u",

@@ -24,6 +24,7 @@ from dcptool.protocol.dcp import consumer as dcp_consumer
 from dcptool.protocol.dcp import messages as m
 from dcptool.protocol.dcp import producer as P
 from dcptool.protocol.transport.dcp import Session, ThreadedServer
+from tests.cli_util import self_signed_tls
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration
@@ -210,13 +211,7 @@ def test_tls_to_a_plain_port_exits_3():
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 def test_tls_session(tmp_path):
-    import ssl
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-                    "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key),
-                    "-out", str(cert)], check=True, capture_output=True, timeout=60)
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(cert, key)
+    ctx, cert = self_signed_tls(tmp_path)
     model = P.server_from_options(vbuckets=4, items=200, users={"u": "pw"})
     with ThreadedServer(model, tls=ctx) as srv:
         url = f"couchbases://{srv.host}:{srv.port}/default"

@@ -17,6 +17,7 @@ from dcptool.protocol.dcp import consumer as dcp_consumer
 from dcptool.protocol.dcp import messages as m
 from dcptool.protocol.dcp import sasl
 from dcptool.protocol.errors import ErrorCode, RemoteError
+from tests.cli_util import error_line
 from tests.hostile_dcp import HostileDcp, half_frame, mutation
 
 pytestmark = pytest.mark.integration
@@ -34,14 +35,6 @@ def run(url, *args, cmd="stream", env=None):
     rows = [orjson.loads(line) for line in res.stdout.splitlines() if line.startswith("{")] \
         if cmd == "stream" else []
     return res, rows
-
-
-def error_line(res) -> str:
-    """The one `dcptool:` line on stderr (and no traceback)."""
-    assert "Traceback" not in res.stderr, res.stderr
-    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("dcptool:")]
-    assert len(lines) == 1, res.stderr
-    return lines[0]
 
 
 def items(rows, conn=None):
