@@ -132,7 +132,7 @@ class CaptureTap:
             return
         ended = sum(1 for s in c.states.values() if s.ended_reason is not None)
         self.progress.update(streams_open=max(0, len(c.states) - ended), streams_ended=ended,
-                             positions={vb: s.last_seqno for vb, s in c.states.items()},
+                             positions={vb: s.last_seqno for vb, s in c.vb_states().items()},
                              bytes_written=self.bg.writer.bytes_written, backlog_bytes=self.bg.backlog_bytes)
 
 
@@ -144,6 +144,12 @@ def keep_filter(opts: LiveOptions, directory: str) -> None:
     from dcptool.cli.errors import LateUsageError
     from dcptool.replay.store.resume import dcp_resume_options
     rec = dcp_resume_options(directory) if os.path.isdir(directory) else {}
+    if rec and bool(rec.get("stream_ids")) != bool(opts.stream_ids) and (opts.stream_ids or _named(opts)):
+        raise LateUsageError(f"--resume keeps the streams of the capture in {directory} (with"
+                             f"{'' if rec.get('stream_ids') else 'out'} --stream-ids); give the same options or none")
+    if rec.get("stream_ids"):
+        _keep_stream_groups(opts, rec, directory)
+        return
     flt = rec.get("collection_filter")
     given = (tuple(opts.scopes), tuple(opts.collection_names))
     recorded = (tuple(rec.get("scopes") or ()), tuple(rec.get("collection_names") or ()))
@@ -156,6 +162,33 @@ def keep_filter(opts: LiveOptions, directory: str) -> None:
     opts.scopes, opts.collection_names = recorded
     opts.stream_filter = dict(flt)
     opts.collections = True
+
+
+def _named(opts: LiveOptions) -> bool:
+    return bool(opts.scopes or opts.collection_names)
+
+
+def _keep_stream_groups(opts: LiveOptions, rec: dict, directory: str) -> None:
+    """capture --resume of a capture made with --stream-ids: the same stream ids, groups and
+    resolved filters (each stream continues from its own recorded position)."""
+    from dcptool.cli.errors import LateUsageError
+    groups = tuple((tuple(sc), tuple(co)) for sc, co in rec.get("stream_groups") or ())
+    if _named(opts) and tuple(opts.stream_groups) != groups:
+        raise LateUsageError(f"--resume keeps the stream ids of the capture in {directory} "
+                             f"({_describe_groups(groups)}); give the same options or none")
+    opts.stream_ids, opts.collections, opts.stream_groups = True, True, groups
+    opts.scopes = tuple(rec.get("scopes") or ())
+    opts.collection_names = tuple(rec.get("collection_names") or ())
+    if rec.get("stream_filters") is not None:
+        opts.stream_filters = [dict(f) if f else None for f in rec["stream_filters"]]
+    if rec.get("collection_filter") is not None:
+        opts.stream_filter = dict(rec["collection_filter"])
+
+
+def _describe_groups(groups: tuple) -> str:
+    parts = [" ".join([*(f"--scope {x}" for x in sc), *(f"--collection {x}" for x in ([",".join(co)] if co else []))])
+             for sc, co in groups]
+    return "--stream-ids " + " ".join(parts) if parts else "--stream-ids"
 
 
 def resume_from(directory: str) -> tuple[dict[int, dcp_consumer.VbState], list[str]]:
@@ -176,13 +209,19 @@ def resume_from(directory: str) -> tuple[dict[int, dcp_consumer.VbState], list[s
     for vb, r in dcp_resume_state(files).items():
         if not r.failover_log and not r.last_seqno:
             continue
-        # a stream that reached its end continues from there: the new run's end is later
-        state[vb] = dcp_consumer.VbState(failover_log=list(r.failover_log), last_seqno=r.last_seqno,
-                              snap_start=r.snap_start, snap_end=r.snap_end,
-                              snapshot_complete=r.snapshot_complete,
-                              # "filter empty": every filtered collection was dropped; not reopened
-                              ended_reason=r.stream_end_reason if r.stream_end_reason == StreamEndReason.FILTER_EMPTY else None)
+        state[vb] = _vb_state(r)
     return state, recovered
+
+
+def _vb_state(r) -> dcp_consumer.VbState:
+    """A recorded VbResume as the consumer's VbState (with its streams' for stream ids). A
+    stream that reached its end continues from there: the new run's end is later."""
+    return dcp_consumer.VbState(failover_log=list(r.failover_log), last_seqno=r.last_seqno,
+                                snap_start=r.snap_start, snap_end=r.snap_end, snapshot_complete=r.snapshot_complete,
+                                # "filter empty": every filtered collection was dropped; not reopened
+                                ended_reason=r.stream_end_reason if r.stream_end_reason == StreamEndReason.FILTER_EMPTY
+                                else None,
+                                streams={sid: _vb_state(x) for sid, x in r.streams.items()})
 
 
 def run_capture(opts: LiveOptions, settings: CaptureSettings) -> None:
@@ -238,6 +277,8 @@ def run_capture(opts: LiveOptions, settings: CaptureSettings) -> None:
         for e in evs:
             if type(e) is FilterResolved:     # recorded with the options (resume keeps it)
                 options["collection_filter"] = dict(e.filter)
+                if e.filters:   # --stream-ids: the filter of each stream id, 1, 2, ...
+                    options["stream_filters"] = [dict(f) if f else None for f in e.filters]
             if type(e) is dcp_consumer.HandshakeComplete and tap._held is not None:
                 handshake.update(features=list(e.features), controls=dict(e.controls))
                 full = dict(options, hello_features=[f"0x{f:02x}" for f in e.features], dcp_controls=e.controls)

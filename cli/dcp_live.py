@@ -30,7 +30,7 @@ from dcptool.protocol.dcp.constants import Status, status_name, stream_end_reaso
 from dcptool.protocol.errors import ErrorCode, RemoteError
 
 TABLE_COLUMNS = ["conn", "direction", "op", "vbucket", "status", "opaque", "by_seqno", "key", "value_len",
-                 "snap_start", "snap_end", "snap_flags", "stream_end_reason", "rollback_seqno"]
+                 "snap_start", "snap_end", "snap_flag_names", "stream_end_reason", "rollback_seqno"]
 
 _ONE_OFFSET = np.zeros(1, np.int64)   # a frame we send is a batch of one
 # Knobs tests turn down.
@@ -46,9 +46,11 @@ def consumer_config(opts: LiveOptions) -> dcp_consumer.ConsumerConfig:
         buffer_size=opts.buffer_size, noop_interval=opts.noop_interval, timeout=opts.timeout, tls=src.tls,
         allow_plain=opts.sasl_plain, check_vbuckets=opts.vbuckets is not None,
         compress=opts.compress, sync_writes=opts.sync_writes, expiry_opcode=opts.expiry_opcode,
-        ack_ratio=opts.ack_ratio, required=frozenset(opts.required_controls),
+        ack_ratio=opts.ack_ratio, required=frozenset(opts.required_controls), change_streams=opts.change_streams,
+        oso=opts.oso,
         scopes=tuple(opts.scopes), collection_names=tuple(opts.collection_names),
-        stream_filter=opts.stream_filter)
+        stream_filter=opts.stream_filter, stream_ids=opts.stream_ids, stream_groups=tuple(opts.stream_groups),
+        stream_filters=None if opts.stream_filters is None else tuple(opts.stream_filters))
 
 
 def tls_for(opts: LiveOptions):
@@ -59,12 +61,13 @@ def tls_for(opts: LiveOptions):
 
 
 # The columns of a `stream` row: the capture format's (replay/store/schema.py; a test checks they
-# agree) plus `key_base64`; `value`/`value_base64`/`value_error` with --values, `raw` with --raw.
+# agree) plus `key_base64` and `snap_flag_names` (the marker flags by name); `value`/`value_base64`/
+# `value_error` with --values, `raw` with --raw.
 COMMON_COLUMNS = ("frame_no", "conn", "node", "ts", "mono_ns", "direction")
 DCP_COLUMNS = ("magic", "opcode", "op", "status", "vbucket", "opaque", "cas", "datatype", "stream_id",
                "collection_id", "key", "key_base64", "value_len", "by_seqno", "rev_seqno", "item_flags",
                "expiration", "lock_time", "delete_time", "snap_version", "snap_start", "snap_end",
-               "snap_flags", "max_visible_seqno", "high_completed_seqno", "purge_seqno",
+               "snap_flags", "snap_flag_names", "max_visible_seqno", "high_completed_seqno", "purge_seqno",
                "high_prepared_seqno", "stream_end_reason", "rollback_seqno", "failover_log", "req_flags",
                "req_start_seqno", "req_end_seqno", "req_vbucket_uuid", "req_snap_start", "req_snap_end",
                "system_event_id", "decode_error")
@@ -222,7 +225,12 @@ class EventLog:
                 raise LateUsageError(e.message)
             elif t is FilterResolved and not self.filter_said:
                 self.filter_said = True
-                self._say(f"collection filter {_safe(json.dumps(e.filter, separators=(',', ':')))}")
+                if e.filters:   # --stream-ids: one filter per stream id
+                    self._say("stream ids: " + "; ".join(
+                        f"{sid} {_safe(json.dumps(f or 'all', separators=(',', ':')))}"
+                        for sid, f in enumerate(e.filters, 1)))
+                else:
+                    self._say(f"collection filter {_safe(json.dumps(e.filter, separators=(',', ':')))}")
                 if e.manifest_raw and self.notes is not None:
                     self.notes.manifest = dcp_collections.parse_manifest(e.manifest_raw)
             elif t is dcp_consumer.PushIgnored:
@@ -357,7 +365,7 @@ def run_stream(opts: LiveOptions) -> None:
         consumer, error = run_and_close(lambda: run_session(session, opts.duration, stats, signals), sink)
         if error is None and consumer is not None and not session.stopped:
             stats.stop(finish_reason(opts, events))
-            opened = set(events.ends) | {vb for vb in consumer.states if vb not in events.failed}
+            opened = set(events.ends) | {vb for vb in consumer.vb_states() if vb not in events.failed}
             if events.failed and not opened:
                 error = every_stream_failed(events)
         interrupted = signals.interrupted()

@@ -13,7 +13,8 @@ import base64
 
 import orjson
 
-from dcptool.cli.output import json_default, value_fields
+# (snapshot flags by name live in cli/output.py, which dcp_display shares)
+from dcptool.cli.output import OSO_FLAG_NAMES, json_default, snap_flag_names, value_fields
 from dcptool.protocol.dcp import columnar
 from dcptool.replay.store.redact import mask_sasl_credentials
 
@@ -61,6 +62,9 @@ def frame_columns(buf, offsets, lengths, *, template: dict, collections: bool = 
                 v = b"*" * vl if i in masked else bytes(buf[off + ln - vl:off + ln])
                 vals[i], b64s[i], errs[i] = value_fields(v, dts[i])
         cols["value"], cols["value_base64"], cols["value_error"] = vals, b64s, errs
+    if "snap_flags" in cols and "snap_flag_names" in template:
+        cols["snap_flag_names"] = [OSO_FLAG_NAMES.get(f) if op == "oso_snapshot" else snap_flag_names(f)
+                                   for f, op in zip(cols["snap_flags"], ops)]
     for name, v in (extra or {}).items():
         cols[name] = [v] * n
     if first_frame_no is not None:

@@ -36,14 +36,20 @@ class LiveOptions:
     config_poll: float = 2.5       # DCP cluster: GET_CLUSTER_CONFIG poll interval
     # DCP stream options (issue 13): DCP_CONTROLs and flow control
     compress: bool = False         # force_value_compression
+    stream_ids: bool = False       # enable_stream_id: one stream per vbucket per filter group
     sync_writes: bool = False      # enable_sync_writes
     expiry_opcode: bool = True     # enable_expiry_opcode
+    change_streams: bool = False   # change_streams (history snapshots: every version of a key)
+    oso: bool = False              # enable_out_of_order_snapshots (OSO backfills)
     ack_ratio: float = 0.5         # acknowledge once this share of --buffer-size is unacknowledged
     required_controls: tuple = ()  # the controls given on the command line: a refusal is fatal
     # DCP collection filter (issue 13): names, resolved through GET_COLLECTIONS_MANIFEST
     scopes: tuple = ()             # --scope NAME
     collection_names: tuple = ()   # --collection SCOPE.NAME
     stream_filter: dict | None = None  # already resolved (capture --resume keeps the recorded one)
+    stream_groups: tuple = ()      # --stream-ids: (scopes, collections) of sid 1, 2, ...: each
+                                   # --collection value, then each --scope
+    stream_filters: list | None = None  # --stream-ids, already resolved per stream id (capture --resume)
     # Synapse
     streams: list[str] | None = None
     replicate: bool = True
@@ -117,11 +123,20 @@ def stream_control_options() -> list:
         click.option("--compress", is_flag=True,
                      help="DCP: ask for Snappy-compressed values (force_value_compression); they are "
                      "captured as sent and shown decompressed."),
+        click.option("--stream-ids", is_flag=True,
+                     help="DCP: several streams per vbucket (enable_stream_id; implies --collections): one per "
+                     "--collection value (SCOPE.A,SCOPE.B is one group) and per --scope, stream ids 1, 2, ..."),
         click.option("--sync-writes", is_flag=True,
                      help="DCP: receive durable writes as prepare, commit and abort (enable_sync_writes)."),
         click.option("--expiry-opcode/--no-expiry-opcode", default=None,
                      help="DCP: expirations as their own opcode (enable_expiry_opcode; default on) or "
                      "as deletions."),
+        click.option("--change-streams", is_flag=True,
+                     help="DCP: ask for change history (change_streams): snapshots of collections that "
+                     "keep history carry every version of a key."),
+        click.option("--oso", is_flag=True,
+                     help="DCP: allow out-of-order backfills (enable_out_of_order_snapshots="
+                     "true_with_seqno_advanced); the server uses them for a stream of one --collection."),
         click.option("--ack-ratio", default="0.5", show_default=True,
                      help="DCP: acknowledge once this share (0 < F <= 1) of --buffer-size is unacknowledged."),
     ]
@@ -129,7 +144,9 @@ def stream_control_options() -> list:
 
 # option -> the DCP_CONTROL it asks for (a refusal of one given on the command line is fatal)
 CONTROL_OF = {"compress": "force_value_compression", "sync_writes": "enable_sync_writes",
-              "expiry_opcode": "enable_expiry_opcode"}
+              "expiry_opcode": "enable_expiry_opcode", "change_streams": "change_streams",
+              "oso": "enable_out_of_order_snapshots"}
+CONTROL_OF["stream_ids"] = "enable_stream_id"
 
 
 def _stream_controls(kw: dict) -> dict:
@@ -145,6 +162,9 @@ def _stream_controls(kw: dict) -> dict:
     out = {"compress": kw.pop("compress"), "sync_writes": kw.pop("sync_writes"),
            "expiry_opcode": True if expiry is None else expiry, "ack_ratio": ratio}
     given = {"compress": out["compress"], "sync_writes": out["sync_writes"], "expiry_opcode": expiry is True}
+    out["change_streams"] = given["change_streams"] = kw.pop("change_streams")
+    out["oso"] = given["oso"] = kw.pop("oso")
+    out["stream_ids"] = given["stream_ids"] = kw.pop("stream_ids")
     out["required_controls"] = tuple(CONTROL_OF[k] for k, on in given.items() if on)
     return out
 
@@ -159,16 +179,20 @@ def collection_filter_options() -> list:
     ]
 
 
-def _collection_filter(kw: dict) -> dict:
-    scopes, names = tuple(kw.pop("scopes")), tuple(kw.pop("collection_names"))
+def _collection_filter(kw: dict, stream_ids: bool = False) -> dict:
+    scopes = tuple(kw.pop("scopes"))
+    # a --collection value may name several (SCOPE.A,SCOPE.B): one group (one stream id)
+    groups = [tuple(n for n in value.split(",") if n) or (value,) for value in kw.pop("collection_names")]
+    names = tuple(n for g in groups for n in g)
     for name in names:
         scope, dot, coll = name.partition(".")
         if not scope or not dot or not coll:
             raise click.BadParameter(f"{name!r} is not SCOPE.NAME (e.g. inventory.airline)",
                                      param_hint="--collection")
-    if scopes or names:
+    if scopes or names or stream_ids:
         kw["collections"] = True
-    return {"scopes": scopes, "collection_names": names}
+    return {"scopes": scopes, "collection_names": names,
+            "stream_groups": tuple(((), g) for g in groups) + tuple(((s,), ()) for s in scopes)}
 
 
 def build_options(ctx: click.Context, kw: dict) -> LiveOptions:
@@ -189,7 +213,7 @@ def build_options(ctx: click.Context, kw: dict) -> LiveOptions:
     if config_poll <= 0:
         raise click.BadParameter("must be above 0, e.g. 2.5s", param_hint="--config-poll")
     controls = _stream_controls(kw)
-    controls.update(_collection_filter(kw))
+    controls.update(_collection_filter(kw, controls["stream_ids"]))
     duration = kw.pop("duration")
     streams = kw.pop("streams")
     name = kw.pop("name")

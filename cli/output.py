@@ -73,10 +73,32 @@ def value_fields(value, datatype: int | None) -> tuple[object, str | None, str |
     return None, _b64(b), None
 
 
+# snapshot marker flags by name (DCP_DIGEST §5.3), lowest bit first
+SNAP_FLAG_NAMES = ((0x01, "memory"), (0x02, "disk"), (0x04, "checkpoint"), (0x08, "ack"), (0x10, "history"),
+                   (0x20, "may_duplicates"))
+_FLAG_NAME_CACHE: dict = {}
+OSO_FLAG_NAMES = {0x01: "oso_start", 0x02: "oso_end"}   # an oso_snapshot row's snap_flags
+
+
+def snap_flag_names(flags: int | None) -> str | None:
+    """Snapshot marker flags as `disk|checkpoint|history|may_duplicates` (unknown bits as hex)."""
+    if flags is None:
+        return None
+    name = _FLAG_NAME_CACHE.get(flags)
+    if name is None:
+        parts = [n for bit, n in SNAP_FLAG_NAMES if flags & bit]
+        rest = flags & ~0x3F
+        if rest:
+            parts.append(f"0x{rest:x}")
+        name = _FLAG_NAME_CACHE.setdefault(flags, "|".join(parts))
+    return name
+
+
 def dcp_display(row: dict) -> dict:
     """A DCP row (from messages.to_row or the codecs) made ready for output, in place: `key`
     as text with `key_base64` for a key that is not UTF-8; with a `value` column,
-    `value` / `value_base64` / `value_error` as value_fields says."""
+    `value` / `value_base64` / `value_error` as value_fields says; an empty `snap_flag_names`
+    column gets the marker flags by name (cli/dcp_rows.py)."""
     if "key" in row:
         k = row["key"]
         if k is None or type(k) is str:
@@ -90,6 +112,9 @@ def dcp_display(row: dict) -> dict:
         else:  # no value, or made ready already
             row.setdefault("value_base64", None)
             row.setdefault("value_error", None)
+    if "snap_flag_names" in row and row["snap_flag_names"] is None and row.get("snap_flags") is not None:
+        f = row["snap_flags"]
+        row["snap_flag_names"] = OSO_FLAG_NAMES.get(f) if row.get("op") == "oso_snapshot" else snap_flag_names(f)
     return row
 
 

@@ -131,11 +131,16 @@ def _manifest(scopes, per_scope, create_at, drop_at):
               help="Scenario: after N stream frames a collection is dropped (a system event in every vbucket; "
                    "its items are gone; a stream whose filter named only dropped collections ends "
                    "'filter empty'; repeatable).")
+@click.option("--history-collections", "history_collections", default=None, metavar="SCOPE.NAME[,...]|all",
+              help="Change history: these collections (or all, also those created later) keep every "
+                   "version of their keys, as a Magma bucket with history retention: their manifest entry "
+                   "says \"history\": true, a connection with change_streams=true gets History|"
+                   "MayContainDuplicates snapshots with every version. Without it change_streams is refused.")
 @playback_options
 def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, checkpoint_items, users, tls_cert,
               tls_key, failover_at, failover_loss, disconnect_after, end_reasons, slow, slow_frames, silent,
               refuse_controls, sync_write_ratio, corrupt_value_at, nodes, replicas, rebalance_at, add_node_at, from_capture, pace, disconnect_at, stall_at, corrupt_at,
-              scopes, collections_per_scope, create_collection_at, drop_collection_at):
+              scopes, collections_per_scope, create_collection_at, drop_collection_at, history_collections):
     """Serve DCP for one generated bucket on BIND:PORT.
 
     Speaks HELLO, SASL (SCRAM-SHA512/256/SHA1, PLAIN), SELECT_BUCKET, DCP_OPEN,
@@ -179,6 +184,12 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
                           disconnect_at=disconnect_at, stall_at=stall_at, corrupt_at=corrupt_at)
         return
     manifest = _manifest(scopes, collections_per_scope, create_collection_at, drop_collection_at)
+    if history_collections:
+        from dcptool.protocol.dcp.producer_history import enable_history
+        try:
+            enable_history(manifest, history_collections.split(","))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--history-collections") from None
     model = server_from_options(bucket=bucket, vbuckets=vbuckets, items=items, seed=seed, value_size=value_size,
                                 users=user_map, scenarios=scenarios, checkpoint_items=checkpoint_items,
                                 nodes=nodes, replicas=replicas, events=events, manifest=manifest)

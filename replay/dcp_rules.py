@@ -33,7 +33,7 @@ DCP_FILTER_COLUMNS = ["direction", "vbucket", "op", "decode_error"]
 DCP_STATE_COLUMNS = ["capture_id", "frame_no", "ts", "vbucket", "op", "status", "cas", "datatype",
                      "collection_id", "key", "value_len", "by_seqno", "rev_seqno", "item_flags",
                      "expiration", "snap_version", "snap_start", "snap_end", "snap_flags",
-                     "stream_end_reason", "rollback_seqno", "failover_log", "system_event_id"]
+                     "stream_end_reason", "rollback_seqno", "failover_log", "system_event_id", "stream_id"]
 COLLECTION_DROP = 1      # system_event_id of a collection drop (kv_engine system_event.md)
 DCP_ROLLBACK_COLUMNS = ["capture_id", "frame_no", "ts", "vbucket", "op", "status", "rollback_seqno"]
 
@@ -60,6 +60,9 @@ MARKER_COLUMNS = ["vbucket", "capture_id", "frame_no", "ts", "snap_version", "sn
 # an undone change, for the `undone` table (with `_r`, the rollback that undid it)
 UNDONE_COLUMNS = ["vbucket", "collection_id", "key", "by_seqno", "op", "capture_id", "frame_no", "ts"]
 INT64_MIN = np.iinfo(np.int64).min
+INT64_MAX = np.iinfo(np.int64).max
+OSO_START, OSO_END = 0x01, 0x02      # flags of an oso_snapshot frame (its snap_flags column)
+OSO_CLOSE = -3                       # an OSO end among a vbucket's rows (_prepare_snapshots)
 
 
 class _Prepared:
@@ -94,9 +97,12 @@ class DcpState:
         self.has_high = np.zeros(size, bool)
         # snapshots: the marker each vbucket is in (-1: none, or closed by a stream end)
         self.current = np.full(size, -1, np.int64)
+        self.with_sids = False     # stream ids seen: snapshots keyed by (vbucket, stream id)
         self.snaps = Grow(vb=(np.int64, 0), seq=(np.int64, 0), end=(np.int64, -1), items=(np.int64, 0),
                            hit_end=(bool, False), first_seqno=(np.int64, 0), has_first=(bool, False),
-                           last_seqno=(np.int64, 0))
+                           last_seqno=(np.int64, 0),
+                           # OSO snapshots: whether it is one, its end arrived, lowest / highest seqno
+                           oso=(bool, False), done=(bool, False), lo=(np.int64, INT64_MAX), hi=(np.int64, -1))
         self._markers: list[pa.Table] = []
         self._failover: list[pa.Table] = []   # stream-request successes with a failover log
         self._ends: list[pa.Table] = []       # stream ends
@@ -120,9 +126,10 @@ class DcpState:
         vb = as_numpy(chunk.column("vbucket"), dtype=np.int64)
         seq = as_numpy(chunk.column("_seq"), dtype=np.int64)
         ts = ts_ns(chunk.column("ts"))
-        is_mut, is_del, is_exp, is_adv, is_marker, is_end, is_req, is_prep, is_commit, is_abort = lookup_codes(
+        is_mut, is_del, is_exp, is_adv, is_marker, is_end, is_req, is_prep, is_commit, is_abort, is_oso = lookup_codes(
             chunk.column("op"), {"mutation"}, {"deletion"}, {"expiration"}, {"seqno_advanced"},
-            {"snapshot_marker"}, {"stream_end"}, {"stream_req"}, {"prepare"}, {"commit"}, {"abort"})
+            {"snapshot_marker"}, {"stream_end"}, {"stream_req"}, {"prepare"}, {"commit"}, {"abort"},
+            {"oso_snapshot"})
         is_sync = is_prep | is_commit | is_abort
 
         # per-vbucket activity and counters (arrays as long as the highest vbucket + 1)
@@ -167,7 +174,11 @@ class DcpState:
         p.has_high = np.bincount(vb[hi], minlength=nvb) > 0
 
         if self.with_snapshots:
-            self._prepare_snapshots(p, chunk, vb, seq, seqno, is_marker, is_end, is_change | is_sync, is_adv)
+            # OSO snapshots (REPLAY.md): their `snap_flags` column holds the OSO flags
+            oso_flags = as_numpy(chunk.column("snap_flags"), fill=0, dtype=np.int64) if is_oso.any() else 0
+            p.sid_key = _stream_key(chunk, vb)
+            self._prepare_snapshots(p, chunk, vb if p.sid_key is None else p.sid_key, seq, seqno, is_marker, is_end, is_change | is_sync, is_adv,
+                                    is_oso & (oso_flags & OSO_START != 0), is_oso & (oso_flags & OSO_END != 0), hi)
 
         # mutation, deletion, expiration, commit: the document takes the change; the later frame wins
         p.changes = prepare_changes(chunk, np.flatnonzero(doc_change & alive))
@@ -192,10 +203,12 @@ class DcpState:
             self.undone += p.undone
         if p.undone_rows is not None:
             self._undone_rows.append(p.undone_rows)
-        np.maximum(self.high_seqno[v], p.high, out=self.high_seqno[v])
-        self.has_high[v] |= p.has_high
-        if self.with_snapshots:
+        if self.with_snapshots:     # high_seqno there: an OSO snapshot's seqnos count at its end
+            self.with_sids |= p.sid_key is not None
             self._apply_snapshots(p)
+        else:
+            np.maximum(self.high_seqno[v], p.high, out=self.high_seqno[v])
+            self.has_high[v] |= p.has_high
         self.prepares.resolve(p.sync, p.changes)
         self.docs.apply(p.changes)
         self.dropped.update(p.drops)
@@ -218,20 +231,25 @@ class DcpState:
         return undone_by
 
     @staticmethod
-    def _prepare_snapshots(p, chunk, vb, seq, seqno, is_marker, is_end, is_change, is_adv) -> None:
-        """A snapshot marker opens a snapshot; its items follow until the next marker or a
-        stream end. Here: each row's closer within the chunk (markers numbered from 0)."""
-        mk = np.flatnonzero(is_marker)
+    def _prepare_snapshots(p, chunk, vb, seq, seqno, is_marker, is_end, is_change, is_adv,
+                           oso_start, oso_end, hi) -> None:
+        """A snapshot marker (or an OSO snapshot start) opens a snapshot; its items follow
+        until the next marker, a stream end or an OSO end. Here: each row's closer within the
+        chunk (markers numbered from 0)."""
+        mk = np.flatnonzero(is_marker | oso_start)
         p.markers = chunk.select(MARKER_COLUMNS).take(mk) if len(mk) else None
         p.m_vb, p.m_seq = vb[mk], seq[mk]
         p.m_end = as_numpy(chunk.column("snap_end").take(mk), fill=-1, dtype=np.int64)
-        rows = np.flatnonzero(is_marker | is_end | is_change | is_adv)
+        p.m_oso = oso_start[mk]
+        rows = np.flatnonzero(is_marker | is_end | is_change | is_adv | oso_start | oso_end)
         rows = rows[np.argsort(vb[rows].astype(np.uint16), kind="stable")]   # by (vbucket, frame order)
         p.rvb = rvb = vb[rows]
-        # what each row is: a marker (its number), a stream end (-1) or an item (-2)
+        p.r_hi = hi[rows]
+        # what each row is: a marker (its number), a stream end (-1), an OSO end (-3) or an item (-2)
         what = np.full(len(vb), -2, np.int64)
         what[mk] = np.arange(len(mk))
         what[is_end] = -1
+        what[oso_end] = OSO_CLOSE
         w = what[rows]
         pos = np.arange(len(rows))
         last_closer = np.maximum.accumulate(np.where(w != -2, pos, -1)) if len(rows) else pos
@@ -242,6 +260,8 @@ class DcpState:
         p.closer = w[np.maximum(last_closer, 0)] if len(rows) else w
         p.run_end = np.append(np.flatnonzero(start)[1:], len(rows)) - 1 if len(rows) else pos
         p.is_item = w == -2
+        p.is_oso_end = w == OSO_CLOSE
+        p.run_first = start
         p.r_seqno = seqno[rows]
         p.r_change = is_change[rows]
 
@@ -250,11 +270,13 @@ class DcpState:
         base = s.n
         if p.markers is not None:
             self._markers.append(p.markers)
-            s.extend(len(p.m_vb), vb=p.m_vb, seq=p.m_seq, end=p.m_end)
+            s.extend(len(p.m_vb), vb=p.m_vb, seq=p.m_seq, end=p.m_end, oso=p.m_oso)
         if len(p.rvb) == 0:
             return
         mi = np.where(p.inherited, self.current[p.rvb], np.where(p.closer >= 0, p.closer + base, -1))
+        before = np.where(p.run_first, self.current[p.rvb], np.roll(mi, 1))   # each row's snapshot before it
         self.current[p.rvb[p.run_end]] = mi[p.run_end]
+        self._apply_oso(p, mi, before)
         inside = p.is_item & (mi >= 0)
         hit = inside & (p.r_seqno == s.end[np.maximum(mi, 0)])
         s.hit_end[mi[hit]] = True
@@ -271,6 +293,32 @@ class DcpState:
         s.first_seqno[fm[new]] = iseq[first_i][new]
         s.has_first[fm] = True
         s.last_seqno[imi[last_i]] = iseq[last_i]
+
+    def _apply_oso(self, p, mi, before) -> None:
+        """high_seqno, and what an OSO snapshot holds: the seqnos (items and seqno advanced)
+        of an OSO snapshot count for high_seqno only once its end arrives (REPLAY.md)."""
+        s = self.snaps
+        in_oso = (mi >= 0) & s.oso[np.maximum(mi, 0)]
+        out = p.r_hi & ~in_oso
+        np.maximum.at(self.high_seqno, self._vb_of(p.rvb[out]), p.r_seqno[out])
+        self.has_high[self._vb_of(p.rvb[out])] = True
+        held = p.r_hi & in_oso
+        if held.any():
+            np.maximum.at(s.hi, mi[held], p.r_seqno[held])
+            np.minimum.at(s.lo, mi[held], p.r_seqno[held])
+        ends = p.is_oso_end & (before >= 0)
+        if ends.any():
+            sm = before[ends]
+            ok = s.oso[sm]
+            sm, evb = sm[ok], self._vb_of(p.rvb[ends][ok])
+            s.done[sm] = True
+            got = s.hi[sm] >= 0
+            np.maximum.at(self.high_seqno, evb[got], s.hi[sm][got])
+            self.has_high[evb[got]] = True
+
+    def _vb_of(self, keys: np.ndarray) -> np.ndarray:
+        """The vbuckets of snapshot keys (_stream_key)."""
+        return keys % SID_VB if self.with_sids else keys
 
     def _undone_table(self) -> pa.Table:
         """`undone`: each change a rollback undid, with the rollback, and whether the document's
@@ -328,11 +376,21 @@ class DcpState:
             nxt_above[:-1] = same & (m_start[1:] > m_end[:-1])
         complete = s.view("hit_end")[order] | nxt_above
         has_items = items > 0
+        oso = s.view("oso")[order]
+        snap_version, snap_start, snap_end, snap_flags = (as_strings(m.column("snap_version")), m.column("snap_start"),
+                                                          m.column("snap_end"), m.column("snap_flags"))
+        if oso.any():   # an OSO snapshot (REPLAY.md): complete at its end; its range from its seqnos
+            complete = np.where(oso, s.view("done")[order], complete)
+            lo, hi = s.view("lo")[order], s.view("hi")[order]
+            snap_version = pc.if_else(pa.array(oso), "oso", snap_version)
+            snap_start = pc.if_else(pa.array(oso), pa.array(lo, pa.int64(), mask=hi < 0), snap_start)
+            snap_end = pc.if_else(pa.array(oso), pa.array(hi, pa.int64(), mask=hi < 0), snap_end)
+            snap_flags = pc.if_else(pa.array(oso), pa.nulls(nm, snap_flags.type), snap_flags)
         out["snapshots"] = T.canonical("dcp", "snapshots", pa.table({
             "vbucket": m.column("vbucket"), "capture_id": as_strings(m.column("capture_id")),
             "frame_no": m.column("frame_no"), "ts": m.column("ts"),
-            "snap_version": as_strings(m.column("snap_version")), "snap_start": m.column("snap_start"),
-            "snap_end": m.column("snap_end"), "snap_flags": m.column("snap_flags"),
+            "snap_version": snap_version, "snap_start": snap_start,
+            "snap_end": snap_end, "snap_flags": snap_flags,
             "items": pa.array(items, pa.int64()),
             "first_seqno": pa.array(s.view("first_seqno")[order], pa.int64(), mask=~has_items),
             "last_seqno": pa.array(s.view("last_seqno")[order], pa.int64(), mask=~has_items),
@@ -385,9 +443,9 @@ class DcpState:
             "mutations": pa.array(self.counts["mutation"][vbs], pa.int64()),
             "deletions": pa.array(self.counts["deletion"][vbs], pa.int64()),
             "expirations": pa.array(self.counts["expiration"][vbs], pa.int64()),
-            "snapshots": pa.array(np.bincount(m_vb, minlength=1 << 16)[vbs], pa.int64()),
+            "snapshots": pa.array(np.bincount(self._vb_of(m_vb), minlength=1 << 16)[vbs], pa.int64()),
             "rollbacks": pa.array(np.bincount(self.r_vb, minlength=1 << 16)[vbs], pa.int64()),
-            "last_snapshot_complete": per_vbucket(m_vb, complete.tolist(), pa.bool_()),
+            "last_snapshot_complete": per_vbucket(self._vb_of(m_vb), complete.tolist(), pa.bool_()),
             "stream_end_reason": (per_vbucket(as_numpy(ends.column("vbucket"), dtype=np.int64),
                                               ends.column("stream_end_reason").to_pylist(), pa.uint32())
                                   if ends is not None else pa.nulls(nv, pa.uint32())),
@@ -396,6 +454,20 @@ class DcpState:
         if not self.with_snapshots:
             del out["snapshots"], out["vbuckets"]
         return out
+
+
+SID_VB = 1024     # snapshots are tracked per (vbucket, stream id): key = vbucket + SID_VB x stream id
+
+
+def _stream_key(chunk: pa.Table, vb: np.ndarray) -> np.ndarray:
+    """The key snapshots are tracked by (REPLAY.md) with stream ids (two streams' markers
+    interleave on one vbucket): vbucket + 1024 x stream id; ids above 62 (never ours) share
+    one key and a vbucket above 1023 keeps its own, so the arrays stay 2^16 long. None: no
+    stream ids in the chunk, the key is the vbucket."""
+    if "stream_id" not in chunk.column_names or chunk.column("stream_id").null_count == chunk.num_rows:
+        return None
+    sid = np.minimum(as_numpy(chunk.column("stream_id"), fill=0, dtype=np.int64), 63)
+    return np.where(vb < SID_VB, vb + SID_VB * sid, vb)
 
 
 def _last_per_vbucket(t: pa.Table) -> pa.Table:

@@ -84,7 +84,7 @@ def spark_with_prepares(F, changes, prepares):
     received before it (FROM_PREPARE; a commit without one keeps its own): the rule of
     `Prepares` in Spark SQL, for spark.py `_dcp_documents`. `F` is pyspark.sql.functions
     (only spark.py imports pyspark)."""
-    cols = FROM_PREPARE
+    cols = FROM_PREPARE + (("_cas_bits",) if "_cas_bits" in changes.columns else ())   # cas as a long too
     p = prepares.select(F.col("vbucket").alias("_p_vb"), F.col("collection_id").alias("_p_cid"),
                         F.col("key").alias("_p_key"), F.col("_seq").alias("_p_seq"),
                         *[F.col(c).alias("_p_" + c) for c in cols])

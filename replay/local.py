@@ -32,6 +32,7 @@ from dcptool.replay.as_of import AS_OF_COLUMNS, AsOf
 from dcptool.replay.columns import CHUNK_ROWS, as_numpy, ordered_frames
 from dcptool.replay.dcp_rules import (DCP_FILTER_COLUMNS, DCP_ROLLBACK_COLUMNS, DCP_STATE_COLUMNS, DcpState,
                                       dcp_vbucket_frames, rollback_mask)
+from dcptool.replay.history import HistoryState
 from dcptool.replay.store import reader
 from dcptool.replay.store.schema import capture_schema
 
@@ -78,8 +79,9 @@ def replay_local(files: list, chunk_rows: int | None = None, tables=None, as_of:
     if protocol == "dcp":
         # snapshots are tracked when a table that needs them will be asked for
         snaps = tables is None or bool({"snapshots", "vbuckets"} & set(tables))
+        hist = tables is None or "history" in tables    # every change: built only when asked for
         return Replay(protocol, files, _replay_dcp(files, ranks, chunk_rows or DCP_CHUNK_ROWS, as_of or None, memory,
-                                                   snaps), as_of or None, memory)
+                                                   snaps, hist), as_of or None, memory)
     if as_of:
         raise ValueError("a point in time (--as-of) applies to DCP captures only")
     return Replay(protocol, files, _replay_synapse(files, ranks, tables, chunk_rows or CHUNK_ROWS))
@@ -173,7 +175,7 @@ def _pipeline(parts: Iterator, work: Callable, chunk_rows: int, ahead: int = 4) 
 
 
 def _replay_dcp(files, ranks, chunk_rows, as_of: AsOf | None = None, budget: int | None = -1,
-                snapshots: bool = True) -> dict[str, pa.Table]:
+                snapshots: bool = True, history: bool = True) -> dict[str, pa.Table]:
     """The DCP tables. The documents of one pass over the capture must fit in `budget` bytes
     (-1: doc_budget()); when they outgrow it the vbuckets are split into ranges, each
     replayed in a pass of its own (every rule is per vbucket), and the tables concatenated."""
@@ -192,7 +194,7 @@ def _replay_dcp(files, ranks, chunk_rows, as_of: AsOf | None = None, budget: int
     rollbacks = pa.concat_tables(rollbacks) if rollbacks else schema.empty_table()
 
     with _engine_pool():
-        return _replay_passes(files, rollbacks, chunk_rows, as_of, budget, snapshots)
+        return _replay_passes(files, rollbacks, chunk_rows, as_of, budget, snapshots, history)
 
 
 @contextlib.contextmanager
@@ -213,13 +215,13 @@ def _engine_pool():
         pa.set_memory_pool(before)
 
 
-def _replay_passes(files, rollbacks, chunk_rows, as_of, budget, snapshots) -> dict[str, pa.Table]:
+def _replay_passes(files, rollbacks, chunk_rows, as_of, budget, snapshots, history=True) -> dict[str, pa.Table]:
     ranges, results = [(0, 1 << 16)], []
     while ranges:
         lo, hi = ranges.pop(0)
         try:
             results.append(_dcp_pass(files, rollbacks, chunk_rows, as_of, (lo, hi), budget if hi - lo > 1 else None,
-                                     snapshots))
+                                     snapshots, history))
         except _OverBudget as over:
             ranges[:0] = _split(lo, hi, over.vbuckets, over.nbytes / max(over.done, 1e-3) / budget * 1.5)
     if len(results) == 1:
@@ -244,13 +246,14 @@ def _split(lo: int, hi: int, seen: np.ndarray, need: float) -> list[tuple[int, i
 
 
 def _dcp_pass(files, rollbacks: pa.Table, chunk_rows, as_of: AsOf | None, vbuckets: tuple[int, int],
-              budget: int | None, snapshots: bool = True) -> dict[str, pa.Table]:
+              budget: int | None, snapshots: bool = True, history: bool = True) -> dict[str, pa.Table]:
     """One pass over every vbucket frame, in order, chunk by chunk: worker threads read row
     groups and do the stateless part of the work on them (DcpState.prepare) ahead of the
     stateful part on this thread (DcpState.apply), for the vbuckets lo <= vb < hi."""
     lo, hi = vbuckets
     # the columns the rules read (rollbacks are known already; snapshots only when tracked)
-    state_cols = [c for c in DCP_STATE_COLUMNS if c != "rollback_seqno" and (snapshots or not c.startswith("snap_"))]
+    state_cols = [c for c in DCP_STATE_COLUMNS if c != "rollback_seqno"
+                  and (snapshots or history or not c.startswith("snap_"))]
     cols = list(dict.fromkeys(DCP_FILTER_COLUMNS + state_cols))
     whole = vbuckets == (0, 1 << 16)
     if not whole:
@@ -273,17 +276,23 @@ def _dcp_pass(files, rollbacks: pa.Table, chunk_rows, as_of: AsOf | None, vbucke
         n = chunk.num_rows
         if not keep.all():
             chunk = chunk.filter(pa.array(keep))
-        return n, state.prepare(chunk.select(state_cols + ["_seq"]))
+        return n, state.prepare(chunk.select(state_cols + ["_seq"])), hist.prepare(chunk) if hist else None
 
     state = DcpState(rollbacks, snapshots)
+    hist = HistoryState(state._undone_by) if history else None   # the `history` table (replay/history.py)
     total = _known_rows(files) if budget else 0
     seen = 0
-    for rows, prepared in _pipeline(parts(), prepare, chunk_rows):
+    for rows, prepared, hist_part in _pipeline(parts(), prepare, chunk_rows):
         state.apply(prepared)
+        if hist:
+            hist.apply(hist_part)
         seen += rows
         if budget and state.docs.n and state.docs.nbytes() > budget:
             raise _OverBudget(seen / total if total else 0.5, state.docs.nbytes(), np.flatnonzero(state.seen))
-    return state.finish()
+    out = state.finish()
+    if hist:
+        out["history"] = hist.finish()
+    return out
 
 
 def _known_rows(files) -> int:

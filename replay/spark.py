@@ -1,7 +1,7 @@
 """The Spark engine: the rules of REPLAY.md on DataFrames, for captures larger than one
 machine. The only module that imports pyspark (lazily, inside functions).
 
-Frames never come to the driver. DCP `documents`, `undone`, `rollbacks` and `failover` are
+Frames never come to the driver. DCP `documents`, `undone`, `rollbacks`, `failover` and `history` are
 plain Spark SQL (no Python workers). The other tables come from groups of
 `groupBy(...).applyInArrow` (vbuckets for DCP, (stream, instance) for Synapse); inside the
 group the frames are sorted by their frame order and handed to the same functions the local
@@ -33,7 +33,7 @@ from urllib.parse import urlparse
 import pyarrow as pa
 
 from dcptool.protocol.dcp.constants import Status
-from dcptool.replay import apply, dcp_rules, dcp_sync, synapse_rules, tables as T, topology
+from dcptool.replay import apply, dcp_rules, dcp_sync, spark_sql, synapse_rules, tables as T, topology
 
 from dcptool.replay.store import reader
 from dcptool.replay.spark_arrow import (DCP_RESULTS, SYN_RESULTS, apply_group_table, dcp_group, from_spark_arrow,
@@ -210,11 +210,24 @@ def spark_schema(schema: pa.Schema):
 def read_frames(spark, files: list, tmpdir: str):
     """All frames as a DataFrame (capture columns in Spark types) plus `_rank` (the
     capture's rank in frame order) and `_seq` (rank << 44 | frame_no)."""
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as F, types as ST
 
     protocol = reader.protocol_of(files)
     paths = reader.parquet_paths(files, tmpdir)
-    df = spark.read.schema(spark_schema(capture_schema(protocol))).parquet(*paths)
+    schema = spark_schema(capture_schema(protocol))
+    cas_long = protocol == "dcp" and reader.without_dictionary(paths, "cas")
+    if cas_long:   # the vectorised reader takes plain uint64 pages as longs of the same bits
+        schema = ST.StructType([ST.StructField(f.name, ST.LongType()) if f.name == "cas" else f for f in schema])
+    df = spark.read.schema(schema).parquet(*paths)
+    if protocol == "dcp":   # `_cas_bits`: cas as a long of its bits; `cas` the decimal(20,0) it was
+        two64 = F.lit(decimal.Decimal(2**64)).cast("decimal(21,0)")
+        if cas_long:
+            df = df.withColumn("_cas_bits", F.col("cas")).withColumn("cas", F.when(
+                F.col("cas") < 0, F.col("cas").cast("decimal(21,0)") + two64).otherwise(
+                F.col("cas").cast("decimal(21,0)")).cast("decimal(20,0)"))
+        else:
+            df = df.withColumn("_cas_bits", F.when(F.col("cas") >= F.lit(decimal.Decimal(2**63)),
+                                                   F.col("cas") - two64).otherwise(F.col("cas")).cast("long"))
     ranks = reader.capture_ranks(files)
     if len(ranks) == 1:   # one capture: a constant, and capture_id is not read at all
         rank = F.lit(0).cast("long")
@@ -336,6 +349,8 @@ def replay_spark(spark, files: list, as_of=None) -> SparkReplay:
             "undone": lambda: _dcp_undone(vb_frames, ranks, any_rollback),
             "rollbacks": lambda: _dcp_rollbacks(vb_frames, ranks, any_rollback),
             "failover": lambda: _dcp_failover(vb_frames),
+            # every change (replay/history.py), as the SQL of spark_sql.history_query
+            "history": lambda: vb_frames.sparkSession.sql(spark_sql.history_query(), frames=vb_frames),
             "topology": lambda: topology.spark_dataframe(df, spark_schema, to_spark_arrow, ranks)})
     conn_key = F.shiftleft(F.col("_rank"), 32) + F.col("conn").cast("long")
     df = df.withColumn("_conn", conn_key)
@@ -397,15 +412,16 @@ def _dcp_documents(vb_frames, ranks: dict[str, int], rollbacks: bool = True, ops
     # string, would make Spark sort every change instead); fewer aggregates, less work per
     # change: frame_no and the capture come from max(_seq) (rank << 44 | frame_no), and the
     # small columns travel packed in two longs (_doc_pack)
-    two63 = F.lit(decimal.Decimal(2**63)).cast("decimal(20,0)")
     small, flags_exp = _doc_pack(F)
     numeric = {"by_seqno": F.col("by_seqno"), "rev_seqno": F.col("rev_seqno"),
-               "cas": (F.col("cas") - two63).cast("long"),          # uint64 as a long, shifted
+               "cas": F.col("_cas_bits"),          # uint64 as the long of its bits (read_frames)
                "_small": small, "_flags_exp": flags_exp, "ts": F.col("ts")}
     last = alive.groupBy("vbucket", "collection_id", "key").agg(
         F.max("_seq").alias("_last"), *[F.max_by(col, F.col("_seq")).alias(name) for name, col in numeric.items()])
     by_rank = F.create_map(*[x for cid, r in ranks.items() for x in (F.lit(r).cast("long"), F.lit(cid))])
-    out = {"cas": (F.col("cas").cast("decimal(20,0)") + two63).cast("decimal(20,0)"),
+    two64 = F.lit(decimal.Decimal(2**64)).cast("decimal(21,0)")
+    out = {"cas": F.when(F.col("cas") < 0, F.col("cas").cast("decimal(21,0)") + two64).otherwise(
+               F.col("cas").cast("decimal(21,0)")).cast("decimal(20,0)"),
            "capture_id": F.element_at(by_rank, F.shiftright(F.col("_last"), SEQ_SHIFT)),
            "frame_no": F.col("_last").bitwiseAND(F.lit((1 << SEQ_SHIFT) - 1)),
            **_doc_unpack(F)}

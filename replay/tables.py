@@ -66,6 +66,15 @@ DCP_TABLES: dict[str, tuple[pa.Schema, tuple[str, ...]]] = {
                   ("change_ts", TS), ("restored", pa.bool_()), ("restored_seqno", I64)),
                ("vbucket", "capture_id", "frame_no", "collection_id", "key", "by_seqno",
                 "change_capture_id", "change_frame_no")),
+    # change history (replay/history.py): one row per document change not undone by a
+    # rollback, every version (a change received twice is one row, the last received);
+    # snap_flags: the flags of the snapshot marker it arrived under
+    "history": (_s(("vbucket", pa.uint16()), ("collection_id", pa.uint32()), ("key", pa.binary()),
+                   ("by_seqno", I64), ("op", STR), ("state", STR), ("rev_seqno", I64), ("cas", pa.uint64()),
+                   ("datatype", pa.uint8()), ("item_flags", pa.uint32()), ("expiration", pa.uint32()),
+                   ("value_len", pa.uint32()), ("snap_flags", pa.uint32()), ("capture_id", STR),
+                   ("frame_no", I64), ("ts", TS)),
+                ("vbucket", "collection_id", "key", "by_seqno")),
     # one row per (cluster config revision, vbucket), the revision where it was first seen
     # (replay/topology.py): who sent it (node, via) and the vbucket's active node and replicas
     "topology": (_s(("rev_epoch", I64), ("rev", I64), ("capture_id", STR), ("frame_no", I64), ("ts", TS),
@@ -112,8 +121,9 @@ def schema_of(protocol: str, name: str) -> pa.Schema:
     return table_specs(protocol)[name][0]
 
 
-def canonical(protocol: str, name: str, table: pa.Table) -> pa.Table:
-    """`table` cast to the schema of `name` and sorted by its key (nulls first)."""
+def canonical(protocol: str, name: str, table: pa.Table, presorted: bool = False) -> pa.Table:
+    """`table` cast to the schema of `name` and sorted by its key (nulls first); `presorted`:
+    the caller built it in that order already (replay/history.py), so no sort."""
     schema, keys = table_specs(protocol)[name]
     cols = []
     for fld in schema:
@@ -122,7 +132,7 @@ def canonical(protocol: str, name: str, table: pa.Table) -> pa.Table:
             col = col.cast(fld.type)
         cols.append(col)
     t = pa.Table.from_arrays(cols, schema=schema)
-    if t.num_rows > 1:
+    if t.num_rows > 1 and not presorted:
         t = t.take(_sort_indices(t, keys))
     return t.combine_chunks()
 

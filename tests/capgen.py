@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from dcptool.replay.store.segment import dictionary_columns
 from dcptool.replay.store.schema import (META_CAPTURE_ID, META_FORMAT, META_OPTIONS, META_PROTOCOL,
                                    META_SEGMENT, META_SOURCE, META_STARTED_AT, META_VERSION,
                                    FORMAT_VERSION, capture_schema)
@@ -534,10 +535,12 @@ def file_name(meta: dict, segment: int, suffix: str = ".parquet") -> str:
 
 def write_captures(captures, directory: str, seed: int = 0, max_segments: int = 3,
                    in_progress_last: bool = False, truncate_bytes: int = 0,
-                   row_group_size: int | None = None) -> list[str]:
+                   row_group_size: int | None = None, dictionary=None) -> list[str]:
     """Writes each capture as 1..max_segments segments; the very last segment of the last
     capture is an in-progress Arrow IPC stream when `in_progress_last` (cut short by
-    `truncate_bytes`, as a SIGKILL leaves it). Returns the paths written."""
+    `truncate_bytes`, as a SIGKILL leaves it). Parquet segments use the capture writer's
+    dictionary columns, or pyarrow's `use_dictionary=dictionary` when given (True: every
+    column, as other writers do). Returns the paths written."""
     rng = random.Random(seed)
     os.makedirs(directory, exist_ok=True)
     paths = []
@@ -563,6 +566,7 @@ def write_captures(captures, directory: str, seed: int = 0, max_segments: int = 
                     fh.write(data)
             else:
                 path = os.path.join(directory, file_name(meta, seg))
-                pq.write_table(part, path, compression="zstd", row_group_size=row_group_size)
+                enc = dictionary_columns(part.schema) if dictionary is None else dictionary
+                pq.write_table(part, path, compression="zstd", row_group_size=row_group_size, use_dictionary=enc)
             paths.append(path)
     return paths

@@ -141,7 +141,7 @@ def test_control_validation():
     conn.receive(m.encode(m.Control(key=b"enable_noop", value=b"true")), 0.0)   # before DCP_OPEN
     for msg in (m.SelectBucket(bucket=b"default"), m.DcpOpen(name=b"x", flags=1),
                 m.Control(key=b"set_noop_interval", value=b"0.05"), m.Control(key=b"bogus", value=b"1"),
-                m.Control(key=b"enable_stream_id", value=b"true"), m.DcpOpen(name=b"x", flags=1)):
+                m.Control(key=b"stream_buffer_size", value=b"1024"), m.DcpOpen(name=b"x", flags=1)):
         conn.receive(m.encode(msg), 0.0)
     rsps = [m.decode_bytes(bytes(f)).status for f in conn.pull(0.0)]
     assert rsps == [Status.EINVAL, 0, 0, Status.EINVAL, Status.EINVAL, Status.NOT_SUPPORTED, Status.EINVAL]

@@ -39,9 +39,9 @@ def passes(monkeypatch):
     seen: list[tuple[int, int]] = []
     real = local._dcp_pass
 
-    def counting(files, rollbacks, chunk_rows, as_of, vbuckets, budget, snapshots=True):
+    def counting(files, rollbacks, chunk_rows, as_of, vbuckets, budget, *rest):
         seen.append(vbuckets)
-        return real(files, rollbacks, chunk_rows, as_of, vbuckets, budget, snapshots)
+        return real(files, rollbacks, chunk_rows, as_of, vbuckets, budget, *rest)
     monkeypatch.setattr(local, "_dcp_pass", counting)
     return seen
 

@@ -179,6 +179,6 @@ def test_stream_columns_are_the_capture_formats():
     the value columns of the output contract."""
     from dcptool.cli.dcp_live import row_columns
     from dcptool.replay.store.schema import column_names
-    want = set(column_names("dcp")) - {"capture_id", "raw"} | {"key_base64"}
+    want = set(column_names("dcp")) - {"capture_id", "raw"} | {"key_base64", "snap_flag_names"}
     assert set(row_columns()) == want
     assert set(row_columns(values=True, raw=True)) == want | {"value", "value_base64", "value_error", "raw"}

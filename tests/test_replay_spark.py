@@ -46,6 +46,21 @@ def test_spark_equals_local(spark, tmp_path_factory, s, protocol, in_progress):
     _assert_same(files, spark_engine.replay_spark(spark, files))
 
 
+@pytest.mark.parametrize("dictionary", [None, True])
+def test_cas_read_as_long_or_decimal(spark, tmp_path, dictionary):
+    """Spark reads `cas` as the long of its bits when no file keeps it dictionary-encoded (the
+    capture writer's files), as decimal(20,0) otherwise (other writers); cas values at and
+    above 2**63 come out the same either way, equal to the local engine's."""
+    d = tmp_path / "c"
+    capgen.write_captures(capgen.generate("dcp", 7, n_events=300), str(d), seed=7, dictionary=dictionary)
+    files = reader.find_captures([str(d)])
+    paths = [f.path for f in files]
+    assert reader.without_dictionary(paths, "cas") is (dictionary is None)
+    cas = local.replay_local(files).table("documents").column("cas").to_pylist()
+    assert any(c >= 2**63 for c in cas) and any(c < 2**63 for c in cas)
+    _assert_same(files, spark_engine.replay_spark(spark, files))
+
+
 def test_documents_in_spark_sql_follow_rollbacks(spark, tmp_path):
     """`documents` is computed by Spark SQL alone (no Python workers): on captures whose
     rollbacks undo changes it equals the local engine and the grouped (DcpState) result."""

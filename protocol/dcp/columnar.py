@@ -335,10 +335,15 @@ def decode_batch(buf, offsets: np.ndarray, lengths: np.ndarray, *, collections: 
         msg = messages.decode(frame, collections)
         row = messages.to_row(msg)
         if frame.magic in (0x80, 0x82, 0x08):
-            opaque_vbuckets[frame.opaque] = frame.vbucket_or_status
+            # a stream request's answer belongs to its stream id too
+            sid = row.get("stream_id") if row.get("op") == "stream_req" else None
+            opaque_vbuckets[frame.opaque] = frame.vbucket_or_status if sid is None else \
+                (frame.vbucket_or_status, sid)
         else:
             vb = opaque_vbuckets.get(frame.opaque)
-            if vb is not None:
+            if type(vb) is tuple:
+                row["vbucket"], row["stream_id"] = vb
+            elif vb is not None:
                 row["vbucket"] = vb
         for name, v in row.items():
             if name in NUMERIC:

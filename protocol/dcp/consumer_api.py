@@ -10,6 +10,20 @@ from dcptool.protocol.dcp.constants import StreamEndReason
 
 NUM_VB_SLOTS = 1024       # vbucket ids a bucket can have (0-1023); anything above is hostile
 
+
+def stream_key(vb: int, sid: int) -> int:
+    """The consumer's key of a stream: one per (vbucket, stream id); sid 0 = no stream id,
+    so without stream ids the key is the vbucket."""
+    return vb + NUM_VB_SLOTS * sid
+
+
+def key_vb(key: int) -> int:
+    return key % NUM_VB_SLOTS
+
+
+def key_sid(key: int) -> int:
+    return key // NUM_VB_SLOTS
+
 DEFAULT_REOPEN = frozenset({StreamEndReason.STATE_CHANGED, StreamEndReason.DISCONNECTED,
                            StreamEndReason.TOO_SLOW, StreamEndReason.BACKFILL_FAIL,
                            StreamEndReason.ROLLBACK})
@@ -26,6 +40,9 @@ class VbState:
     snap_end: int = 0
     snapshot_complete: bool = True
     ended_reason: int | None = None    # the stream ended for good (not re-requested on resume)
+    # with stream ids (--stream-ids): the state of each of the vbucket's streams, by stream id;
+    # the fields above then summarise them (the lowest last seqno; ended when all ended)
+    streams: dict = dataclasses.field(default_factory=dict)
 
     def request_seqnos(self) -> tuple[int, int, int, int]:
         """(start, vbucket uuid, snap start, snap end) of a resuming stream request."""
@@ -71,6 +88,8 @@ class ConsumerConfig:
     compress: bool = False                # force_value_compression=true (needs HELLO snappy)
     sync_writes: bool = False             # enable_sync_writes=true: prepare, commit, abort
     expiry_opcode: bool = True            # enable_expiry_opcode=true
+    change_streams: bool = False          # change_streams=true: history snapshots, every version
+    oso: bool = False                     # enable_out_of_order_snapshots=true_with_seqno_advanced
     required: frozenset = frozenset()
     # collection filter (collections.py, handshake.py): --scope / --collection names resolved
     # through GET_COLLECTIONS_MANIFEST after SELECT_BUCKET; or a filter already resolved
@@ -78,6 +97,12 @@ class ConsumerConfig:
     scopes: tuple = ()
     collection_names: tuple = ()
     stream_filter: dict | None = None
+    # stream ids (enable_stream_id): one stream per vbucket per group, sids 1, 2, ... in order;
+    # a group is (scope names, collection names) resolved like scopes / collection_names, or
+    # its filter already resolved (stream_filters, capture --resume); no group: one stream, sid 1
+    stream_ids: bool = False
+    stream_groups: tuple = ()
+    stream_filters: tuple | None = None
 
 
 # --------------------------------------------------------------------------- events
@@ -100,18 +125,21 @@ class StreamOpened:
     vbucket: int
     start: int
     failover_log: tuple
+    stream_id: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Rollback:
     vbucket: int
     seqno: int          # everything above it is void; the stream is re-requested from it
+    stream_id: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class StreamFailed:
     vbucket: int
     status: int
+    stream_id: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -119,6 +147,7 @@ class StreamEnded:
     vbucket: int
     reason: int
     final: bool         # False: the consumer re-requests the stream
+    stream_id: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -164,6 +193,7 @@ class FilterResolved:
     manifest it was resolved from (raw JSON; empty when it came from the config)."""
     filter: dict
     manifest_raw: bytes
+    filters: tuple = ()     # with stream ids: the filter of each stream id (1, 2, ...), None = all
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

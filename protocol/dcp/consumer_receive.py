@@ -8,6 +8,10 @@ struct.unpack_from at fixed offsets and only per-vbucket state is updated; long 
 (a backfill) are applied column-wise. Everything else is rare and decoded fully with
 protocol.dcp.messages (`_slow`).
 
+Stream ids: a data frame of a stream with an id comes in alt framing (magic 0x08, the 3-byte
+frame info 0x22 + sid, DCP_DIGEST §1.2), its fields 3 bytes further on; (vbucket, sid) picks
+the stream (consumer_api.stream_key), and a sid we did not ask for is no stream of ours.
+
 Server requests (magic 0x82, needs HELLO Duplex) are answered with magic 0x83. A cluster-map
 change notification (opcode 0x01, docs/CLUSTER.md) becomes ConfigPushed when it is well
 formed (key = our bucket, extras = revEpoch i64 + rev i64, or the old rev u32, a bounded
@@ -29,6 +33,7 @@ from dcptool.protocol.dcp.frames import parse_frame
 from dcptool.protocol.errors import ErrorCode, RemoteError
 
 _DATA = struct.Struct(">BB4xH4xI8xQ")     # magic opcode . vbucket . opaque . by_seqno
+_DATA_SID = struct.Struct(">6xH4xI8xxHQ")  # alt framing: vbucket . opaque . 0x22 sid . by_seqno
 DATA_OPS = frozenset({0x57, 0x58, 0x59, 0x5F, 0x64})
 _DATA_OPS_ARRAY = sorted(DATA_OPS)
 # DCP messages that belong to a vbucket's stream: one for a vbucket beyond NUM_VB_SLOTS makes
@@ -38,6 +43,8 @@ _VECTOR_MIN = 48           # runs shorter than this take the per-frame loop
 # bytes a pushed config may have (a 1024-vbucket map of a large cluster is well under 1 MiB)
 MAX_PUSHED_CONFIG = 8 << 20
 _EPOCH_REV = struct.Struct(">qq")
+OSO_START, OSO_END = 0x01, 0x02
+OSO_HOLD = (1 << 63) - 1   # `_last` of a stream inside an OSO snapshot: no item passes the fast paths
 _SNAPPY = 0x02
 
 
@@ -84,19 +91,35 @@ class Receiver:
         import numpy as np
         n = len(offsets)
         u8 = np.frombuffer(buf, dtype=np.uint8)
-        data = np.isin(u8[offsets + 1], _DATA_OPS_ARRAY) & (u8[offsets] == 0x80) & (lengths >= 32)
+        magic = u8[offsets]
+        data = np.isin(u8[offsets + 1], _DATA_OPS_ARRAY) & (magic == 0x80) & (lengths >= 32)
+        if self.max_sid:    # stream ids: alt-framed data frames with exactly the sid frame info
+            alt = (magic == 0x08) & (lengths >= 35)
+            a = np.nonzero(alt)[0]
+            alt[a] = (u8[offsets[a] + 2] == 3) & (u8[offsets[a] + 24] == 0x22) & \
+                np.isin(u8[offsets[a] + 1], _DATA_OPS_ARRAY)
+            data |= alt
         idx = np.nonzero(data)[0]
         vbs = _be(u8, offsets[idx] + 6, 2).astype(np.int64)
         opq = _be(u8, offsets[idx] + 12, 4).astype(np.int64)
-        # a vbucket id from the peer indexes nothing before it is checked: out-of-range ids
-        # take the per-frame path, which reports them
-        in_range = vbs < NUM_VB_SLOTS
+        fe = np.zeros(len(idx), dtype=np.int64)
+        if self.max_sid:
+            ia = alt[idx]
+            fe[ia] = 3
+            sids = np.zeros(len(idx), dtype=np.int64)
+            sids[ia] = _be(u8, offsets[idx[ia]] + 25, 2).astype(np.int64)
+            in_range = (vbs < NUM_VB_SLOTS) & (sids <= self.max_sid)
+            vbs = vbs + NUM_VB_SLOTS * sids      # stream keys from here on
+        else:
+            # a vbucket id from the peer indexes nothing before it is checked: out-of-range ids
+            # take the per-frame path, which reports them
+            in_range = vbs < NUM_VB_SLOTS
         ok = in_range & (opq == np.asarray(self._sopq, dtype=np.int64)[np.where(in_range, vbs, 0)])
         # a run ends at every frame that is not a valid data frame
         stop = np.ones(n, dtype=bool)
         stop[idx[ok]] = False
         stops = np.nonzero(stop)[0].tolist()
-        seqs = _be(u8, offsets[idx] + 24, 8)
+        seqs = _be(u8, offsets[idx] + 24 + fe, 8)
         pos_in_idx = np.full(n, -1, dtype=np.int64)
         pos_in_idx[idx] = np.arange(len(idx))
         prev = 0
@@ -136,6 +159,8 @@ class Receiver:
         sopq = self._sopq
         unacked = 0
         data = 0
+        max_sid = self.max_sid
+        oso = self._oso
         for i in range(len(offsets)):
             off = offsets[i]
             ln = lengths[i]
@@ -144,6 +169,20 @@ class Receiver:
                 _, _, vb, opaque, seq = unpack(buf, off)
                 if vb < NUM_VB_SLOTS and opaque == sopq[vb] and seq > last[vb]:
                     last[vb] = seq
+                    unacked += ln
+                    data += 1
+                    continue
+                if oso and vb in oso and opaque == sopq[vb]:    # an OSO snapshot's item (key order)
+                    self._oso_item(vb, seq)
+                    unacked += ln
+                    data += 1
+                    continue
+            elif max_sid and op in DATA_OPS and ln >= 35 and buf[off] == 0x08 and buf[off + 2] == 3 \
+                    and buf[off + 24] == 0x22:
+                vb, opaque, sid, seq = _DATA_SID.unpack_from(buf, off)
+                k = vb + NUM_VB_SLOTS * sid
+                if vb < NUM_VB_SLOTS and sid <= max_sid and opaque == sopq[k] and seq > last[k]:
+                    last[k] = seq
                     unacked += ln
                     data += 1
                     continue
@@ -178,31 +217,74 @@ class Receiver:
             raise RemoteError(ErrorCode.BAD_VBUCKET,
                               f"{op_name(op)} for vbucket {vb} (opaque {msg.opaque}): vbucket ids go up to "
                               f"{NUM_VB_SLOTS - 1}; the stream cannot be trusted")
-        if vb is None or vb >= NUM_VB_SLOTS or msg.opaque != self._sopq[vb]:
+        sid = msg.stream_id or 0
+        if vb is None or vb >= NUM_VB_SLOTS or sid > self.max_sid:
+            return   # not a stream of ours (a stream id we did not ask for): ignore
+        k = vb + NUM_VB_SLOTS * sid       # the stream key (consumer_api.stream_key)
+        if msg.opaque != self._sopq[k]:
             return   # a frame of a stream we no longer have (closed, replaced, not ours): ignore
         t = type(msg)
-        st = self.states[vb]
+        st = self.states[k]
         if t is m.SnapshotMarker:
-            st.last_seqno = self._last[vb]
+            self._leave_oso(k)      # a marker inside an OSO snapshot (verify flags it) ends it unfinished
+            st.last_seqno = self._last[k]
             st.snap_start, st.snap_end = msg.snap_start, msg.snap_end
             st.snapshot_complete = st.last_seqno >= st.snap_end
             if msg.snap_flags & SnapshotFlag.ACK:
                 self._out.append(m.encode(m.Response(opcode=0x56, opaque=msg.opaque)))
         elif t is m.StreamEnd:
-            self._stream_end(vb, msg.reason)
+            self._stream_end(k, msg.reason)
         elif t is m.SetVbucketState:
             self._out.append(m.encode(m.Response(opcode=0x5B, opaque=msg.opaque)))
+        elif t is m.OsoSnapshot:
+            self._oso_marker(k, msg.flags)
         elif op in DATA_OPS or t in (m.Prepare, m.Commit, m.Abort):
             seq = getattr(msg, "by_seqno", None)
             if seq is None:
                 seq = getattr(msg, "commit_seqno", None) or getattr(msg, "abort_seqno", None)
             if seq is not None:
-                if seq <= self._last[vb]:
+                if k in self._oso:      # inside an OSO snapshot: key order, held until its end
+                    self._oso_item(k, seq)
+                    return
+                if seq <= self._last[k]:
                     raise RemoteError(ErrorCode.UNEXPECTED_MESSAGE,
-                                      f"vbucket {vb}: seqno {seq} after {self._last[vb]}")
-                self._last[vb] = seq
+                                      f"{self._name(k)}: seqno {seq} after {self._last[k]}")
+                self._last[k] = seq
         elif getattr(msg, "decode_error", None) and op in DATA_OPS:
             raise RemoteError(ErrorCode.BAD_EXTRAS, f"vbucket {vb}: {msg.decode_error}")
+
+    # ---- OSO snapshots (DCP_DIGEST §5.9, REPLAY.md): items in key order between a start and
+    # an end. The resume point stays at the seqno before the start (Y) until the end, then
+    # moves to the highest seqno received in it (X); meanwhile `_last` holds OSO_HOLD so that
+    # every item of the snapshot takes the per-frame path here.
+    def _oso_marker(self, k: int, flags: int) -> None:
+        if flags & OSO_START and k not in self._oso:
+            self._oso[k] = [self._last[k], self._last[k]]
+            self._last[k] = OSO_HOLD
+        elif flags & OSO_END and k in self._oso:
+            x = self._oso.pop(k)[1]
+            st = self.states[k]
+            st.last_seqno = st.snap_start = st.snap_end = self._last[k] = x
+            st.snapshot_complete = True
+
+    def _oso_item(self, k: int, seq: int) -> None:
+        held = self._oso[k]
+        if seq <= held[0]:
+            raise RemoteError(ErrorCode.UNEXPECTED_MESSAGE,
+                              f"{self._name(k)}: seqno {seq} in an OSO snapshot that started after {held[0]}")
+        if seq > held[1]:
+            held[1] = seq
+
+    def _leave_oso(self, k: int) -> None:
+        """The stream of `k` ends or restarts: an unfinished OSO snapshot counts for nothing."""
+        held = self._oso.pop(k, None)
+        if held is not None:
+            self._last[k] = held[0]
+
+    def _held_last(self, k: int) -> int:
+        """The resume point of `k`: inside an OSO snapshot, the seqno before its start."""
+        held = self._oso.get(k)
+        return self._last[k] if held is None else held[0]
 
     def _server_request(self, frame) -> ConfigPushed | PushIgnored:
         """What a server request means to us: every field is checked, nothing is fatal."""

@@ -116,12 +116,12 @@ class Handshake:
         raw = bytes(getattr(rsp, "value", b"") or b"")
         manifest = dcp_collections.parse_manifest(raw)
         try:
-            self._filter = dcp_collections.resolve(manifest, tuple(self.cfg.scopes), tuple(self.cfg.collection_names))
+            self._filter = self._resolve_filters(manifest)    # consumer.py: per stream id too
         except dcp_collections.UnknownNames as exc:
             self.phase = "manifest"        # stops here: the caller reports the names
             self._events.append(FilterUnknown(str(exc)))
             return
-        self._events.append(FilterResolved(dict(self._filter), raw))
+        self._events.append(FilterResolved(dict(self._filter), raw, self.sid_filters()))
         self._after_select()
 
     def _after_select(self) -> None:
@@ -131,7 +131,7 @@ class Handshake:
             return
         if self.cfg.stream_filter is not None and getattr(self, "_filter", None) is None:
             self._filter = dict(self.cfg.stream_filter)
-            self._events.append(FilterResolved(dict(self._filter), b""))
+            self._events.append(FilterResolved(dict(self._filter), b"", self.sid_filters()))
         if self.cfg.vbuckets is None or self.cfg.check_vbuckets:
             self._request(m.GetAllVbSeqnos(), self._on_vb_seqnos)
         else:
@@ -183,6 +183,12 @@ class Handshake:
             controls.append(("enable_sync_writes", "true"))
         if cfg.compress:
             controls.append(("force_value_compression", "true"))
+        if cfg.stream_ids:
+            controls.append(("enable_stream_id", "true"))
+        if cfg.change_streams:
+            controls.append(("change_streams", "true"))
+        if cfg.oso:     # what the Java client and gocbcore send (OSO backfills, consumer_receive.py)
+            controls.append(("enable_out_of_order_snapshots", "true_with_seqno_advanced"))
         if cfg.collections:
             controls.append(("max_marker_version", "2.2"))
         self._controls_left = len(controls)

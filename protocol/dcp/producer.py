@@ -28,6 +28,7 @@ from dcptool.protocol.dcp.producer_controls import control_status
 from dcptool.protocol.dcp.producer_bucket import Bucket, Item, VBucket, rollback_seqno
 from dcptool.protocol.dcp import producer_collections as pcol
 from dcptool.protocol.dcp.producer_streams import Fixed, Stream, Var, encode_item
+from dcptool.protocol.dcp import producer_sid
 from dcptool.protocol.dcp.producer_server import Scenarios, ServerModel, rate_items, server_from_options  # noqa: F401
 from dcptool.protocol.errors import ProtocolError
 
@@ -65,7 +66,7 @@ class ProducerConnection:
         self.noop_due: float | None = None
         self.noop_waiting: int | None = None    # opaque of an unanswered noop
         self.noop_opaque = NOOP_OPAQUE_BASE
-        self.streams: dict[int, Stream] = {}
+        self.streams: dict[int, Stream] = {}    # by producer_sid.stream_key(vbucket, sid)
         self._order: list[int] = []
         self._rr = 0
         self._out: list[bytes] = []
@@ -108,6 +109,10 @@ class ProducerConnection:
         return self.controls.get("force_value_compression") == "true"
 
     @property
+    def stream_ids(self) -> bool:
+        return self.controls.get("enable_stream_id") == "true"
+
+    @property
     def sequential(self) -> bool:
         return self.controls.get("backfill_order") == "sequential"
 
@@ -120,12 +125,12 @@ class ProducerConnection:
         self.server.connections.discard(self)
 
     def end_stream(self, vbid: int, reason: int) -> None:
-        """End the vbucket's stream now (what is queued is dropped: frames are whole)."""
-        st = self.streams.get(vbid)
-        if st is not None and not st.ended:
-            st.segments.clear()
-            st.injected_end = None
-            st.segments.append(Var([st.end_frame(reason)]))
+        """End the vbucket's streams now (what is queued is dropped: frames are whole)."""
+        for key, st in self.streams.items():
+            if key & 0xFFFF == vbid and not st.ended:
+                st.segments.clear()
+                st.injected_end = None
+                st.segments.append(Var([st.end_frame(reason)]))
 
     # ---- input
     def receive(self, data: bytes, now: float) -> None:
@@ -246,15 +251,22 @@ class ProducerConnection:
             else:
                 self._reply(msg, cls=m.FailoverLogResponse, failover_log=tuple(vb.failover_log))
         elif t is m.CloseStream:
-            st = self.streams.pop(msg.vbucket, None)
+            sid = msg.stream_id
+            if (sid is not None) != self.stream_ids or sid == 0:
+                self._reply(msg, Status.DCP_STREAM_ID_INVALID)
+                return
+            key = producer_sid.stream_key(msg.vbucket, sid or 0)
+            st = self.streams.pop(key, None)
             if st is None:
                 self._reply(msg, Status.KEY_ENOENT)
                 return
-            self._order.remove(msg.vbucket)
+            self._order.remove(key)
             self._reply(msg)
             if self.controls.get("send_stream_end_on_client_close_stream") == "true":
-                self._out.append(st.end_frame(StreamEndReason.CLOSED))
-                self.outstanding += 28
+                end = st.end_frame(StreamEndReason.CLOSED)
+                end = producer_sid.tag_frame(end, sid) if sid else end
+                self._out.append(end)
+                self.outstanding += len(end)
         elif t is m.Noop:   # a consumer must never send DCP_NOOP: kv_engine disconnects
             self.close("DCP_NOOP received from the client")
         else:
@@ -351,10 +363,15 @@ class ProducerConnection:
         if start > end or not snap_start <= start <= snap_end:
             self._reply(req, Status.ERANGE)
             return
-        if req.vbucket in self.streams:
+        sstatus, sid, value = producer_sid.split_sid(req.value, self.stream_ids)
+        if sstatus != Status.SUCCESS:
+            self._reply(req, sstatus)
+            return
+        key = producer_sid.stream_key(req.vbucket, sid)
+        if key in self.streams:
             self._reply(req, Status.KEY_EEXISTS)
             return
-        fstatus, flt, fbody = pcol.parse_filter(req.value, getattr(self.bucket, "manifest", None), self.collections)
+        fstatus, flt, fbody = pcol.parse_filter(value, getattr(self.bucket, "manifest", None), self.collections)
         if fstatus != Status.SUCCESS:
             self._reply_json(req, fstatus, fbody)
             return
@@ -377,9 +394,11 @@ class ProducerConnection:
             reason = sc.end_reasons[req.vbucket]
         # kv_engine: a first marker never starts after the snapshot the client was inside
         partial = snap_start if snap_start < start <= snap_end else None
-        self.streams[req.vbucket] = Stream(self, vb, req.opaque, start, end, reason, partial)
-        self.streams[req.vbucket].flt = flt
-        self._order.append(req.vbucket)
+        st = self.streams[key] = Stream(self, vb, req.opaque, start, end, reason, partial)
+        st.flt = flt
+        st.sid = sid
+        st.sid_seg = None          # the segment last tagged with the stream id
+        self._order.append(key)
         if sc.silent:
             self.server.silent_active = True
 
@@ -453,6 +472,8 @@ class ProducerConnection:
                 continue
             idle_rounds = 0
             seg = st.segments[0]
+            if st.sid and seg is not st.sid_seg:    # alt framing with the stream id (producer_sid.py)
+                seg = st.segments[0] = st.sid_seg = producer_sid.tag_segment(seg, st.sid)
             data, k = seg.take(budget, frames_cap)
             if seg.done:
                 st.segments.pop(0)

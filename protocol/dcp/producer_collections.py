@@ -37,6 +37,7 @@ class Collection:
     name: str
     sid: int
     dropped: bool = False
+    history: bool = False       # keeps every version of a key (producer_history.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +101,8 @@ class Manifest:
         """The GET_COLLECTIONS_MANIFEST body, as Couchbase writes it (ids as hex strings)."""
         scopes = []
         for sid, sname in self.scopes.items():
-            cols = [{"name": c.name, "uid": f"{c.cid:x}"} for c in self.collections.values()
-                    if c.sid == sid and not c.dropped]
+            cols = [{"name": c.name, "uid": f"{c.cid:x}", **({"history": True} if c.history else {})}
+                    for c in self.collections.values() if c.sid == sid and not c.dropped]
             scopes.append({"name": sname, "uid": f"{sid:x}", "collections": cols})
         return json.dumps({"uid": f"{self.uid:x}", "scopes": scopes}, separators=(",", ":")).encode()
 
@@ -130,7 +131,7 @@ class Manifest:
         if ev.kind == "create":
             if self.find(ev.scope, ev.name) is not None:
                 return False
-            col = Collection(self.next_id, ev.name, sid)
+            col = Collection(self.next_id, ev.name, sid, history=getattr(self, "history_default", False))
             self.next_id += 1
             self.collections[col.cid] = col
             self.uid += 1

@@ -4,26 +4,29 @@ which values, and what this producer does with them (DCP_DIGEST §2.6).
 Honoured: connection_buffer_size, enable_noop, set_noop_interval, send_stream_end_on_client_
 close_stream, enable_expiry_opcode, enable_sync_writes (prepare, commit, abort and marker
 V2.0: producer_sync.py), max_marker_version (2.2), force_value_compression (snappy values),
-backfill_order (sequential = one stream at a time). Accepted and true by construction here: flatbuffers_system_events (this producer sends
-no system events), include_deleted_user_xattrs (no xattrs in deletions),
-enable_out_of_order_snapshots (kv_engine backfills out of order only for a stream filtered to
-one collection, which this producer does not offer, so streams stay in seqno order as they
-would on Couchbase), v7_dcp_status_codes. Accepted and ignored: set_priority,
+backfill_order (sequential = one stream at a time), enable_out_of_order_snapshots (true /
+true_with_seqno_advanced: as kv_engine, a stream filtered to exactly one collection gets its
+initial backfill from seqno 0 as an OSO snapshot in key order, with a seqno advanced to its
+end with the second value: producer_oso.py; every other stream stays in seqno order).
+Accepted and true by construction here: flatbuffers_system_events (this producer sends
+no system events), include_deleted_user_xattrs (no xattrs in deletions), v7_dcp_status_codes. Accepted and ignored: set_priority,
 supports_cursor_dropping(_vulcan), supports_hifi_MFU, consumer_name. Refused as Couchbase
-refuses them: stream_buffer_size (NOT_SUPPORTED), change_streams (NOT_SUPPORTED: a couchstore
-bucket keeps no history), enable_stream_id (NOT_SUPPORTED here: frames would need a stream id
-this producer does not write). Unknown keys: EINVAL.
+refuses them: stream_buffer_size (NOT_SUPPORTED), change_streams (NOT_SUPPORTED unless the
+bucket has a history collection, producer_history.py; a couchstore bucket keeps no history). Stream ids:
+enable_stream_id=true (several streams per vbucket, alt framing, producer_sid.py), refused
+NOT_SUPPORTED once sync writes are enabled, as kv_engine does. Unknown keys: EINVAL.
 """
 
 from __future__ import annotations
 
 from dcptool.protocol.dcp.constants import Feature, OpenFlag, Status
+from dcptool.protocol.dcp.producer_history import control_status as history_control_status
 
 MIN_NOOP_INTERVAL = 0.1           # connection_manager_interval: smaller intervals are refused
 BOOLS = ("true", "false")
 ACCEPTED_IGNORED = ("set_priority", "supports_cursor_dropping", "supports_cursor_dropping_vulcan",
                     "supports_hifi_MFU", "consumer_name")
-REFUSED = ("stream_buffer_size", "change_streams", "enable_stream_id")
+REFUSED = ("stream_buffer_size", "change_streams")
 
 
 def control_status(conn, key: str, val: str, now: float) -> int:
@@ -74,10 +77,16 @@ def control_status(conn, key: str, val: str, now: float) -> int:
         if val not in BOOLS or Feature.SNAPPY not in conn.features:
             return Status.EINVAL
         return Status.SUCCESS
+    if key == "enable_stream_id":
+        if val != "true":
+            return Status.EINVAL
+        return Status.NOT_SUPPORTED if conn.sync_writes else Status.SUCCESS
     if key == "include_deleted_user_xattrs":
         if val != "true" or not conn.open_flags & OpenFlag.INCLUDE_DELETED_USER_XATTRS:
             return Status.EINVAL
         return Status.SUCCESS
+    if key == "change_streams":     # only a bucket with history collections (producer_history.py)
+        return history_control_status(conn, val)
     if key in REFUSED:
         return Status.NOT_SUPPORTED
     return Status.EINVAL

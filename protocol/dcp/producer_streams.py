@@ -13,7 +13,9 @@ from dcptool.protocol.dcp.constants import SnapshotFlag, StreamEndReason
 from dcptool.protocol.dcp.producer_bucket import Item, VBucket
 from dcptool.protocol.dcp.producer_collections import system_event_frame
 from dcptool.protocol.dcp.producer_compress import compressed_disk_frames, with_opaque
-from dcptool.protocol.dcp.producer_sync import snapshot_items, sync_frame
+from dcptool.protocol.dcp import producer_history as history
+from dcptool.protocol.dcp import producer_oso
+from dcptool.protocol.dcp.producer_sync import sync_frame
 
 # --------------------------------------------------------------------------- segments
 
@@ -130,7 +132,13 @@ class Stream:
             snap_from = min(snap_from, self.partial_snap_start)   # kv_engine: min(requested, marker start)
         if self.cursor < vb.disk_high:
             last = min(vb.disk_high, self.end)
-            flags = SnapshotFlag.DISK | SnapshotFlag.CHECKPOINT
+            if producer_oso.uses_oso(self):     # out of sequence order, between OSO markers
+                self.segments.extend(Fixed(p.tobytes(), p.dtype.itemsize, len(p)) if kind == "records" else Var(p)
+                                     for kind, p in producer_oso.oso_backfill(self, last))
+                self.first_marker = False
+                self.cursor = last
+                return True
+            flags = SnapshotFlag.DISK | SnapshotFlag.CHECKPOINT | history.disk_flags(c, vb, self.cursor + 1, last)
             self.segments.append(Var([self._marker(snap_from, last, flags, True)]))
             # a collection filter (producer_collections.Filter): a mask over the disk items
             mask = None if self.flt is None else self.flt.disk_mask(vb.disk_cids[self.cursor:last],
@@ -161,8 +169,9 @@ class Stream:
             if self.flt is not None:    # collections: this stream's items and system events
                 items, filter_empty = self.flt.memory_items(items, c.bucket.manifest)
             # de-duplication within the snapshot; sync writes as the connection gets them
-            items, mvs = snapshot_items(items, c.sync_writes)
-            flags = SnapshotFlag.MEMORY
+            # (change history: every version of a history collection's keys, producer_history.py)
+            items, mvs, hflags = history.memory_snapshot(c, items)
+            flags = SnapshotFlag.MEMORY | hflags
             if (first - vb.disk_high - 1) % vb.checkpoint_items == 0:
                 flags |= SnapshotFlag.CHECKPOINT
             if not c.sync_writes and mvs is None:   # nothing it can see: no snapshot

@@ -81,6 +81,9 @@ class ClusterResult:
     unserved: dict[int, str]
     finished: bool = True
 
+    def vb_states(self) -> dict[int, VbState]:
+        return self.states
+
 
 class ClusterSession:
     def __init__(self, cfg: ConsumerConfig, seeds: list[tuple[str, int]], *, tls: ssl.SSLContext | None = None,
@@ -253,7 +256,7 @@ class ClusterSession:
     def _result(self) -> ClusterResult:
         states = dict(self.final)
         for link in self.links.values():
-            states.update(link.consumer.states)
+            states.update(link.consumer.vb_states())
         states.update(self.states)
         return ClusterResult(states, dict(self.router.unserved))
 
@@ -304,7 +307,7 @@ class ClusterSession:
         exc = link.proto.done.exception()
         consumer = link.consumer
         if exc is None:     # finished: every stream it kept ended or failed
-            for vb, st in consumer.states.items():
+            for vb, st in consumer.vb_states().items():
                 self.final[vb] = st
             now = time.monotonic()
             for vb, st in link.want.items():

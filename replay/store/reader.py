@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from dcptool.replay.store.schema import (META_CAPTURE_ID, META_PROTOCOL, META_SEGMENT, META_STARTED_AT,
                                    PROTOCOLS, capture_schema)
+from dcptool.replay.store.segment import dictionary_columns
 
 FINISHED_SUFFIX = ".parquet"
 IN_PROGRESS_SUFFIX = ".arrows"
@@ -350,6 +351,21 @@ def parquet_paths(files: list[CaptureFile], tmpdir: str) -> list[str]:
         table = table.replace_schema_metadata(capture_schema(f.protocol, f.metadata).metadata)
         name = os.path.basename(f.path)[: -len(IN_PROGRESS_SUFFIX)] + FINISHED_SUFFIX
         dest = os.path.join(tmpdir, name)
-        pq.write_table(table, dest, compression="zstd")
+        pq.write_table(table, dest, compression="zstd", use_dictionary=dictionary_columns(table.schema))
         out.append(dest)
     return out
+
+
+def without_dictionary(paths: list[str], column: str) -> bool:
+    """True when no row group of these Parquet files keeps `column` dictionary-encoded (the
+    capture writer never does for `cas`; files from other writers may): Spark can then read a
+    uint64 column as the long of the same bits instead of as decimal(20,0)."""
+    for path in paths:
+        meta = pq.read_metadata(path)
+        names = [meta.schema.column(i).path for i in range(meta.num_columns)]
+        if column not in names:
+            return False
+        i = names.index(column)
+        if any(meta.row_group(g).column(i).has_dictionary_page for g in range(meta.num_row_groups)):
+            return False
+    return True

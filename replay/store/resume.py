@@ -10,7 +10,8 @@ in the captures already in the output directory.
 * `synapse_resume_state(paths)`: per (stream, instance), the last committed token under the
   batch-token rule of REPLAY.md.
 
-Only `in` frames change state (REPLAY.md); outgoing stream requests only reset "ended".
+Only `in` frames change state (REPLAY.md); outgoing stream requests only reset "ended" (and
+an unfinished OSO snapshot: the stream is asked again from before it).
 The passes read a few columns (never `raw`), and skip the bulk of the items with one
 vectorised mask per segment, so resuming over a large directory stays cheap.
 """
@@ -32,9 +33,11 @@ from dcptool.replay.store.segment import finish_in_progress
 # ops whose by_seqno is a position in the vbucket's history
 SEQNO_OPS = ("mutation", "deletion", "expiration", "system_event", "seqno_advanced",
              "prepare", "commit", "abort")
-CONTROL_OPS = ("snapshot_marker", "stream_req", "get_failover_log", "stream_end")
-DCP_COLUMNS = ["direction", "op", "status", "vbucket", "by_seqno", "snap_start", "snap_end",
-               "stream_end_reason", "rollback_seqno", "failover_log"]
+CONTROL_OPS = ("snapshot_marker", "stream_req", "get_failover_log", "stream_end", "oso_snapshot")
+DCP_COLUMNS = ["direction", "op", "status", "vbucket", "stream_id", "by_seqno", "snap_start", "snap_end",
+               "snap_flags", "stream_end_reason", "rollback_seqno", "failover_log"]
+SID_SHIFT = 16      # the key of a stream: vbucket | stream id << 16 (0: no stream id)
+OSO_START, OSO_END = 0x01, 0x02     # the flags of an oso_snapshot row (its snap_flags column)
 
 
 @dataclasses.dataclass
@@ -50,6 +53,12 @@ class VbResume:
     rollbacks: int = 0
     # a marker whose snapshot becomes current once one of its items arrives
     pending_snapshot: tuple[int, int] | None = dataclasses.field(default=None, repr=False)
+    # inside an OSO snapshot: the highest seqno received in it so far (last_seqno stays at
+    # the seqno before its start until its end arrives: REPLAY.md)
+    oso_high: int | None = dataclasses.field(default=None, repr=False)
+    # a capture with stream ids (--stream-ids): the state of each of the vbucket's streams by
+    # stream id; the fields above are then those of the stream that is furthest behind
+    streams: dict = dataclasses.field(default_factory=dict)
 
     @property
     def vbucket_uuid(self) -> int:
@@ -99,7 +108,8 @@ def _files(paths, protocol: str) -> list[CaptureFile]:
 
 def _dcp_rows_that_matter(t: pa.Table) -> pa.Table:
     """In-frames that change resume state: every control frame, and of the items only
-    the last one before each control frame of its vbucket (and the last one overall)."""
+    the last one before each control frame of its vbucket (and the last one overall), and
+    the highest of them (an OSO snapshot's items come in key order)."""
     n = t.num_rows
     if n == 0:
         return t
@@ -118,6 +128,9 @@ def _dcp_rows_that_matter(t: pa.Table) -> pa.Table:
     is_item = (pc.fill_null(pc.is_in(op, pa.array(SEQNO_OPS)), False).to_numpy(zero_copy_only=False)
                & is_in & is_req & pc.is_valid(t.column("by_seqno")).to_numpy(zero_copy_only=False))
     vb = pc.fill_null(t.column("vbucket").cast(pa.int32()), -1).to_numpy(zero_copy_only=False).astype(np.int64)
+    if "stream_id" in t.column_names:   # each stream of a vbucket on its own
+        sid = pc.fill_null(t.column("stream_id").cast(pa.int64()), 0).to_numpy(zero_copy_only=False)
+        vb = np.where(vb >= 0, vb | sid << SID_SHIFT, vb)
     interesting = np.nonzero(is_ctrl | is_item)[0]
     if len(interesting) == 0:
         return t.slice(0, 0)
@@ -129,13 +142,18 @@ def _dcp_rows_that_matter(t: pa.Table) -> pa.Table:
     nxt_ctrl = np.zeros(len(order), bool)
     nxt_ctrl[:-1] = ctrl[1:]
     keep = ctrl | ~nxt_same_vb | nxt_ctrl
+    seqno = pc.fill_null(t.column("by_seqno"), -1).to_numpy(zero_copy_only=False)[order]
+    run = np.cumsum(np.r_[True, (v[1:] != v[:-1]) | ctrl[1:] | ctrl[:-1]])   # items between two control frames
+    top = np.full(run[-1] + 1, -1, np.int64)
+    np.maximum.at(top, run, seqno)
+    keep |= ~ctrl & (seqno == top[run])
     return t.take(pa.array(np.sort(order[keep])))
 
 
 def dcp_resume_state(files) -> dict[int, VbResume]:
     """Resume state per vbucket from DCP captures (paths, directories or CaptureFiles),
-    in capture order."""
-    state: dict[int, VbResume] = {}
+    in capture order; with stream ids, each stream's in `streams` of its vbucket's."""
+    state: dict[int, VbResume] = {}     # by stream key (vbucket | stream id << SID_SHIFT)
     for t in iter_capture_tables(_files(files, "dcp"), DCP_COLUMNS):
         rows = _dcp_rows_that_matter(t)
         if rows.num_rows == 0:
@@ -145,12 +163,14 @@ def dcp_resume_state(files) -> dict[int, VbResume]:
             vb = cols["vbucket"][i]
             if vb is None:
                 continue
-            s = state.get(vb)
+            key = vb | (cols["stream_id"][i] or 0) << SID_SHIFT
+            s = state.get(key)
             if s is None:
-                s = state[vb] = VbResume(vb)
+                s = state[key] = VbResume(vb)
             op, status, direction = cols["op"][i], cols["status"][i], cols["direction"][i]
             if direction == "out":                       # a new stream request went out
                 s.ended = False
+                s.oso_high = None
                 continue
             if status is not None:                       # a response
                 if status == int(Status.ROLLBACK) and cols["rollback_seqno"][i] is not None:
@@ -170,13 +190,40 @@ def dcp_resume_state(files) -> dict[int, VbResume]:
             elif op == "stream_end":
                 s.stream_end_reason = cols["stream_end_reason"][i]
                 s.ended = s.stream_end_reason == 0
+                s.oso_high = None
+            elif op == "oso_snapshot":
+                flags = cols["snap_flags"][i] or 0
+                if flags & OSO_START:
+                    s.oso_high = s.last_seqno
+                elif flags & OSO_END and s.oso_high is not None:
+                    s.last_seqno = s.snap_start = s.snap_end = max(s.last_seqno, s.oso_high)
+                    s.snapshot_complete, s.pending_snapshot, s.oso_high = True, None, None
+            elif s.oso_high is not None and cols["by_seqno"][i] is not None:
+                s.oso_high = max(s.oso_high, cols["by_seqno"][i])
             elif cols["by_seqno"][i] is not None:
                 if s.pending_snapshot is not None:
                     s.snap_start, s.snap_end = s.pending_snapshot
                     s.pending_snapshot = None
                 s.last_seqno = cols["by_seqno"][i]
                 s.snapshot_complete = s.last_seqno >= s.snap_end
-    return state
+    return _by_vbucket(state)
+
+
+def _by_vbucket(state: dict[int, VbResume]) -> dict[int, VbResume]:
+    """Stream keys to vbuckets: a vbucket streamed with stream ids gets its streams' states
+    in `streams`, and the fields of the one furthest behind."""
+    out: dict[int, VbResume] = {}
+    sids: dict[int, dict[int, VbResume]] = {}
+    for key, s in state.items():
+        sid = key >> SID_SHIFT
+        if sid:
+            sids.setdefault(s.vbucket, {})[sid] = s
+        else:
+            out[s.vbucket] = s
+    for vb, streams in sids.items():
+        low = min(streams.values(), key=lambda x: x.last_seqno)
+        out[vb] = dataclasses.replace(low, streams=streams)
+    return out
 
 
 def dcp_resume_options(files) -> dict:

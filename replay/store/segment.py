@@ -76,7 +76,7 @@ def parquet_compression(compression: str | None) -> str:
     return c
 
 
-def _dictionary_columns(schema: pa.Schema) -> list[str]:
+def dictionary_columns(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema
             if pa.types.is_dictionary(f.type) or f.name in _DICT_INT_COLUMNS]
 
@@ -143,7 +143,7 @@ def parquet_writer(where, schema: pa.Schema, compression: str) -> pq.ParquetWrit
     """The Parquet writer of a segment, with its encodings (where: a path or a sink; the
     benchmark times the same settings into memory)."""
     return pq.ParquetWriter(where, schema, compression=compression,
-                            use_dictionary=_dictionary_columns(schema),
+                            use_dictionary=dictionary_columns(schema),
                             write_statistics=_statistics_columns(schema), data_page_version="2.0")
 
 

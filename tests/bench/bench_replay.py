@@ -40,6 +40,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from dcptool.replay.store.schema import capture_schema  # noqa: E402
+from dcptool.replay.store.segment import dictionary_columns  # noqa: E402
 
 OPS = np.array(["mutation", "deletion", "expiration", "snapshot_marker"])
 
@@ -54,7 +55,8 @@ def generate(path: str, frames: int, docs: int, seed: int = 1, rows_per_group: i
             "dcptool.options": "{}"}
     schema = capture_schema("dcp", meta)
     seqno = np.zeros(1024, np.int64)
-    with pq.ParquetWriter(path, schema, compression="zstd") as w:
+    # the capture writer's own encodings (replay/store/segment.py), so Spark reads what it would
+    with pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=dictionary_columns(schema)) as w:
         # stream-request success responses, one per vbucket
         vb = np.arange(1024)
         fl = pa.array([[{"vbucket_uuid": int(u), "seqno": 0}] for u in rng.integers(1, 2**63, 1024)],
