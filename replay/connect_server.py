@@ -43,7 +43,7 @@ SESSION_CONF = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.legacy.parquet.nanosAsLong": "true",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
-    "spark.sql.shuffle.partitions": "8",
+    "spark.sql.shuffle.partitions": str(os.cpu_count() or 2),   # local[*]: one per core (spark.shuffle_partitions)
     "spark.sql.runSQLOnFiles": "false",
 }
 

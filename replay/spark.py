@@ -33,7 +33,7 @@ from urllib.parse import urlparse
 import pyarrow as pa
 
 from dcptool.protocol.dcp.constants import Status
-from dcptool.replay import apply, dcp_rules, dcp_sync, spark_sql, synapse_rules, tables as T, topology
+from dcptool.replay import apply, dcp_rules, dcp_sync, spark_documents, spark_sql, synapse_rules, tables as T, topology
 
 from dcptool.replay.store import reader
 from dcptool.replay.spark_arrow import (DCP_RESULTS, SYN_RESULTS, apply_group_table, dcp_group, from_spark_arrow,
@@ -41,7 +41,7 @@ from dcptool.replay.spark_arrow import (DCP_RESULTS, SYN_RESULTS, apply_group_ta
                                         to_spark_arrow)
 from dcptool.replay.store.schema import capture_schema
 
-SEQ_SHIFT = 44
+SEQ_SHIFT = spark_documents.SEQ_SHIFT   # _seq = capture rank << SEQ_SHIFT | frame_no
 VBUCKET_GROUPS = 64
 LOOPBACK = "127.0.0.1"
 
@@ -92,6 +92,17 @@ def scrub_environment(environ=None) -> list[str]:
     return gone
 
 
+def shuffle_partitions(master: str) -> str:
+    """Shuffle partitions: one per core of a local master (local[N], local[*]: each extra
+    partition is one more shuffle file per task and one more task, 0.5 s of 4.5 at 10M
+    frames on 2 cores), 8 elsewhere (a cluster's own conf can say more)."""
+    m = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\d+)?\])?", master.strip())
+    if m is None:
+        return "8"
+    n = m.group(1)
+    return str(os.cpu_count() or 2) if n == "*" else str(max(1, int(n or 1)))
+
+
 def make_session(master: str = "local[*]", app_name: str = "dcptool", conf: dict | None = None,
                  verbose: bool = False):
     """A SparkSession for replay. Local (and loopback) masters bind the driver to
@@ -118,7 +129,7 @@ def make_session(master: str = "local[*]", app_name: str = "dcptool", conf: dict
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.legacy.parquet.nanosAsLong": "true",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.sql.shuffle.partitions": "8",
+        "spark.sql.shuffle.partitions": shuffle_partitions(master),
         "spark.sql.catalogImplementation": "in-memory",
         "spark.sql.warehouse.dir": warehouse,
         "spark.sql.runSQLOnFiles": "false",
@@ -345,7 +356,7 @@ def replay_spark(spark, files: list, as_of=None) -> SparkReplay:
         ranks = reader.capture_ranks(files)
         any_rollback = reader.may_have_values(files, "rollback_seqno")
         return SparkReplay(protocol, frames, DCP_RESULTS, packed_builder=packed, _tmp=tmp, builders={
-            "documents": lambda: _dcp_documents(vb_frames, ranks, any_rollback, ops_present(files)),
+            "documents": lambda: spark_documents.documents(F, vb_frames, ranks, any_rollback, ops_present(files)),
             "undone": lambda: _dcp_undone(vb_frames, ranks, any_rollback),
             "rollbacks": lambda: _dcp_rollbacks(vb_frames, ranks, any_rollback),
             "failover": lambda: _dcp_failover(vb_frames),
@@ -374,94 +385,6 @@ def replay_spark(spark, files: list, as_of=None) -> SparkReplay:
                        F.max("ts").alias("last_ts")))
     return SparkReplay(protocol, frames, SYN_RESULTS, packed_builder=packed, builders={"commands": commands},
                        _tmp=tmp)
-
-
-def _dcp_documents(vb_frames, ranks: dict[str, int], rollbacks: bool = True, ops: set[str] | None = None):
-    """`documents` in Spark SQL alone (no Python workers): the same rules as DcpState.
-
-    A change (mutation, deletion, expiration, commit) is undone when a later ROLLBACK answer
-    of its vbucket rolls back below its by_seqno (a null by_seqno counts as -1, as in
-    DcpState); each document keeps its last change that was not undone. A commit takes the
-    columns of the last prepare of its document before it that was not undone
-    (replay/dcp_sync.py). `rollbacks=False` (the Parquet statistics show none) saves the
-    scan that looks for them."""
-    from pyspark.sql import functions as F
-
-    def not_undone(df):
-        if not rollbacks:
-            return df
-        found = (vb_frames.filter((F.col("op") == "stream_req") & (F.col("status") == Status.ROLLBACK)
-                                  & F.col("rollback_seqno").isNotNull())
-                 .select(F.col("vbucket").alias("_r_vb"), F.col("_seq").alias("_r_seq"),
-                         F.col("rollback_seqno").alias("_r_seqno")))
-        return df.join(F.broadcast(found),
-                       (F.col("vbucket") == F.col("_r_vb")) & (F.col("_r_seq") > F.col("_seq"))
-                       & (F.coalesce(F.col("by_seqno"), F.lit(-1)) > F.col("_r_seqno")), "left_anti")
-
-    alive = not_undone(vb_frames.filter(F.col("op").isin(*dcp_sync.DOC_CHANGE_OPS)))
-    if ops is None or "commit" in ops:   # `ops` (ops_present): no commit, no prepare to look up
-        alive = dcp_sync.spark_with_prepares(F, alive, not_undone(vb_frames.filter(F.col("op") == "prepare")))
-    # a dropped collection's documents are gone (dcp_rules.without_dropped): ids are never reused
-    drops = (vb_frames.filter((F.col("op") == "system_event") & (F.col("system_event_id") == dcp_rules.COLLECTION_DROP)
-                              & F.col("collection_id").isNotNull())
-             .select(F.col("vbucket").alias("_x_vb"), F.col("collection_id").alias("_x_cid")).distinct())
-    if ops is None or "system_event" in ops:
-        alive = alive.join(F.broadcast(drops), (F.col("vbucket") == F.col("_x_vb"))
-                           & (F.col("collection_id") == F.col("_x_cid")), "left_anti")
-    # each document's last change in one hash aggregate of numbers only (a struct, or a
-    # string, would make Spark sort every change instead); fewer aggregates, less work per
-    # change: frame_no and the capture come from max(_seq) (rank << 44 | frame_no), and the
-    # small columns travel packed in two longs (_doc_pack)
-    small, flags_exp = _doc_pack(F)
-    numeric = {"by_seqno": F.col("by_seqno"), "rev_seqno": F.col("rev_seqno"),
-               "cas": F.col("_cas_bits"),          # uint64 as the long of its bits (read_frames)
-               "_small": small, "_flags_exp": flags_exp, "ts": F.col("ts")}
-    last = alive.groupBy("vbucket", "collection_id", "key").agg(
-        F.max("_seq").alias("_last"), *[F.max_by(col, F.col("_seq")).alias(name) for name, col in numeric.items()])
-    by_rank = F.create_map(*[x for cid, r in ranks.items() for x in (F.lit(r).cast("long"), F.lit(cid))])
-    two64 = F.lit(decimal.Decimal(2**64)).cast("decimal(21,0)")
-    out = {"cas": F.when(F.col("cas") < 0, F.col("cas").cast("decimal(21,0)") + two64).otherwise(
-               F.col("cas").cast("decimal(21,0)")).cast("decimal(20,0)"),
-           "capture_id": F.element_at(by_rank, F.shiftright(F.col("_last"), SEQ_SHIFT)),
-           "frame_no": F.col("_last").bitwiseAND(F.lit((1 << SEQ_SHIFT) - 1)),
-           **_doc_unpack(F)}
-    return last.select([out.get(f.name, F.col(f.name)).alias(f.name) for f in T.schema_of("dcp", "documents")])
-
-
-# the packed columns of `documents`: value_len (32 bits) | datatype << 32 | state << 40 | a
-# null bit per column from bit 42; item_flags << 32 | expiration (both uint32 in captures)
-_NULL_BIT = {"value_len": 42, "datatype": 43, "item_flags": 44, "expiration": 45}
-
-
-def _doc_pack(F):
-    """The two packed longs of a change (F: pyspark.sql.functions)."""
-    def bits(name):
-        return F.coalesce(F.col(name).cast("long"), F.lit(0).cast("long"))
-    state = F.lit(3).cast("long")   # (no other op reaches here; 3 would read back as null)
-    for i, op in enumerate(dcp_rules.DOC_STATES):   # op -> state, coded by position
-        state = F.when(F.col("op") == op, F.lit(i).cast("long")).otherwise(state)
-    state = F.when(F.col("op") == "commit", F.lit(0).cast("long")).otherwise(state)   # a commit is a mutation
-    small = bits("value_len").bitwiseOR(F.shiftleft(bits("datatype"), 32)).bitwiseOR(F.shiftleft(state, 40))
-    for name, bit in _NULL_BIT.items():
-        small = small.bitwiseOR(F.when(F.col(name).isNull(), F.lit(1 << bit).cast("long")).otherwise(F.lit(0).cast("long")))
-    return small, F.shiftleft(bits("item_flags"), 32).bitwiseOR(bits("expiration"))
-
-
-def _doc_unpack(F) -> dict:
-    """The columns of `documents` from the packed longs (`_small`, `_flags_exp`)."""
-    small, fe = F.col("_small"), F.col("_flags_exp")
-    low32 = F.lit(0xFFFFFFFF).cast("long")
-
-    def unless_null(name, value):
-        return F.when(F.shiftright(small, _NULL_BIT[name]).bitwiseAND(F.lit(1)) == 0, value)
-    states = F.lit(None).cast("string")
-    for i, op in enumerate(dcp_rules.DOC_STATES):
-        states = F.when(F.shiftright(small, 40).bitwiseAND(F.lit(3)) == i, F.lit(dcp_rules.DOC_STATES[op])).otherwise(states)
-    return {"value_len": unless_null("value_len", small.bitwiseAND(low32)),
-            "datatype": unless_null("datatype", F.shiftright(small, 32).bitwiseAND(F.lit(0xFF)).cast("smallint")),
-            "item_flags": unless_null("item_flags", F.shiftrightunsigned(fe, 32)),
-            "expiration": unless_null("expiration", fe.bitwiseAND(low32)),
-            "state": states}
 
 
 def _rollback_answers(vb_frames):

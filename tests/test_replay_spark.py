@@ -125,3 +125,9 @@ def test_local1_and_local2_give_the_same_checksums(spark, tmp_path):
     sums = {r["table"]: r["sha256"] for r in map(json.loads, proc.stdout.splitlines())}
     assert sums == in_session
     assert "log4j" not in proc.stderr and "WARN" not in proc.stderr
+
+
+@pytest.mark.parametrize("master,want", [("local[*]", str(os.cpu_count() or 2)), ("local[3]", "3"), ("local", "1"),
+                                         ("local[2,4]", "2"), ("spark://10.0.0.1:7077", "8"), ("yarn", "8")])
+def test_shuffle_partitions_follow_the_local_cores(master, want):
+    assert spark_engine.shuffle_partitions(master) == want
