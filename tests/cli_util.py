@@ -1,9 +1,34 @@
-"""Helpers the CLI tests share: the one error line of a failed run, and a self-signed TLS
-server context for 127.0.0.1."""
+"""Helpers the CLI tests share: `dcptool` as a subprocess (run, stream_rows, capture_files),
+the one error line of a failed run, and a self-signed TLS server context for 127.0.0.1."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
+import sys
+
+DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
+
+
+def run(*args, timeout=120):
+    """`dcptool ARGS` as a subprocess (the installed entry point): the CompletedProcess."""
+    return subprocess.run([DCPTOOL, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def stream_rows(url, *args) -> list[dict]:
+    """The JSON-lines rows of a `dcptool stream` run that must succeed."""
+    res = run("stream", url, "--format", "jsonl", *args)
+    assert res.returncode == 0, res.stderr
+    return [json.loads(line) for line in res.stdout.splitlines()]
+
+
+def capture_files(url, out, *args) -> list:
+    """The capture files of a `dcptool capture -o OUT` run that must succeed."""
+    from dcptool.replay.store.reader import find_captures
+    res = run("capture", url, "-o", str(out), "--quiet", "--json", *args)
+    assert res.returncode == 0, res.stderr
+    return find_captures([str(out)])
 
 
 def error_line(res) -> str:

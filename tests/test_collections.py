@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -19,8 +17,8 @@ from dcptool.protocol.dcp import producer_collections as PC
 from dcptool.protocol.dcp.constants import Status, StreamEndReason
 from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.store.reader import find_captures, read_capture_table
+from tests.cli_util import run
 
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 ITEM_OPS = ("mutation", "deletion", "expiration")
 
 
@@ -126,10 +124,6 @@ def test_consumer_asks_the_manifest_once_and_every_stream_request_carries_the_fi
 
 
 # --------------------------------------------------------------------------- end to end
-
-def run(*args, timeout=120):
-    return subprocess.run([DCPTOOL, *args], capture_output=True, text=True, timeout=timeout)
-
 
 def model_with(events=(), items=2000, vbuckets=8):
     man = PC.Manifest(2, 2, PC.parse_events(*events) if events else ())

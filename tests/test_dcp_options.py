@@ -6,10 +6,7 @@ commit, abort: capture, then replay in both engines), --expiry-opcode/--no-expir
 from __future__ import annotations
 
 import json
-import os
 import struct
-import subprocess
-import sys
 
 import pyarrow as pa
 import pytest
@@ -17,10 +14,10 @@ import pytest
 from dcptool.protocol.dcp import producer as P
 from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay import local
-from dcptool.replay.store.reader import find_captures, read_capture_table
+from dcptool.replay.store.reader import read_capture_table
+from tests.cli_util import run, stream_rows, capture_files as capture
 
 pytestmark = pytest.mark.integration
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 DOC_COLS = ["vbucket", "key", "by_seqno", "rev_seqno", "cas", "state", "item_flags", "expiration"]
 
 
@@ -32,22 +29,6 @@ def model_with_live(seed: int, *, sync_ratio: float = 0.0, live: int = 300, scen
     b.sync_ratio = sync_ratio
     b.mutate_random(live)
     return model
-
-
-def run(*args, timeout=120):
-    return subprocess.run([DCPTOOL, *args], capture_output=True, text=True, timeout=timeout)
-
-
-def stream_rows(url, *args):
-    res = run("stream", url, "--format", "jsonl", *args)
-    assert res.returncode == 0, res.stderr
-    return [json.loads(line) for line in res.stdout.splitlines()]
-
-
-def capture(url, out, *args):
-    res = run("capture", url, "-o", str(out), "--quiet", "--json", *args)
-    assert res.returncode == 0, res.stderr
-    return find_captures([str(out)])
 
 
 def docs(files) -> list[dict]:

@@ -7,9 +7,6 @@ one equal to `documents`, the same checksums on both engines)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 
 import pyarrow.parquet as pq
@@ -20,11 +17,9 @@ from dcptool.protocol.dcp.producer_collections import Manifest
 from dcptool.protocol.dcp.producer_history import enable_history, memory_snapshot
 from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay import local, tables as T
-from dcptool.replay.store.reader import find_captures
-from tests.cli_util import error_line
+from tests.cli_util import capture_files as capture, error_line, run, stream_rows
 
 pytestmark = pytest.mark.integration
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 DOC_COLS = ["vbucket", "collection_id", "key", "by_seqno", "rev_seqno", "cas", "state", "datatype",
             "item_flags", "expiration", "value_len"]
 CHANGES = ("mutation", "deletion", "expiration")
@@ -48,22 +43,6 @@ def versions(model, cids=None) -> int:
     deletions, expirations; a committed durable write as its commit)."""
     return sum(1 for vb in model.buckets["default"].vbuckets for it in vb.items()
                if it.kind in ("m", "d", "x", "c") and (cids is None or it.cid in cids))
-
-
-def run(*args, timeout=120):
-    return subprocess.run([DCPTOOL, *args], capture_output=True, text=True, timeout=timeout)
-
-
-def stream_rows(url, *args):
-    res = run("stream", url, "--format", "jsonl", *args)
-    assert res.returncode == 0, res.stderr
-    return [json.loads(line) for line in res.stdout.splitlines()]
-
-
-def capture(url, out, *args):
-    res = run("capture", url, "-o", str(out), "--quiet", "--json", *args)
-    assert res.returncode == 0, res.stderr
-    return find_captures([str(out)])
 
 
 def items_in(rows) -> list[dict]:

@@ -6,9 +6,6 @@ with --oso against the built-in producer with several scopes."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -23,8 +20,8 @@ from dcptool.replay import local
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from dcptool.replay.store.resume import dcp_resume_state
 from tests.test_dcp_consumer import Pair, cfg
+from tests.cli_util import run
 
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 AIRLINE = 8                     # inventory.airline in PC.Manifest(2, 2)
 FILTER = {"collections": ["8"], "uid": "1"}
 DOC_COLS = ["vbucket", "collection_id", "key", "by_seqno", "rev_seqno", "cas", "state", "value_len"]
@@ -168,10 +165,6 @@ def test_consumer_resumes_inside_an_oso_snapshot_from_its_start():
 
 
 # --------------------------------------------------------------------------- end to end
-
-def run(*args, timeout=120):
-    return subprocess.run([DCPTOOL, *args], capture_output=True, text=True, timeout=timeout)
-
 
 def capture(url, out, *args):
     res = run("capture", url, "-o", str(out), "--quiet", "--json", "--collection", "inventory.airline", *args)

@@ -9,9 +9,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
@@ -25,8 +22,8 @@ from dcptool.protocol.dcp.constants import Feature, FrameInfoId, Status, StreamE
 from dcptool.protocol.dcp.producer_server import Scenarios
 from dcptool.protocol.transport.dcp import Session, ThreadedServer
 from dcptool.replay.store.reader import find_captures, read_capture_table
+from tests.cli_util import run
 
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 ITEM_OPS = ("mutation", "deletion", "expiration")
 GROUP_A = "inventory.airline,inventory.route"     # sid 1: two collections
 GROUP_B = "tenants.route"                          # sid 2
@@ -192,10 +189,6 @@ def test_consumer_takes_alt_framed_data_frames_on_its_fast_paths(vectorised, mon
 
 
 # --------------------------------------------------------------------------- end to end
-
-def run(*args, timeout=120):
-    return subprocess.run([DCPTOOL, *args], capture_output=True, text=True, timeout=timeout)
-
 
 def model_with(items=1500, vbuckets=4, scenarios=None, mutate=0):
     model = P.server_from_options(vbuckets=vbuckets, items=items, seed=11, manifest=PC.Manifest(2, 2),
