@@ -8,8 +8,10 @@ name of its own next to a file with the JVM's pid; a later run renames it into p
 that JVM is gone (a JVM still writing is never read). Every run that maps it has the JVM
 check its checksum (-XX:+VerifySharedSpaces) and fall back to loading classes from the jars
 when it does not fit (-Xshare:auto: another JDK, other jars, a damaged file). The key in
-the name changes with the java binary and the pyspark version, so an upgrade writes a new
-archive. JVM logging is off: its warnings would go to stdout, which carries only data.
+the name changes with the java binary, the pyspark version and where pyspark is installed
+(the archive only fits the class path it was written with), so an upgrade or another
+environment writes its own archive. JVM logging is off: its warnings would go to stdout,
+which carries only data.
 DCPTOOL_SPARK_CDS=0 turns all of this off."""
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import contextlib
 import glob
 import hashlib
 import importlib.metadata
+import importlib.util
 import os
 import shutil
 import time
@@ -47,6 +50,12 @@ def _key() -> str:
             parts += [java, str(os.stat(java).st_mtime_ns)]
     with contextlib.suppress(importlib.metadata.PackageNotFoundError):
         parts.append(importlib.metadata.version("pyspark"))
+    # where the jars are: the JVM keeps an archive's classes only on the class path it was
+    # written with, so two environments with the same pyspark (a second venv, a fresh clone)
+    # must not share one archive (the other's would be refused at every start, silently)
+    spec = importlib.util.find_spec("pyspark")
+    if spec is not None and spec.origin:
+        parts.append(os.path.realpath(os.path.dirname(spec.origin)))
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 

@@ -74,3 +74,19 @@ def test_turned_off_by_the_environment(tmp_path, monkeypatch):
     assert archive.java_options() == "" and archive.writing is None
     archive.started(_Session(1))
     assert os.listdir(tmp_path) == []
+
+
+def test_the_archive_name_follows_where_pyspark_is_installed(tmp_path, monkeypatch):
+    """Two environments with the same pyspark version (a second venv, a fresh clone) get
+    archives of their own: the JVM refuses an archive written with another class path."""
+    import importlib.util
+    monkeypatch.setenv(spark_cds.ENV, "1")
+    here = spark_cds.ClassArchive(str(tmp_path)).path
+    real = importlib.util.find_spec
+
+    class Spec:
+        origin = str(tmp_path / "other-venv" / "pyspark" / "__init__.py")
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: Spec() if name == "pyspark" else real(name, *a))
+    other = spark_cds.ClassArchive(str(tmp_path)).path
+    assert here != other and os.path.dirname(here) == os.path.dirname(other)
