@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import decimal
 import os
 import re
 import shutil
@@ -231,14 +230,10 @@ def read_frames(spark, files: list, tmpdir: str):
         schema = ST.StructType([ST.StructField(f.name, ST.LongType()) if f.name == "cas" else f for f in schema])
     df = spark.read.schema(schema).parquet(*paths)
     if protocol == "dcp":   # `_cas_bits`: cas as a long of its bits; `cas` the decimal(20,0) it was
-        two64 = F.lit(decimal.Decimal(2**64)).cast("decimal(21,0)")
         if cas_long:
-            df = df.withColumn("_cas_bits", F.col("cas")).withColumn("cas", F.when(
-                F.col("cas") < 0, F.col("cas").cast("decimal(21,0)") + two64).otherwise(
-                F.col("cas").cast("decimal(21,0)")).cast("decimal(20,0)"))
+            df = df.withColumn("_cas_bits", F.col("cas")).withColumn("cas", spark_documents.cas_decimal(F, F.col("cas")))
         else:
-            df = df.withColumn("_cas_bits", F.when(F.col("cas") >= F.lit(decimal.Decimal(2**63)),
-                                                   F.col("cas") - two64).otherwise(F.col("cas")).cast("long"))
+            df = df.withColumn("_cas_bits", spark_documents.cas_bits(F, F.col("cas")))
     ranks = reader.capture_ranks(files)
     if len(ranks) == 1:   # one capture: a constant, and capture_id is not read at all
         rank = F.lit(0).cast("long")

@@ -12,6 +12,18 @@ from dcptool.replay import dcp_rules, dcp_sync, tables as T
 SEQ_SHIFT = 44     # _seq = capture rank << SEQ_SHIFT | frame_no (spark.py read_frames)
 
 
+def cas_decimal(F, bits):
+    """A uint64 held as the long of its bits, as the decimal(20,0) Spark reads uint64 as."""
+    wide = bits.cast("decimal(21,0)")
+    return F.when(bits < 0, wide + F.lit(decimal.Decimal(2**64)).cast("decimal(21,0)")).otherwise(wide) \
+        .cast("decimal(20,0)")
+
+
+def cas_bits(F, dec):
+    """The long of the same bits as a uint64 read as decimal(20,0) (cas_decimal's inverse)."""
+    return F.when(dec >= F.lit(decimal.Decimal(2**63)), dec - F.lit(decimal.Decimal(2**64))).otherwise(dec).cast("long")
+
+
 def documents(F, vb_frames, ranks: dict[str, int], rollbacks: bool = True, ops: set[str] | None = None):
     """`documents` in Spark SQL alone (no Python workers): the same rules as DcpState.
 
@@ -54,9 +66,7 @@ def documents(F, vb_frames, ranks: dict[str, int], rollbacks: bool = True, ops: 
     last = alive.groupBy("vbucket", "collection_id", "key").agg(
         F.max("_seq").alias("_last"), *[F.max_by(col, F.col("_seq")).alias(name) for name, col in numeric.items()])
     by_rank = F.create_map(*[x for cid, r in ranks.items() for x in (F.lit(r).cast("long"), F.lit(cid))])
-    two64 = F.lit(decimal.Decimal(2**64)).cast("decimal(21,0)")
-    out = {"cas": F.when(F.col("cas") < 0, F.col("cas").cast("decimal(21,0)") + two64).otherwise(
-               F.col("cas").cast("decimal(21,0)")).cast("decimal(20,0)"),
+    out = {"cas": cas_decimal(F, F.col("cas")),
            "capture_id": F.element_at(by_rank, F.shiftright(F.col("_last"), SEQ_SHIFT)),
            "frame_no": F.col("_last").bitwiseAND(F.lit((1 << SEQ_SHIFT) - 1)),
            **_doc_unpack(F)}

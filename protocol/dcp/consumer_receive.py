@@ -28,7 +28,7 @@ from dcptool.protocol.dcp import messages as m
 from dcptool.protocol.dcp import snappy
 from dcptool.protocol.dcp.columnar import be_uint as _be
 from dcptool.protocol.dcp.constants import SERVER_OP_CLUSTERMAP_CHANGE_NOTIFICATION, SnapshotFlag, op_name
-from dcptool.protocol.dcp.consumer_api import NUM_VB_SLOTS
+from dcptool.protocol.dcp.consumer_api import NUM_VB_SLOTS, stream_key
 from dcptool.protocol.dcp.frames import parse_frame
 from dcptool.protocol.errors import ErrorCode, RemoteError
 
@@ -220,7 +220,7 @@ class Receiver:
         sid = msg.stream_id or 0
         if vb is None or vb >= NUM_VB_SLOTS or sid > self.max_sid:
             return   # not a stream of ours (a stream id we did not ask for): ignore
-        k = vb + NUM_VB_SLOTS * sid       # the stream key (consumer_api.stream_key)
+        k = stream_key(vb, sid)
         if msg.opaque != self._sopq[k]:
             return   # a frame of a stream we no longer have (closed, replaced, not ours): ignore
         t = type(msg)

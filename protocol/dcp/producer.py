@@ -126,8 +126,8 @@ class ProducerConnection:
 
     def end_stream(self, vbid: int, reason: int) -> None:
         """End the vbucket's streams now (what is queued is dropped: frames are whole)."""
-        for key, st in self.streams.items():
-            if key & 0xFFFF == vbid and not st.ended:
+        for st in self.streams.values():
+            if st.vb.vbid == vbid and not st.ended:
                 st.segments.clear()
                 st.injected_end = None
                 st.segments.append(Var([st.end_frame(reason)]))

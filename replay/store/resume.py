@@ -36,7 +36,7 @@ SEQNO_OPS = ("mutation", "deletion", "expiration", "system_event", "seqno_advanc
 CONTROL_OPS = ("snapshot_marker", "stream_req", "get_failover_log", "stream_end", "oso_snapshot")
 DCP_COLUMNS = ["direction", "op", "status", "vbucket", "stream_id", "by_seqno", "snap_start", "snap_end",
                "snap_flags", "stream_end_reason", "rollback_seqno", "failover_log"]
-SID_SHIFT = 16      # the key of a stream: vbucket | stream id << 16 (0: no stream id)
+SID_SHIFT = 16      # grouping rows by stream: vbucket | stream id << 16 (0: no stream id)
 OSO_START, OSO_END = 0x01, 0x02     # the flags of an oso_snapshot row (its snap_flags column)
 
 
@@ -153,7 +153,7 @@ def _dcp_rows_that_matter(t: pa.Table) -> pa.Table:
 def dcp_resume_state(files) -> dict[int, VbResume]:
     """Resume state per vbucket from DCP captures (paths, directories or CaptureFiles),
     in capture order; with stream ids, each stream's in `streams` of its vbucket's."""
-    state: dict[int, VbResume] = {}     # by stream key (vbucket | stream id << SID_SHIFT)
+    state: dict[tuple[int, int], VbResume] = {}     # by (vbucket, stream id; 0 without)
     for t in iter_capture_tables(_files(files, "dcp"), DCP_COLUMNS):
         rows = _dcp_rows_that_matter(t)
         if rows.num_rows == 0:
@@ -163,7 +163,7 @@ def dcp_resume_state(files) -> dict[int, VbResume]:
             vb = cols["vbucket"][i]
             if vb is None:
                 continue
-            key = vb | (cols["stream_id"][i] or 0) << SID_SHIFT
+            key = (vb, cols["stream_id"][i] or 0)
             s = state.get(key)
             if s is None:
                 s = state[key] = VbResume(vb)
@@ -209,17 +209,16 @@ def dcp_resume_state(files) -> dict[int, VbResume]:
     return _by_vbucket(state)
 
 
-def _by_vbucket(state: dict[int, VbResume]) -> dict[int, VbResume]:
-    """Stream keys to vbuckets: a vbucket streamed with stream ids gets its streams' states
-    in `streams`, and the fields of the one furthest behind."""
+def _by_vbucket(state: dict[tuple[int, int], VbResume]) -> dict[int, VbResume]:
+    """Streams to vbuckets: a vbucket streamed with stream ids gets its streams' states in
+    `streams`, and the fields of the one furthest behind."""
     out: dict[int, VbResume] = {}
     sids: dict[int, dict[int, VbResume]] = {}
-    for key, s in state.items():
-        sid = key >> SID_SHIFT
+    for (vb, sid), s in state.items():
         if sid:
-            sids.setdefault(s.vbucket, {})[sid] = s
+            sids.setdefault(vb, {})[sid] = s
         else:
-            out[s.vbucket] = s
+            out[vb] = s
     for vb, streams in sids.items():
         low = min(streams.values(), key=lambda x: x.last_seqno)
         out[vb] = dataclasses.replace(low, streams=streams)
