@@ -178,8 +178,12 @@ def test_lz4_files_read_back_identically(tmp_path):
     (seg,) = w.close()
     pf = pq.ParquetFile(seg["path"])
     md = pf.metadata
-    # pyarrow's "lz4" is Parquet's LZ4_RAW codec
-    assert {md.row_group(0).column(i).compression for i in range(md.num_columns)} == {"LZ4"}
+    # pyarrow's "lz4" is Parquet's LZ4_RAW codec; random frame bytes, which LZ4 cannot
+    # shrink, are stored as they are (segment.column_compression)
+    codecs = {md.row_group(0).column(i).path_in_schema: md.row_group(0).column(i).compression
+              for i in range(md.num_columns)}
+    assert codecs.pop("raw") == "UNCOMPRESSED"
+    assert set(codecs.values()) == {"LZ4"}
     got = pf.read()
     want = pa.Table.from_batches(sent)
     for name in want.column_names:
@@ -194,3 +198,28 @@ def test_lz4_files_read_back_identically(tmp_path):
     w2.close()
     assert pq.read_table(glob.glob(str(tmp_path / "b" / "*.parquet"))[0])["raw"].to_pylist() == \
         want["raw"].to_pylist()[:500]
+
+
+def _raw_codec(path) -> str:
+    md = pq.ParquetFile(path).metadata
+    (codec,) = {md.row_group(g).column(i).compression for g in range(md.num_row_groups)
+                for i in range(md.num_columns) if md.row_group(g).column(i).path_in_schema == "raw"}
+    return codec
+
+
+@pytest.mark.parametrize("compression", ["lz4", "zstd", "snappy"])
+def test_raw_is_compressed_only_where_the_codec_pays(tmp_path, compression):
+    rng = np.random.default_rng(5)
+    n = 2000
+    texts = [b"\x80\x57" + b'{"name":"user-%06d","city":"Lyon","tags":["a","b","c"]}' % i * 4 for i in range(n)]
+    cases = {"random": [b"\x80\x57" + rng.bytes(300) for _ in range(n)],   # ~600 KB: judged
+             "text": texts,                                                  # repeats: shrinks
+             "few": [b"\x80\x57" + rng.bytes(30) for _ in range(100)]}     # 3 KB: too little to judge
+    want = {"random": "UNCOMPRESSED", "text": compression.upper(), "few": compression.upper()}
+    for name, raws in cases.items():
+        w = CaptureWriter(tmp_path / name, "dcp", source="s", options={}, compression=compression)
+        rb = pa.record_batch({"frame_no": np.arange(len(raws), dtype=np.int64), "raw": pa.array(raws)})
+        w.write(rb)
+        (seg,) = w.close()
+        assert _raw_codec(seg["path"]) == want[name], name
+        assert pq.read_table(seg["path"])["raw"].to_pylist() == raws

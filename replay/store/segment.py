@@ -10,6 +10,7 @@ import fcntl
 import os
 from typing import Iterator
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
@@ -37,7 +38,15 @@ ROW_GROUP_ROWS = 1_000_000
 # them (`IPC_MIN_SAVINGS`); a reader sees the codec per message and needs no option.
 IPC_COMPRESSION = "lz4"
 IPC_MIN_SAVINGS = 0.5
-_IPC_SAMPLE_BYTES = 1 << 20
+_SAMPLE_BYTES = 1 << 20
+
+# The same judgement for the Parquet file's frame bytes: LZ4 (or snappy, or zstd) on values
+# that do not shrink is pure cost on the encoder thread, the capture's bottleneck for large
+# values (16 KiB of random hex: LZ4 adds 0.7 s of CPU per 820 MB for 0% saved). Each segment
+# compresses its `raw` column only when the codec saves PARQUET_MIN_SAVINGS on a sample of
+# its first rows; every other column keeps the codec. Readers need nothing: Parquet records
+# the codec per column chunk.
+PARQUET_MIN_SAVINGS = 0.05
 
 # Parquet dictionary encoding only where values repeat; hashing every `raw` frame for a
 # dictionary that is then abandoned costs more than the whole zstd pass.
@@ -111,15 +120,22 @@ def open_in_progress(path: str) -> tuple[pa.Schema | None, Iterator[pa.RecordBat
     return reader.schema, batches()
 
 
+def _tail(batch: pa.RecordBatch) -> pa.RecordBatch | None:
+    """The last rows of batch, about _SAMPLE_BYTES of them (the newest data), or None with
+    less than 64 KiB to judge by (a few control frames)."""
+    n, nbytes = batch.num_rows, batch.nbytes
+    if n == 0 or nbytes < _SAMPLE_BYTES // 16:
+        return None
+    rows = max(1, min(n, int(n * _SAMPLE_BYTES / nbytes)))
+    return batch.slice(n - rows, rows)
+
+
 def ipc_compression(batch: pa.RecordBatch) -> str | None:
     """IPC_COMPRESSION unless it fails to save IPC_MIN_SAVINGS on the last rows of batch
-    (about 1 MiB of them, the newest data); with less than 64 KiB to judge by (a few
-    control frames), IPC_COMPRESSION."""
-    n, nbytes = batch.num_rows, batch.nbytes
-    if n == 0 or nbytes < _IPC_SAMPLE_BYTES // 16:
+    (`_tail`; with too little to judge by, IPC_COMPRESSION)."""
+    sample = _tail(batch)
+    if sample is None:
         return IPC_COMPRESSION
-    rows = max(1, min(n, int(n * _IPC_SAMPLE_BYTES / nbytes)))
-    sample = batch.slice(n - rows, rows)
     sizes = []
     for codec in (None, IPC_COMPRESSION):
         sink = pa.BufferOutputStream()
@@ -127,6 +143,46 @@ def ipc_compression(batch: pa.RecordBatch) -> str | None:
             w.write_batch(sample)
         sizes.append(sink.tell())
     return IPC_COMPRESSION if sizes[1] <= sizes[0] * (1 - IPC_MIN_SAVINGS) else None
+
+
+def column_compression(table: pa.Table, compression: str) -> str | dict[str, str]:
+    """The Parquet codec of a segment whose first row group is table: `compression` for
+    every column, except that the frame bytes (`raw`) are stored uncompressed when the codec
+    fails to save PARQUET_MIN_SAVINGS on about _SAMPLE_BYTES of the newest of them."""
+    if compression == "none" or "raw" not in table.schema.names:
+        return compression
+    pieces, total = [], 0
+    for chunk in reversed(table.column("raw").chunks):
+        _, offsets, data = chunk.buffers()
+        if offsets is None or data is None or not len(chunk):
+            continue
+        ends = np.frombuffer(offsets, np.int32, count=len(chunk) + 1, offset=chunk.offset * 4)
+        start, end = int(ends[0]), int(ends[-1])
+        start = max(start, end - (_SAMPLE_BYTES - total))
+        pieces.append(data[start:end].to_pybytes())
+        total += end - start
+        if total >= _SAMPLE_BYTES:
+            break
+    if total < _SAMPLE_BYTES // 16:      # a few control frames: nothing to judge by
+        return compression
+    sample = b"".join(reversed(pieces))
+    if len(pa.Codec(compression).compress(sample)) <= total * (1 - PARQUET_MIN_SAVINGS):
+        return compression
+    return {path: ("none" if path == "raw" else compression) for path in _leaf_paths(table.schema)}
+
+
+def _leaf_paths(schema: pa.Schema) -> list[str]:
+    """The Parquet column paths of schema (a per-column codec is given by leaf path, and a
+    leaf left out is written uncompressed)."""
+    def walk(prefix: str, typ: pa.DataType):
+        if pa.types.is_list(typ) or pa.types.is_large_list(typ):
+            yield from walk(prefix + ".list.element", typ.value_type)
+        elif pa.types.is_struct(typ):
+            for i in range(typ.num_fields):
+                yield from walk(prefix + "." + typ.field(i).name, typ.field(i).type)
+        else:
+            yield prefix
+    return [p for f in schema for p in walk(f.name, f.type)]
 
 
 def _statistics_columns(schema: pa.Schema) -> list[str]:
@@ -171,7 +227,8 @@ class ParquetSegment:
         self._failed: BaseException | None = None
         self._encoder = encoder
         self._own_encoder = encoder is None
-        self._writer = parquet_writer(self.tmp, schema, compression)
+        self._compression = compression
+        self._writer: pq.ParquetWriter | None = None   # opened by the first row group (column_compression)
 
     def add(self, batch: pa.RecordBatch) -> None:
         self._batches.append(batch)
@@ -198,6 +255,8 @@ class ParquetSegment:
             raise self._failed      # the file is broken already: nothing more goes into it
         try:
             table = pa.Table.from_batches(batches, schema=self.schema).unify_dictionaries()
+            if self._writer is None:
+                self._writer = parquet_writer(self.tmp, self.schema, column_compression(table, self._compression))
             self._writer.write_table(table, row_group_size=max(1, table.num_rows))
             start_writeback(self.tmp)
         except BaseException as exc:
@@ -221,6 +280,8 @@ class ParquetSegment:
             self.flush_row_group()
         finally:
             self._stop_encoder()
+        if self._writer is None:     # not a row: an empty file, the schema alone
+            self._writer = parquet_writer(self.tmp, self.schema, self._compression)
         self._writer.close()
         self._writer = None
         fsync_path(self.tmp)

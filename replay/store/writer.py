@@ -51,12 +51,32 @@ from dcptool.replay.store.segment import (Finishing, ParquetSegment, WriterError
 
 COALESCE_BYTES = 4 * 2**20         # small batches are merged up to this size ...
 COALESCE_ROWS = 32_768             # ... or this many rows before they reach the IPC stream
-COALESCE_MIN_ROWS = 4_096          # batches at least this big on average are not merged
+COALESCE_MIN_ROWS = 4_096          # a batch with this many rows ...
+COALESCE_MIN_BYTES = 512 * 2**10   # ... or this many bytes is not merged (large values: no copy)
 
 
 
 
 # ----------------------------------------------------------------------------- helpers
+
+def _coalesced(batches: list) -> list:
+    """Runs of small batches merged into one (one copy of little data buys one IPC message
+    instead of many); a batch of COALESCE_MIN_ROWS rows or COALESCE_MIN_BYTES bytes passes as
+    it is, so large values (a few hundred 16 KiB frames per receive) are never copied here."""
+    out: list = []
+    run: list = []
+    for b in batches:
+        if b.num_rows < COALESCE_MIN_ROWS and b.nbytes < COALESCE_MIN_BYTES:
+            run.append(b)
+            continue
+        if run:
+            out.append(run[0] if len(run) == 1 else pa.concat_batches(run))
+            run = []
+        out.append(b)
+    if run:
+        out.append(run[0] if len(run) == 1 else pa.concat_batches(run))
+    return out
+
 
 
 class CaptureWriter:
@@ -372,12 +392,8 @@ class CaptureWriter:
 
     def _flush_pending(self, now: float, rotate: bool = True, wait: bool = True) -> None:
         if self._pending:
-            batches, since = self._pending, self._pending_since
-            rows = self._pending_rows
+            batches, since = _coalesced(self._pending), self._pending_since
             self._pending, self._pending_bytes, self._pending_rows = [], 0, 0
-            if len(batches) > 1 and rows < COALESCE_MIN_ROWS * len(batches):
-                # many small batches: one copy buys one IPC message instead of many
-                batches = [pa.concat_batches(batches)]
             if self._ipc is None:
                 # the segment's age counts from its first row, not from this flush
                 self._open_segment(min(since, now), max(batches, key=lambda b: b.nbytes))

@@ -66,15 +66,28 @@ def capture(host, port, outdir, compression="zstd") -> tuple[float, dict, int, f
 
 def zstd_limit(outdir: str) -> float:
     """Seconds pyarrow takes, on one thread, to encode the captured row groups again with the
-    segment's settings into memory (best of two): the single-core limit of the zstd pass."""
-    groups, schema = [], None
+    segment's settings into memory (best of two): the single-core limit of the zstd pass.
+    Measured in a child process: the row groups it holds would otherwise stay in this
+    process's heap and in the peak RSS of every capture started after it (fork before exec)."""
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--zstd-limit", outdir],
+                         check=True, capture_output=True, text=True).stdout
+    return float(out)
+
+
+def _zstd_limit_here(outdir: str) -> float:
+    groups, schema, codec = [], None, "zstd"
     for path in sorted(glob.glob(os.path.join(outdir, "*.parquet"))):
         pf = pq.ParquetFile(path)
         schema = pf.schema_arrow
         groups += [pf.read_row_group(i) for i in range(pf.num_row_groups)]
+        rg = pf.metadata.row_group(pf.metadata.num_row_groups - 1)
+        # the codec of each column as the capture chose it (raw may be stored uncompressed)
+        codec = {rg.column(i).path_in_schema: {"UNCOMPRESSED": "none"}.get(rg.column(i).compression,
+                                                                          rg.column(i).compression.lower())
+                 for i in range(rg.num_columns)}
     best = float("inf")
     for _ in range(2):
-        w = parquet_writer(pa.BufferOutputStream(), schema, "zstd")
+        w = parquet_writer(pa.BufferOutputStream(), schema, codec)
         t0 = time.perf_counter()
         for t in groups:
             w.write_table(t, row_group_size=max(1, t.num_rows))
@@ -103,8 +116,6 @@ def main() -> None:
             proc.terminate()
             proc.wait(30)
         try:
-            # last: it holds the captured rows in this process, whose size a child started
-            # after it would inherit in its peak RSS (the fork before exec)
             limit_s = zstd_limit(tmp) if large else None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -129,4 +140,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--zstd-limit"]:
+        print(_zstd_limit_here(sys.argv[2]))
+    else:
+        main()
