@@ -149,7 +149,8 @@ def column_compression(table: pa.Table, compression: str) -> str | dict[str, str
     """The Parquet codec of a segment whose first row group is table: `compression` for
     every column, except that the frame bytes (`raw`) are stored uncompressed when the codec
     fails to save PARQUET_MIN_SAVINGS on about _SAMPLE_BYTES of the newest of them."""
-    if compression == "none" or "raw" not in table.schema.names:
+    if compression == "none" or "raw" not in table.schema.names \
+            or not pa.types.is_binary(table.schema.field("raw").type):
         return compression
     pieces, total = [], 0
     for chunk in reversed(table.column("raw").chunks):
