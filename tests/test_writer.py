@@ -507,3 +507,14 @@ def test_sigkill_keeps_everything_older_than_one_second(tmp_path, seed):
     for k in list(range(0, len(fn), 997)) + [len(fn) - 1]:
         assert raw[k] == b"frame-%d-" % k + b"x" * (k % 50)
     assert t["by_seqno"].to_pylist()[-1] == (len(fn) - 1) * 3
+
+
+def test_runs_of_small_batches_merge_and_large_ones_pass_uncopied():
+    small = [pa.record_batch({"frame_no": np.arange(i, i + 1, dtype=np.int64)}) for i in range(3)]
+    big_rows = pa.record_batch({"frame_no": np.arange(10, 10 + W.COALESCE_MIN_ROWS, dtype=np.int64)})
+    big_bytes = pa.record_batch({"raw": pa.array([b"x" * W.COALESCE_MIN_BYTES])})   # one large value
+    out = W._coalesced([small[0], small[1], big_rows, small[2], big_bytes])
+    assert [b.num_rows for b in out] == [2, W.COALESCE_MIN_ROWS, 1, 1]
+    assert out[0].column(0).to_pylist() == [0, 1]
+    assert out[1] is big_rows and out[2] is small[2] and out[3] is big_bytes   # not copied
+    assert W._coalesced([]) == []

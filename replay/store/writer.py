@@ -65,16 +65,19 @@ def _coalesced(batches: list) -> list:
     it is, so large values (a few hundred 16 KiB frames per receive) are never copied here."""
     out: list = []
     run: list = []
+
+    def end_run() -> None:
+        if run:
+            out.append(run[0] if len(run) == 1 else pa.concat_batches(run))
+            run.clear()
+
     for b in batches:
         if b.num_rows < COALESCE_MIN_ROWS and b.nbytes < COALESCE_MIN_BYTES:
             run.append(b)
-            continue
-        if run:
-            out.append(run[0] if len(run) == 1 else pa.concat_batches(run))
-            run = []
-        out.append(b)
-    if run:
-        out.append(run[0] if len(run) == 1 else pa.concat_batches(run))
+        else:
+            end_run()
+            out.append(b)
+    end_run()
     return out
 
 
