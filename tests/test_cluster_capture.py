@@ -20,6 +20,7 @@ from dcptool.protocol.dcp.cluster import Event
 from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay import local
 from dcptool.replay.store.reader import find_captures, read_capture_table
+from dcptool.replay.store.segment import open_in_progress
 from tests.test_cluster_consumer import final_state, survivors
 
 pytestmark = pytest.mark.integration
@@ -43,8 +44,16 @@ def rows_of(out) -> list[dict]:
 
 
 def written(out) -> bool:
-    """An in-progress segment with data in it."""
-    return out.is_dir() and any(p.name.endswith(".arrows") and p.stat().st_size > 4096 for p in out.iterdir())
+    """An in-progress segment with a data frame in a whole batch on disk (its size alone
+    says nothing: the schema message by itself is over 4 KiB)."""
+    if not out.is_dir():
+        return False
+    for p in out.iterdir():
+        if p.name.endswith(".arrows"):
+            _, batches = open_in_progress(str(p))
+            if any("mutation" in b.column("op").to_pylist() for b in batches):
+                return True
+    return False
 
 
 def documents(out) -> dict[int, dict[str, int]]:
