@@ -10,7 +10,6 @@ import fcntl
 import os
 from typing import Iterator
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
@@ -120,9 +119,9 @@ def open_in_progress(path: str) -> tuple[pa.Schema | None, Iterator[pa.RecordBat
     return reader.schema, batches()
 
 
-def _tail(batch: pa.RecordBatch) -> pa.RecordBatch | None:
-    """The last rows of batch, about _SAMPLE_BYTES of them (the newest data), or None with
-    less than 64 KiB to judge by (a few control frames)."""
+def _tail(batch):
+    """The last rows of batch (a RecordBatch or Table), about _SAMPLE_BYTES of them (the
+    newest data), or None with less than 64 KiB to judge by (a few control frames)."""
     n, nbytes = batch.num_rows, batch.nbytes
     if n == 0 or nbytes < _SAMPLE_BYTES // 16:
         return None
@@ -148,26 +147,14 @@ def ipc_compression(batch: pa.RecordBatch) -> str | None:
 def column_compression(table: pa.Table, compression: str) -> str | dict[str, str]:
     """The Parquet codec of a segment whose first row group is table: `compression` for
     every column, except that the frame bytes (`raw`) are stored uncompressed when the codec
-    fails to save PARQUET_MIN_SAVINGS on about _SAMPLE_BYTES of the newest of them."""
-    if compression == "none" or "raw" not in table.schema.names \
-            or not pa.types.is_binary(table.schema.field("raw").type):
+    fails to save PARQUET_MIN_SAVINGS on the frames of its last rows (`_tail`)."""
+    if compression == "none" or "raw" not in table.schema.names:
         return compression
-    pieces, total = [], 0
-    for chunk in reversed(table.column("raw").chunks):
-        _, offsets, data = chunk.buffers()
-        if offsets is None or data is None or not len(chunk):
-            continue
-        ends = np.frombuffer(offsets, np.int32, count=len(chunk) + 1, offset=chunk.offset * 4)
-        start, end = int(ends[0]), int(ends[-1])
-        start = max(start, end - (_SAMPLE_BYTES - total))
-        pieces.append(data[start:end].to_pybytes())
-        total += end - start
-        if total >= _SAMPLE_BYTES:
-            break
-    if total < _SAMPLE_BYTES // 16:      # a few control frames: nothing to judge by
+    sample = _tail(table.select(["raw"]))
+    if sample is None:                   # a few control frames: nothing to judge by
         return compression
-    sample = b"".join(reversed(pieces))
-    if len(pa.Codec(compression).compress(sample)) <= total * (1 - PARQUET_MIN_SAVINGS):
+    frames = b"".join(v for v in sample.column(0).to_pylist() if v is not None)
+    if len(pa.Codec(compression).compress(frames)) <= len(frames) * (1 - PARQUET_MIN_SAVINGS):
         return compression
     return {path: ("none" if path == "raw" else compression) for path in _leaf_paths(table.schema)}
 
