@@ -16,7 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stream": ("dcptool.cli.stream:stream", "Print a live change stream, decoded."),
     "capture": ("dcptool.cli.capture:capture", "Record every frame or line into Parquet captures."),
     "replay": ("dcptool.cli.replay:replay", "Process captures deterministically (in-process or Spark)."),
-    "inspect": ("dcptool.cli.inspect:inspect_cmd", "Summarise captures."),
+    "inspect": ("dcptool.cli.inspect_cmd:inspect_cmd", "Summarise captures."),
     "decode": ("dcptool.cli.decode:decode", "Decode a raw byte stream of DCP frames."),
     "serve": ("dcptool.cli.serve:serve", "Run a built-in DCP producer or Synapse replication server."),
     "diff": ("dcptool.cli.diff:diff", "Documents added, changed and removed between two captures or moments."),

@@ -1,5 +1,5 @@
 """`dcptool capture couchbase://...`: the DCP consumer over the asyncio transport, with a
-tap that turns every receive batch into one Arrow record batch (protocol/dcp/columnar.py
+tap that turns every receive batch into one Arrow record batch (protocol/dcp/wire/columnar.py
 -> replay/store/dcp_batch.py) for the background Parquet writer. Frames we send are recorded
 too (SASL payloads masked by the writer). When the writer's queue is long the consumer
 stops acknowledging buffers, so the producer's flow control slows it and nothing is lost.
@@ -16,11 +16,11 @@ import numpy as np
 from dcptool.cli.console import err_console
 from dcptool.cli.live import CaptureSettings, LiveOptions
 from dcptool.cli.process import fewer_gc_passes, without_pandas
-from dcptool.cli.run_summary import MAX_MESSAGES, RunStats, StopSignals
-from dcptool.protocol.dcp import columnar
-from dcptool.protocol.dcp import consumer as dcp_consumer
-from dcptool.protocol.dcp.constants import StreamEndReason
-from dcptool.protocol.dcp.consumer_api import FilterResolved
+from dcptool.cli.view.run_summary import MAX_MESSAGES, RunStats, StopSignals
+from dcptool.protocol.dcp.wire import columnar
+from dcptool.protocol.dcp.client import consumer as dcp_consumer
+from dcptool.protocol.dcp.wire.constants import StreamEndReason
+from dcptool.protocol.dcp.client.consumer_api import FilterResolved
 
 # Knobs tests turn down.
 DEFAULTS = {"reconnects": 5, "pause_backlog_bytes": 32 * 2**20}   # the connect bound is --timeout
@@ -227,8 +227,8 @@ def _vb_state(r) -> dcp_consumer.VbState:
 def run_capture(opts: LiveOptions, settings: CaptureSettings) -> None:
     without_pandas()
     from dcptool.cli.dcp_live import EventLog, every_stream_failed, finish_reason, make_session, run_session
-    from dcptool.cli.progress import make_progress, print_summary
-    from dcptool.cli.run_summary import unserved_error, unserved_fields
+    from dcptool.cli.view.progress import make_progress, print_summary
+    from dcptool.cli.view.run_summary import unserved_error, unserved_fields
     from dcptool.replay.store.background import BackgroundWriter
     from dcptool.replay.store.writer import CaptureWriter, WriterError
 

@@ -1,7 +1,7 @@
-"""`dcptool stream couchbase://...`: runs the DCP consumer (protocol/dcp/consumer.py) over
+"""`dcptool stream couchbase://...`: runs the DCP consumer (protocol/dcp/client/consumer.py) over
 the asyncio transport (protocol/transport/dcp.py) and prints every frame that crosses the
 wire, both directions, as CAPTURE_FORMAT rows plus `direction` and `ts`. Each receive
-batch is decoded at once by the columnar decoder (cli/dcp_rows.py), the same as `decode`.
+batch is decoded at once by the columnar decoder (cli/view/dcp_rows.py), the same as `decode`.
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ import numpy as np
 from dcptool.cli.console import err_console
 from dcptool.cli.errors import Interrupted, LateUsageError
 from dcptool.cli.live import LiveOptions
-from dcptool.cli.dcp_rows import frame_columns, jsonl_of, rows_of
+from dcptool.cli.view.dcp_rows import frame_columns, jsonl_of, rows_of
 from dcptool.cli.output import Sink, default_format, display_columns, iso_ns
-from dcptool.cli.run_summary import (DURATION, END, MAX_MESSAGES, TO, RunStats, StopSignals, add_rates,
+from dcptool.cli.view.run_summary import (DURATION, END, MAX_MESSAGES, TO, RunStats, StopSignals, add_rates,
                                      run_and_close, stream_sink,
                                      check_vbuckets, print_stream_summary, stop_reason_for_signal,
                                      unserved_error, unserved_fields)
-from dcptool.protocol.dcp import consumer as dcp_consumer
-from dcptool.protocol.dcp import collections as dcp_collections
-from dcptool.protocol.dcp import routing
-from dcptool.protocol.dcp.consumer_api import FilterResolved, FilterUnknown
-from dcptool.protocol.dcp.constants import Status, status_name, stream_end_reason_name
+from dcptool.protocol.dcp.client import consumer as dcp_consumer
+from dcptool.protocol.dcp.client import manifest as dcp_collections
+from dcptool.protocol.dcp.client import routing
+from dcptool.protocol.dcp.client.consumer_api import FilterResolved, FilterUnknown
+from dcptool.protocol.dcp.wire.constants import Status, status_name, stream_end_reason_name
 from dcptool.protocol.errors import ErrorCode, RemoteError
 
 TABLE_COLUMNS = ["conn", "direction", "op", "vbucket", "status", "opaque", "by_seqno", "key", "value_len",
@@ -118,7 +118,7 @@ class RowTap:
         return self.consumer.vb_opaque.get(opaque) if self.consumer is not None else None
 
     def columns(self, buf, offsets, lengths, ts: str, direction: str, mono_ns: int | None = None):
-        """Display columns of whole frames (cli/dcp_rows.py: the columnar decoder), numbered."""
+        """Display columns of whole frames (cli/view/dcp_rows.py: the columnar decoder), numbered."""
         cols, n = frame_columns(buf, offsets, lengths, template=self.template,
                                 collections=self.consumer.collections if self.consumer is not None else False,
                                 opaque_vbuckets=self.consumer.vb_opaque if self.consumer is not None else {},

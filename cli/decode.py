@@ -39,7 +39,7 @@ def decode(file, fmt, collections, raw, values, max_body):
     Example:
       dcptool decode frames.bin | jq -c '{op, vbucket, by_seqno}'
     """
-    from dcptool.protocol.dcp.constants import DEFAULT_MAX_BODY
+    from dcptool.protocol.dcp.wire.constants import DEFAULT_MAX_BODY
 
     cap = DEFAULT_MAX_BODY if max_body is None else max_body
     fmt = default_format(fmt)
@@ -58,7 +58,7 @@ def decode(file, fmt, collections, raw, values, max_body):
 
 def column_set(raw: bool, values: bool) -> list[str]:
     """Every column of a decode row, in order (JSON lines carry all of them)."""
-    from dcptool.protocol.dcp.columnar import ROW_ORDER
+    from dcptool.protocol.dcp.wire.columnar import ROW_ORDER
     cols = with_key_base64(list(ROW_ORDER))
     if values:
         at = cols.index("value_len") + 1
@@ -67,9 +67,9 @@ def column_set(raw: bool, values: bool) -> list[str]:
 
 
 def _decode_stream(file, sink, cap, collections, raw, values):
-    from dcptool.cli.dcp_rows import frame_columns, jsonl_of, rows_of
-    from dcptool.protocol.dcp import columnar
-    from dcptool.protocol.dcp.frames import header_lengths
+    from dcptool.cli.view.dcp_rows import frame_columns, jsonl_of, rows_of
+    from dcptool.protocol.dcp.wire import columnar
+    from dcptool.protocol.dcp.wire.frames import header_lengths
     from dcptool.protocol.errors import ErrorCode, RemoteError
 
     blank = dict.fromkeys(column_set(raw, values))

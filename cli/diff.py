@@ -1,5 +1,5 @@
 """`dcptool diff CAPTURE_A CAPTURE_B` / `dcptool diff CAPTURE --at T1 --at T2`: the documents
-added, changed and removed between two `documents` tables (replay/diff.py). Exit 0 when
+added, changed and removed between two `documents` tables (replay/check/diff.py). Exit 0 when
 they are equal, 6 when they differ (the "findings" code), 1 when a capture is unreadable."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dcptool.cli.output import Sink, default_format
 
 
 def _documents(path: str, at: str | None):
-    from dcptool.replay import local
-    from dcptool.replay.as_of import make_as_of
+    from dcptool.replay.local import engine as local
+    from dcptool.replay.rules.as_of import make_as_of
     from dcptool.replay.store import reader
     files = reader.find_captures([path])
     if reader.protocol_of(files) != "dcp":
@@ -44,7 +44,7 @@ def diff(ctx, captures, at, fmt):
       dcptool diff captures/ --at 2026-01-02T03:00:00Z --at 2026-01-02T04:00:00Z
       dcptool diff a/ b/ --format jsonl | jq -c 'select(.change=="removed") | .key'
     """
-    from dcptool.replay.as_of import parse_timestamp
+    from dcptool.replay.rules.as_of import parse_timestamp
     if at:
         if len(captures) != 1 or len(at) != 2:
             raise click.UsageError("--at compares one capture at two moments: one CAPTURE and --at twice")
@@ -60,7 +60,7 @@ def diff(ctx, captures, at, fmt):
         pairs = [(captures[0], None), (captures[1], None)]
 
     from dcptool.cli.console import err_console
-    from dcptool.replay import diff as D
+    from dcptool.replay.check import diff as D
     console = err_console()
     with console.status("replaying", spinner="dots"):
         before = _documents(*pairs[0])

@@ -59,7 +59,7 @@ class LiveOptions:
     values: bool = False
     raw: bool = False
     fmt: str | None = None
-    json_summary: bool = False     # stream --json: the summary as JSON (cli/run_summary.py)
+    json_summary: bool = False     # stream --json: the summary as JSON (cli/view/run_summary.py)
     verbose: bool = False
 
     def safe_dict(self) -> dict:

@@ -47,7 +47,7 @@ def key_fields(key) -> tuple[str | None, str | None]:
 
 def snappy_decompress(b: bytes) -> bytes:
     """Raw (unframed) Snappy, as Couchbase sends it; ValueError when it is not."""
-    from dcptool.protocol.dcp import snappy
+    from dcptool.protocol.dcp.wire import snappy
     return snappy.decompress(b, MAX_SNAPPY_OUT)
 
 
@@ -98,7 +98,7 @@ def dcp_display(row: dict) -> dict:
     """A DCP row (from messages.to_row or the codecs) made ready for output, in place: `key`
     as text with `key_base64` for a key that is not UTF-8; with a `value` column,
     `value` / `value_base64` / `value_error` as value_fields says; an empty `snap_flag_names`
-    column gets the marker flags by name (cli/dcp_rows.py)."""
+    column gets the marker flags by name (cli/view/dcp_rows.py)."""
     if "key" in row:
         k = row["key"]
         if k is None or type(k) is str:
@@ -182,14 +182,14 @@ def jsonl_bytes(row: dict) -> bytes:
 
 def text_line(row: dict) -> str:
     """`--format text`: `name=value` for every column with a value, escaped."""
-    from dcptool.cli.table_render import cell_text
+    from dcptool.cli.view.table import cell_text
     return " ".join(f"{k}={printable(cell_text(v))}" for k, v in row.items() if v is not None) + "\n"
 
 
 class Sink:
     """Writes rows in one of FORMATS; `columns` fixes the table/text column order.
 
-    Tables are written batch by batch (cli/table_render.py): each write_many() prints its
+    Tables are written batch by batch (cli/view/table.py): each write_many() prints its
     rows at once; single write()s are gathered up to 50 rows or the next flush()."""
 
     def __init__(self, fmt: str, columns: list[str] | None = None, out=None, title: str | None = None):
@@ -262,7 +262,7 @@ class Sink:
         if not self._table_rows:
             return
         if self._table is None:
-            from dcptool.cli.table_render import TextTable, terminal_width
+            from dcptool.cli.view.table import TextTable, terminal_width
             self._table = TextTable(self.out, self.columns, self.title, width=terminal_width(self.out))
         rows, self._table_rows = self._table_rows, []
         self._table.write(rows)

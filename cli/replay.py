@@ -19,7 +19,7 @@ from dcptool.cli.process import without_pandas
 
 
 def _table_choice(protocol: str, requested: tuple[str, ...], default_all: bool) -> list[str]:
-    from dcptool.replay import tables as T
+    from dcptool.replay.rules import tables as T
     names = T.table_names(protocol)
     wanted = [n.strip() for r in requested for n in r.split(",") if n.strip()]
     if not wanted:
@@ -103,7 +103,7 @@ def _spark_progress(session, label: str):
     """A status line on stderr with Spark's stage progress while a job runs (a Connect
     session has no status tracker in this process: the line says `working`)."""
     from dcptool.cli.console import err_console
-    from dcptool.replay import spark as spark_engine
+    from dcptool.replay.spark import engine as spark_engine
     console = err_console()
     if spark_engine.is_connect(session):
         with console.status(f"{label}: working", spinner="dots"):
@@ -199,7 +199,7 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
 
     if sum(bool(x) for x in (sql, apply_spec, checksum)) > 1:
         raise click.UsageError("choose one of --sql, --apply, --checksum")
-    from dcptool.replay.as_of import make_as_of
+    from dcptool.replay.rules.as_of import make_as_of
     try:
         as_of = make_as_of(as_of_ts, as_of_seqnos)
     except ValueError as exc:
@@ -224,7 +224,7 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
             _usage_line(ctx, f"--apply {apply_spec}: {_first_line(exc)}", exc, verbose)
     names = _table_choice(protocol, tables, default_all=True)
     if not use_spark and protocol == "dcp":
-        from dcptool.replay.local import doc_budget
+        from dcptool.replay.local.engine import doc_budget
         try:
             doc_budget()
         except ValueError as exc:
@@ -247,9 +247,10 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
 
 
 def _run(ctx, session, files, names, fn, sql, unsafe_sql, checksum, as_of, fmt, out_dir, console, verbose):
-    from dcptool.replay import apply, local
+    from dcptool.replay import apply
+    from dcptool.replay.local import engine as local
     if session is not None:
-        from dcptool.replay import spark as spark_engine
+        from dcptool.replay.spark import engine as spark_engine
     try:
         if fn is not None:
             if session is not None:
@@ -314,7 +315,7 @@ def _open_session(ctx, console, master, master_given, remote, conf, verbose, fen
     from urllib.parse import urlparse
 
     from dcptool.cli.errors import EXIT_CONNECT, EXIT_USAGE
-    from dcptool.replay import connect_server, spark as spark_engine
+    from dcptool.replay.spark import connect_server, engine as spark_engine
     keep_alive = contextlib.nullcontext()
     url = token = None
     if remote:
@@ -379,10 +380,10 @@ def _usage_line(ctx, message: str, exc: BaseException | None = None, verbose: bo
 
 
 def _run_sql(ctx, session, rep, sql, unsafe, verbose):
-    """--sql: the fence of replay/spark_sql.py (unless --unsafe-sql), then the query. A
+    """--sql: the fence of replay/spark/sql.py (unless --unsafe-sql), then the query. A
     query refused, or one Spark cannot parse or analyse, exits 2; one that fails while it
     runs exits 1; each with one line (error class, message, position)."""
-    from dcptool.replay import spark_sql as sql_guard
+    from dcptool.replay.spark import sql as sql_guard
     rep.register_views()
     try:
         if not unsafe:
@@ -397,7 +398,7 @@ def _run_sql(ctx, session, rep, sql, unsafe, verbose):
 
 
 def _print_checksums(chosen, fmt):
-    from dcptool.replay import tables as T
+    from dcptool.replay.rules import tables as T
     out = sys.stdout
     for name, table in chosen.items():
         digest = T.checksum(name, table)

@@ -1,5 +1,5 @@
 """`dcptool spark start|stop|status`: the warm Spark Connect server that `replay --spark` uses
-when it runs (replay/connect_server.py launches and tracks it)."""
+when it runs (replay/spark/connect_server.py launches and tracks it)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def spark():
 @click.option("--json", "as_json", is_flag=True, help="Print the server's status as JSON on stdout.")
 def start(port, host, idle_timeout, as_json):
     """Start the server (or reuse the running one) and wait until it answers."""
-    from dcptool.replay import connect_server
+    from dcptool.replay.spark import connect_server
     idle = parse_duration(idle_timeout, "--idle-timeout")
     console = _console()
     if host not in ("127.0.0.1", "localhost", "::1"):
@@ -74,7 +74,7 @@ def start(port, host, idle_timeout, as_json):
 @spark.command("stop")
 def stop():
     """Stop the server and its idle watchdog."""
-    from dcptool.replay import connect_server
+    from dcptool.replay.spark import connect_server
     rec = connect_server.stop()
     _console().print(f"stopped the Spark Connect server (pid {rec.pid})" if rec is not None
                      else "no Spark Connect server running", highlight=False)
@@ -84,5 +84,5 @@ def stop():
 @click.option("--json", "as_json", is_flag=True, help="JSON on stdout (also the default in a pipe).")
 def status(as_json):
     """Whether the server runs and answers, its address, pid, log and idle time."""
-    from dcptool.replay import connect_server
+    from dcptool.replay.spark import connect_server
     _print_status(connect_server.status(), as_json)

@@ -11,7 +11,7 @@ import time
 from dcptool.cli.console import err_console
 from dcptool.cli.live import CaptureSettings, LiveOptions
 from dcptool.cli.output import iso_ns
-from dcptool.cli.run_summary import (DURATION, END, MAX_MESSAGES, RunStats, StopSignals, run_and_close,
+from dcptool.cli.view.run_summary import (DURATION, END, MAX_MESSAGES, RunStats, StopSignals, run_and_close,
                                      add_rates, print_stream_summary, stop_reason_for_signal, stream_sink)
 from dcptool.protocol.synapse.client import Gap, ServerError, SynapseClient
 
@@ -407,7 +407,7 @@ def run_capture(opts: LiveOptions, settings: CaptureSettings) -> None:
 
 
 def _summary(opts, settings, writer, segments, leftovers, handler, client, stop_exc) -> None:
-    from dcptool.cli.progress import print_summary
+    from dcptool.cli.view.progress import print_summary
     summary = {
         **handler.stats.summary(stop_exc, default=END),
         "capture_id": writer.capture_id,

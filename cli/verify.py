@@ -1,4 +1,4 @@
-"""`dcptool verify CAPTURE...`: continuity and protocol checks over captures (replay/verify.py).
+"""`dcptool verify CAPTURE...`: continuity and protocol checks over captures (replay/check/verify.py).
 Findings go to stdout (JSON lines in a pipe, a table on a terminal), the summary to stderr.
 Exit 0 when clean, 6 when there are findings, 1 when nothing could be read."""
 
@@ -52,8 +52,8 @@ def verify(ctx, captures, fmt, limit, summary_json, explain):
     from dcptool.cli.console import err_console
     from dcptool.cli.output import printable
     from dcptool.cli.sources import capture_paths
-    from dcptool.replay import verify as V
-    from dcptool.replay.verify_findings import FINDING_COLUMNS
+    from dcptool.replay.check import verify as V
+    from dcptool.replay.check.findings import FINDING_COLUMNS
     paths = capture_paths(captures)
     console = err_console()
     try:
@@ -94,9 +94,9 @@ def _print_summary(console, s: dict, printable) -> None:
 
 
 def _explain(paths, fmt) -> None:
-    """The rollback forensics of replay/forensics.py, one row per rollback (a second kind of
+    """The rollback forensics of replay/check/forensics.py, one row per rollback (a second kind of
     row after the findings: its keys are those of explain_rollbacks)."""
-    from dcptool.replay.forensics import explain_rollbacks
+    from dcptool.replay.check.forensics import explain_rollbacks
     from dcptool.replay.store import reader
     rows = explain_rollbacks(reader.find_captures(paths))
     if rows:

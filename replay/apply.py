@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dcptool.replay.store import reader
-from dcptool.replay.columns import as_numpy, as_strings, equals
+from dcptool.replay.rules.columns import as_numpy, as_strings, equals
 
 
 def load_function(spec: str) -> Callable:
@@ -38,7 +38,7 @@ def load_function(spec: str) -> Callable:
             raise ImportError(f"{module} would shadow the module {name!r} already loaded; rename the file")
         if loaded is None:
             # importable by its name, from its directory: Spark's workers import it so too
-            # (replay/spark.py ships the file), and cloudpickle refers to it by that name
+            # (replay/spark/engine.py ships the file), and cloudpickle refers to it by that name
             folder = os.path.dirname(path)
             if folder not in sys.path:
                 sys.path.insert(0, folder)

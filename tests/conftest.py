@@ -30,7 +30,7 @@ def _own_state_dir(tmp_path_factory):
 def spark():
     """One local[2] session for every Spark test: UI off, few shuffle partitions, driver
     bound to loopback."""
-    from dcptool.replay.spark import make_session
+    from dcptool.replay.spark.engine import make_session
     session = make_session("local[2]", app_name="dcptool-tests",
                            conf={"spark.sql.shuffle.partitions": "4"})
     yield session
@@ -44,7 +44,7 @@ def failover_capture(tmp_path_factory):
     import subprocess
     import sys
 
-    from dcptool.protocol.dcp import producer as P
+    from dcptool.protocol.dcp.server import producer as P
     from dcptool.protocol.transport.dcp import ThreadedServer
     from dcptool.replay.store.reader import find_captures
     dcptool = os.path.join(os.path.dirname(sys.executable), "dcptool")

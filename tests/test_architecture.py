@@ -1,5 +1,5 @@
 """The house rules of ARCHITECTURE.md that a grep can check: protocol/ is sans-IO outside
-protocol/transport/, only replay/spark.py imports pyspark, only cli/ exits, and the
+protocol/transport/, only replay/spark/engine.py imports pyspark, only cli/ exits, and the
 arrows point one way (protocol imports nothing of ours outside protocol)."""
 
 from __future__ import annotations
@@ -50,8 +50,29 @@ def test_replay_uses_only_protocol_codecs_not_cli():
 
 def test_only_replay_spark_imports_pyspark():
     bad = [str(p.relative_to(ROOT)) for folder in ("cli", "protocol", "replay") for p in _py(folder)
-           if p.name != "spark.py" and any(m.split(".")[0] == "pyspark" for m in _imports(p))]
+           if p.relative_to(ROOT).as_posix() != "replay/spark/engine.py"
+           and any(m.split(".")[0] == "pyspark" for m in _imports(p))]
     assert bad == []
+
+
+def test_the_dcp_wire_imports_neither_client_nor_server():
+    sides = ("dcptool.protocol.dcp.client", "dcptool.protocol.dcp.server")
+    bad = [f"{p.relative_to(ROOT)} imports {m}" for p in _py("protocol/dcp/wire") for m in _imports(p)
+           if m.startswith(sides)]
+    assert _py("protocol/dcp/wire") and bad == []
+
+
+def test_the_dcp_client_does_not_import_the_server():
+    bad = [f"{p.relative_to(ROOT)} imports {m}" for p in _py("protocol/dcp/client") for m in _imports(p)
+           if m.startswith("dcptool.protocol.dcp.server")]
+    assert _py("protocol/dcp/client") and bad == []
+
+
+def test_no_code_folder_is_a_flat_list_of_more_than_20_modules():
+    folders = {p.parent for folder in ("cli", "protocol", "replay") for p in _py(folder)}
+    big = {str(f.relative_to(ROOT)): n for f in folders
+           if (n := len([p for p in f.glob("*.py") if p.name != "__init__.py"])) > 20}
+    assert len(folders) > 10 and big == {}
 
 
 def test_only_cli_exits():

@@ -1,3 +1,2 @@
-"""DCP, sans-IO: constants, the memcached binary framing, every DCP message (decode and
-encode), the columnar batch decoder used by captures, and the consumer and producer state
-machines."""
+"""DCP, sans-IO, by side: wire/ (the codec both sides use), client/ (the consumer) and
+server/ (the producer of `serve dcp`). The wire imports neither side."""

@@ -24,10 +24,10 @@ import threading
 import time
 from typing import Callable, Protocol
 
-from dcptool.protocol.dcp import columnar
-from dcptool.protocol.dcp.consumer import Consumer, ConsumerConfig, VbState
-from dcptool.protocol.dcp.constants import DEFAULT_MAX_BODY
-from dcptool.protocol.dcp.producer import ServerModel, rate_items
+from dcptool.protocol.dcp.wire import columnar
+from dcptool.protocol.dcp.client.consumer import Consumer, ConsumerConfig, VbState
+from dcptool.protocol.dcp.wire.constants import DEFAULT_MAX_BODY
+from dcptool.protocol.dcp.server.producer import ServerModel, rate_items
 from dcptool.protocol.errors import (ConnectFailed, ConnectionLost, ErrorCode, ProtocolError,
                                      RemoteError)
 

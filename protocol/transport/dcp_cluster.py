@@ -1,6 +1,6 @@
 """A DCP session over a cluster (docs/CLUSTER.md): bootstrap from the first seed that
 answers, one connection per KV node that owns requested vbuckets (or `conn_per_node`), and
-the map followed as it changes (protocol/dcp/routing.py decides, this module does the I/O).
+the map followed as it changes (protocol/dcp/client/routing.py decides, this module does the I/O).
 
 Bootstrap: every connection does HELLO, auth, SELECT_BUCKET and GET_CLUSTER_CONFIG before
 DCP_OPEN (the consumer's `fetch_config`), so a capture holds every config received. When the
@@ -29,11 +29,11 @@ import ssl
 import time
 from typing import Callable
 
-from dcptool.protocol.dcp import routing
-from dcptool.protocol.dcp.consumer import (NUM_VB_SLOTS, ConfigPushed, ConfigReceived, Consumer, ConsumerConfig,
+from dcptool.protocol.dcp.client import routing
+from dcptool.protocol.dcp.client.consumer import (NUM_VB_SLOTS, ConfigPushed, ConfigReceived, Consumer, ConsumerConfig,
                                            Handoff, NotMyVbucket, PushIgnored, ServerVbuckets, StreamEnded,
                                            StreamFailed, StreamOpened, VbState)
-from dcptool.protocol.dcp.routing import MapApplied, Rerouted, Router, Unserved
+from dcptool.protocol.dcp.client.routing import MapApplied, Rerouted, Router, Unserved
 from dcptool.protocol.errors import ConnectFailed, ConnectionLost, ErrorCode, ProtocolError, RemoteError
 from dcptool.protocol.transport.dcp import Session, open_connection
 

@@ -1,5 +1,5 @@
 """DCP frames -> Arrow record batches in the capture schema, built from the columns of
-protocol/dcp/columnar.py: numeric columns from numpy without copies where possible, the
+protocol/dcp/wire/columnar.py: numeric columns from numpy without copies where possible, the
 `raw` column zero-copy over the receive buffer, `op` as a dictionary over all 256 opcode
 names (the opcode byte is the index)."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from dcptool.protocol.dcp import columnar
-from dcptool.protocol.dcp.constants import OP_NAME_TABLE, op_index
+from dcptool.protocol.dcp.wire import columnar
+from dcptool.protocol.dcp.wire.constants import OP_NAME_TABLE, op_index
 from dcptool.replay.store.schema import DCP_FIELDS, DICT_STR, FAILOVER_ENTRY, capture_schema
 
 SCHEMA = capture_schema("dcp")

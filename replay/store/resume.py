@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dcptool.protocol.dcp.constants import Status
+from dcptool.protocol.dcp.wire.constants import Status
 from dcptool.replay.store.reader import CaptureFile, find_captures, iter_capture_tables
 from dcptool.replay.store.naming import IN_PROGRESS_SUFFIX
 from dcptool.replay.store.segment import finish_in_progress

@@ -17,7 +17,7 @@ N = int(os.environ.get("BENCH_FRAMES", "1000000"))
 
 
 def make_buffer(n: int) -> bytes:
-    from dcptool.protocol.dcp import messages as M
+    from dcptool.protocol.dcp.wire import messages as M
     block = []
     for i in range(1000):
         block.append(M.encode(M.Mutation(vbucket=i % 64, opaque=0x10000 + i % 64, cas=1_700_000_000_000 + i,
@@ -48,7 +48,7 @@ def timed(fn, *a, repeat: int = 3):
 
 
 def main():
-    from dcptool.protocol.dcp import columnar
+    from dcptool.protocol.dcp.wire import columnar
     from dcptool.replay.store.dcp_batch import frames_to_record_batch
 
     buf = make_buffer(N)

@@ -20,9 +20,9 @@ import sys
 import tempfile
 import time
 
-from dcptool.protocol.dcp import messages as m
-from dcptool.protocol.dcp import producer as P
-from dcptool.protocol.dcp.playback_producer import PlaybackModel
+from dcptool.protocol.dcp.wire import messages as m
+from dcptool.protocol.dcp.server import producer as P
+from dcptool.protocol.dcp.server.playback import PlaybackModel
 from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.playback import load_dcp
 

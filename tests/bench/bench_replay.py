@@ -245,7 +245,7 @@ def run(frames: int, docs: int, workdir: str, spark: bool, warm_env: dict | None
         cold = ["replay", cap, "--master", "local[*]", "--table", "documents", "--out", so]
         if not _archive_ready(cold_env):
             # the very first embedded session writes the JVM's class archive at its exit
-            # (replay/spark_cds.py); every later one maps it. Timed apart, once.
+            # (replay/spark/cds.py); every later one maps it. Timed apart, once.
             out["spark_first_s"], _ = timed_cli(cold, env=cold_env)
             _wait_archive(cold_env)
         out["spark_s"], _ = timed_cli(cold, env=cold_env)

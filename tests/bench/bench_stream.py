@@ -35,7 +35,7 @@ def start_server(*extra: str):
 
 def bare_client(host: str, port: int) -> tuple[float, int, int]:
     """Same handshake as dcptool stream (no SASL), then drain: (seconds, mutations, bytes)."""
-    from dcptool.protocol.dcp import messages as M
+    from dcptool.protocol.dcp.wire import messages as M
     hdr = struct.Struct(">BBHBBHI")
     t0 = time.perf_counter()
     s = socket.create_connection((host, port))

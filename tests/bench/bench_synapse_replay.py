@@ -62,7 +62,7 @@ def build(directory: str, lines: int, seed: int = 7) -> str:
     from dcptool.protocol.synapse.bulk import Scan
     from dcptool.replay.store.schema import capture_schema
     from dcptool.replay.store.synapse_batch import build_batch_scan
-    from tests.capgen import file_name
+    from tests.support.capgen import file_name
 
     rng = random.Random(seed)
     cid = str(uuid.UUID(int=rng.getrandbits(128), version=4))

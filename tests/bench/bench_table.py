@@ -22,7 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from tests import capgen  # noqa: E402
+from tests.support import capgen  # noqa: E402
 
 
 def _capture(directory: str, rows: int) -> int:

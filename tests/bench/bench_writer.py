@@ -2,7 +2,7 @@
 
     .venv/bin/python tests/bench/bench_writer.py [--rows 1000000] [--rss-rows 5000000]
 
-Frames are real wire bytes (one mutation encoded by protocol/dcp/messages.py, tiled with
+Frames are real wire bytes (one mutation encoded by protocol/dcp/wire/messages.py, tiled with
 numpy and given distinct seqnos and keys), decoded batch-wise by replay/store/dcp_batch.py in
 1 MiB receive buffers, and written by replay/store/writer.py. Reported:
 
@@ -33,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dcptool.protocol.dcp.messages import Mutation, encode
+from dcptool.protocol.dcp.wire.messages import Mutation, encode
 from dcptool.replay.store.dcp_batch import frames_to_record_batch
 from dcptool.replay.store.background import BackgroundWriter
 from dcptool.replay.store.writer import CaptureWriter

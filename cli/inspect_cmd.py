@@ -1,0 +1,142 @@
+"""`dcptool inspect CAPTURE...`: what a capture holds, without replaying it. The summary
+is computed by replay/check/summary.py (in bounded memory); this command renders it: tables for
+people, one JSON document with `--json`, on stdout (the summary is the command's data).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from dcptool.cli.console import data_console
+
+_LEFT = ("file", "op", "command", "stream", "instance", "reason", "error", "capture_id", "started_at",
+         "node", "from node", "via", "active", "ts")
+_FOLD = ("file", "error")  # long text that may wrap on a terminal; ids, names, numbers stay whole
+
+
+def render(summary: dict, console) -> None:
+    """The summary as tables. Every cell is rich Text (never markup) escaped by
+    output.printable: stream names, ops, errors and paths can come from the other side."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from dcptool.cli.output import printable
+
+    class _Table(Table):
+        def add_row(self, *cells, **kw):
+            super().add_row(*[Text(printable(c)) for c in cells], **kw)
+
+    def table(title, *cols):
+        t = _Table(title=title, title_justify="left", title_style="bold")
+        for c in cols:
+            fold = c in _FOLD
+            t.add_column(c, justify="left" if c in _LEFT else "right", no_wrap=not fold,
+                         overflow="fold")
+        return t
+
+    files = table("files", "file", "capture_id", "segment", "rows")
+    for f in summary["files"]:
+        files.add_row(f["path"] + (" (in progress)" if f["in_progress"] else ""),
+                      f["capture_id"][:8], str(f["segment"]), f"{f['rows']:,}")
+    console.print(files)
+    span = summary["time_span"]
+    console.print(f"protocol {summary['protocol']}, {len(summary['captures'])} capture(s), "
+                  f"{summary['rows']:,} rows"
+                  + (f", {span['first']} .. {span['last']} ({span['seconds']:.3f} s)" if span else "")
+                  + "; " + ", ".join(f"{printable(k)}: {v:,}" for k, v in summary["directions"].items()),
+                  highlight=False, markup=False)
+    if summary.get("nodes"):
+        nodes = table("nodes", "node", "rows")
+        for k, v in summary["nodes"].items():
+            nodes.add_row(str(k), f"{v:,}")
+        console.print(nodes)
+    kind = "op" if summary["protocol"] == "dcp" else "command"
+    kinds = table(f"rows per {kind}", kind, "rows")
+    for k, v in summary["ops" if kind == "op" else "commands"].items():
+        kinds.add_row(str(k), f"{v:,}")
+    console.print(kinds)
+    if summary["protocol"] == "dcp":
+        vbs = table("vbuckets", "vbucket", "items", "first seqno", "last seqno", "min", "max",
+                    "snapshots", "rollbacks", "stream end")
+        for v in summary["vbuckets"]:
+            vbs.add_row(*[("" if v[k] is None else f"{v[k]}") for k in
+                          ("vbucket", "items", "first_seqno", "last_seqno", "min_seqno",
+                           "max_seqno", "snapshots", "rollbacks", "stream_end_reason")])
+        console.print(vbs)
+        console.print(f"snapshots: {summary['snapshots']:,}", highlight=False)
+        if summary["rollbacks"]:
+            rb = table("rollbacks", "vbucket", "rollback seqno", "frame_no")
+            for r in summary["rollbacks"]:
+                rb.add_row(str(r["vbucket"]), str(r["rollback_seqno"]), str(r["frame_no"]))
+            console.print(rb)
+        else:
+            console.print("rollbacks: none", highlight=False)
+        if summary["stream_ends"]:
+            se = table("stream ends", "vbucket", "reason", "frame_no")
+            for r in summary["stream_ends"]:
+                se.add_row(str(r["vbucket"]), f"{r['reason']} ({r['reason_name']})", str(r["frame_no"]))
+            console.print(se)
+        else:
+            console.print("stream ends: none", highlight=False)
+        if summary.get("configs"):
+            cf = table("cluster config revisions", "rev", "ts", "from node", "via", "vbuckets", "active")
+            for c in summary["configs"]:
+                cf.add_row(f"{c['rev_epoch']}:{c['rev']}", c["ts"] or "", c["node"] or "", c["via"],
+                           str(c["vbuckets"]), ", ".join(f"{k} {v}" for k, v in c["active"].items()))
+            console.print(cf)
+        else:
+            console.print("cluster config revisions: none", highlight=False)
+    else:
+        pos = table("positions", "stream", "instance", "token", "rows", "batches", "positions",
+                    "gaps", "dropped", "waiting")
+        for p in summary["positions"]:
+            pos.add_row(*[("" if p[k] is None else str(p[k])) for k in
+                          ("stream", "instance", "token", "rows", "batches", "positions", "gaps",
+                           "dropped", "waiting")])
+        console.print(pos)
+        if summary["gaps"]:
+            gaps = table("gaps", "stream", "instance", "from token", "to token", "frame_no")
+            for g in summary["gaps"]:
+                gaps.add_row(str(g["stream"]), str(g["instance"]), str(g["from_token"]),
+                             str(g["to_token"]), str(g["frame_no"]))
+            console.print(gaps)
+        else:
+            console.print("gaps: none", highlight=False)
+    de = summary["decode_errors"]
+    if de["count"]:
+        errs = table(f"decode errors ({de['count']:,})", "capture_id", "frame_no", "error")
+        for e in de["examples"]:
+            errs.add_row(e["capture_id"][:8], str(e["frame_no"]), e["error"])
+        console.print(errs)
+    else:
+        console.print("decode errors: none", highlight=False)
+
+
+@click.command("inspect")
+@click.argument("captures", nargs=-1, required=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+def inspect_cmd(captures, as_json):
+    """Summarise captures: files, rows, time span, rows per op/command and per node, seqno
+    ranges per vbucket, snapshots, rollbacks, stream ends, cluster config revisions, Synapse
+    positions and gaps, decode errors.
+
+    CAPTURE is a segment (.parquet or in-progress .arrows), a directory, or - to read paths
+    from stdin.
+
+    \b
+    Examples:
+      dcptool inspect captures/
+      dcptool inspect captures/ --json | jq '.vbuckets[] | select(.vbucket == 0)'
+    """
+    from dcptool.cli.sources import capture_paths
+    from dcptool.replay.check.summary import summarize
+    paths = capture_paths(captures)
+    summary = summarize(paths)
+    if as_json:
+        sys.stdout.write(json.dumps(summary, separators=(",", ":")) + "\n")
+        sys.stdout.flush()
+        return
+    render(summary, data_console(sys.stdout, highlight=False))

@@ -1,0 +1,148 @@
+"""`serve dcp|synapse --from CAPTURE`: play a capture back as a live server, with --pace and
+fault injection (--disconnect-at, --stall-at, --corrupt-at). The options are declared
+here and added to both serve commands; the capture is read (replay/playback.py) before
+anything listens, so an unreadable capture is one error line and exit 1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+import click
+
+from dcptool.cli.view.run_summary import server_stop_event
+from dcptool.cli.sources import parse_duration
+
+
+def parse_pace(text: str | None) -> float | None:
+    """`max` -> None (as fast as the client reads), `original` -> 1.0, FACTOR -> FACTOR."""
+    if text is None or text == "max":
+        return None
+    if text == "original":
+        return 1.0
+    try:
+        factor = float(text)
+    except ValueError:
+        factor = -1.0
+    if not factor > 0 or factor != factor or factor == float("inf"):
+        raise click.BadParameter(f"{text!r}: use original, max or a factor above 0 (e.g. 2)",
+                                 param_hint="--pace")
+    return factor
+
+
+def parse_stall(text: str | None) -> tuple[int | None, float]:
+    """`N[:SECONDS]` -> (N, seconds); seconds default to 5 and take units (500ms, 2s)."""
+    if text is None:
+        return None, 5.0
+    count, _, secs = text.partition(":")
+    try:
+        n = int(count)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise click.BadParameter(f"{text!r}: use N or N:SECONDS (e.g. 1000:2s)", param_hint="--stall-at")
+    seconds = parse_duration(secs, "--stall-at") if secs else 5.0
+    return n, seconds
+
+
+def playback_options(f):
+    """The --from/--pace/fault options shared by `serve dcp` and `serve synapse`."""
+    opts = [
+        click.option("--from", "from_capture", multiple=True, metavar="CAPTURE",
+                     help="Play this capture back (file or directory; repeatable) instead of a generated "
+                          "stream."),
+        click.option("--pace", default="max", show_default=True,
+                     help="With --from: original (the recorded timing), max (as fast as the client reads) "
+                          "or a speed factor (2 = twice as fast)."),
+        click.option("--disconnect-at", type=click.IntRange(min=1), default=None,
+                     help="With --from: drop the connection after N served stream frames / lines (once)."),
+        click.option("--stall-at", default=None, metavar="N[:SECONDS]",
+                     help="With --from: after N served frames / lines send no stream data for SECONDS "
+                          "(default 5s), once."),
+        click.option("--corrupt-at", type=click.IntRange(min=0), default=None,
+                     help="With --from: after N served frames / lines send one damaged one (DCP: a frame "
+                          "with a bad magic; Synapse: an RDATA line with broken JSON), once."),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def check_unused(ctx: click.Context, from_capture, pace, disconnect_at, stall_at, corrupt_at) -> None:
+    if from_capture:
+        return
+    used = [name for name, v in (("--disconnect-at", disconnect_at), ("--stall-at", stall_at),
+                                 ("--corrupt-at", corrupt_at)) if v is not None]
+    if pace != "max":
+        used.append("--pace")
+    if used:
+        raise click.UsageError(f"{', '.join(used)} need(s) --from CAPTURE")
+
+
+def _listening(host, port) -> None:
+    sys.stdout.write(json.dumps({"listening": f"{host}:{port}"}) + "\n")
+    sys.stdout.flush()
+
+
+async def _until_stopped(start, close) -> None:
+    stop = server_stop_event()   # stopping is how a server ends: exit 0, as serve dcp does
+    await start(stop)
+    await stop.wait()
+    await close()
+
+
+def serve_dcp_capture(paths, *, bind: str, port: int, users: dict, tls, pace: str, disconnect_at,
+                      stall_at, corrupt_at) -> None:
+    from dcptool.protocol.dcp.server.playback import Faults, PlaybackModel
+    from dcptool.protocol.transport.dcp import ProducerServer
+    from dcptool.replay.playback import load_dcp
+
+    factor = parse_pace(pace)
+    stall_n, stall_s = parse_stall(stall_at)
+    recording = load_dcp(list(paths))
+    model = PlaybackModel(recording, users, pace=factor,
+                          faults=Faults(disconnect_at=disconnect_at, stall_at=stall_n, stall_seconds=stall_s,
+                                        corrupt_at=corrupt_at))
+    server = ProducerServer(model)
+
+    async def start(_stop):
+        host, p = await server.start(bind, port, tls)
+        _listening(host, p)
+
+    _run(_until_stopped(start, server.close), bind, port)
+
+
+def serve_synapse_capture(paths, *, bind: str, port: int, server_name: str, ping: float, timeout: float,
+                          pace: str, disconnect_at, stall_at, corrupt_at) -> None:
+    from dcptool.protocol.synapse.playback import LineFaults, PlaybackFeed, PlaybackSession
+    from dcptool.protocol.transport.synapse_playback import serve_playback
+    from dcptool.replay.playback import load_synapse
+
+    factor = parse_pace(pace)
+    stall_n, stall_s = parse_stall(stall_at)
+    recording = load_synapse(list(paths))
+    feed = PlaybackFeed(recording.connections, pace=factor,
+                        faults=LineFaults(disconnect_at=disconnect_at, stall_at=stall_n, stall_seconds=stall_s,
+                                          corrupt_at=corrupt_at))
+
+    def make_session():
+        return PlaybackSession(feed, server_name, ping_interval=ping, timeout=timeout,
+                               wall_ms=lambda: time.time_ns() // 1_000_000)
+
+    async def main():
+        stop = server_stop_event()
+        await serve_playback(bind, port, make_session, on_listening=_listening, stop=stop)
+
+    _run(main(), bind, port)
+
+
+def _run(coro, bind, port) -> None:
+    try:
+        asyncio.run(coro)
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        from dcptool.protocol.errors import ConnectFailed
+        raise ConnectFailed(f"cannot listen on {bind}:{port}: {exc.strerror or exc}") from None

@@ -1,0 +1,316 @@
+"""The consumer's receive path, sans-IO: whole frames in, per-vbucket state and events out.
+A mixin of consumer.Consumer (it uses the consumer's per-vbucket arrays, output queue and
+stream handlers).
+
+Hot path: data frames (mutation, deletion, expiration, system event, seqno advanced) are
+never decoded into messages: opcode, vbucket, opaque and by_seqno are read with one
+struct.unpack_from at fixed offsets and only per-vbucket state is updated; long runs of them
+(a backfill) are applied column-wise. Everything else is rare and decoded fully with
+protocol.dcp.messages (`_slow`).
+
+Stream ids: a data frame of a stream with an id comes in alt framing (magic 0x08, the 3-byte
+frame info 0x22 + sid, DCP_DIGEST §1.2), its fields 3 bytes further on; (vbucket, sid) picks
+the stream (consumer_api.stream_key), and a sid we did not ask for is no stream of ours.
+
+Server requests (magic 0x82, needs HELLO Duplex) are answered with magic 0x83. A cluster-map
+change notification (opcode 0x01, docs/CLUSTER.md) becomes ConfigPushed when it is well
+formed (key = our bucket, extras = revEpoch i64 + rev i64, or the old rev u32, a bounded
+body); anything else becomes PushIgnored with the reason, never an error: the frame is in the
+capture either way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+
+from dcptool.protocol.dcp.wire import messages as m
+from dcptool.protocol.dcp.wire import snappy
+from dcptool.protocol.dcp.wire.columnar import be_uint as _be
+from dcptool.protocol.dcp.wire.constants import SERVER_OP_CLUSTERMAP_CHANGE_NOTIFICATION, SnapshotFlag, op_name
+from dcptool.protocol.dcp.client.consumer_api import NUM_VB_SLOTS, stream_key
+from dcptool.protocol.dcp.wire.frames import parse_frame
+from dcptool.protocol.errors import ErrorCode, RemoteError
+
+_DATA = struct.Struct(">BB4xH4xI8xQ")     # magic opcode . vbucket . opaque . by_seqno
+_DATA_SID = struct.Struct(">6xH4xI8xxHQ")  # alt framing: vbucket . opaque . 0x22 sid . by_seqno
+DATA_OPS = frozenset({0x57, 0x58, 0x59, 0x5F, 0x64})
+_DATA_OPS_ARRAY = sorted(DATA_OPS)
+# DCP messages that belong to a vbucket's stream: one for a vbucket beyond NUM_VB_SLOTS makes
+# the stream meaningless
+STREAM_OPS = frozenset({0x55, 0x56, 0x57, 0x58, 0x59, 0x5B, 0x5F, 0x60, 0x62, 0x63, 0x64, 0x65})
+_VECTOR_MIN = 48           # runs shorter than this take the per-frame loop
+# bytes a pushed config may have (a 1024-vbucket map of a large cluster is well under 1 MiB)
+MAX_PUSHED_CONFIG = 8 << 20
+_EPOCH_REV = struct.Struct(">qq")
+OSO_START, OSO_END = 0x01, 0x02
+OSO_HOLD = (1 << 63) - 1   # `_last` of a stream inside an OSO snapshot: no item passes the fast paths
+_SNAPPY = 0x02
+
+
+def _tolist(a):
+    return a.tolist() if hasattr(a, "tolist") else list(a)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ConfigPushed:
+    """A cluster-map change notification: (revEpoch, rev) from its extras and the config JSON
+    (raw; empty for a brief notification, 0x1f: fetch it with request_config())."""
+    rev_epoch: int
+    rev: int
+    raw: bytes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PushIgnored:
+    """A server request (magic 0x82) that was answered and otherwise ignored, and why."""
+    opcode: int
+    reason: str
+
+
+class Receiver:
+    def receive(self, buf, offsets, lengths, now: float) -> list:
+        """Process the whole frames at offsets/lengths in buf. Returns the events.
+
+        Long runs of data frames (a backfill) are applied column-wise: per vbucket the seqnos
+        are checked to rise and the last one kept; every other frame, and any run that breaks
+        a rule, goes through the per-frame path in wire order."""
+        n = len(offsets)
+        if n == 0:
+            return self.events()
+        self.last_rx = self._now = now
+        self.frames_in += n
+        if n < _VECTOR_MIN or not hasattr(offsets, "dtype"):
+            self._receive_frames(buf, _tolist(offsets), _tolist(lengths), now)
+        else:
+            self._receive_vectorised(buf, offsets, lengths, now)
+        self.flush_acks()
+        return self.events()
+
+    def _receive_vectorised(self, buf, offsets, lengths, now: float) -> None:
+        import numpy as np
+        n = len(offsets)
+        u8 = np.frombuffer(buf, dtype=np.uint8)
+        magic = u8[offsets]
+        data = np.isin(u8[offsets + 1], _DATA_OPS_ARRAY) & (magic == 0x80) & (lengths >= 32)
+        if self.max_sid:    # stream ids: alt-framed data frames with exactly the sid frame info
+            alt = (magic == 0x08) & (lengths >= 35)
+            a = np.nonzero(alt)[0]
+            alt[a] = (u8[offsets[a] + 2] == 3) & (u8[offsets[a] + 24] == 0x22) & \
+                np.isin(u8[offsets[a] + 1], _DATA_OPS_ARRAY)
+            data |= alt
+        idx = np.nonzero(data)[0]
+        vbs = _be(u8, offsets[idx] + 6, 2).astype(np.int64)
+        opq = _be(u8, offsets[idx] + 12, 4).astype(np.int64)
+        fe = np.zeros(len(idx), dtype=np.int64)
+        if self.max_sid:
+            ia = alt[idx]
+            fe[ia] = 3
+            sids = np.zeros(len(idx), dtype=np.int64)
+            sids[ia] = _be(u8, offsets[idx[ia]] + 25, 2).astype(np.int64)
+            in_range = (vbs < NUM_VB_SLOTS) & (sids <= self.max_sid)
+            vbs = vbs + NUM_VB_SLOTS * sids      # stream keys from here on
+        else:
+            # a vbucket id from the peer indexes nothing before it is checked: out-of-range ids
+            # take the per-frame path, which reports them
+            in_range = vbs < NUM_VB_SLOTS
+        ok = in_range & (opq == np.asarray(self._sopq, dtype=np.int64)[np.where(in_range, vbs, 0)])
+        # a run ends at every frame that is not a valid data frame
+        stop = np.ones(n, dtype=bool)
+        stop[idx[ok]] = False
+        stops = np.nonzero(stop)[0].tolist()
+        seqs = _be(u8, offsets[idx] + 24 + fe, 8)
+        pos_in_idx = np.full(n, -1, dtype=np.int64)
+        pos_in_idx[idx] = np.arange(len(idx))
+        prev = 0
+        for s in stops + [n]:
+            if s > prev:
+                self._apply_run(buf, offsets, lengths, prev, s, pos_in_idx, vbs, seqs, now)
+            if s < n:
+                self._receive_frames(buf, [int(offsets[s])], [int(lengths[s])], now)
+            prev = s + 1
+
+    def _apply_run(self, buf, offsets, lengths, a: int, b: int, pos_in_idx, vbs, seqs, now) -> None:
+        import numpy as np
+        if b - a < _VECTOR_MIN:
+            self._receive_frames(buf, offsets[a:b].tolist(), lengths[a:b].tolist(), now)
+            return
+        sel = pos_in_idx[a:b]
+        v = vbs[sel]
+        q = seqs[sel].astype(np.int64)
+        order = np.argsort(v, kind="stable")
+        v_sorted, q_sorted = v[order], q[order]
+        first = np.ones(len(v_sorted), dtype=bool)
+        first[1:] = v_sorted[1:] != v_sorted[:-1]
+        last = np.asarray(self._last, dtype=np.int64)
+        rising = np.where(first, q_sorted > last[v_sorted], np.r_[True, q_sorted[1:] > q_sorted[:-1]])
+        if not rising.all() or (seqs[sel] >= 1 << 63).any():
+            self._receive_frames(buf, offsets[a:b].tolist(), lengths[a:b].tolist(), now)
+            return
+        ends = np.r_[np.nonzero(first)[0][1:] - 1, len(v_sorted) - 1]
+        for vb, seq in zip(v_sorted[ends].tolist(), q_sorted[ends].tolist()):
+            self._last[vb] = seq
+        self._unacked += int(lengths[a:b].sum())
+        self.data_frames += b - a
+
+    def _receive_frames(self, buf, offsets: list, lengths: list, now: float) -> None:
+        unpack = _DATA.unpack_from
+        last = self._last
+        sopq = self._sopq
+        unacked = 0
+        data = 0
+        max_sid = self.max_sid
+        oso = self._oso
+        for i in range(len(offsets)):
+            off = offsets[i]
+            ln = lengths[i]
+            op = buf[off + 1]
+            if op in DATA_OPS and ln >= 32 and buf[off] == 0x80:
+                _, _, vb, opaque, seq = unpack(buf, off)
+                if vb < NUM_VB_SLOTS and opaque == sopq[vb] and seq > last[vb]:
+                    last[vb] = seq
+                    unacked += ln
+                    data += 1
+                    continue
+                if oso and vb in oso and opaque == sopq[vb]:    # an OSO snapshot's item (key order)
+                    self._oso_item(vb, seq)
+                    unacked += ln
+                    data += 1
+                    continue
+            elif max_sid and op in DATA_OPS and ln >= 35 and buf[off] == 0x08 and buf[off + 2] == 3 \
+                    and buf[off + 24] == 0x22:
+                vb, opaque, sid, seq = _DATA_SID.unpack_from(buf, off)
+                k = vb + NUM_VB_SLOTS * sid
+                if vb < NUM_VB_SLOTS and sid <= max_sid and opaque == sopq[k] and seq > last[k]:
+                    last[k] = seq
+                    unacked += ln
+                    data += 1
+                    continue
+            magic = buf[off]
+            if (magic == 0x80 or magic == 0x08) and op != 0x5C:
+                unacked += ln
+            self._unacked += unacked
+            unacked = 0
+            self._slow(parse_frame(buf, off, ln), now)
+        self._unacked += unacked
+        self.data_frames += data
+
+    def _slow(self, frame, now: float) -> None:
+        msg = m.decode(frame, self.collections)
+        if msg.IS_RESPONSE:
+            handler = self._pending.pop(msg.opaque, None)
+            self._sent_at.pop(msg.opaque, None)
+            if handler is not None:
+                handler(msg)
+            return
+        op = msg.op_code
+        if frame.magic == 0x82:   # server-initiated request (Duplex): acknowledge, then look
+            self._out.append(m.encode(m.Response(opcode=op, opaque=msg.opaque, magic=0x83)))
+            self._events.append(self._server_request(frame))
+            return
+        if op == 0x5C:
+            self._out.append(m.encode(m.Response(opcode=0x5C, opaque=msg.opaque)))
+            self.noops_answered += 1
+            return
+        vb = getattr(msg, "vbucket", None)
+        if vb is not None and vb >= NUM_VB_SLOTS and op in STREAM_OPS:
+            raise RemoteError(ErrorCode.BAD_VBUCKET,
+                              f"{op_name(op)} for vbucket {vb} (opaque {msg.opaque}): vbucket ids go up to "
+                              f"{NUM_VB_SLOTS - 1}; the stream cannot be trusted")
+        sid = msg.stream_id or 0
+        if vb is None or vb >= NUM_VB_SLOTS or sid > self.max_sid:
+            return   # not a stream of ours (a stream id we did not ask for): ignore
+        k = stream_key(vb, sid)
+        if msg.opaque != self._sopq[k]:
+            return   # a frame of a stream we no longer have (closed, replaced, not ours): ignore
+        t = type(msg)
+        st = self.states[k]
+        if t is m.SnapshotMarker:
+            self._leave_oso(k)      # a marker inside an OSO snapshot (verify flags it) ends it unfinished
+            st.last_seqno = self._last[k]
+            st.snap_start, st.snap_end = msg.snap_start, msg.snap_end
+            st.snapshot_complete = st.last_seqno >= st.snap_end
+            if msg.snap_flags & SnapshotFlag.ACK:
+                self._out.append(m.encode(m.Response(opcode=0x56, opaque=msg.opaque)))
+        elif t is m.StreamEnd:
+            self._stream_end(k, msg.reason)
+        elif t is m.SetVbucketState:
+            self._out.append(m.encode(m.Response(opcode=0x5B, opaque=msg.opaque)))
+        elif t is m.OsoSnapshot:
+            self._oso_marker(k, msg.flags)
+        elif op in DATA_OPS or t in (m.Prepare, m.Commit, m.Abort):
+            seq = getattr(msg, "by_seqno", None)
+            if seq is None:
+                seq = getattr(msg, "commit_seqno", None) or getattr(msg, "abort_seqno", None)
+            if seq is not None:
+                if k in self._oso:      # inside an OSO snapshot: key order, held until its end
+                    self._oso_item(k, seq)
+                    return
+                if seq <= self._last[k]:
+                    raise RemoteError(ErrorCode.UNEXPECTED_MESSAGE,
+                                      f"{self._name(k)}: seqno {seq} after {self._last[k]}")
+                self._last[k] = seq
+        elif getattr(msg, "decode_error", None) and op in DATA_OPS:
+            raise RemoteError(ErrorCode.BAD_EXTRAS, f"vbucket {vb}: {msg.decode_error}")
+
+    # ---- OSO snapshots (DCP_DIGEST §5.9, REPLAY.md): items in key order between a start and
+    # an end. The resume point stays at the seqno before the start (Y) until the end, then
+    # moves to the highest seqno received in it (X); meanwhile `_last` holds OSO_HOLD so that
+    # every item of the snapshot takes the per-frame path here.
+    def _oso_marker(self, k: int, flags: int) -> None:
+        if flags & OSO_START and k not in self._oso:
+            self._oso[k] = [self._last[k], self._last[k]]
+            self._last[k] = OSO_HOLD
+        elif flags & OSO_END and k in self._oso:
+            x = self._oso.pop(k)[1]
+            st = self.states[k]
+            st.last_seqno = st.snap_start = st.snap_end = self._last[k] = x
+            st.snapshot_complete = True
+
+    def _oso_item(self, k: int, seq: int) -> None:
+        held = self._oso[k]
+        if seq <= held[0]:
+            raise RemoteError(ErrorCode.UNEXPECTED_MESSAGE,
+                              f"{self._name(k)}: seqno {seq} in an OSO snapshot that started after {held[0]}")
+        if seq > held[1]:
+            held[1] = seq
+
+    def _leave_oso(self, k: int) -> None:
+        """The stream of `k` ends or restarts: an unfinished OSO snapshot counts for nothing."""
+        held = self._oso.pop(k, None)
+        if held is not None:
+            self._last[k] = held[0]
+
+    def _held_last(self, k: int) -> int:
+        """The resume point of `k`: inside an OSO snapshot, the seqno before its start."""
+        held = self._oso.get(k)
+        return self._last[k] if held is None else held[0]
+
+    def _server_request(self, frame) -> ConfigPushed | PushIgnored:
+        """What a server request means to us: every field is checked, nothing is fatal."""
+        op = frame.opcode
+        if op != SERVER_OP_CLUSTERMAP_CHANGE_NOTIFICATION:
+            return PushIgnored(op, f"server request 0x{op:02x} is not one we use")
+        what = "cluster-map change notification"
+        key = bytes(frame.key)
+        if key != self.cfg.bucket.encode():
+            return PushIgnored(op, f"{what} for bucket {key[:64].decode('utf-8', 'replace')!r}, "
+                                   f"not {self.cfg.bucket!r}")
+        ex = bytes(frame.extras)
+        if len(ex) == 16:
+            epoch, rev = _EPOCH_REV.unpack(ex)
+        elif len(ex) == 4:       # servers before 7.1: rev only
+            epoch, rev = 0, int.from_bytes(ex, "big")
+        else:
+            return PushIgnored(op, f"{what} with {len(ex)} bytes of extras (16 or 4 expected)")
+        value = bytes(frame.value)
+        if frame.datatype & _SNAPPY and value:
+            try:
+                value = snappy.decompress(value, MAX_PUSHED_CONFIG)
+            except snappy.TooLarge:
+                return PushIgnored(op, f"{what} announces more than {MAX_PUSHED_CONFIG} bytes")
+            except ValueError:
+                return PushIgnored(op, f"{what}: the Snappy value does not decompress")
+        if len(value) > MAX_PUSHED_CONFIG:
+            return PushIgnored(op, f"{what} of {len(value)} bytes (limit {MAX_PUSHED_CONFIG})")
+        return ConfigPushed(epoch, rev, value)

@@ -1,0 +1,224 @@
+"""The consumer's handshake, sans-IO: HELLO, SASL (bounded rounds), SELECT_BUCKET,
+GET_ALL_VB_SEQNOS, DCP_OPEN and the DCP_CONTROLs, each answer handled by one method. A mixin of
+consumer.Consumer: it uses the consumer's request queue (`_request`), config and events, and
+hands over to the streams with `_start_streams()` once the last control is answered."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dcptool.protocol.dcp.wire import messages as m
+from dcptool.protocol.dcp.wire import sasl
+from dcptool.protocol.dcp.wire.constants import Feature, OpenFlag, Status, status_name
+from dcptool.protocol.dcp.client import manifest as dcp_collections
+from dcptool.protocol.dcp.client.consumer_api import (NUM_VB_SLOTS, ConfigReceived, ControlRefused, FilterResolved,
+                                               FilterUnknown, HandshakeComplete, ServerVbuckets)
+from dcptool.protocol.errors import AuthRefused, ErrorCode, RemoteError
+
+
+class Handshake:
+    def _on_hello(self, rsp) -> None:
+        if rsp.status != Status.SUCCESS:
+            raise RemoteError(ErrorCode.STATUS, f"HELLO refused: {status_name(rsp.status)}", rsp.status)
+        self.features = tuple(getattr(rsp, "features", ()))
+        if self.cfg.collections and Feature.COLLECTIONS not in self.features:
+            raise RemoteError(ErrorCode.UNSUPPORTED, "the server does not offer collections")
+        if self.cfg.user:
+            self.phase = "sasl"
+            self._request(m.SaslListMechs(), self._on_mechs)
+        else:
+            self._select()
+
+    def _on_mechs(self, rsp) -> None:
+        if rsp.status != Status.SUCCESS:
+            raise AuthRefused(f"SASL mechanisms not listed: {status_name(rsp.status)}", rsp.status)
+        mech = sasl.choose_mechanism(rsp.value, allow_plain=self.cfg.tls or self.cfg.allow_plain)
+        self._mech = mech
+        if mech == "PLAIN":
+            data = sasl.plain_message(self.cfg.user, self.cfg.password or "")
+        else:
+            self._sasl = sasl.ScramClient(mech, self.cfg.user, self.cfg.password or "")
+            data = self._sasl.first()
+        self._request(m.SaslAuth(mechanism=mech.encode(), data=data), self._on_sasl)
+
+    def _on_sasl(self, rsp) -> None:
+        st = rsp.status
+        self._sasl_rounds += 1
+        if st == Status.AUTH_CONTINUE and self._sasl_rounds >= sasl.MAX_SASL_ROUNDS:
+            raise RemoteError(ErrorCode.SASL_LIMIT, f"{self._mech}: the server still asks for more after "
+                              f"{self._sasl_rounds} SASL rounds (limit {sasl.MAX_SASL_ROUNDS})")
+        if st == Status.AUTH_CONTINUE and self._sasl is not None:
+            data = self._sasl.final(rsp.value)
+            self._request(m.SaslStep(mechanism=self._mech.encode(), data=data), self._on_sasl)
+            return
+        if st != Status.SUCCESS:
+            raise AuthRefused(f"authentication as {self.cfg.user!r} refused ({self._mech}): "
+                              f"{status_name(st)}; check the user and DCPTOOL_PASSWORD", st)
+        if self._sasl is not None:
+            self._sasl.verify(rsp.value)
+            self._sasl = None
+        self._select()
+
+    def _select(self) -> None:
+        self.phase = "select"
+        self._request(m.SelectBucket(bucket=self.cfg.bucket.encode()), self._on_select)
+
+    def _on_select(self, rsp) -> None:
+        st = rsp.status
+        if st in (Status.EACCESS, Status.AUTH_ERROR, Status.AUTH_STALE):
+            raise AuthRefused(f"access to bucket {self.cfg.bucket!r} denied: {status_name(st)}", st)
+        if st in (Status.KEY_ENOENT, Status.NO_BUCKET):
+            raise RemoteError(ErrorCode.STATUS, f"bucket {self.cfg.bucket!r} does not exist on the server", st)
+        if st != Status.SUCCESS:
+            raise RemoteError(ErrorCode.STATUS, f"SELECT_BUCKET {self.cfg.bucket!r} failed: {status_name(st)}", st)
+        if self.cfg.fetch_config:
+            self.phase = "config"
+            self._request(m.Request(opcode=0xB5), self._on_config)
+            return
+        self._after_select()
+
+    def request_config(self) -> None:
+        """Ask GET_CLUSTER_CONFIG (a poll); the answer comes as ConfigReceived(bootstrap=False)."""
+        self._request(m.Request(opcode=0xB5), self._on_config)
+
+    def _on_config(self, rsp) -> None:
+        body = bytes(getattr(rsp, "value", b"") or b"")
+        boot = self.phase == "config"
+        if boot:
+            self.phase = "routing"     # route() continues the handshake
+        self._events.append(ConfigReceived(body, rsp.status, boot))
+
+    def route(self, vbuckets: list[int] | None, *, states: dict | None = None, check: bool = False,
+              handoff: bool = False) -> None:
+        """After ConfigReceived(bootstrap=True): stream these vbuckets (None: every vbucket the
+        server lists, as without a map) from `states` where given, and go on with DCP_OPEN."""
+        self.cfg = dataclasses.replace(self.cfg, vbuckets=None if vbuckets is None else list(vbuckets),
+                                       check_vbuckets=check, handoff=handoff, fetch_config=False)
+        for vb, st in (states or {}).items():
+            self.adopt(vb, st)
+        self._after_select()
+
+    # ---- collection filter: GET_COLLECTIONS_MANIFEST once, before the vbuckets and DCP_OPEN
+    @property
+    def stream_value(self) -> bytes:
+        """The STREAM_REQ value: the collection filter JSON, or nothing."""
+        return dcp_collections.filter_value(getattr(self, "_filter", None) or self.cfg.stream_filter)
+
+    def _wants_manifest(self) -> bool:
+        cfg = self.cfg
+        return bool(cfg.scopes or cfg.collection_names) and cfg.stream_filter is None \
+            and getattr(self, "_filter", None) is None
+
+    def _on_manifest(self, rsp) -> None:
+        if rsp.status != Status.SUCCESS:
+            raise RemoteError(ErrorCode.STATUS, "GET_COLLECTIONS_MANIFEST refused: "
+                              f"{status_name(rsp.status)}; the server cannot filter collections", rsp.status)
+        raw = bytes(getattr(rsp, "value", b"") or b"")
+        manifest = dcp_collections.parse_manifest(raw)
+        try:
+            self._filter = self._resolve_filters(manifest)    # consumer.py: per stream id too
+        except dcp_collections.UnknownNames as exc:
+            self.phase = "manifest"        # stops here: the caller reports the names
+            self._events.append(FilterUnknown(str(exc)))
+            return
+        self._events.append(FilterResolved(dict(self._filter), raw, self.sid_filters()))
+        self._after_select()
+
+    def _after_select(self) -> None:
+        if self._wants_manifest():
+            self.phase = "manifest"
+            self._request(m.Request(opcode=0xBA), self._on_manifest)
+            return
+        if self.cfg.stream_filter is not None and getattr(self, "_filter", None) is None:
+            self._filter = dict(self.cfg.stream_filter)
+            self._events.append(FilterResolved(dict(self._filter), b"", self.sid_filters()))
+        if self.cfg.vbuckets is None or self.cfg.check_vbuckets:
+            self._request(m.GetAllVbSeqnos(), self._on_vb_seqnos)
+        else:
+            self._open()
+
+    def _on_vb_seqnos(self, rsp) -> None:
+        if self.cfg.vbuckets is not None:   # given: the caller checks them against the server's
+            if rsp.status == Status.SUCCESS and getattr(rsp, "seqnos", None):
+                self._events.append(ServerVbuckets(tuple(sorted({v for v, _ in rsp.seqnos}))))
+            self._open()
+            return
+        if rsp.status == Status.SUCCESS and getattr(rsp, "seqnos", None):
+            vbs = sorted({v for v, _ in rsp.seqnos})
+            if vbs[-1] >= NUM_VB_SLOTS:
+                raise RemoteError(ErrorCode.BAD_VBUCKET, f"GET_ALL_VB_SEQNOS lists vbucket {vbs[-1]}: vbucket "
+                                  f"ids go up to {NUM_VB_SLOTS - 1}; use --vbuckets to choose them")
+            self.cfg = dataclasses.replace(self.cfg, vbuckets=vbs)
+        else:
+            self.cfg = dataclasses.replace(self.cfg, vbuckets=list(range(NUM_VB_SLOTS)))
+        self._open()
+
+    def _open(self) -> None:
+        self.phase = "open"
+        flags = OpenFlag.PRODUCER | OpenFlag.INCLUDE_DELETE_TIMES
+        if self.cfg.no_value:
+            flags |= OpenFlag.NO_VALUE
+        if self.cfg.xattrs:
+            flags |= OpenFlag.INCLUDE_XATTRS
+        self._request(m.DcpOpen(name=self.cfg.name.encode(), flags=int(flags)), self._on_open)
+
+    def _on_open(self, rsp) -> None:
+        st = rsp.status
+        if st in (Status.EACCESS, Status.AUTH_ERROR):
+            raise AuthRefused(f"DCP_OPEN on {self.cfg.bucket!r} denied: {status_name(st)}", st)
+        if st != Status.SUCCESS:
+            raise RemoteError(ErrorCode.STATUS, f"DCP_OPEN refused: {status_name(st)}", st)
+        self.phase = "control"
+        cfg = self.cfg
+        controls = []
+        if cfg.buffer_size:
+            controls.append(("connection_buffer_size", str(cfg.buffer_size)))
+        if cfg.noop_interval:
+            controls.append(("set_noop_interval", f"{cfg.noop_interval:g}"))
+            controls.append(("enable_noop", "true"))
+        controls.append(("send_stream_end_on_client_close_stream", "true"))
+        if cfg.expiry_opcode:
+            controls.append(("enable_expiry_opcode", "true"))
+        if cfg.sync_writes:
+            controls.append(("enable_sync_writes", "true"))
+        if cfg.compress:
+            controls.append(("force_value_compression", "true"))
+        if cfg.stream_ids:
+            controls.append(("enable_stream_id", "true"))
+        if cfg.change_streams:
+            controls.append(("change_streams", "true"))
+        if cfg.oso:     # what the Java client and gocbcore send (OSO backfills, consumer_receive.py)
+            controls.append(("enable_out_of_order_snapshots", "true_with_seqno_advanced"))
+        if cfg.collections:
+            controls.append(("max_marker_version", "2.2"))
+        self._controls_left = len(controls)
+        for key, val in controls:
+            self._request(m.Control(key=key.encode(), value=val.encode()),
+                          lambda rsp, k=key, v=val: self._on_control(k, v, rsp))
+
+    def _required(self, key: str) -> str | None:
+        """Why a refusal of `key` is fatal, or None when the run goes on without it."""
+        if key in self.cfg.required:
+            return "asked for on the command line"
+        if (self.cfg.collections or self.cfg.xattrs) and key in ("enable_noop", "set_noop_interval"):
+            return "noops are required with collections or xattrs"
+        return None
+
+    def _on_control(self, key: str, val: str, rsp) -> None:
+        if rsp.status == Status.SUCCESS:
+            self.controls[key] = val
+        else:
+            self.refused[key] = rsp.status
+            why = self._required(key)
+            if why:
+                raise RemoteError(ErrorCode.UNSUPPORTED,
+                                  f"DCP_CONTROL {key}={val} refused ({status_name(rsp.status)}); {why}",
+                                  rsp.status)
+            self._events.append(ControlRefused(key, val, rsp.status))
+        self._controls_left -= 1
+        if self._controls_left == 0:
+            self.noop_active = self.controls.get("enable_noop") == "true"
+            self.buffer_active = "connection_buffer_size" in self.controls
+            self.phase = "streaming"
+            self._events.append(HandshakeComplete(self.features, dict(self.controls)))
+            self._start_streams()

@@ -1,0 +1,1 @@
+"""The DCP wire, sans-IO: constants, framing, messages (decode and encode), the columnar batch decoder, SASL, Snappy, the cluster config format and the error map. Imports neither the client nor the server."""

@@ -1,0 +1,455 @@
+"""Columnar decoding of a batch of DCP frames for captures: frame boundaries in one tight
+loop, then every fixed-offset header and extras field gathered with numpy for the whole
+batch. The common data frames (mutation, deletion, expiration, snapshot marker V1, seqno
+advanced, system event, stream end, noop) never become Python objects; every other frame
+takes the message decoder (messages.decode + to_row), so both paths give the same columns.
+
+Output: a dict of column name -> numpy values with a validity mask, plus slices
+(start, length) into the buffer for the binary columns, ready for zero-copy Arrow arrays.
+"""
+
+from __future__ import annotations
+
+import array
+import struct
+
+import numpy as np
+
+from dcptool.protocol.dcp.wire import messages
+from dcptool.protocol.dcp.wire.constants import ALL_MAGICS, DEFAULT_MAX_BODY, HEADER_LEN
+from dcptool.protocol.dcp.wire.frames import parse_frame
+from dcptool.protocol.errors import ErrorCode, RemoteError
+
+_BODYLEN = struct.Struct(">I").unpack_from
+_MAGIC_OK = bytes(1 if i in ALL_MAGICS else 0 for i in range(256))
+
+# numeric capture columns produced here, with their numpy dtypes
+NUMERIC = {
+    "magic": np.uint8, "opcode": np.uint8, "status": np.uint16, "vbucket": np.uint16,
+    "opaque": np.uint32, "cas": np.uint64, "datatype": np.uint8, "stream_id": np.uint16,
+    "collection_id": np.uint32, "value_len": np.uint32, "by_seqno": np.int64,
+    "rev_seqno": np.int64, "item_flags": np.uint32, "expiration": np.uint32,
+    "lock_time": np.uint32, "delete_time": np.uint32, "snap_start": np.int64,
+    "snap_end": np.int64, "snap_flags": np.uint32, "max_visible_seqno": np.int64,
+    "high_completed_seqno": np.int64, "purge_seqno": np.int64, "high_prepared_seqno": np.int64,
+    "stream_end_reason": np.uint32, "rollback_seqno": np.int64, "req_flags": np.uint32,
+    "req_start_seqno": np.int64, "req_end_seqno": np.uint64, "req_vbucket_uuid": np.uint64,
+    "req_snap_start": np.int64, "req_snap_end": np.int64, "system_event_id": np.uint32,
+}
+OBJECT = ("snap_version", "decode_error", "failover_log")
+
+
+# A backfill is long runs of frames of one length (same key and value sizes). After
+# _RUN_MIN equal lengths in a row the scan stops reading length fields one at a time and
+# compares the whole run at once through a strided view of the length field (no copy);
+# mixed lengths never get there and pay one counter per frame.
+_RUN_MIN = 16
+_RUN_FIRST = 64
+
+
+def _run_length(buf, pos: int, length: int, most: int) -> int:
+    """How many frames of `length` bytes follow one another from pos (at most `most`)."""
+    body = length - HEADER_LEN
+    done, step = 0, _RUN_FIRST
+    while done < most:
+        k = min(step, most - done)
+        lens = np.ndarray(shape=(k,), dtype=">u4", buffer=buf, offset=pos + done * length + 8,
+                          strides=(length,))
+        same = lens == body
+        if not same.all():
+            return done + int(same.argmin())
+        done += k
+        step *= 4
+    return done
+
+
+def scan(buf, max_body: int = DEFAULT_MAX_BODY, start: int = 0):
+    """Boundaries of the whole frames in buf[start:]: (offsets, lengths, consumed, error).
+
+    A short tail is not consumed; a bad magic, a length above max_body or inconsistent
+    lengths stop the scan with a RemoteError and every frame before it returned."""
+    offs = array.array("q")   # becomes the numpy offsets without a copy
+    append = offs.append
+    pos, n = start, len(buf)
+    err = None
+    last, same = -1, 0
+    while pos + HEADER_LEN <= n:
+        bl = _BODYLEN(buf, pos + 8)[0]
+        if bl > max_body:
+            err = RemoteError(ErrorCode.BODY_TOO_LARGE,
+                              f"body length {bl} above the cap of {max_body} bytes at byte {pos}")
+            break
+        end = pos + HEADER_LEN + bl
+        if end > n:
+            break
+        if bl != last:
+            last, same = bl, 0
+        elif same < _RUN_MIN:
+            same += 1
+        else:
+            size = end - pos
+            k = _run_length(buf, pos, size, (n - pos) // size)
+            offs.frombytes(np.arange(pos, pos + k * size, size, dtype=np.int64).tobytes())
+            pos += k * size
+            same = 0
+            continue
+        append(pos)
+        pos = end
+    if pos + HEADER_LEN <= n and not _MAGIC_OK[buf[pos]]:
+        # the scan stopped on a header that is no header: that, not its length, is the error
+        err = RemoteError(ErrorCode.BAD_MAGIC, f"bad magic 0x{buf[pos]:02x} at byte {pos}")
+    offsets = np.frombuffer(offs, dtype=np.int64) if len(offs) else np.zeros(0, dtype=np.int64)
+    lengths = np.diff(np.append(offsets, pos)) if len(offsets) else np.zeros(0, dtype=np.int64)
+    if len(offsets):
+        # the loop trusted every length field; the first bad magic or inconsistent header
+        # ends the batch there, and its error replaces any later one
+        bad_magic = np.nonzero(np.frombuffer(_MAGIC_OK, np.uint8)[np.frombuffer(buf, np.uint8)[offsets]] == 0)[0]
+        bad_len = _bad_lengths(buf, offsets, lengths)
+        candidates = ([int(bad_magic[0])] if len(bad_magic) else []) + ([bad_len] if bad_len is not None else [])
+        first = min(candidates, default=None)
+        if first is not None:
+            p = int(offsets[first])
+            if len(bad_magic) and int(bad_magic[0]) == first:
+                err = RemoteError(ErrorCode.BAD_MAGIC, f"bad magic 0x{buf[p]:02x} at byte {p}")
+            else:
+                err = RemoteError(ErrorCode.BAD_LENGTHS,
+                                  f"extras, key and framing extras exceed the body at byte {p}")
+            offsets, lengths, pos = offsets[:first], lengths[:first], p
+    return offsets, lengths, pos - start, err
+
+
+def _bad_lengths(buf, offsets, lengths):
+    _, _, fe, kl, el, bl = _header(records(_u8(buf), offsets, HEADER))
+    bad = np.nonzero(fe + el + kl > bl)[0]
+    return int(bad[0]) if len(bad) else None
+
+
+def _u8(buf):
+    return np.frombuffer(buf, dtype=np.uint8)
+
+
+def be_uint(u8, pos, width):
+    """Big-endian unsigned ints of `width` bytes at byte positions pos: one gather from a
+    view that has an int starting at every byte of the buffer (stride 1)."""
+    if width == 1:
+        return u8[pos]
+    n = len(u8) - width + 1
+    if n <= 0 or len(pos) == 0:
+        return np.zeros(len(pos), dtype=f"u{width}")
+    view = np.ndarray(shape=(n,), dtype=f">u{width}", buffer=u8.data, offset=0, strides=(1,))
+    return view[pos].astype(f"u{width}")
+
+
+# The 24-byte header as a record (big-endian fields); bytes 2-3 are the key length, or
+# framing extras length and key length with flexible framing (magic 0x08 / 0x18).
+HEADER = np.dtype([("magic", "u1"), ("opcode", "u1"), ("b2", "u1"), ("b3", "u1"), ("el", "u1"),
+                   ("datatype", "u1"), ("vbucket_or_status", ">u2"), ("bl", ">u4"),
+                   ("opaque", ">u4"), ("cas", ">u8")])
+assert HEADER.itemsize == HEADER_LEN
+
+
+def _extras(*fields) -> np.dtype:
+    return np.dtype([(name, ">u8" if name in _U64 else ">u4") for name in fields])
+
+
+_U64 = {"by_seqno", "rev_seqno", "snap_start", "snap_end"}
+_ITEM_EXTRAS = _extras("by_seqno", "rev_seqno")                                  # 16 bytes
+_MUTATION_EXTRAS = _extras("by_seqno", "rev_seqno", "item_flags", "expiration", "lock_time")
+_DELETE_TIME_EXTRAS = _extras("by_seqno", "rev_seqno", "delete_time")
+_SNAPSHOT_EXTRAS = _extras("snap_start", "snap_end", "snap_flags")
+_SYSTEM_EVENT_EXTRAS = _extras("by_seqno", "system_event_id")
+
+
+def records(u8, pos, dtype: np.dtype) -> np.ndarray:
+    """Records of `dtype` (fixed-width, big-endian fields) starting at byte positions pos,
+    in one gather of dtype.itemsize bytes each from a view with a record at every byte.
+    Every pos + itemsize must be within u8."""
+    width = dtype.itemsize
+    n = len(u8) - width + 1
+    if n <= 0 or len(pos) == 0:
+        return np.zeros(len(pos), dtype=dtype)
+    view = np.ndarray(shape=(n,), dtype=f"V{width}", buffer=u8.data, offset=0, strides=(1,))
+    return view[pos].view(dtype)
+
+
+def _header(h):
+    magic = h["magic"]
+    flex = (magic == 0x08) | (magic == 0x18)
+    b2 = h["b2"].astype(np.int64)
+    b3 = h["b3"].astype(np.int64)
+    fe = np.where(flex, b2, 0)
+    kl = np.where(flex, b3, (b2 << 8) | b3)
+    el = h["el"].astype(np.int64)
+    bl = h["bl"].astype(np.int64)
+    return magic.copy(), flex, fe, kl, el, bl
+
+
+class Batch:
+    """Columns of one batch. `numeric[name] = (values, valid)`; `key` and `raw` are
+    (starts, lengths, valid) slices into `buf`; `objects[name]` a list or None."""
+
+    __slots__ = ("buf", "n", "numeric", "key", "raw", "objects")
+
+    def __init__(self, buf, n):
+        self.buf = buf
+        self.n = n
+        self.numeric: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self.objects: dict[str, list | None] = {name: None for name in OBJECT}
+        self.key = None
+        self.raw = None
+
+    def set(self, name, idx, values):
+        col = self.numeric.get(name)
+        if col is None:
+            col = (np.zeros(self.n, dtype=NUMERIC[name]), np.zeros(self.n, dtype=bool))
+            self.numeric[name] = col
+        if type(values) is int and col[0].dtype == np.int64 and values >= 1 << 63:
+            values -= 1 << 64  # seqnos are int64 in the capture (as in Couchbase); the raw frame keeps all 64 bits
+        col[0][idx] = values
+        col[1][idx] = True
+
+    def set_all(self, name, values):
+        """Every row has the column: the values become it (one conversion, no mask)."""
+        self.numeric[name] = (np.asarray(values).astype(NUMERIC[name]), np.ones(self.n, dtype=bool))
+
+    def set_object(self, name, i, value):
+        col = self.objects[name]
+        if col is None:
+            col = self.objects[name] = [None] * self.n
+        col[i] = value
+
+
+# opcode -> (expected extras length) for the vectorised path
+_FAST = {0x57: 31, 0x58: (18, 21), 0x59: 20, 0x56: 20, 0x64: 8, 0x5F: 13, 0x55: 4, 0x5C: 0}
+_ITEM_OPS = (0x57, 0x58, 0x59)
+_REQUEST_MAGICS = np.array([0x80, 0x82, 0x08], dtype=np.uint8)
+
+
+def decode_batch(buf, offsets: np.ndarray, lengths: np.ndarray, *, collections: bool = False,
+                 opaque_vbuckets: dict | None = None) -> Batch:
+    """Decode the whole frames at offsets/lengths in buf into columns.
+
+    opaque_vbuckets maps a request's opaque to its vbucket; it is updated from the requests
+    in this batch (in order) and gives responses their `vbucket`."""
+    u8 = _u8(buf)
+    n = len(offsets)
+    b = Batch(buf, n)
+    b.raw = (offsets, lengths)
+    if n == 0:
+        b.key = (offsets, lengths, np.zeros(0, dtype=bool))
+        return b
+    h = records(u8, offsets, HEADER)
+    magic, flex, fe, kl, el, bl = _header(h)
+    opcode = h["opcode"].copy()
+    is_req = np.isin(magic, _REQUEST_MAGICS)
+    b.set_all("magic", magic)
+    b.set_all("opcode", opcode)
+    b.set_all("datatype", h["datatype"])
+    vs = h["vbucket_or_status"].astype(np.uint16)
+    b.set_all("opaque", h["opaque"])
+    b.set_all("cas", h["cas"])
+    ex = offsets + HEADER_LEN + fe
+    key_start = ex + el
+    key_len = kl.copy()
+    value_len = bl - fe - el - kl
+
+    # which frames the vectorised path can take
+    fast = np.zeros(n, dtype=bool)
+    for op, size in _FAST.items():
+        m = opcode == op
+        m &= np.isin(el, size) if isinstance(size, tuple) else (el == size)
+        fast |= m
+    fast &= is_req
+    # a flexible frame is fast only with exactly the 3-byte stream-id element
+    if flex.any():
+        fx = np.nonzero(flex & fast)[0]
+        ok = (fe[fx] == 3) & (u8[offsets[fx] + HEADER_LEN] == 0x22)
+        fast[fx[~ok]] = False
+        sid = fx[ok]
+        b.set("stream_id", sid, be_uint(u8, offsets[sid] + HEADER_LEN + 1, 2))
+    snap_v1 = (opcode == 0x56) & fast
+    fast[snap_v1 & (value_len != 0)] = False
+    noop = (opcode == 0x5C) & fast
+    fast[noop & ((kl != 0) | (value_len != 0))] = False
+    # collection prefixes: the one-byte form inline, longer ones through the slow path
+    if collections:
+        items = np.nonzero(fast & np.isin(opcode, _ITEM_OPS))[0]
+        first = np.where(kl[items] > 0, u8[np.minimum(key_start[items], len(u8) - 1)], 0x80)
+        one = first < 0x80
+        fast[items[~one]] = False
+        it1 = items[one]
+        b.set("collection_id", it1, first[one])
+        key_start[it1] += 1
+        key_len[it1] -= 1
+
+    fidx = np.nonzero(fast)[0]
+    b.set("vbucket", fidx, vs[fidx])
+    fop = opcode[fidx]
+    fex = ex[fidx]
+
+    def sel(mask):
+        return fidx[mask], fex[mask]
+
+    def set_fields(idx, ex_pos, dtype):
+        # the vectorised path only takes frames whose extras are this long, or longer
+        rec = records(u8, ex_pos, dtype)
+        for name in dtype.names:
+            b.set(name, idx, rec[name].astype(NUMERIC[name]))   # native first: a fast scatter
+
+    mut, mex = sel(fop == 0x57)
+    set_fields(mut, mex, _MUTATION_EXTRAS)
+    dt, dex = sel(((fop == 0x58) & (el[fidx] == 21)) | (fop == 0x59))
+    set_fields(dt, dex, _DELETE_TIME_EXTRAS)
+    d18, d18ex = sel((fop == 0x58) & (el[fidx] != 21))
+    set_fields(d18, d18ex, _ITEM_EXTRAS)
+    items = np.sort(np.concatenate([mut, dt, d18]))
+    b.set("value_len", items, value_len[items])
+    sn, sex = sel(fop == 0x56)
+    set_fields(sn, sex, _SNAPSHOT_EXTRAS)
+    sa, saex = sel(fop == 0x64)
+    b.set("by_seqno", sa, be_uint(u8, saex, 8))
+    se, seex = sel(fop == 0x5F)
+    set_fields(se, seex, _SYSTEM_EVENT_EXTRAS)
+    b.set("value_len", se, value_len[se])
+    if len(se):   # a collection event (create, drop, modify; value version 0/1): its collection id
+        ce = np.isin(be_uint(u8, seex + 8, 4), (0, 1, 5)) & (u8[seex + 12] < 2) & (value_len[se] >= 16)
+        b.set("collection_id", se[ce], be_uint(u8, seex[ce] + 13 + key_len[se[ce]] + 12, 4))
+    en, enex = sel(fop == 0x55)
+    b.set("stream_end_reason", en, be_uint(u8, enex, 4))
+    key_valid = np.zeros(n, dtype=bool)
+    key_valid[items] = True
+    key_valid[se] = True
+    if len(sn):
+        versions = b.objects["snap_version"] = [None] * n
+        for i in sn.tolist():
+            versions[i] = "1"
+
+    # everything else: one frame at a time through the message decoder, in frame order
+    slow = np.nonzero(~fast)[0]
+    if opaque_vbuckets is None:
+        opaque_vbuckets = {}
+    raw_bytes = buf
+    for i in slow.tolist():
+        off = int(offsets[i])
+        frame = parse_frame(raw_bytes, off, int(lengths[i]))
+        msg = messages.decode(frame, collections)
+        row = messages.to_row(msg)
+        if frame.magic in (0x80, 0x82, 0x08):
+            # a stream request's answer belongs to its stream id too
+            sid = row.get("stream_id") if row.get("op") == "stream_req" else None
+            opaque_vbuckets[frame.opaque] = frame.vbucket_or_status if sid is None else \
+                (frame.vbucket_or_status, sid)
+        else:
+            vb = opaque_vbuckets.get(frame.opaque)
+            if type(vb) is tuple:
+                row["vbucket"], row["stream_id"] = vb
+            elif vb is not None:
+                row["vbucket"] = vb
+        for name, v in row.items():
+            if name in NUMERIC:
+                if name not in ("magic", "opcode", "datatype", "opaque", "cas"):
+                    b.set(name, i, v)
+            elif name in OBJECT:
+                b.set_object(name, i, v)
+            elif name == "key":
+                key_valid[i] = True
+                # the key is a slice of the frame: its last len(key) bytes before the value
+                klen = len(v)
+                kend = int(key_start[i] + kl[i])
+                key_start[i] = kend - klen
+                key_len[i] = klen
+    b.key = (key_start, key_len, key_valid)
+    return b
+
+
+# capture column order of the per-frame columns (CAPTURE_FORMAT.md)
+ROW_ORDER = ("magic", "opcode", "op", "status", "vbucket", "opaque", "cas", "datatype",
+             "stream_id", "collection_id", "key", "value_len", "by_seqno", "rev_seqno",
+             "item_flags", "expiration", "lock_time", "delete_time", "snap_version",
+             "snap_start", "snap_end", "snap_flags", "max_visible_seqno",
+             "high_completed_seqno", "purge_seqno", "high_prepared_seqno",
+             "stream_end_reason", "rollback_seqno", "failover_log", "req_flags",
+             "req_start_seqno", "req_end_seqno", "req_vbucket_uuid", "req_snap_start",
+             "req_snap_end", "system_event_id", "decode_error")
+
+
+def _present_columns(batch: Batch, raw: bool):
+    """(names, columns, valid masks) of the columns some frame of the batch carries, in
+    ROW_ORDER (then `raw`): numeric columns as numpy arrays, the rest as object arrays."""
+    from dcptool.protocol.dcp.wire.constants import OP_NAME_TABLE, op_index
+    n = batch.n
+    names, cols, valids = [], [], []
+    buf = batch.buf
+    for name in ROW_ORDER:
+        if name == "op":
+            names.append(name)
+            cols.append(np.asarray(OP_NAME_TABLE, dtype=object)[op_index(batch.numeric["magic"][0],
+                                                                          batch.numeric["opcode"][0])])
+            valids.append(np.ones(n, dtype=bool))
+        elif name == "key":
+            starts, lens, valid = batch.key
+            if valid.any():
+                keys = np.empty(n, dtype=object)
+                for i, s, ln in zip(np.nonzero(valid)[0].tolist(), starts[valid].tolist(), lens[valid].tolist()):
+                    keys[i] = buf[s:s + ln]
+                names.append(name)
+                cols.append(keys)
+                valids.append(valid)
+        elif name in NUMERIC:
+            col = batch.numeric.get(name)
+            if col is not None and col[1].any():
+                names.append(name)
+                cols.append(col[0])
+                valids.append(col[1])
+        else:
+            vals = batch.objects.get(name)
+            if vals is not None:
+                arr = np.empty(n, dtype=object)
+                arr[:] = vals
+                names.append(name)
+                cols.append(arr)
+                valids.append(np.array([v is not None for v in vals], dtype=bool))
+    if raw:
+        offs, lens = batch.raw
+        arr = np.empty(n, dtype=object)
+        arr[:] = [buf[o:o + ln] for o, ln in zip(offs.tolist(), lens.tolist())]
+        names.append("raw")
+        cols.append(arr)
+        valids.append(np.ones(n, dtype=bool))
+    return names, cols, valids
+
+
+def to_columns(batch: Batch, *, raw: bool = False) -> dict[str, list]:
+    """Every column some frame of the batch carries, as a Python list per column with None
+    where a frame does not carry it: the shape for rows that carry every column (the
+    output contract), built column-wise."""
+    out = {}
+    for name, col, valid in zip(*_present_columns(batch, raw)):
+        values = col.tolist()
+        if not valid.all():
+            for i in np.flatnonzero(~valid).tolist():
+                values[i] = None
+        out[name] = values
+    return out
+
+
+def to_rows(batch: Batch, *, raw: bool = False) -> list[dict]:
+    """One dict per frame with the columns it carries (the same dicts messages.to_row
+    gives). Rows that carry the same set of columns are built together, column-wise."""
+    n = batch.n
+    if n == 0:
+        return []
+    names, cols, valids = _present_columns(batch, raw)
+    bits = np.packbits(np.stack(valids, axis=1), axis=1, bitorder="little")
+    sig = np.zeros((n, 8), dtype=np.uint8)
+    sig[:, :bits.shape[1]] = bits
+    sig = sig.view(np.uint64).ravel()
+    out: list = [None] * n
+    for s in np.unique(sig).tolist():
+        idx = np.nonzero(sig == s)[0]
+        present = [j for j in range(len(names)) if (s >> j) & 1]
+        keys = [names[j] for j in present]
+        lists = [cols[j][idx].tolist() for j in present]
+        for i, values in zip(idx.tolist(), zip(*lists)):
+            out[i] = dict(zip(keys, values))
+    return out

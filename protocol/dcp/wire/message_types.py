@@ -1,0 +1,358 @@
+"""The DCP messages (and the memcached commands a DCP connection uses) as frozen, slotted
+dataclasses: one per message, reserved and unused wire fields kept as fields. Their wire
+codec is message_codec.py, their capture rows message_rows.py; messages.py is the one name
+callers import."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+from dcptool.protocol.dcp.wire.constants import FrameInfoId
+
+_dc = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+
+
+
+# --------------------------------------------------------------------------- bases
+
+@_dc
+class Message:
+    opaque: int = 0
+    cas: int = 0
+    datatype: int = 0
+    frame_infos: tuple = ()      # flexible-framing (id, payload) pairs, unknown ids kept
+    magic: int | None = None     # None: 0x80 / 0x81, or 0x08 / 0x18 when frame_infos is set
+
+    OPCODE: ClassVar[int] = -1
+    IS_RESPONSE: ClassVar[bool] = False
+
+    @property
+    def op_code(self) -> int:
+        return self.OPCODE
+
+    @property
+    def stream_id(self) -> int | None:
+        for fid, payload in self.frame_infos:
+            if fid == FrameInfoId.DCP_STREAM_ID and len(payload) == 2:
+                return int.from_bytes(payload, "big")
+        return None
+
+    def wire_magic(self) -> int:
+        if self.magic is not None:
+            return self.magic
+        if self.frame_infos:
+            return 0x18 if self.IS_RESPONSE else 0x08
+        return 0x81 if self.IS_RESPONSE else 0x80
+
+
+@_dc
+class Request(Message):
+    """A request; also the generic form of any request we do not model (or that failed to
+    decode: then `decode_error` says why and the parts are kept as sent)."""
+    vbucket: int = 0
+    opcode: int = -1
+    extras: bytes = b""
+    key: bytes = b""
+    value: bytes = b""
+    decode_error: str | None = None
+    raw_framing: bytes = b""     # framing extras that did not parse, kept as sent
+
+    @property
+    def op_code(self) -> int:
+        return self.opcode
+
+
+@_dc
+class Response(Message):
+    """A response; also the generic form of responses without a special layout."""
+    status: int = 0
+    opcode: int = -1
+    extras: bytes = b""
+    key: bytes = b""
+    value: bytes = b""
+    decode_error: str | None = None
+    raw_framing: bytes = b""
+    IS_RESPONSE: ClassVar[bool] = True
+
+    @property
+    def op_code(self) -> int:
+        return self.opcode
+
+
+# --------------------------------------------------------------------------- requests
+
+@_dc
+class Hello(Message):
+    OPCODE: ClassVar[int] = 0x1F
+    vbucket: int = 0
+    agent: bytes = b""
+    features: tuple[int, ...] = ()
+
+
+@_dc
+class HelloResponse(Message):
+    OPCODE: ClassVar[int] = 0x1F
+    IS_RESPONSE: ClassVar[bool] = True
+    status: int = 0
+    features: tuple[int, ...] = ()
+
+
+@_dc
+class SaslListMechs(Message):
+    OPCODE: ClassVar[int] = 0x20
+    vbucket: int = 0
+
+
+@_dc
+class SaslAuth(Message):
+    OPCODE: ClassVar[int] = 0x21
+    vbucket: int = 0
+    mechanism: bytes = b""
+    data: bytes = b""
+
+
+@_dc
+class SaslStep(SaslAuth):
+    OPCODE: ClassVar[int] = 0x22
+
+
+@_dc
+class SelectBucket(Message):
+    OPCODE: ClassVar[int] = 0x89
+    vbucket: int = 0
+    bucket: bytes = b""
+
+
+@_dc
+class GetErrorMap(Message):
+    OPCODE: ClassVar[int] = 0xFE
+    vbucket: int = 0
+    version: int = 2
+
+
+@_dc
+class DcpOpen(Message):
+    OPCODE: ClassVar[int] = 0x50
+    vbucket: int = 0
+    name: bytes = b""
+    flags: int = 0
+    seqno: int = 0          # reserved, sent as 0
+    value: bytes = b""      # optional JSON (consumer_name)
+
+
+@_dc
+class AddStream(Message):
+    OPCODE: ClassVar[int] = 0x51
+    vbucket: int = 0
+    flags: int = 0
+
+
+@_dc
+class CloseStream(Message):
+    OPCODE: ClassVar[int] = 0x52
+    vbucket: int = 0
+
+
+@_dc
+class StreamRequest(Message):
+    OPCODE: ClassVar[int] = 0x53
+    vbucket: int = 0
+    flags: int = 0
+    reserved: int = 0
+    start_seqno: int = 0
+    end_seqno: int = 0xFFFFFFFFFFFFFFFF
+    vbucket_uuid: int = 0
+    snap_start: int = 0
+    snap_end: int = 0
+    value: bytes = b""      # optional JSON filter (collections)
+
+
+@_dc
+class StreamRequestResponse(Message):
+    """Success carries the failover log; ROLLBACK (0x23) the seqno to roll back to."""
+    OPCODE: ClassVar[int] = 0x53
+    IS_RESPONSE: ClassVar[bool] = True
+    status: int = 0
+    failover_log: tuple[tuple[int, int], ...] | None = None  # (vbucket_uuid, seqno), newest first
+    rollback_seqno: int | None = None
+    value: bytes = b""      # kept for other statuses (error text, or nothing)
+
+
+@_dc
+class GetFailoverLog(Message):
+    OPCODE: ClassVar[int] = 0x54
+    vbucket: int = 0
+
+
+@_dc
+class FailoverLogResponse(Message):
+    OPCODE: ClassVar[int] = 0x54
+    IS_RESPONSE: ClassVar[bool] = True
+    status: int = 0
+    failover_log: tuple[tuple[int, int], ...] | None = None
+    value: bytes = b""
+
+
+@_dc
+class StreamEnd(Message):
+    OPCODE: ClassVar[int] = 0x55
+    vbucket: int = 0
+    reason: int = 0
+
+
+@_dc
+class SnapshotMarker(Message):
+    """V1: 20-byte extras. V2.x: a 1-byte version extra and the fields in the value
+    (V2.0 36 bytes; V2.2 44 bytes, or 52 with the high prepared seqno)."""
+    OPCODE: ClassVar[int] = 0x56
+    vbucket: int = 0
+    snap_version: str = "1"
+    snap_start: int = 0
+    snap_end: int = 0
+    snap_flags: int = 0
+    max_visible_seqno: int | None = None
+    high_completed_seqno: int | None = None
+    purge_seqno: int | None = None
+    high_prepared_seqno: int | None = None
+
+
+@_dc
+class _Item(Message):
+    vbucket: int = 0
+    key: bytes = b""
+    collection_id: int | None = None  # None: the key carries no collection prefix
+    value: bytes = b""
+
+
+@_dc
+class Mutation(_Item):
+    OPCODE: ClassVar[int] = 0x57
+    by_seqno: int = 0
+    rev_seqno: int = 0
+    item_flags: int = 0
+    expiration: int = 0
+    lock_time: int = 0
+    nmeta: int = 0
+    nru: int = 0
+
+
+@_dc
+class Deletion(_Item):
+    """delete_time None: the V1 layout (nmeta); otherwise V2 (delete time, unused byte)."""
+    OPCODE: ClassVar[int] = 0x58
+    by_seqno: int = 0
+    rev_seqno: int = 0
+    delete_time: int | None = None
+    nmeta: int = 0
+    unused: int = 0
+
+
+@_dc
+class Expiration(_Item):
+    OPCODE: ClassVar[int] = 0x59
+    by_seqno: int = 0
+    rev_seqno: int = 0
+    delete_time: int = 0
+
+
+@_dc
+class SetVbucketState(Message):
+    OPCODE: ClassVar[int] = 0x5B
+    vbucket: int = 0
+    state: int = 0
+
+
+@_dc
+class Noop(Message):
+    OPCODE: ClassVar[int] = 0x5C
+    vbucket: int = 0
+
+
+@_dc
+class BufferAck(Message):
+    OPCODE: ClassVar[int] = 0x5D
+    vbucket: int = 0
+    bytes_acked: int = 0
+
+
+@_dc
+class Control(Message):
+    OPCODE: ClassVar[int] = 0x5E
+    vbucket: int = 0
+    key: bytes = b""
+    value: bytes = b""
+
+
+@_dc
+class SystemEvent(Message):
+    OPCODE: ClassVar[int] = 0x5F
+    vbucket: int = 0
+    by_seqno: int = 0
+    event_id: int = 0
+    version: int = 0
+    key: bytes = b""        # the event's name; never collection-prefixed
+    value: bytes = b""
+
+
+@_dc
+class Prepare(_Item):
+    OPCODE: ClassVar[int] = 0x60
+    by_seqno: int = 0
+    rev_seqno: int = 0
+    item_flags: int = 0
+    expiration: int = 0
+    lock_time: int = 0
+    nru: int = 0
+    deleted: int = 0
+    durability: int = 0
+
+
+@_dc
+class SeqnoAcknowledged(Message):
+    OPCODE: ClassVar[int] = 0x61
+    vbucket: int = 0
+    prepared_seqno: int = 0
+
+
+@_dc
+class Commit(_Item):
+    OPCODE: ClassVar[int] = 0x62
+    prepared_seqno: int = 0
+    commit_seqno: int = 0
+
+
+@_dc
+class Abort(_Item):
+    OPCODE: ClassVar[int] = 0x63
+    prepared_seqno: int = 0
+    abort_seqno: int = 0
+
+
+@_dc
+class SeqnoAdvanced(Message):
+    OPCODE: ClassVar[int] = 0x64
+    vbucket: int = 0
+    by_seqno: int = 0
+
+
+@_dc
+class OsoSnapshot(Message):
+    OPCODE: ClassVar[int] = 0x65
+    vbucket: int = 0
+    flags: int = 0
+
+
+@_dc
+class GetAllVbSeqnos(Message):
+    OPCODE: ClassVar[int] = 0x48
+    vbucket: int = 0
+    extras: bytes = b""     # optional state (4) or state + collection (8)
+
+
+@_dc
+class GetAllVbSeqnosResponse(Message):
+    OPCODE: ClassVar[int] = 0x48
+    IS_RESPONSE: ClassVar[bool] = True
+    status: int = 0
+    seqnos: tuple[tuple[int, int], ...] = ()  # (vbucket, high seqno)

@@ -1,0 +1,258 @@
+"""What a capture holds, without replaying it (`dcptool inspect`): files, rows, time span,
+rows per `op` (DCP) or `command` (Synapse), rows per node, per-vbucket seqno ranges,
+snapshots, rollbacks, stream ends, cluster config revisions and decode errors; for Synapse, positions per stream and the gaps in them.
+Segments are read chunk by chunk and only the columns needed (`raw` only where a cluster
+config is), so memory does not grow with the capture."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dcptool.protocol.dcp.wire.constants import Status, stream_end_reason_name
+from dcptool.replay.store import reader
+from dcptool.replay.timestamps import iso_ns
+
+_DCP_COLUMNS = ["frame_no", "capture_id", "node", "ts", "direction", "decode_error", "op", "status",
+                "vbucket", "by_seqno", "snap_start", "snap_end", "stream_end_reason",
+                "rollback_seqno"]
+_SYN_COLUMNS = ["frame_no", "capture_id", "conn", "node", "ts", "direction", "decode_error", "command",
+                "stream", "instance", "token", "batch", "prev_token", "new_token"]
+_MAX_EXAMPLES = 10
+
+
+_iso = iso_ns
+
+
+def _started(text: str) -> str:
+    """A segment's dcptool.started_at metadata (microseconds) in the output contract's form."""
+    t = reader.parse_started(text)
+    return _iso((int(t.timestamp()) * 1_000_000 + t.microsecond) * 1000)
+
+
+def _plain(arr):
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    return arr.dictionary_decode() if pa.types.is_dictionary(arr.type) else arr
+
+
+def _counts(arr) -> dict:
+    out = {}
+    for item in pc.value_counts(_plain(arr)).to_pylist():
+        out[item["values"]] = item["counts"]
+    return out
+
+
+def _add(into: dict, more: dict) -> None:
+    for k, v in more.items():
+        into[k] = into.get(k, 0) + v
+
+
+# rows per chunk read: memory depends on this, not on the length of a segment
+CHUNK_ROWS = 1 << 18
+
+
+def _chunks(f, cols):
+    """The rows of one segment in frame_no order, CHUNK_ROWS at a time. A finished segment
+    (frame numbers increase, checked on that column alone) is streamed; anything else is
+    read whole and sorted (an in-progress segment is at most one rotation in size)."""
+    if not f.in_progress and reader.frame_range(f) is not None:
+        yield from reader.stream_file(f, cols, CHUNK_ROWS, threads=False)
+        return
+    t = reader.read_file(f, cols)
+    for start in range(0, t.num_rows, CHUNK_ROWS):
+        yield t.slice(start, CHUNK_ROWS)
+
+
+def summarize(paths) -> dict:
+    """The inspect summary of the captures named by `paths` (files or directories), read
+    chunk by chunk: memory does not grow with the capture."""
+    from dcptool.replay.store.reader import CaptureError, find_captures
+    files = find_captures(paths)
+    if not files:
+        raise CaptureError(f"no capture files found in {', '.join(map(str, paths))}")
+    protocol = files[0].protocol
+    s = _Summary(protocol)
+    cols = _DCP_COLUMNS if protocol == "dcp" else _SYN_COLUMNS
+    for f in files:
+        s.file(f)
+        last_conn = None
+        for t in _chunks(f, cols):
+            s.chunk(f, t)
+            if protocol == "synapse" and t.num_rows:
+                last_conn = t.column("conn")[-1].as_py()
+        if protocol == "synapse" and s.files[-1]["rows"]:
+            # a change of connection drops the rows still waiting for a token (REPLAY.md)
+            s.syn.connection((f.capture_id, last_conn))
+    if protocol == "dcp":
+        s.configs = _configs(files)
+    return s.result()
+
+
+def _configs(files) -> list[dict]:
+    """One entry per cluster config revision the captures hold (the `topology` table of
+    replay/rules/topology.py, which reads `raw` only in row groups that hold a config)."""
+    from dcptool.replay.rules.topology import local_topology
+    out: dict[tuple, dict] = {}
+    for r in local_topology(files).to_pylist():
+        c = out.get((r["rev_epoch"], r["rev"]))
+        if c is None:
+            c = out[(r["rev_epoch"], r["rev"])] = {
+                "rev_epoch": r["rev_epoch"], "rev": r["rev"], "capture_id": r["capture_id"],
+                "frame_no": r["frame_no"], "ts": _iso(int(r["ts"].value)) if r["ts"] is not None else None,
+                "node": r["node"], "via": r["via"], "vbuckets": 0, "active": {}}
+        c["vbuckets"] += 1
+        a = r["active"] if r["active"] is not None else "none"
+        c["active"][a] = c["active"].get(a, 0) + 1
+    for c in out.values():
+        c["active"] = dict(sorted(c["active"].items()))
+    return [out[k] for k in sorted(out)]
+
+
+class _Summary:
+    def __init__(self, protocol: str):
+        self.protocol = protocol
+        self.files: list[dict] = []
+        self.captures: dict[str, dict] = {}
+        self.rows = 0
+        self.ts_min = self.ts_max = None
+        self.directions: dict = {}
+        self.nodes: dict = {}           # "host:port" -> rows (version 2 captures)
+        self.configs: list[dict] = []   # DCP: cluster config revisions
+        self.kinds: dict = {}           # op or command -> rows
+        self.decode_errors = 0
+        self.error_examples: list[dict] = []
+        # DCP
+        self.vbs: dict[int, dict] = {}
+        self.rollbacks: list[dict] = []
+        self.stream_ends: list[dict] = []
+        # Synapse
+        self.syn = None
+        if protocol == "synapse":
+            from dcptool.replay.rules.synapse_stream import PositionScan
+            self.syn = PositionScan()
+
+    # -- per segment ---------------------------------------------------------------------
+
+    def file(self, f) -> None:
+        self.files.append({"path": f.path, "capture_id": f.capture_id, "segment": f.segment,
+                           "in_progress": f.in_progress, "started_at": _started(f.started_at), "rows": 0})
+        cap = self.captures.setdefault(f.capture_id, {
+            "capture_id": f.capture_id, "started_at": _started(f.started_at),
+            "source": f.metadata.get("dcptool.source"), "version": f.metadata.get("dcptool.version"),
+            "segments": 0, "rows": 0})
+        cap["segments"] += 1
+
+    def chunk(self, f, t) -> None:
+        """The next rows of the segment last passed to file()."""
+        n = t.num_rows
+        self.files[-1]["rows"] += n
+        self.captures[f.capture_id]["rows"] += n
+        self.rows += n
+        if n == 0:
+            return
+        ts = pc.min_max(t.column("ts").cast("int64"))
+        lo, hi = ts["min"].as_py(), ts["max"].as_py()
+        if lo is not None:
+            self.ts_min = lo if self.ts_min is None else min(self.ts_min, lo)
+            self.ts_max = hi if self.ts_max is None else max(self.ts_max, hi)
+        _add(self.directions, _counts(t.column("direction")))
+        _add(self.nodes, {k: v for k, v in _counts(t.column("node")).items() if k is not None})
+        _add(self.kinds, _counts(t.column("op" if self.protocol == "dcp" else "command")))
+        errs = t.filter(pc.is_valid(t.column("decode_error")))
+        self.decode_errors += errs.num_rows
+        for row in errs.slice(0, _MAX_EXAMPLES - len(self.error_examples)).to_pylist() \
+                if len(self.error_examples) < _MAX_EXAMPLES else []:
+            self.error_examples.append({"capture_id": f.capture_id, "frame_no": row["frame_no"],
+                                        "error": row["decode_error"]})
+        if self.protocol == "dcp":
+            self._dcp(f, t)
+        else:
+            self._synapse(f, t)
+
+    def _vb(self, vb: int) -> dict:
+        d = self.vbs.get(vb)
+        if d is None:
+            d = self.vbs[vb] = {"vbucket": vb, "items": 0, "first_seqno": None, "last_seqno": None,
+                                "min_seqno": None, "max_seqno": None, "snapshots": 0,
+                                "rollbacks": 0, "stream_end_reason": None}
+        return d
+
+    def _dcp(self, f, t) -> None:
+        is_in = pc.fill_null(pc.equal(_plain(t.column("direction")), "in"), False)
+        op = _plain(t.column("op"))
+        items = t.filter(pc.and_(pc.and_(is_in, pc.is_null(t.column("status"))),
+                                 pc.is_valid(t.column("by_seqno"))))
+        if items.num_rows:
+            g = items.select(["vbucket", "by_seqno"]).group_by("vbucket", use_threads=False).aggregate(
+                [("by_seqno", "first"), ("by_seqno", "last"), ("by_seqno", "count"),
+                 ("by_seqno", "min"), ("by_seqno", "max")])
+            for r in g.to_pylist():
+                if r["vbucket"] is None:
+                    continue
+                d = self._vb(r["vbucket"])
+                if d["first_seqno"] is None:
+                    d["first_seqno"] = r["by_seqno_first"]
+                d["last_seqno"] = r["by_seqno_last"]
+                d["items"] += r["by_seqno_count"]
+                d["min_seqno"] = r["by_seqno_min"] if d["min_seqno"] is None else min(d["min_seqno"], r["by_seqno_min"])
+                d["max_seqno"] = r["by_seqno_max"] if d["max_seqno"] is None else max(d["max_seqno"], r["by_seqno_max"])
+        markers = t.filter(pc.and_(is_in, pc.fill_null(pc.equal(op, "snapshot_marker"), False)))
+        if markers.num_rows:
+            for r in pc.value_counts(markers.column("vbucket")).to_pylist():
+                if r["values"] is not None:
+                    self._vb(r["values"])["snapshots"] += r["counts"]
+        rb = t.filter(pc.and_(is_in, pc.fill_null(pc.equal(t.column("status"), pa.scalar(int(Status.ROLLBACK), pa.uint16())), False)))
+        for r in rb.select(["vbucket", "rollback_seqno", "frame_no", "ts"]).to_pylist():
+            self.rollbacks.append({"vbucket": r["vbucket"], "rollback_seqno": r["rollback_seqno"],
+                                   "capture_id": f.capture_id, "frame_no": r["frame_no"]})
+            if r["vbucket"] is not None:
+                self._vb(r["vbucket"])["rollbacks"] += 1
+        ends = t.filter(pc.and_(is_in, pc.fill_null(pc.equal(op, "stream_end"), False)))
+        for r in ends.select(["vbucket", "stream_end_reason", "frame_no"]).to_pylist():
+            reason = r["stream_end_reason"]
+            self.stream_ends.append({
+                "vbucket": r["vbucket"], "reason": reason,
+                "reason_name": stream_end_reason_name(reason) if reason is not None else None,
+                "capture_id": f.capture_id, "frame_no": r["frame_no"]})
+            if r["vbucket"] is not None:
+                self._vb(r["vbucket"])["stream_end_reason"] = reason
+
+    def _synapse(self, f, t) -> None:
+        is_in = pc.fill_null(pc.equal(_plain(t.column("direction")), "in"), False)
+        cmd = _plain(t.column("command"))
+        wanted = pc.and_(is_in, pc.fill_null(pc.is_in(cmd, value_set=pa.array(["RDATA", "POSITION"])),
+                                             False))
+        rel = t.filter(wanted)
+        if rel.num_rows:
+            self.syn.feed(f.capture_id, rel)
+
+    # -- result --------------------------------------------------------------------------
+
+    def result(self) -> dict:
+        span = None
+        if self.ts_min is not None:
+            span = {"first": _iso(self.ts_min), "last": _iso(self.ts_max),
+                    "seconds": (self.ts_max - self.ts_min) / 1e9}
+        out = {
+            "protocol": self.protocol,
+            "files": self.files,
+            "captures": list(self.captures.values()),
+            "rows": self.rows,
+            "time_span": span,
+            "directions": dict(sorted(self.directions.items(), key=lambda kv: str(kv[0]))),
+            "nodes": dict(sorted(self.nodes.items())),
+        }
+        kinds = dict(sorted(self.kinds.items(), key=lambda kv: (-kv[1], str(kv[0]))))
+        if self.protocol == "dcp":
+            out["ops"] = kinds
+            out["vbuckets"] = [self.vbs[k] for k in sorted(self.vbs)]
+            out["snapshots"] = sum(v["snapshots"] for v in self.vbs.values())
+            out["rollbacks"] = self.rollbacks
+            out["stream_ends"] = self.stream_ends
+            out["configs"] = self.configs
+        else:
+            out["commands"] = kinds
+            out["positions"], out["gaps"] = self.syn.result()
+        out["decode_errors"] = {"count": self.decode_errors, "examples": self.error_examples}
+        return out

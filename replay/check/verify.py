@@ -1,0 +1,341 @@
+"""`dcptool verify`: checks captures for completeness and protocol correctness, in one pass
+in bounded memory, and returns findings (no click, no exit codes: cli/verify.py prints them).
+
+This module owns the findings, the capture files (which files exist, whether their names,
+metadata, segment chain and frame numbers agree, whether they can be read) and the pass
+over the rows, in replay order (started_at of the capture, capture_id, frame_no), Parquet
+row group by row group with only the columns the checks need. The protocol checks are in
+verify_dcp.py and verify_synapse.py.
+
+A damaged file is verified as far as it can be read; damage is reported before every other
+finding. Findings are kept up to a limit per check (the count goes on), so memory does not
+grow with a capture that is wrong everywhere."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dcptool.replay.store import reader
+from dcptool.replay.store.naming import IN_PROGRESS_SUFFIX, TMP_SUFFIX, segment_name
+from dcptool.replay.store.schema import capture_schema
+from dcptool.replay.store.segment import open_in_progress
+from dcptool.replay.check.findings import Finding, Findings, MixedProtocols, Report, VerifyError, Where
+
+FINISHED_SUFFIX = ".parquet"
+BATCH_ROWS = 1 << 18
+
+
+# ------------------------------------------------------------------------------ files
+
+_NAME_RE = re.compile(r"^(dcp|synapse)-(\d{8}T\d{6}\.\d{6}Z)-([0-9a-fA-F]{8})-(\d{6})\.(parquet|arrows)$")
+
+
+def _candidates(paths: list[str], out: Findings) -> list[str]:
+    found: list[str] = []
+    for p in paths:
+        if os.path.isdir(p):
+            for name in sorted(os.listdir(p)):
+                full = os.path.join(p, name)
+                if name.startswith(".") or not os.path.isfile(full):
+                    continue
+                if name.endswith((FINISHED_SUFFIX, IN_PROGRESS_SUFFIX)):
+                    found.append(full)
+                elif name.endswith(FINISHED_SUFFIX + TMP_SUFFIX):
+                    done = full[:-len(TMP_SUFFIX)]
+                    if os.path.exists(done):
+                        out.add(Finding("file.leftover", f"temporary file left next to the finished segment "
+                                        f"{os.path.basename(done)}", file=full))
+        elif os.path.isfile(p):
+            found.append(p)
+        else:
+            raise VerifyError(f"{p}: no such file or directory")
+    seen, unique = set(), []
+    for f in found:
+        real = os.path.realpath(f)
+        if real not in seen:
+            seen.add(real)
+            unique.append(f)
+    return unique
+
+
+def _describe_all(paths: list[str], out: Findings) -> tuple[list[reader.CaptureFile], int]:
+    """CaptureFiles of the readable candidates; unreadable ones are findings."""
+    files, bad = [], 0
+    for path in paths:
+        if path.endswith(IN_PROGRESS_SUFFIX) and os.path.getsize(path) == 0:
+            out.add(Finding("file.in_progress", "in-progress segment with nothing written yet", file=path))
+            continue
+        try:
+            files.extend(reader.find_captures([path]))
+        except (reader.CaptureError, OSError) as exc:
+            bad += 1
+            m = _NAME_RE.match(os.path.basename(path))
+            out.add(Finding("file.unreadable", _one_line(exc), file=path,
+                            segment=int(m.group(4)) if m else None))
+    return files, bad
+
+
+def _check_name(f: reader.CaptureFile, out: Findings) -> None:
+    name = os.path.basename(f.path)
+    m = _NAME_RE.match(name)
+    if m is None:
+        out.add(Finding("file.name_mismatch", f"file name {name!r} is not "
+                        "{protocol}-{start}-{id8}-{segment:06d}.parquet|.arrows",
+                        file=f.path, segment=f.segment, capture_id=f.capture_id))
+        return
+    want = segment_name(f.protocol, reader.parse_started(f.started_at), f.capture_id, f.segment)
+    want = want[:-len(FINISHED_SUFFIX)] + "." + m.group(5)
+    if name != want:
+        parts = []
+        if m.group(1) != f.protocol:
+            parts.append(f"protocol {m.group(1)} vs {f.protocol}")
+        if m.group(3).lower() != f.capture_id.replace("-", "")[:8].lower():
+            parts.append(f"capture id {m.group(3)} vs {f.capture_id}")
+        if int(m.group(4)) != f.segment:
+            parts.append(f"segment {int(m.group(4))} vs {f.segment}")
+        if not parts:
+            parts.append(f"start {m.group(2)} vs {f.started_at}")
+        out.add(Finding("file.name_mismatch", f"file name says {', '.join(parts)} (metadata)",
+                        file=f.path, segment=f.segment, capture_id=f.capture_id))
+
+
+def _group(files: list[reader.CaptureFile], out: Findings) -> list[list[reader.CaptureFile]]:
+    """Captures in replay order, each its segments in order (one file per segment)."""
+    by_seg: dict[tuple[str, int], reader.CaptureFile] = {}
+    for f in files:
+        key = (f.capture_id, f.segment)
+        old = by_seg.get(key)
+        if old is None:
+            by_seg[key] = f
+        elif old.in_progress != f.in_progress:
+            keep, drop = (f, old) if old.in_progress else (old, f)
+            by_seg[key] = keep
+            out.add(Finding("file.leftover", f"in-progress copy of the finished segment "
+                            f"{os.path.basename(keep.path)} (not read)", file=drop.path,
+                            segment=drop.segment, capture_id=drop.capture_id))
+        else:
+            out.add(Finding("file.duplicate_segment", f"segment {f.segment} of capture {f.capture_id} "
+                            f"is also in {old.path} (this one not read)", file=f.path,
+                            segment=f.segment, capture_id=f.capture_id))
+    caps: dict[str, list[reader.CaptureFile]] = {}
+    for f in by_seg.values():
+        caps.setdefault(f.capture_id, []).append(f)
+    groups = []
+    for cid, segs in caps.items():
+        segs.sort(key=lambda f: f.segment)
+        first = segs[0]
+        for f in segs[1:]:
+            if f.protocol != first.protocol or f.started_at != first.started_at:
+                out.add(Finding("file.metadata_mismatch", f"segment {f.segment} says protocol "
+                                f"{f.protocol} started {f.started_at}, segment {first.segment} "
+                                f"{first.protocol} {first.started_at}", file=f.path,
+                                segment=f.segment, capture_id=cid))
+        groups.append(segs)
+    groups.sort(key=lambda segs: (reader.parse_started(segs[0].started_at), segs[0].capture_id))
+    return groups
+
+
+# ------------------------------------------------------------------------------ rows
+
+Chunk = tuple[pa.Table, Callable[[], pa.Array]]
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
+def _parquet_chunks(f: reader.CaptureFile, cols: list[str], where: Where, out: Findings,
+                    batch_rows: int, lost: list) -> Iterator[Chunk]:
+    schema = capture_schema(f.protocol)
+    want = pa.schema([schema.field(c) for c in cols])
+    try:
+        pf = pq.ParquetFile(f.path, pre_buffer=False, page_checksum_verification=True)
+        md = pf.metadata
+    except (OSError, pa.ArrowException) as exc:
+        out.add(Finding("file.damaged", f"cannot open: {_one_line(exc)}", file=f.path,
+                        segment=f.segment, capture_id=f.capture_id))
+        lost.append(None)
+        return
+    present = set(pf.schema_arrow.names)
+    read_cols = [c for c in want.names if c in present]
+    fn_col = pf.schema_arrow.get_field_index("frame_no")
+    for rg in range(md.num_row_groups):
+        offset = 0
+        try:
+            for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[rg], columns=read_cols,
+                                         use_threads=True):
+                t = reader.conform(pa.Table.from_batches([batch]), want)
+                yield t, _raw_loader(pf, rg, offset, batch.num_rows)
+                offset += batch.num_rows
+        except (OSError, pa.ArrowException) as exc:
+            rng = _stats_range(md, rg, fn_col)
+            what = f"frames {rng[0]}..{rng[1]}" if rng else "its frames"
+            out.at(where, "file.damaged", f"row group {rg} unreadable after {offset} rows ({what} "
+                   f"not verified): {_one_line(exc)}", frame_no=rng[0] if rng else None)
+            lost.append(rng)
+
+
+def _stats_range(md, rg: int, col: int) -> tuple[int, int] | None:
+    if col < 0:
+        return None
+    try:
+        st = md.row_group(rg).column(col).statistics
+        if st is not None and st.has_min_max:
+            return int(st.min), int(st.max)
+    except (OSError, pa.ArrowException, ValueError):
+        pass
+    return None
+
+
+def _raw_loader(pf: pq.ParquetFile, rg: int, offset: int, n: int) -> Callable[[], pa.Array]:
+    def load() -> pa.Array:
+        return pf.read_row_group(rg, columns=["raw"]).column("raw").slice(offset, n).combine_chunks()
+    return load
+
+
+def _arrows_chunks(f: reader.CaptureFile, cols: list[str], batch_rows: int) -> Iterator[Chunk]:
+    schema = capture_schema(f.protocol)
+    want = pa.schema([schema.field(c) for c in cols])
+    _, batches = open_in_progress(f.path)
+    for batch in batches:
+        t = pa.Table.from_batches([batch])
+        raw = t.column("raw").combine_chunks() if "raw" in t.column_names else pa.nulls(t.num_rows, pa.binary())
+        yield reader.conform(t, want), (lambda raw=raw: raw)
+
+
+class _Frames:
+    """frame_no continuity of one capture across its segments."""
+
+    def __init__(self, out: Findings):
+        self.out = out
+        self.next: int | None = 0
+
+    def unknown(self) -> None:
+        self.next = None
+
+    def skip_to(self, frame: int) -> None:
+        self.next = frame
+
+    def feed(self, fn: np.ndarray, where: Where) -> bool:
+        """True when the rows follow on without a hole."""
+        if not len(fn):
+            return True
+        ok = True
+        if self.next is not None and fn[0] != self.next:
+            ok = False
+            self._report(self.next - 1, int(fn[0]), where)
+        d = np.diff(fn)
+        for i in np.flatnonzero(d != 1).tolist():
+            ok = False
+            self._report(int(fn[i]), int(fn[i + 1]), where)
+        self.next = int(fn[-1]) + 1
+        return ok
+
+    def _report(self, before: int, after: int, where: Where) -> None:
+        if after > before + 1:
+            self.out.at(where, "file.frames_missing", f"frames {before + 1}..{after - 1} missing "
+                        f"({after - before - 1} rows)", frame_no=before + 1)
+        else:
+            self.out.at(where, "file.frame_order", f"frame {after} follows frame {before}",
+                        frame_no=after)
+
+
+def _checker(protocol: str):
+    if protocol == "dcp":
+        from dcptool.replay.check.verify_dcp import DcpChecker
+        return DcpChecker()
+    from dcptool.replay.check.verify_synapse import SynapseChecker
+    return SynapseChecker()
+
+
+def verify(paths: list[str], *, limit: int = 1000, batch_rows: int = BATCH_ROWS,
+           progress: Callable[[int], None] | None = None) -> Report:
+    """Verify the captures named by `paths` (files or directories)."""
+    t0 = time.perf_counter()
+    out = Findings(limit)
+    candidates = _candidates(list(paths), out)
+    if not candidates:
+        raise VerifyError("no capture files found in " + ", ".join(paths))
+    files, bad = _describe_all(candidates, out)
+    protocols = sorted({f.protocol for f in files})
+    if len(protocols) > 1:
+        raise MixedProtocols(f"captures of different protocols given together: {protocols}")
+    report = Report(protocol=protocols[0] if protocols else None, findings=[], counts={},
+                    files=len(candidates), unreadable_files=bad)
+    if not files:
+        report.findings, report.counts = out.ordered(), dict(out.counts)
+        report.seconds = time.perf_counter() - t0
+        return report
+    for f in files:
+        _check_name(f, out)
+    captures = _group(files, out)
+    report.captures = len(captures)
+    checker = _checker(report.protocol)
+    cols = checker.COLUMNS
+    for rank, segs in enumerate(captures):
+        frames = _Frames(out)
+        expected_seg = 0
+        for f in segs:
+            where = Where(f.path, f.segment, f.capture_id, rank)
+            if f.segment != expected_seg:
+                missing = (f"segment {expected_seg}" if f.segment == expected_seg + 1
+                           else f"segments {expected_seg}..{f.segment - 1}")
+                out.at(where, "file.segment_missing", f"{missing} of capture {f.capture_id} missing "
+                       f"before {os.path.basename(f.path)}")
+                frames.unknown()
+                checker.resync()
+            expected_seg = f.segment + 1
+            if f.in_progress:
+                out.at(where, "file.in_progress", "unfinished segment (.arrows): the capture is "
+                       "running or was killed; `capture --resume` into its directory finishes it")
+            lost: list = []
+            chunks = (_arrows_chunks(f, cols, batch_rows) if f.in_progress
+                      else _parquet_chunks(f, cols, where, out, batch_rows, lost))
+            seen_lost = 0
+            for t, raw in chunks:
+                if len(lost) > seen_lost:      # a damaged row group before this chunk
+                    seen_lost = len(lost)
+                    rng = lost[-1]
+                    if rng is None:
+                        frames.unknown()
+                    else:
+                        frames.skip_to(rng[1] + 1)
+                    checker.resync()
+                report.rows += t.num_rows
+                fn = t.column("frame_no").to_numpy()
+                if not frames.feed(fn, where):
+                    checker.resync()
+                _check_capture_ids(t, where, out)
+                checker.feed(t, raw, where, out)
+                if progress is not None:
+                    progress(t.num_rows)
+    checker.finish(out)
+    report.findings, report.counts = out.ordered(), dict(out.counts)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _check_capture_ids(t: pa.Table, where: Where, out: Findings) -> None:
+    col = t.column("capture_id")
+    if col.null_count == len(col):
+        return
+    values = col.unique() if not pa.types.is_dictionary(col.type) else None
+    if values is None:
+        chunk = col.combine_chunks()
+        used = np.unique(chunk.indices.to_numpy(zero_copy_only=False)[chunk.is_valid().to_numpy(zero_copy_only=False)])
+        values = chunk.dictionary.take(pa.array(used, pa.int64()))
+    bad = [v for v in values.to_pylist() if v is not None and v != where.capture_id]
+    if bad or col.null_count:
+        fn = t.column("frame_no").to_numpy()
+        mask = ~np.isin(np.asarray(col.cast(pa.string()).to_pylist(), dtype=object), [where.capture_id])
+        first = int(fn[np.flatnonzero(mask)[0]]) if mask.any() else None
+        out.at(where, "file.capture_id_mismatch", f"capture_id column holds {bad[:3] or [None]} "
+               f"(file metadata: {where.capture_id})", frame_no=first)

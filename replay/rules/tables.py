@@ -1,0 +1,175 @@
+"""The result tables of REPLAY.md: their Arrow schemas, keys (the canonical sort), and the
+checksum both engines are compared with.
+
+Canonical form of a table: cast to the schema below, rows sorted ascending by the table's
+key columns (nulls first; binary keys bytewise), one chunk.
+
+Checksum: SHA-256 over UTF-8 JSON lines. The first line is
+`{"table":NAME,"columns":[COLUMN,...]}`; then one line per row in canonical order, an object
+whose keys are the columns in schema order, written without spaces (`{"a":1,"b":null}`)
+and each line ends with `\\n`. Values: null as `null`; booleans `true`/`false`; integers in
+decimal; strings as JSON strings (only `"`, `\\\\` and control characters escaped, everything
+else as UTF-8); binary as standard base64 with padding; timestamps as integer nanoseconds
+since the Unix epoch (UTC); lists as arrays; structs as objects with keys in field order.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from typing import Iterable
+
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dcptool.replay.store.schema import DICT_STR, fields
+
+TS = pa.timestamp("ns", tz="UTC")
+STR = pa.string()
+I64 = pa.int64()
+
+
+def _s(*cols) -> pa.Schema:
+    return pa.schema([pa.field(n, t) for n, t in cols])
+
+
+DCP_TABLES: dict[str, tuple[pa.Schema, tuple[str, ...]]] = {
+    "documents": (_s(("vbucket", pa.uint16()), ("collection_id", pa.uint32()), ("key", pa.binary()),
+                     ("by_seqno", I64), ("rev_seqno", I64), ("cas", pa.uint64()), ("state", STR),
+                     ("datatype", pa.uint8()), ("item_flags", pa.uint32()), ("expiration", pa.uint32()),
+                     ("value_len", pa.uint32()), ("capture_id", STR), ("frame_no", I64), ("ts", TS)),
+                  ("vbucket", "collection_id", "key")),
+    "vbuckets": (_s(("vbucket", pa.uint16()), ("vbucket_uuid", pa.uint64()), ("high_seqno", I64),
+                    ("live", I64), ("deleted", I64), ("expired", I64), ("mutations", I64),
+                    ("deletions", I64), ("expirations", I64), ("snapshots", I64), ("rollbacks", I64),
+                    ("last_snapshot_complete", pa.bool_()), ("stream_end_reason", pa.uint32()),
+                    ("first_ts", TS), ("last_ts", TS)),
+                 ("vbucket",)),
+    "snapshots": (_s(("vbucket", pa.uint16()), ("capture_id", STR), ("frame_no", I64), ("ts", TS),
+                     ("snap_version", STR), ("snap_start", I64), ("snap_end", I64),
+                     ("snap_flags", pa.uint32()), ("items", I64), ("first_seqno", I64),
+                     ("last_seqno", I64), ("complete", pa.bool_())),
+                  ("vbucket", "capture_id", "frame_no")),
+    "rollbacks": (_s(("vbucket", pa.uint16()), ("capture_id", STR), ("frame_no", I64), ("ts", TS),
+                     ("rollback_seqno", I64), ("undone", I64)),
+                  ("vbucket", "capture_id", "frame_no")),
+    "failover": (_s(("vbucket", pa.uint16()), ("position", pa.int32()), ("vbucket_uuid", pa.uint64()),
+                    ("seqno", I64)),
+                 ("vbucket", "position")),
+    # one row per document change a rollback undid: the rollback (capture_id, frame_no, ts,
+    # rollback_seqno), the change (collection_id, key, by_seqno, op, change_*), and whether
+    # the document's current change came after the rollback (restored, restored_seqno)
+    "undone": (_s(("vbucket", pa.uint16()), ("capture_id", STR), ("frame_no", I64), ("ts", TS),
+                  ("rollback_seqno", I64), ("collection_id", pa.uint32()), ("key", pa.binary()),
+                  ("by_seqno", I64), ("op", STR), ("change_capture_id", STR), ("change_frame_no", I64),
+                  ("change_ts", TS), ("restored", pa.bool_()), ("restored_seqno", I64)),
+               ("vbucket", "capture_id", "frame_no", "collection_id", "key", "by_seqno",
+                "change_capture_id", "change_frame_no")),
+    # change history (replay/rules/history.py): one row per document change not undone by a
+    # rollback, every version (a change received twice is one row, the last received);
+    # snap_flags: the flags of the snapshot marker it arrived under
+    "history": (_s(("vbucket", pa.uint16()), ("collection_id", pa.uint32()), ("key", pa.binary()),
+                   ("by_seqno", I64), ("op", STR), ("state", STR), ("rev_seqno", I64), ("cas", pa.uint64()),
+                   ("datatype", pa.uint8()), ("item_flags", pa.uint32()), ("expiration", pa.uint32()),
+                   ("value_len", pa.uint32()), ("snap_flags", pa.uint32()), ("capture_id", STR),
+                   ("frame_no", I64), ("ts", TS)),
+                ("vbucket", "collection_id", "key", "by_seqno")),
+    # one row per (cluster config revision, vbucket), the revision where it was first seen
+    # (replay/rules/topology.py): who sent it (node, via) and the vbucket's active node and replicas
+    "topology": (_s(("rev_epoch", I64), ("rev", I64), ("capture_id", STR), ("frame_no", I64), ("ts", TS),
+                    ("node", STR), ("via", STR), ("vbucket", pa.uint16()), ("active", STR),
+                    ("replicas", pa.list_(STR))),
+                 ("rev_epoch", "rev", "vbucket")),
+}
+
+SYNAPSE_TABLES: dict[str, tuple[pa.Schema, tuple[str, ...]]] = {
+    "positions": (_s(("stream", STR), ("instance", STR), ("token", I64), ("rows", I64),
+                     ("batches", I64), ("gaps", I64), ("dropped", I64), ("pending", I64),
+                     ("first_ts", TS), ("last_ts", TS)),
+                  ("stream", "instance")),
+    "rows": (_s(("stream", STR), ("instance", STR), ("token", I64), ("index", I64), ("row", STR),
+                ("capture_id", STR), ("frame_no", I64), ("ts", TS)),
+             ("stream", "instance", "token", "index")),
+    "gaps": (_s(("stream", STR), ("instance", STR), ("capture_id", STR), ("frame_no", I64), ("ts", TS),
+                ("from_token", I64), ("to_token", I64)),
+             ("stream", "instance", "capture_id", "frame_no")),
+    "commands": (_s(("command", STR), ("count", I64), ("first_ts", TS), ("last_ts", TS)),
+                 ("command",)),
+}
+
+FRAMES_KEY = ("capture_id", "frame_no")
+
+
+def frames_schema(protocol: str) -> pa.Schema:
+    """The capture columns with dictionary strings as plain strings."""
+    return pa.schema([pa.field(n, STR if t == DICT_STR else t) for n, t in fields(protocol)])
+
+
+def table_specs(protocol: str) -> dict[str, tuple[pa.Schema, tuple[str, ...]]]:
+    base = DCP_TABLES if protocol == "dcp" else SYNAPSE_TABLES if protocol == "synapse" else None
+    if base is None:
+        raise ValueError(f"unknown protocol {protocol!r}")
+    return {**base, "frames": (frames_schema(protocol), FRAMES_KEY)}
+
+
+def table_names(protocol: str) -> list[str]:
+    return list(table_specs(protocol))
+
+
+def schema_of(protocol: str, name: str) -> pa.Schema:
+    return table_specs(protocol)[name][0]
+
+
+def canonical(protocol: str, name: str, table: pa.Table, presorted: bool = False) -> pa.Table:
+    """`table` cast to the schema of `name` and sorted by its key (nulls first); `presorted`:
+    the caller built it in that order already (replay/rules/history.py), so no sort."""
+    schema, keys = table_specs(protocol)[name]
+    cols = []
+    for fld in schema:
+        col = table.column(fld.name)
+        if col.type != fld.type:
+            col = col.cast(fld.type)
+        cols.append(col)
+    t = pa.Table.from_arrays(cols, schema=schema)
+    if t.num_rows > 1 and not presorted:
+        t = t.take(_sort_indices(t, keys))
+    return t.combine_chunks()
+
+
+def _sort_indices(t: pa.Table, keys) -> pa.Array:
+    try:  # pyarrow >= 25: null placement per key
+        opts = pc.SortOptions([(k, "ascending", "at_start") for k in keys])
+    except (TypeError, ValueError):
+        opts = pc.SortOptions([(k, "ascending") for k in keys], null_placement="at_start")
+    return pc.sort_indices(t, options=opts)
+
+
+def _encode_column(col: pa.ChunkedArray | pa.Array) -> list:
+    typ = col.type
+    if pa.types.is_timestamp(typ):
+        return col.cast(pa.int64()).to_pylist()
+    if pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
+        return [None if v is None else base64.b64encode(v).decode("ascii") for v in col.to_pylist()]
+    if pa.types.is_dictionary(typ):
+        return col.cast(typ.value_type).to_pylist()
+    return col.to_pylist()
+
+
+def iter_canonical_lines(name: str, table: pa.Table, batch_rows: int = 65536) -> Iterable[bytes]:
+    """The lines the checksum hashes, for an already canonical table."""
+    yield orjson.dumps({"table": name, "columns": table.column_names}) + b"\n"
+    names = table.column_names
+    for start in range(0, table.num_rows, batch_rows):
+        part = table.slice(start, batch_rows)
+        cols = [_encode_column(part.column(n)) for n in names]
+        for values in zip(*cols):
+            yield orjson.dumps(dict(zip(names, values))) + b"\n"
+
+
+def checksum(name: str, table: pa.Table) -> str:
+    """SHA-256 (hex) of a canonical table, as documented in the module docstring."""
+    h = hashlib.sha256()
+    for line in iter_canonical_lines(name, table):
+        h.update(line)
+    return h.hexdigest()

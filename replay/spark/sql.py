@@ -1,0 +1,265 @@
+"""`replay --sql`: the read-only fence around a user's query, and Spark's errors as one line.
+
+A query is parsed with Spark's own parser (through the session's py4j handles, so this
+module imports no pyspark) and its unresolved plan is walked before anything runs: every
+plan node must be a query operator from an allow list (no command, no INSERT ... DIRECTORY,
+no CTAS, no SET / ADD JAR / CACHE ...), every relation a registered table or a CTE name of
+the query (one-part names only: no text.`/etc/passwd`, parquet.`...`, jdbc,
+global_temp), every table-valued function a generator (no read_files), and no function
+that reaches the JVM or files (reflect, java_method, try_reflect, from/to_protobuf with a
+descriptor file). Subqueries in expressions and CTE bodies are walked too. The session
+also runs with spark.sql.runSQLOnFiles=false, a second fence (replay/spark/engine.py).
+
+It also holds the SQL text of the engine's `history` table (HISTORY_SQL, run by spark.py).
+"""
+
+from __future__ import annotations
+
+import re
+
+from dcptool.protocol.text import printable
+
+
+class SqlError(Exception):
+    """A query Spark could not parse, analyse or run: one line with the error class, the
+    message and the position in the query."""
+
+    def __init__(self, message: str, error_class: str | None = None):
+        super().__init__(message)
+        self.error_class = error_class
+
+
+class UnsafeSqlError(SqlError):
+    """A query the read-only fence refused (a write, a command, a file or JVM access)."""
+
+
+# Query operators of an unresolved plan (class simple names). Anything else is refused.
+ALLOWED_NODES = frozenset({
+    "Project", "Filter", "Aggregate", "Join", "LateralJoin", "SubqueryAlias", "UnresolvedRelation",
+    "UnresolvedWith", "WithCTE", "CTERelationDef", "CTERelationRef", "Sort", "GlobalLimit",
+    "LocalLimit", "Offset", "Tail", "Distinct", "Deduplicate", "Union", "Intersect", "Except",
+    "WithWindowDefinition", "Window", "UnresolvedHaving", "OneRowRelation", "LocalRelation",
+    "UnresolvedInlineTable", "Generate", "Pivot", "Unpivot", "Sample", "Expand",
+    "UnresolvedSubqueryColumnAliases", "UnresolvedTableValuedFunction", "UnresolvedTVFAliases",
+    "UnresolvedHint", "ResolvedHint", "RepartitionByExpression", "Repartition",
+    "RebalancePartitions", "Range",
+})
+# Table-valued functions that only generate rows from their arguments.
+ALLOWED_TVFS = frozenset({
+    "range", "explode", "explode_outer", "inline", "inline_outer", "posexplode",
+    "posexplode_outer", "stack", "json_tuple", "variant_explode", "variant_explode_outer",
+})
+# Functions that reach into the JVM or read files.
+DENIED_FUNCTIONS = frozenset({
+    "reflect", "java_method", "try_reflect", "from_protobuf", "to_protobuf",
+})
+_COMMAND = "org.apache.spark.sql.catalyst.plans.logical.Command"
+_SUBQUERY = "org.apache.spark.sql.catalyst.expressions.SubqueryExpression"
+_PLAN = "org.apache.spark.sql.catalyst.plans.logical.LogicalPlan"
+
+
+def _seq(jseq) -> list:
+    out = []
+    it = jseq.iterator()
+    while it.hasNext():
+        out.append(it.next())
+    return out
+
+
+def _name(parts) -> list[str]:
+    return [str(p) for p in _seq(parts)]
+
+
+def check_query(spark, sql: str, tables) -> None:
+    """Raise UnsafeSqlError unless `sql` is one read-only query over `tables` (names of the
+    registered temporary views); SqlError when Spark cannot parse it."""
+    jvm = spark._jvm
+    try:
+        plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(sql)
+    except Exception as exc:  # noqa: BLE001 - py4j wraps Spark's ParseException
+        raise spark_error(exc, sql) from None
+    command = jvm.java.lang.Class.forName(_COMMAND)
+    subquery = jvm.java.lang.Class.forName(_SUBQUERY)
+    plan_class = jvm.java.lang.Class.forName(_PLAN)
+    allowed = {t.lower() for t in tables}
+    ctes: set[str] = set()
+    relations: list[list[str]] = []
+
+    def refuse(what: str):
+        raise UnsafeSqlError(f"--sql refused: {what}; only read-only queries over the capture's "
+                             f"tables ({', '.join(sorted(tables))}) are allowed "
+                             "(--unsafe-sql lifts this)")
+
+    def walk_plan(node) -> None:
+        kind = str(node.nodeName())
+        if command.isInstance(node) or kind not in ALLOWED_NODES:
+            refuse(f"{_describe(kind)} is not a query")
+        if kind == "UnresolvedRelation":
+            relations.append(_name(node.multipartIdentifier()))
+        elif kind == "UnresolvedWith":
+            for pair in _seq(node.cteRelations()):
+                ctes.add(str(pair._1()).lower())
+        elif kind == "UnresolvedTableValuedFunction":
+            fn = ".".join(_name(node.name())).lower()
+            if fn not in ALLOWED_TVFS:
+                refuse(f"table function {fn}() is not allowed")
+        for child in _seq(node.children()) + _seq(node.innerChildren()):
+            if plan_class.isInstance(child):
+                walk_plan(child)
+            else:
+                walk_expr(child)
+        for expr in _seq(node.expressions()):
+            walk_expr(expr)
+
+    def walk_expr(expr) -> None:
+        kind = str(expr.nodeName())
+        if kind == "UnresolvedFunction":
+            parts = _name(expr.nameParts())
+            if parts and parts[-1].lower() in DENIED_FUNCTIONS:
+                refuse(f"function {parts[-1].lower()}() reaches into the JVM or files")
+        if subquery.isInstance(expr):
+            walk_plan(expr.plan())
+        for child in _seq(expr.children()):
+            walk_expr(child)
+
+    walk_plan(plan)
+    for parts in relations:
+        if len(parts) != 1:
+            refuse(f"{'.'.join(parts)} is not one of the capture's tables")
+        if parts[0].lower() not in allowed and parts[0].lower() not in ctes:
+            refuse(f"unknown table {parts[0]}")
+
+
+def _describe(kind: str) -> str:
+    words = re.sub(r"(?<=[a-z])(?=[A-Z])", " ", kind).replace("Command", "").strip()
+    return f"{words or kind} ({kind})"
+
+
+_SQLSTATE = re.compile(r"\s*SQLSTATE: \w+\.?")
+_CLASS_PREFIX = re.compile(r"^\[[A-Z0-9_.]+\]\s*")
+
+
+def spark_error(exc: BaseException, sql: str | None = None) -> SqlError:
+    """A Spark (or py4j) exception as a SqlError of one line:
+    `SQL error [PARSE_SYNTAX_ERROR] Syntax error at or near 'FORM' (line 1, pos 9)`."""
+    if isinstance(exc, SqlError):
+        return exc
+    cls = _call(exc, "getCondition") or _call(exc, "getErrorClass")
+    message = _call(exc, "getMessage") or ""
+    origin = getattr(exc, "java_exception", None)
+    if not cls and origin is not None:
+        # a Py4JJavaError straight from the parser: ask the JVM exception itself
+        try:
+            cls = str(origin.getCondition())
+            message = str(origin.getMessage())
+        except Exception:  # noqa: BLE001 - not a SparkThrowable
+            message = message or str(origin.toString())
+    if not message:
+        message = str(exc) or type(exc).__name__
+    first = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
+    first = _SQLSTATE.sub("", _CLASS_PREFIX.sub("", first)).strip()
+    where = _position(exc, origin, message, sql)
+    if where and where not in first:
+        first = f"{first} {where}"
+    text = f"SQL error [{cls}] {first}" if cls else f"SQL error: {first}"
+    return SqlError(printable(text), cls)
+
+
+def _call(exc, name):
+    fn = getattr(exc, name, None)
+    if fn is None:
+        return None
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001 - no JVM behind it any more, or not a Spark error
+        return None
+
+
+def _position(exc, origin, message: str, sql: str | None) -> str | None:
+    texts = [message, str(exc)]
+    java = getattr(exc, "_origin", None) or origin
+    if java is not None:
+        try:
+            texts.append(str(java.getMessage()))
+        except Exception:  # noqa: BLE001 - the JVM is gone: no position then
+            pass
+    for text in texts:
+        m = re.search(r"\(line \d+, pos \d+\)", text or "")
+        if m:
+            return m.group(0)
+    for q in _call(exc, "getQueryContext") or []:
+        start = _call(q, "startIndex")
+        if isinstance(start, int) and start >= 0 and sql:
+            line = sql.count("\n", 0, start) + 1
+            pos = start - (sql.rfind("\n", 0, start) + 1)
+            frag = _call(q, "fragment")
+            return f"(line {line}, pos {pos}" + (f": {frag!r})" if frag else ")")
+    return None
+
+
+
+
+# --- engine SQL ---------------------------------------------------------------------------
+
+# The `history` table of REPLAY.md as one Spark SQL query (the rule of replay/rules/history.py,
+# which the local engine runs): `{frames}` is the vbucket frames DataFrame (spark.sql's
+# DataFrame argument), ROLLBACK_STATUS the status of a ROLLBACK answer. `_snap`: the flags of
+# the last marker of the stream (vbucket, stream id) before the row (-1: a stream end, a
+# stream-request answer or an OSO marker came after it); `_p`: the
+# columns of the last prepare of the document before it (a commit takes them).
+HISTORY_SQL = """
+WITH f AS (
+  SELECT vbucket, collection_id, key, by_seqno, op, rev_seqno, cas, datatype, item_flags, expiration,
+         value_len, snap_flags, capture_id, frame_no, ts, _seq, status, rollback_seqno, stream_id
+  FROM {frames}
+  WHERE op IN ('mutation', 'deletion', 'expiration', 'commit', 'prepare', 'snapshot_marker', 'stream_end',
+               'stream_req', 'oso_snapshot')
+),
+rb AS (
+  SELECT vbucket AS r_vb, _seq AS r_seq, rollback_seqno AS r_seqno FROM f
+  WHERE op = 'stream_req' AND status = ROLLBACK_STATUS AND rollback_seqno IS NOT NULL
+),
+snap AS (
+  SELECT *, last(CASE WHEN op = 'snapshot_marker' THEN coalesce(CAST(snap_flags AS BIGINT), -1)
+                      WHEN op IN ('stream_end', 'stream_req', 'oso_snapshot') THEN -1 END, true)
+              OVER (PARTITION BY vbucket, stream_id ORDER BY _seq
+                    ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS _snap
+  FROM f
+),
+alive AS (
+  SELECT * FROM snap s
+  WHERE op IN ('mutation', 'deletion', 'expiration', 'commit', 'prepare')
+    AND NOT EXISTS (SELECT 1 FROM rb WHERE rb.r_vb = s.vbucket AND rb.r_seq > s._seq
+                                         AND coalesce(s.by_seqno, -1) > rb.r_seqno)
+),
+res AS (
+  SELECT *, last(CASE WHEN op = 'prepare' THEN named_struct('rev_seqno', rev_seqno, 'cas', cas,
+                      'datatype', datatype, 'item_flags', item_flags, 'expiration', expiration,
+                      'value_len', value_len) END, true)
+              OVER (PARTITION BY vbucket, collection_id, key ORDER BY _seq
+                    ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS _p
+  FROM alive
+),
+ch AS (
+  SELECT vbucket, collection_id, key, by_seqno, op,
+         CASE WHEN op = 'commit' AND _p IS NOT NULL THEN _p.rev_seqno ELSE rev_seqno END AS rev_seqno,
+         CASE WHEN op = 'commit' AND _p IS NOT NULL THEN _p.cas ELSE cas END AS cas,
+         CASE WHEN op = 'commit' AND _p IS NOT NULL THEN _p.datatype ELSE datatype END AS datatype,
+         CASE WHEN op = 'commit' AND _p IS NOT NULL THEN _p.item_flags ELSE item_flags END AS item_flags,
+         CASE WHEN op = 'commit' AND _p IS NOT NULL THEN _p.expiration ELSE expiration END AS expiration,
+         CASE WHEN op = 'commit' AND _p IS NOT NULL THEN _p.value_len ELSE value_len END AS value_len,
+         CASE WHEN _snap >= 0 THEN _snap END AS snap_flags, capture_id, frame_no, ts,
+         row_number() OVER (PARTITION BY vbucket, collection_id, key, by_seqno ORDER BY _seq DESC) AS _n
+  FROM res WHERE op <> 'prepare'
+)
+SELECT vbucket, collection_id, key, by_seqno, op,
+       CASE op WHEN 'deletion' THEN 'deleted' WHEN 'expiration' THEN 'expired' ELSE 'live' END AS state,
+       rev_seqno, cas, datatype, item_flags, expiration, value_len, snap_flags, capture_id, frame_no, ts
+FROM ch WHERE _n = 1
+"""
+
+
+def history_query() -> str:
+    """HISTORY_SQL ready for spark.sql(query, frames=<vbucket frames>)."""
+    from dcptool.protocol.dcp.wire.constants import Status
+    return HISTORY_SQL.replace("ROLLBACK_STATUS", str(int(Status.ROLLBACK)))

@@ -1,0 +1,1 @@
+"""Tests of the commands as a user runs them."""

@@ -1,0 +1,1 @@
+"""Hostile peers, full disks, signals and unsafe SQL."""

@@ -1,0 +1,1 @@
+"""Tests of the Synapse protocol against real servers."""

@@ -1,0 +1,1 @@
+"""Tests of the capture store, the engines and the checks."""

@@ -1,0 +1,173 @@
+"""The local engine's memory model (REPLAY.md "Memory of the local engine"): documents live in
+a compact store (replay/rules/doc_state.py), and a replay whose documents outgrow the budget runs
+in vbucket-range passes. Behaviour only: the passes and the store give the same tables."""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from dcptool.replay.rules import doc_state, tables as T
+from dcptool.replay.local import engine as local
+from dcptool.replay.store import reader
+from tests.support import capgen, oracle
+
+SETTINGS = dict(max_examples=12, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+def _files(tmp_path, seed: int, n_events: int, in_progress: bool = False):
+    d = tmp_path / f"dcp-{seed}-{n_events}-{in_progress}"
+    caps = capgen.generate("dcp", seed, n_events=n_events, max_captures=3)
+    capgen.write_captures(caps, str(d), seed=seed, in_progress_last=in_progress)
+    return reader.find_captures([str(d)])
+
+
+def _checksums(rep) -> dict[str, str]:
+    return {name: T.checksum(name, rep.table(name)) for name in rep.names() if name not in ("frames", "topology")}
+
+
+@pytest.fixture
+def passes(monkeypatch):
+    """The vbucket ranges each replay ran a pass over. The store counts one byte a document
+    here, so that a budget is a number of documents."""
+    monkeypatch.setattr(doc_state.DocumentStore, "nbytes", lambda self: self.n)
+    seen: list[tuple[int, int]] = []
+    real = local._dcp_pass
+
+    def counting(files, rollbacks, chunk_rows, as_of, vbuckets, budget, *rest):
+        seen.append(vbuckets)
+        return real(files, rollbacks, chunk_rows, as_of, vbuckets, budget, *rest)
+    monkeypatch.setattr(local, "_dcp_pass", counting)
+    return seen
+
+
+@settings(**SETTINGS)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(50, 400), in_progress=st.booleans(),
+       chunk=st.sampled_from([5, 64, 1 << 16]))
+def test_vbucket_range_passes_equal_one_pass(tmp_path_factory, passes, seed, n, in_progress, chunk):
+    files = _files(tmp_path_factory.mktemp("m"), seed, n, in_progress)
+    passes.clear()
+    one = local.replay_local(files, chunk_rows=chunk, memory=None)
+    whole = _checksums(one)
+    assert passes == [(0, 1 << 16)]
+    passes.clear()
+    # a third of the documents: the vbuckets are split into ranges, each with fewer
+    budget = one.table("documents").num_rows // 3 + 1
+    split = _checksums(local.replay_local(files, chunk_rows=chunk, memory=budget))
+    assert split == whole
+    done = [r for r in passes if r != (0, 1 << 16)]
+    if one.table("documents").num_rows >= 3:
+        assert len(done) > 1
+        # the ranges that ran to the end cover every vbucket once, in order
+        finished = [r for r in done if not any(o != r and o[0] <= r[0] and r[1] <= o[1] for o in done)]
+        assert finished[0][0] == 0 and finished[-1][1] == 1 << 16
+        assert all(a[1] == b[0] for a, b in zip(finished, finished[1:]))
+
+
+def test_passes_equal_the_oracle(tmp_path, passes):
+    files = _files(tmp_path, 8, 600)      # 4 vbuckets, about 150 documents
+    want = oracle.dcp(files)
+    got = local.replay_local(files, memory=want["documents"].num_rows // 4)
+    assert len(passes) > 2
+    for name, table in want.items():
+        assert got.table(name).equals(table), name
+
+
+def test_budget_from_the_environment(monkeypatch):
+    monkeypatch.setenv("DCPTOOL_REPLAY_MEMORY", "512M")
+    assert local.doc_budget() == 512 << 20
+    monkeypatch.setenv("DCPTOOL_REPLAY_MEMORY", "0")
+    assert local.doc_budget() is None
+    monkeypatch.setenv("DCPTOOL_REPLAY_MEMORY", "lots")
+    with pytest.raises(ValueError, match="DCPTOOL_REPLAY_MEMORY"):
+        local.doc_budget()
+    monkeypatch.delenv("DCPTOOL_REPLAY_MEMORY")
+    assert local.doc_budget() is None or local.doc_budget() > 0
+
+
+def test_a_bad_budget_is_a_usage_error_before_any_work(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+    from dcptool.cli import cli
+    files = [f.path for f in _files(tmp_path, 17, 60)]
+    monkeypatch.setenv("DCPTOOL_REPLAY_MEMORY", "lots")
+    res = CliRunner().invoke(cli, ["replay", *files, "--table", "vbuckets", "--checksum"])
+    assert res.exit_code == 2, res.output
+    assert "DCPTOOL_REPLAY_MEMORY='lots'" in res.output and "Traceback" not in res.output
+    monkeypatch.setenv("DCPTOOL_REPLAY_MEMORY", "64M")
+    res = CliRunner().invoke(cli, ["replay", *files, "--table", "vbuckets", "--checksum"])
+    assert res.exit_code == 0 and res.output.strip().endswith("vbuckets"), res.output
+
+
+def test_only_the_tables_asked_for_then_any(tmp_path):
+    files = _files(tmp_path, 16, 300)
+    full = _checksums(local.replay_local(files))
+    rep = local.replay_local(files, tables=["documents"])
+    assert "snapshots" not in rep.results and "vbuckets" not in rep.results
+    assert T.checksum("documents", rep.table("documents")) == full["documents"]
+    # a table it was told would not be asked for is still right when asked for
+    assert T.checksum("vbuckets", rep.table("vbuckets")) == full["vbuckets"]
+    assert T.checksum("snapshots", rep.table("snapshots")) == full["snapshots"]
+
+
+def test_colliding_hashes_keep_documents_apart(tmp_path, monkeypatch):
+    """Documents are told apart by their keys, not their hashes: with every hash equal the
+    replay is the same."""
+    files = _files(tmp_path, 11, 600)
+    want = _checksums(local.replay_local(files))
+    monkeypatch.setattr(doc_state, "doc_hashes", lambda owner, kh: np.full(len(owner), 42, np.uint64))
+    assert _checksums(local.replay_local(files)) == want
+
+
+def _store_with(n: int, seed: int = 1) -> doc_state.DocumentStore:
+    """A store fed n distinct documents (and as many changes of them again) in chunks."""
+    rng = np.random.default_rng(seed)
+    store = doc_state.DocumentStore()
+    ids = np.concatenate([np.arange(n), rng.integers(0, n, n)])
+    for lo in range(0, len(ids), 1 << 14):
+        part = ids[lo:lo + (1 << 14)]
+        m = len(part)
+        keys = pa.array([b"document-%d" % i for i in part.tolist()], pa.binary())
+        chunk = pa.table({
+            "vbucket": pa.array(part % 1024, pa.uint16()), "collection_id": pa.array(part % 3, pa.uint32()),
+            "key": keys, "by_seqno": pa.array(np.arange(lo, lo + m)), "rev_seqno": pa.array(np.ones(m, np.int64)),
+            "cas": pa.array(np.arange(m, dtype=np.uint64)), "op": pa.array(["mutation"] * m).dictionary_encode(),
+            "datatype": pa.array(np.zeros(m, np.uint8)), "item_flags": pa.array(np.zeros(m, np.uint32)),
+            "expiration": pa.array(np.zeros(m, np.uint32)), "value_len": pa.array(np.full(m, 10, np.uint32)),
+            "capture_id": pa.array(["c"] * m).dictionary_encode(), "frame_no": pa.array(np.arange(lo, lo + m)),
+            "ts": pa.array(np.arange(lo, lo + m)).cast(T.TS), "_seq": pa.array(np.arange(lo, lo + m))})
+        store.apply(doc_state.prepare_changes(chunk, np.arange(m)))
+    return store
+
+
+def test_document_state_is_arrays_not_python_objects(monkeypatch):
+    small, big = 20_000, 120_000
+    _store_with(1_000)                 # caches and lazy imports on the way are made once
+    gc.collect()
+    before = sys.getallocatedblocks()
+    s1 = _store_with(small)
+    gc.collect()
+    blocks_small = sys.getallocatedblocks() - before      # Python objects the small store kept
+    s2 = _store_with(big)
+    gc.collect()
+    blocks_big = sys.getallocatedblocks() - before - blocks_small
+    assert (s1.n, s2.n) == (small, big)
+    # Python objects do not grow with documents (one per document would be 100k more)
+    assert blocks_big - blocks_small < 2_000
+    # and the arrays cost a bounded number of bytes per document, capacity included
+    per_doc = (s2.nbytes() - s1.nbytes()) / (big - small)
+    assert 0 < per_doc <= 300
+    # each document holds its last change: by_seqno is the position of its last change
+    ids = np.concatenate([np.arange(big), np.random.default_rng(1).integers(0, big, big)])
+    last = np.zeros(big, np.int64)
+    np.maximum.at(last, ids, np.arange(len(ids)))
+    monkeypatch.setattr(doc_state, "TABLE_ROWS", 5_000)    # the table built in many vbucket ranges
+    table = s2.table()
+    assert s2.n == 0 and table.equals(T.canonical("dcp", "documents", table))
+    got = dict(zip(table.column("key").to_pylist(), table.column("by_seqno").to_pylist()))
+    assert got == {b"document-%d" % i: int(last[i]) for i in range(big)}
