@@ -1,6 +1,6 @@
 """The class-data sharing (CDS) archive of the embedded Spark driver JVM: the classes Spark
 loads at start-up (tens of thousands, from ~250 jars), parsed and verified once and then
-mapped by every later JVM, which saves seconds of each cold `replay --spark` (README "Warm
+mapped by every later JVM, which saves seconds of each cold `replay --spark` (REPLAY.md "Warm
 Spark"). No pyspark import (only replay/spark/engine.py imports it).
 
 The first run writes the archive when its JVM exits (-XX:ArchiveClassesAtExit), under a
