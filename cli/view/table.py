@@ -3,9 +3,11 @@
 A rich Table lays out every row before it prints the first, which made a 10k-row table
 take 25 times as long as its JSON lines; this renderer formats each batch as it comes, in
 about the time JSON lines take. Rules:
-- Numbers, ids and names are never wrapped or cut; numbers are right-aligned.
-- On a terminal, long text columns (keys, values, details, ...) fold to fit its width (when
-  the whole columns alone leave room for them; otherwise lines are left to the terminal).
+- Numbers, ids, names and keys are never wrapped or cut; numbers are right-aligned.
+- On a terminal, a column that is empty in every row of a batch takes no room in it; the
+  document values (`value`, `value_base64`) take the room the other columns leave and are
+  cut with "…" after two lines; other long text (details, errors, ...) folds to fit (when
+  the whole columns alone leave room for it; otherwise lines are left to the terminal).
 - Anywhere else (a pipe, a file) nothing is wrapped or cut: no width limit.
 - Widths come from the first batch and only grow; on a terminal the header is printed again
   when the layout changes, elsewhere only when a column appears that was empty so far.
@@ -29,7 +31,11 @@ WRAP_OVER = 24     # text columns wider than this may fold on a terminal
 WHOLE = frozenset({"ts", "conn", "direction", "op", "opcode", "magic", "status", "vbucket", "opaque",
                    "cas", "datatype", "stream_id", "collection_id", "stream", "instance", "command",
                    "token", "capture_id", "frame_no", "table", "state", "first_ts", "last_ts",
-                   "snap_version", "channel", "sha256"})
+                   "snap_version", "channel", "sha256", "key", "key_base64", "node"})
+# document values: on a terminal they take the room left and are cut after ELIDE_LINES lines
+ELIDE = frozenset({"value", "value_base64"})
+ELIDE_LINES = 2
+MARK = "\u2026"   # "…": the cut mark
 
 
 def cell_text(v) -> str:
@@ -88,6 +94,17 @@ def _fold(s: str, w: int) -> list[str]:
     return out
 
 
+def _elide(s: str, w: int) -> list[str]:
+    """`s` folded to `w` cells and cut after ELIDE_LINES lines, the last ending in MARK."""
+    lines = _fold(s, w)
+    if len(lines) <= ELIDE_LINES:
+        return lines
+    last = lines[ELIDE_LINES - 1]
+    while last and _width(last) > w - 1:
+        last = last[:-1]
+    return lines[:ELIDE_LINES - 1] + [last + MARK]
+
+
 def terminal_width(out) -> int | None:
     """The width of the terminal `out` writes to, or None when it is not a terminal."""
     try:
@@ -134,12 +151,14 @@ class TextTable:
         self.order = list(seen)
         return self.order
 
-    def _layout(self) -> tuple[list[int], list[bool]]:
-        nat = [self.natural[c] for c in self.shown]
-        wrap = [self.width is not None and not self.numeric[c] and c not in WHOLE and n > WRAP_OVER
-                for c, n in zip(self.shown, nat)]
+    def _layout(self, shown: list[str], nat: list[int]) -> tuple[list[int], list[bool]]:
+        """Widths of the columns `shown` (natural widths `nat`), and which columns fold (or,
+        ELIDE ones, are cut) in this layout."""
         if self.width is None:
             return nat, [False] * len(nat)
+        elide = [c in ELIDE for c in shown]
+        wrap = [e or (not self.numeric[c] and c not in WHOLE and n > WRAP_OVER)
+                for c, n, e in zip(shown, nat, elide)]
         total = sum(nat) + len(SEP) * (len(nat) - 1)
         if total <= self.width or not any(wrap):
             return nat, [False] * len(nat)
@@ -147,16 +166,52 @@ class TextTable:
         remaining = self.width - fixed
         if remaining < MIN_WRAP * sum(wrap):
             # the whole columns alone are wider than the terminal: folding cannot make a row
-            # fit, it would only multiply its lines; the terminal wraps the line instead
-            return nat, [False] * len(nat)
+            # fit, it would only multiply its lines; the terminal wraps the line instead (a
+            # value is still cut, to its narrowest)
+            widths = [min(n, max(MIN_WRAP, _width(c))) if e else n
+                      for c, n, e in zip(shown, nat, elide)]
+            return widths, [e and w < n for e, w, n in zip(elide, widths, nat)]
         idx = sorted((i for i, w in enumerate(wrap) if w), key=lambda i: nat[i])
         widths = list(nat)
         for k, i in enumerate(idx):
             share = remaining // (len(idx) - k)
-            floor = max(MIN_WRAP, _width(self.shown[i]))
+            floor = max(MIN_WRAP, _width(shown[i]))
             widths[i] = max(floor, min(nat[i], share))
             remaining -= widths[i]
         return widths, [w and widths[i] < nat[i] for i, w in enumerate(wrap)]
+
+    def _fits(self, nat: list[int]) -> bool:
+        return sum(nat) + len(SEP) * (len(nat) - 1) <= self.width
+
+    def _cells(self, vals: list) -> tuple[list[str], int, bool]:
+        """A column's cells as escaped text, their widest, and whether all of it is ASCII."""
+        if set(map(type, vals)) <= _INTS:
+            cells = ["" if v is None else str(v) for v in vals]
+            return cells, max(map(len, cells)), True
+        cells = ["" if v is None else v if type(v) is str else cell_text(v) for v in vals]
+        joined = "".join(cells)
+        if not (joined.isascii() and joined.isprintable()):
+            cells = [printable(x) for x in cells]
+        if joined.isascii():
+            return cells, max(map(len, cells)), True
+        return cells, max(map(_width, cells)), False
+
+    def _choose(self, present: list[str], columns: list[list[str]], batch: list[int]):
+        """The layout of a batch: (columns, their cells, widths, which fold). Where the
+        columns seen so far fit (or there is no width limit), all of them at their widest so
+        far; on a terminal they do not fit, the last layout when it holds this batch (no
+        header again), else one of this batch's own: its widths, and the columns empty in
+        all of its rows take no room."""
+        nat = [self.natural[c] for c in present]
+        if self.width is None or self._fits(nat):
+            return (present, columns) + self._layout(present, nat)
+        keep = [j for j, cells in enumerate(columns) if any(cells)] or list(range(len(present)))
+        if self.shown and all(present[j] in self.shown for j in keep):
+            at = {c: j for j, c in enumerate(present)}
+            if all(self.wrap[k] or batch[at[c]] <= self.widths[k] for k, c in enumerate(self.shown)):
+                return self.shown, [columns[at[c]] for c in self.shown], self.widths, self.wrap
+        present, columns = [present[j] for j in keep], [columns[j] for j in keep]
+        return (present, columns) + self._layout(present, [batch[j] for j in keep])
 
     # -- writing -------------------------------------------------------------------------
 
@@ -167,34 +222,21 @@ class TextTable:
         # column by column: whole-column checks run at C speed (the bulk is plain ASCII)
         values = {c: [r.get(c) for r in rows] for c in cols}
         present = [c for c in cols if c in self.natural or any(v is not None for v in values[c])]
-        new_cols = present != self.shown
-        columns, plain = [], True
+        columns, batch, plain = [], [], True
         for c in present:
             vals = values[c]
-            types = set(map(type, vals))
             if c not in self.natural:
-                self.numeric[c] = types <= _NUMERIC
+                self.numeric[c] = set(map(type, vals)) <= _NUMERIC
                 self.natural[c] = _width(c)
-            if types <= _INTS:
-                cells = ["" if v is None else str(v) for v in vals]
-                n = max(map(len, cells))
-            else:
-                cells = ["" if v is None else v if type(v) is str else cell_text(v) for v in vals]
-                joined = "".join(cells)
-                if not (joined.isascii() and joined.isprintable()):
-                    cells = [printable(x) for x in cells]
-                if joined.isascii():
-                    n = max(map(len, cells))
-                else:
-                    plain = False
-                    n = max(map(_width, cells))
-            if n > self.natural[c]:
-                self.natural[c] = n
+            cells, n, ascii_only = self._cells(vals)
+            plain = plain and ascii_only
+            self.natural[c] = max(n, self.natural[c])
+            batch.append(max(n, _width(c)))
             columns.append(cells)
-        self.shown = present
-        widths, wrap = self._layout()
+        present, columns, widths, wrap = self._choose(present, columns, batch)
+        new_cols = present != self.shown
         relayout = widths != self.widths
-        self.widths, self.wrap = widths, wrap
+        self.shown, self.widths, self.wrap = present, widths, wrap
         parts = []
         if self.headers == 0 or new_cols or (relayout and self.width is not None):
             parts.append(self._header())
@@ -216,8 +258,10 @@ class TextTable:
         for i, row in enumerate(zip(*columns)):
             if i in long_rows:
                 parts.append(self._folded(row, widths, wrap, right))
-            elif plain:
+            elif plain and self.width is None:
                 parts.append(line_fmt.format(*row))
+            elif plain:   # a terminal: no trailing blanks (they could wrap into an empty line)
+                parts.append(line_fmt.format(*row).rstrip() + "\n")
             else:
                 parts.append(self._padded(row, widths, right))
         self.out.write("".join(parts))
@@ -231,7 +275,8 @@ class TextTable:
         return SEP.join(line).rstrip() + "\n"
 
     def _folded(self, row, widths, wrap, right) -> str:
-        pieces = [_fold(s, w) if f and _width(s) > w else [s] for s, w, f in zip(row, widths, wrap)]
+        pieces = [(_elide(s, w) if c in ELIDE else _fold(s, w)) if f and _width(s) > w else [s]
+                  for c, s, w, f in zip(self.shown, row, widths, wrap)]
         lines = []
         for k in range(max(map(len, pieces))):
             lines.append(self._padded([p[k] if k < len(p) else "" for p in pieces], widths, right))
