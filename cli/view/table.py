@@ -6,8 +6,10 @@ about the time JSON lines take. Rules:
 - Numbers, ids, names and keys are never wrapped or cut; numbers are right-aligned.
 - On a terminal, a column that is empty in every row of a batch takes no room in it; the
   document values (`value`, `value_base64`) take the room the other columns leave and are
-  cut with "…" after two lines; other long text (details, errors, ...) folds to fit (when
-  the whole columns alone leave room for it; otherwise lines are left to the terminal).
+  cut with "…" after two lines; other long text (details, errors, ...) folds to fit. When
+  the columns do not fit one line even so, a row goes on over indented lines ("bands" of
+  whole columns, each with its header line), never split inside a cell by the terminal; a
+  band whose cells are all empty in a row is left out of that row.
 - Anywhere else (a pipe, a file) nothing is wrapped or cut: no width limit.
 - Widths come from the first batch and only grow; on a terminal the header is printed again
   when the layout changes, elsewhere only when a column appears that was empty so far.
@@ -36,6 +38,7 @@ WHOLE = frozenset({"ts", "conn", "direction", "op", "opcode", "magic", "status",
 ELIDE = frozenset({"value", "value_base64"})
 ELIDE_LINES = 2
 MARK = "\u2026"   # "…": the cut mark
+INDENT = "    "    # the continuation lines of a row that does not fit one line
 
 
 def cell_text(v) -> str:
@@ -136,6 +139,7 @@ class TextTable:
         self.numeric: dict[str, bool] = {}
         self.widths: list[int] = []
         self.wrap: list[bool] = []
+        self.bands: list[list[int]] | None = None   # column indexes per line; None: one line
         self.headers = 0
 
     # -- layout --------------------------------------------------------------------------
@@ -151,22 +155,22 @@ class TextTable:
         self.order = list(seen)
         return self.order
 
-    def _layout(self, shown: list[str], nat: list[int]) -> tuple[list[int], list[bool]]:
-        """Widths of the columns `shown` (natural widths `nat`), and which columns fold (or,
-        ELIDE ones, are cut) in this layout."""
-        if self.width is None:
+    def _layout(self, shown: list[str], nat: list[int], width: int | None) -> tuple[list[int], list[bool]]:
+        """Widths of the columns `shown` (natural widths `nat`) on one line of `width`, and
+        which columns fold (or, ELIDE ones, are cut) in this layout."""
+        if width is None:
             return nat, [False] * len(nat)
         elide = [c in ELIDE for c in shown]
         wrap = [e or (not self.numeric[c] and c not in WHOLE and n > WRAP_OVER)
                 for c, n, e in zip(shown, nat, elide)]
         total = sum(nat) + len(SEP) * (len(nat) - 1)
-        if total <= self.width or not any(wrap):
+        if total <= width or not any(wrap):
             return nat, [False] * len(nat)
         fixed = sum(n for n, w in zip(nat, wrap) if not w) + len(SEP) * (len(nat) - 1)
-        remaining = self.width - fixed
+        remaining = width - fixed
         if remaining < MIN_WRAP * sum(wrap):
-            # the whole columns alone are wider than the terminal: folding cannot make a row
-            # fit, it would only multiply its lines; the terminal wraps the line instead (a
+            # one whole column alone is wider than the terminal: folding cannot make the
+            # line fit, it would only multiply its lines; the terminal wraps it instead (a
             # value is still cut, to its narrowest)
             widths = [min(n, max(MIN_WRAP, _width(c))) if e else n
                       for c, n, e in zip(shown, nat, elide)]
@@ -183,6 +187,42 @@ class TextTable:
     def _fits(self, nat: list[int]) -> bool:
         return sum(nat) + len(SEP) * (len(nat) - 1) <= self.width
 
+    def _least(self, c: str, n: int) -> int:
+        """The narrowest column `c` (natural width n) may be on a terminal."""
+        if c in ELIDE:
+            return min(n, max(WRAP_OVER, _width(c)))
+        if not self.numeric[c] and c not in WHOLE and n > WRAP_OVER:
+            return max(MIN_WRAP, _width(c))
+        return n
+
+    def _plan(self, shown: list[str], nat: list[int]):
+        """(widths, wrap, bands) of the columns `shown`: one line when they fit the width at
+        their narrowest, else bands of whole columns, each fitting an (indented) line."""
+        if self.width is None:
+            return nat, [False] * len(nat), None
+        least = [self._least(c, n) for c, n in zip(shown, nat)]
+        if self._fits(least):
+            return self._layout(shown, nat, self.width) + (None,)
+        bands: list[list[int]] = [[]]
+        used = 0
+        for i, n in enumerate(least):
+            room = self.width - (len(INDENT) if len(bands) > 1 else 0)
+            add = n + (len(SEP) if bands[-1] else 0)
+            # a value ends its band: it takes the rest of that line
+            if bands[-1] and (used + add > room or shown[bands[-1][-1]] in ELIDE):
+                bands.append([])
+                add = n
+                used = 0
+            bands[-1].append(i)
+            used += add
+        widths, wrap = list(nat), [False] * len(nat)
+        for b, idx in enumerate(bands):
+            w, f = self._layout([shown[i] for i in idx], [nat[i] for i in idx],
+                                self.width - (len(INDENT) if b else 0))
+            for i, wi, fi in zip(idx, w, f):
+                widths[i], wrap[i] = wi, fi
+        return widths, wrap, bands
+
     def _cells(self, vals: list) -> tuple[list[str], int, bool]:
         """A column's cells as escaped text, their widest, and whether all of it is ASCII."""
         if set(map(type, vals)) <= _INTS:
@@ -197,21 +237,21 @@ class TextTable:
         return cells, max(map(_width, cells)), False
 
     def _choose(self, present: list[str], columns: list[list[str]], batch: list[int]):
-        """The layout of a batch: (columns, their cells, widths, which fold). Where the
+        """The layout of a batch: (columns, their cells, widths, which fold, bands). Where the
         columns seen so far fit (or there is no width limit), all of them at their widest so
         far; on a terminal they do not fit, the last layout when it holds this batch (no
         header again), else one of this batch's own: its widths, and the columns empty in
         all of its rows take no room."""
         nat = [self.natural[c] for c in present]
         if self.width is None or self._fits(nat):
-            return (present, columns) + self._layout(present, nat)
+            return (present, columns) + self._plan(present, nat)
         keep = [j for j, cells in enumerate(columns) if any(cells)] or list(range(len(present)))
         if self.shown and all(present[j] in self.shown for j in keep):
             at = {c: j for j, c in enumerate(present)}
             if all(self.wrap[k] or batch[at[c]] <= self.widths[k] for k, c in enumerate(self.shown)):
-                return self.shown, [columns[at[c]] for c in self.shown], self.widths, self.wrap
+                return self.shown, [columns[at[c]] for c in self.shown], self.widths, self.wrap, self.bands
         present, columns = [present[j] for j in keep], [columns[j] for j in keep]
-        return (present, columns) + self._layout(present, [batch[j] for j in keep])
+        return (present, columns) + self._plan(present, [batch[j] for j in keep])
 
     # -- writing -------------------------------------------------------------------------
 
@@ -233,14 +273,18 @@ class TextTable:
             self.natural[c] = max(n, self.natural[c])
             batch.append(max(n, _width(c)))
             columns.append(cells)
-        present, columns, widths, wrap = self._choose(present, columns, batch)
+        present, columns, widths, wrap, bands = self._choose(present, columns, batch)
         new_cols = present != self.shown
-        relayout = widths != self.widths
-        self.shown, self.widths, self.wrap = present, widths, wrap
+        relayout = widths != self.widths or bands != self.bands
+        self.shown, self.widths, self.wrap, self.bands = present, widths, wrap, bands
         parts = []
         if self.headers == 0 or new_cols or (relayout and self.width is not None):
             parts.append(self._header())
         right = [self.numeric[c] for c in present]
+        if bands is not None:
+            parts.extend(self._banded(row, right) for row in zip(*columns))
+            self.out.write("".join(parts))
+            return
         # one format call per plain row; a cell wider than its column (a later, longer id)
         # pushes the rest of its line rather than being cut
         specs = [("{:>%d}" if r else "{:<%d}") % w for r, w in zip(right, widths)]
@@ -257,7 +301,7 @@ class TextTable:
             long_rows = ()
         for i, row in enumerate(zip(*columns)):
             if i in long_rows:
-                parts.append(self._folded(row, widths, wrap, right))
+                parts.append(self._folded(row, present, widths, wrap, right))
             elif plain and self.width is None:
                 parts.append(line_fmt.format(*row))
             elif plain:   # a terminal: no trailing blanks (they could wrap into an empty line)
@@ -274,12 +318,26 @@ class TextTable:
             line.append((" " * pad + s) if r else s + " " * pad)
         return SEP.join(line).rstrip() + "\n"
 
-    def _folded(self, row, widths, wrap, right) -> str:
+    def _banded(self, row, right) -> str:
+        """One row over its bands: the first line(s) as usual, then each band that has a
+        value in this row, indented."""
+        out = []
+        for b, idx in enumerate(self.bands):
+            cells = [row[i] for i in idx]
+            if b and not any(cells):
+                continue
+            text = self._folded(cells, [self.shown[i] for i in idx], [self.widths[i] for i in idx],
+                                [self.wrap[i] for i in idx], [right[i] for i in idx])
+            out.append(text if not b else "".join(INDENT + ln for ln in text.splitlines(True)))
+        return "".join(out)
+
+    @staticmethod
+    def _folded(row, names, widths, wrap, right) -> str:
         pieces = [(_elide(s, w) if c in ELIDE else _fold(s, w)) if f and _width(s) > w else [s]
-                  for c, s, w, f in zip(self.shown, row, widths, wrap)]
+                  for c, s, w, f in zip(names, row, widths, wrap)]
         lines = []
         for k in range(max(map(len, pieces))):
-            lines.append(self._padded([p[k] if k < len(p) else "" for p in pieces], widths, right))
+            lines.append(TextTable._padded([p[k] if k < len(p) else "" for p in pieces], widths, right))
         return "".join(lines)
 
     def _header(self) -> str:
@@ -287,9 +345,12 @@ class TextTable:
         out = ""
         if self.headers == 0 and self.title:
             out += (f"\x1b[1m{self.title}\x1b[0m" if tty else self.title) + "\n"
-        cells = []
-        for c, w in zip(self.shown, self.widths):
-            cells.append(c.rjust(w) if self.numeric[c] else c.ljust(w))
-        line = SEP.join(cells).rstrip()
+        for b, idx in enumerate(self.bands or [range(len(self.shown))]):
+            cells = []
+            for i in idx:
+                c, w = self.shown[i], self.widths[i]
+                cells.append(c.rjust(w) if self.numeric[c] else c.ljust(w))
+            line = (INDENT if b else "") + SEP.join(cells).rstrip()
+            out += (f"\x1b[1m{line}\x1b[0m" if tty else line) + "\n"
         self.headers += 1
-        return out + (f"\x1b[1m{line}\x1b[0m" if tty else line) + "\n"
+        return out
