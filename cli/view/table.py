@@ -4,15 +4,17 @@ A rich Table lays out every row before it prints the first, which made a 10k-row
 take 25 times as long as its JSON lines; this renderer formats each batch as it comes, in
 about the time JSON lines take. Rules:
 - Numbers, ids, names and keys are never wrapped or cut; numbers are right-aligned.
-- On a terminal, a column that is empty in every row of a batch takes no room in it; the
-  document values (`value`, `value_base64`) take the room the other columns leave and are
-  cut with "…" after two lines; other long text (details, errors, ...) folds to fit. When
-  the columns do not fit one line even so, a row goes on over indented lines ("bands" of
-  whole columns, each with its header line), never split inside a cell by the terminal; a
-  band whose cells are all empty in a row is left out of that row.
-- Anywhere else (a pipe, a file) nothing is wrapped or cut: no width limit.
-- Widths come from the first batch and only grow; on a terminal the header is printed again
-  when the layout changes, elsewhere only when a column appears that was empty so far.
+- On a terminal, where a batch does not fit at the widths so far, it gets a layout of its
+  own in which the columns empty in all of its rows take no room (the last layout is kept
+  while it holds a batch). The document values (`value`, `value_base64`) take the room the
+  other columns leave and are cut with "…" after two lines; other long text (details,
+  errors, ...) folds to fit. When the columns do not fit one line even so, or a value would
+  be cut that a line of its own shows whole, a row goes on over indented lines ("bands" of
+  whole columns, each with its header line; a value ends its band), so the terminal never
+  splits a cell; a band whose cells are all empty in a row is left out of that row.
+- Anywhere else (a pipe, a file) nothing is wrapped or cut: no width limit; widths come
+  from the first batch and only grow, and the header is printed again only when a column
+  appears that was empty so far (on a terminal: whenever the layout changes).
 Every cell goes through output.printable: nothing from the other side reaches the terminal
 with its control characters.
 """
@@ -197,12 +199,23 @@ class TextTable:
 
     def _plan(self, shown: list[str], nat: list[int]):
         """(widths, wrap, bands) of the columns `shown`: one line when they fit the width at
-        their narrowest, else bands of whole columns, each fitting an (indented) line."""
+        their narrowest and no value is cut that bands would show whole, else bands of whole
+        columns, each fitting an (indented) line, a value ending its band."""
         if self.width is None:
             return nat, [False] * len(nat), None
         least = [self._least(c, n) for c, n in zip(shown, nat)]
-        if self._fits(least):
-            return self._layout(shown, nat, self.width) + (None,)
+        if not self._fits(least):
+            return self._bands(shown, nat, least)
+        widths, wrap = self._layout(shown, nat, self.width)
+        values = [i for i, c in enumerate(shown) if c in ELIDE]
+        if all(widths[i] >= nat[i] for i in values) or values[-1] == len(shown) - 1:
+            return widths, wrap, None
+        banded = self._bands(shown, nat, least)
+        if all(banded[0][i] >= nat[i] for i in values):   # the value whole on its line
+            return banded
+        return widths, wrap, None
+
+    def _bands(self, shown: list[str], nat: list[int], least: list[int]):
         bands: list[list[int]] = [[]]
         used = 0
         for i, n in enumerate(least):
@@ -215,6 +228,8 @@ class TextTable:
                 used = 0
             bands[-1].append(i)
             used += add
+        if len(bands) == 1:
+            return self._layout(shown, nat, self.width) + (None,)
         widths, wrap = list(nat), [False] * len(nat)
         for b, idx in enumerate(bands):
             w, f = self._layout([shown[i] for i in idx], [nat[i] for i in idx],

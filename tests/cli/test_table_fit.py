@@ -102,33 +102,56 @@ def test_documents_after_snapshot_markers_get_the_room(width):
     assert max(len(ln) for ln in lines[1:]) <= width
 
 
-@pytest.mark.parametrize("width", [160])
-def test_a_mixed_batch_never_splits_a_key_and_cuts_values_at_two_lines(width):
-    """Markers and documents in one batch (a backfill): keys whole, no row over two lines,
-    a cut value ends in the mark, and the value column has room."""
+def test_a_backfill_batch_shows_documents_whole_and_markers_below():
+    """Markers and documents in one batch (a backfill) on 160 columns: each document is one
+    line with its key and its whole value; the snapshot columns, empty in document rows, go
+    on an indented line under each marker instead of squeezing the value."""
     muts, keys = _mutations(11, 30)
-    batch = _markers(range(4)) + muts
-    text = _render(width, _handshake(), batch)
-    lines = _body(text, "snap_start")
-    header = lines[0]
-    rows = _rows_of(lines[1:])
-    assert len(rows) == len(batch)
+    text = _render(160, _handshake(), _markers(range(4)) + muts)
+    lines = text.replace("\x1b[1m", "").replace("\x1b[0m", "").splitlines()
+    assert max(map(len, lines)) <= 160
+    at = max(i for i, ln in enumerate(lines) if ln.startswith("conn"))
+    header, band = lines[at], lines[at + 1]
+    assert "by_seqno" in header and "snap_start" not in header
+    assert band.startswith("    ") and band.split() == ["snap_start", "snap_end", "snap_flag_names"]
+    rows = _rows_of(lines[at + 2:])
+    assert len(rows) == 4 + len(muts)
+    for row in rows[:4]:
+        assert len(row) == 2 and row[1].startswith("    ") and row[1].split()[-1] == "disk|checkpoint"
     value_at = _col(header, "value")
-    room = _col(header, "snap_start") - 2 - value_at
-    cut = 0
     for row, key, m in zip(rows[4:], keys, muts):
-        assert len(row) <= 2, row
-        assert f"  {key}  " in row[0], row
-        assert all(key[:-1] not in ln for ln in row[1:])   # no piece of a key on a later line
-        shown = "".join(ln[value_at:value_at + room].rstrip() for ln in row)
+        assert len(row) == 1 and f"  {key}  " in row[0], row
+        assert row[0][value_at:] == json.dumps(m["value"], separators=(",", ":"))
+
+
+@pytest.mark.parametrize("width", [160, 80])
+def test_long_values_are_cut_after_two_lines_with_the_mark(width):
+    rnd = random.Random(5)
+    muts, keys = _mutations(19, 12)
+    for m in muts:
+        m["value"] = {"blob": "".join(rnd.choice("abcdef") for _ in range(400))}
+        m["value_len"] = 411
+    header, rows = _table(_render(width, _markers(range(2)) + muts))
+    assert max(len(ln) for r in rows for ln in r) <= width and len(rows) == 2 + len(muts)
+    for row, key, m in zip(rows[2:], keys, muts):
+        assert sum(key in ln for ln in row) == 1 and sum(key[:-1] in ln for ln in row) == 1
+        first = next(i for i, ln in enumerate(row) if '{"blob"' in ln)
+        start = row[first].index('{"blob"')
+        pieces = [ln[start:] for ln in row[first:]]
+        assert len(pieces) == 2, row                  # two lines of value, no more
+        got = "".join(pieces)
         full = json.dumps(m["value"], separators=(",", ":"))
-        if shown != full:
-            assert shown.endswith(MARK) and full.startswith(shown[:-1]), (shown, full)
-            cut += 1
-    assert cut == (len(muts) if 2 * room < 61 else 0)
-    if width >= 160:
-        assert room >= 24                              # the value got the room left
-        assert max(len(ln) for ln in lines[1:]) <= width
+        assert got.endswith(MARK) and full.startswith(got[:-1]) and len(got) > 40, got
+
+
+def _table(text: str) -> tuple[list[str], list[list[str]]]:
+    """(the last header's lines, the rows after it, each a list of lines)."""
+    lines = text.replace("\x1b[1m", "").replace("\x1b[0m", "").splitlines()
+    at = max(i for i, ln in enumerate(lines) if ln.startswith("conn"))
+    end = at + 1
+    while end < len(lines) and lines[end].startswith("    ") and all(w in COLUMNS for w in lines[end].split()):
+        end += 1
+    return lines[at:end], _rows_of(lines[end:])
 
 
 @pytest.mark.parametrize("width", [80, 100])
