@@ -91,10 +91,8 @@ def _query(url: str, scheme: str) -> dict[str, str]:
     """The query parameters of `url`, checked: a credential-looking name is refused like a
     password in the user info, a name the scheme does not document is a usage error naming
     it (never its value), and so is a parameter given twice or a #fragment."""
+    url, hash_, _fragment = url.partition("#")
     query = url.split("?", 1)[1] if "?" in url else ""
-    query, hash_, _fragment = query.partition("#")
-    if not hash_ and "#" in url:
-        hash_ = "#"
     try:
         pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
     except ValueError:
@@ -104,6 +102,8 @@ def _query(url: str, scheme: str) -> dict[str, str]:
         raise click.BadParameter("the query of the URL is not NAME=VALUE&...", param_hint="SOURCE") from None
     if any(_CREDENTIAL.search(name) for name, _ in pairs):
         raise click.BadParameter(PASSWORD_REFUSED, param_hint="SOURCE")
+    if hash_:
+        raise click.BadParameter("a #fragment in the URL has no meaning: leave it out", param_hint="SOURCE")
     if scheme not in QUERY_PARAMETERS:
         return {}       # parse_source names the unknown scheme
     allowed = QUERY_PARAMETERS[scheme]
@@ -116,8 +116,6 @@ def _query(url: str, scheme: str) -> dict[str, str]:
         if name in out:
             raise click.BadParameter(f"query parameter {name!r} given twice", param_hint="SOURCE")
         out[name] = value
-    if hash_:
-        raise click.BadParameter("a #fragment in the URL has no meaning: leave it out", param_hint="SOURCE")
     return out
 
 

@@ -92,6 +92,13 @@ def test_an_unknown_query_parameter_is_named_never_its_value(dcp):
     assert "snappy-please" not in res.stderr and res.stdout == ""
 
 
+@pytest.mark.parametrize("tail", ["#password=hunter2", "?server_name=x#hunter2"])
+def test_a_fragment_is_a_usage_error_never_echoed(tail):
+    res = run("stream", f"synapse://127.0.0.1:9{tail}", "--max-messages", "1")
+    _usage(res, "#fragment")
+    assert "hunter2" not in res.stderr
+
+
 def test_the_documented_parameters_are_kept():
     assert parse_source("synapse+redis://127.0.0.1/2?server_name=example.org").server_name == "example.org"
     assert parse_source("synapse://127.0.0.1:9092?server_name=example.org").server_name == "example.org"
