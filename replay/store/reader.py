@@ -79,7 +79,7 @@ def _describe(path: str) -> CaptureFile:
         raise CaptureError(f"{path}: not a dcptool capture (metadata {', '.join(missing)} missing)")
     protocol = meta[META_PROTOCOL]
     if protocol not in PROTOCOLS:
-        raise CaptureError(f"{path}: invalid value of metadata {META_PROTOCOL}: {protocol!r} "
+        raise CaptureError(f"{path}: invalid value of metadata {META_PROTOCOL}: {_quoted(protocol)} "
                            f"(one of {', '.join(sorted(PROTOCOLS))})")
     if not meta[META_CAPTURE_ID].strip():
         raise CaptureError(f"{path}: invalid value of metadata {META_CAPTURE_ID}: empty")
@@ -89,15 +89,20 @@ def _describe(path: str) -> CaptureFile:
             raise ValueError(segment)
     except ValueError as exc:
         raise CaptureError(f"{path}: invalid value of metadata {META_SEGMENT}: "
-                           f"{meta.get(META_SEGMENT)!r} (a segment number)") from exc
+                           f"{_quoted(meta.get(META_SEGMENT))} (a segment number)") from exc
     try:
         parse_started(meta[META_STARTED_AT])
     except CaptureError:
         raise CaptureError(f"{path}: invalid value of metadata {META_STARTED_AT}: "
-                           f"{meta[META_STARTED_AT]!r} (an RFC 3339 time)") from None
+                           f"{_quoted(meta[META_STARTED_AT])} (an RFC 3339 time)") from None
     return CaptureFile(path=path, protocol=protocol, capture_id=meta[META_CAPTURE_ID],
                        segment=segment, started_at=meta[META_STARTED_AT],
                        in_progress=in_progress, metadata=meta)
+
+
+def _quoted(value: str) -> str:
+    """A metadata value for a message: quoted, at most 60 characters of it."""
+    return repr(value if len(value) <= 60 else value[:60] + "...")
 
 
 def _not_a_capture_path(p: str) -> str:
