@@ -371,7 +371,7 @@ def run_stream(opts: LiveOptions) -> None:
         interrupted = signals.interrupted()
         if error is None and interrupted is not None:
             error = interrupted
-        if events.streaming or isinstance(error, Interrupted):
+        if events.streaming or isinstance(error, Interrupted) or stats.stopped == MAX_MESSAGES:
             summary = stats.summary(error)
             summary.update(items=tap.items, streams_ended=tap.streams_ended, rollbacks=tap.rollbacks,
                            failed_streams=len(events.failed), **unserved_fields(events.unserved))

@@ -15,6 +15,8 @@ def _documents(path: str, at: str | None):
     from dcptool.replay.rules.as_of import make_as_of
     from dcptool.replay.store import reader
     files = reader.find_captures([path])
+    if not files:
+        raise reader.CaptureError(f"{path}: no capture files found (no dcptool .parquet or .arrows segment)")
     if reader.protocol_of(files) != "dcp":
         raise click.UsageError(f"{path}: diff compares DCP captures (documents); this one is "
                                f"{reader.protocol_of(files)}")

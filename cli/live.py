@@ -215,6 +215,12 @@ def build_options(ctx: click.Context, kw: dict) -> LiveOptions:
     controls = _stream_controls(kw)
     controls.update(_collection_filter(kw, controls["stream_ids"]))
     duration = kw.pop("duration")
+    if duration is not None:
+        duration = parse_duration(duration, "--duration")
+        if duration <= 0:   # 0 is not "no limit": leave the option out for that
+            raise click.UsageError("--duration must be positive, e.g. 30s (leave it out for no limit)")
+    if kw.get("ca_cert"):
+        check_ca_cert(kw["ca_cert"])
     streams = kw.pop("streams")
     name = kw.pop("name")
     if source.protocol == "dcp" and not name:
@@ -227,11 +233,23 @@ def build_options(ctx: click.Context, kw: dict) -> LiveOptions:
         source=source, user=user, password=password,
         vbuckets=parse_vbuckets(vb) if vb else None,
         buffer_size=buffer_size, noop_interval=noop, timeout=timeout, config_poll=config_poll,
-        duration=parse_duration(duration, "--duration") if duration else None,
+        duration=duration,
         streams=[s for s in streams.split(",") if s] if streams else None,
         name=name, verbose=bool((ctx.find_root().obj or {}).get("verbose")),
         **controls, **kw,
     )
+
+
+def check_ca_cert(path: str) -> None:
+    """--ca-cert must hold a PEM certificate: a usage error (exit 2) now, not an OpenSSL
+    message (exit 1) at connect time."""
+    import ssl
+    try:
+        ssl.create_default_context(cafile=path)
+    except ssl.SSLError:
+        raise click.UsageError(f"--ca-cert {path}: not a PEM certificate") from None
+    except OSError as exc:
+        raise click.UsageError(f"--ca-cert {path}: cannot read it ({exc.strerror or exc})") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,10 +281,47 @@ def runner(protocol: str, command: str):
 
 def output_dir_option(help_text: str, default: str | None = None):
     """`-o/--output DIR` as every command spells it, with `--out` kept as a hidden alias
-    (replay's first spelling; scripts may use it). The value arrives as `output`."""
+    (replay's first spelling; scripts may use it). The value arrives as `output`, checked
+    by OutputDir."""
     def deco(fn):
-        fn = click.option("--out", "output_alias", type=click.Path(file_okay=False), hidden=True,
+        fn = click.option("--out", "output_alias", type=OutputDir(), hidden=True,
                           help="Alias of --output.")(fn)
-        return click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
+        return click.option("-o", "--output", type=OutputDir(), default=None,
                             show_default=default, help=help_text)(fn)
     return deco
+
+
+class OutputDir(click.ParamType):
+    """A directory, or a path one can be made at: a file, a device (/dev/null), a path under
+    one or a symlink loop is a usage error (exit 2) saying it is not a directory."""
+    name = "directory"
+
+    def convert(self, value, param, ctx):
+        problem = output_dir_problem(os.fspath(value))
+        if problem:
+            self.fail(problem, param, ctx)
+        return value
+
+
+def output_dir_problem(path: str) -> str | None:
+    """Why `path` cannot be an output directory, or None."""
+    import stat
+    probe = os.path.abspath(path)
+    while True:
+        try:
+            st = os.stat(probe)
+        except (FileNotFoundError, NotADirectoryError):
+            parent = os.path.dirname(probe)
+            if parent == probe:
+                return None
+            probe = parent
+            continue
+        except OSError as exc:   # a symlink loop, no permission ...
+            import errno
+            why = "a symlink loop" if exc.errno == errno.ELOOP else exc.strerror
+            return f"{path}: not a directory ({why})"
+        if stat.S_ISDIR(st.st_mode):
+            return None
+        if probe == os.path.abspath(path):
+            return f"{path}: not a directory"
+        return f"{path}: not a directory ({probe} is not one)"

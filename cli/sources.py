@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 import urllib.parse
 
 import click
+
+from dcptool.protocol.text import printable
 
 DEFAULT_PORTS = {"couchbase": 11210, "couchbases": 11207, "synapse": None, "synapse+redis": 6379}
 PROTOCOL_OF = {"couchbase": "dcp", "couchbases": "dcp", "synapse": "synapse",
@@ -76,10 +79,54 @@ def _seeds(url: str, scheme: str) -> tuple[str, tuple]:
     return one, tuple(seeds)
 
 
+# the query parameters each scheme documents (CLI.md "Sources"); any other is a usage error
+QUERY_PARAMETERS = {"couchbase": (), "couchbases": (), "synapse": ("server_name",),
+                    "synapse+redis": ("server_name",), "synapse+rediss": ("server_name",)}
+PASSWORD_REFUSED = "a password in the URL is refused: use DCPTOOL_PASSWORD, --password-file or the prompt"
+# a query parameter named like a credential: refused like a password, never echoed or stored
+_CREDENTIAL = re.compile(r"pass|pwd|secret|token|auth|cred|key|sasl|sig", re.IGNORECASE)
+
+
+def _query(url: str, scheme: str) -> dict[str, str]:
+    """The query parameters of `url`, checked: a credential-looking name is refused like a
+    password in the user info, a name the scheme does not document is a usage error naming
+    it (never its value), and so is a parameter given twice or a #fragment."""
+    url, hash_, _fragment = url.partition("#")
+    query = url.split("?", 1)[1] if "?" in url else ""
+    try:
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        names = [p.split("=", 1)[0] for p in query.split("&")]
+        if any(_CREDENTIAL.search(urllib.parse.unquote(n)) for n in names):
+            raise click.BadParameter(PASSWORD_REFUSED, param_hint="SOURCE") from None
+        raise click.BadParameter("the query of the URL is not NAME=VALUE&...", param_hint="SOURCE") from None
+    if any(_CREDENTIAL.search(name) for name, _ in pairs):
+        raise click.BadParameter(PASSWORD_REFUSED, param_hint="SOURCE")
+    if hash_:
+        raise click.BadParameter("a #fragment in the URL has no meaning: leave it out", param_hint="SOURCE")
+    if scheme not in QUERY_PARAMETERS:
+        return {}       # parse_source names the unknown scheme
+    allowed = QUERY_PARAMETERS[scheme]
+    out: dict[str, str] = {}
+    for name, value in pairs:
+        if name not in allowed:
+            known = ", ".join(allowed) if allowed else "none"
+            raise click.BadParameter(f"unknown query parameter {printable(name)!r} in the URL "
+                                     f"({scheme}:// takes: {known})", param_hint="SOURCE")
+        if name in out:
+            raise click.BadParameter(f"query parameter {name!r} given twice", param_hint="SOURCE")
+        out[name] = value
+    return out
+
+
 def parse_source(url: str) -> Source:
-    """Parse a SOURCE argument; raise click.BadParameter with one clear line."""
+    """Parse a SOURCE argument; raise click.BadParameter with one clear line. Credentials
+    are looked for first, so that no later message quotes one."""
     seeds: tuple = ()
     head = url.split("://", 1)[0].lower() if "://" in url else ""
+    query = _query(url, head)
+    if _userinfo_password(url):
+        raise click.BadParameter(PASSWORD_REFUSED, param_hint="SOURCE")
     if head in ("couchbase", "couchbases") and "," in url.split("://", 1)[1].split("/", 1)[0]:
         url, seeds = _seeds(url, head)
     try:
@@ -91,10 +138,6 @@ def parse_source(url: str) -> Source:
         raise click.BadParameter(
             f"unknown scheme {scheme or '(none)'!r} in {url!r}; use couchbase://, couchbases://, "
             "synapse:// or synapse+redis://", param_hint="SOURCE")
-    if parts.password is not None:
-        raise click.BadParameter(
-            "a password in the URL is refused: use DCPTOOL_PASSWORD, --password-file or the prompt",
-            param_hint="SOURCE")
     host = parts.hostname
     if not host:
         raise click.BadParameter(f"no host in {url!r}", param_hint="SOURCE")
@@ -107,7 +150,6 @@ def parse_source(url: str) -> Source:
         if port is None:
             raise click.BadParameter(f"{scheme}:// needs a port: {scheme}://HOST:PORT",
                                      param_hint="SOURCE")
-    query = urllib.parse.parse_qs(parts.query)
     path = parts.path.strip("/")
     user_part = f"{parts.username}@" if parts.username else ""
     safe = urllib.parse.urlunsplit((scheme, f"{user_part}{_host_for_url(host)}:{port}",
@@ -121,7 +163,7 @@ def parse_source(url: str) -> Source:
                 f"{_host_for_url(h)}:{p}" for h, p in seeds), parts.path, parts.query, ""))
         return Source(scheme, host, port, bucket=urllib.parse.unquote(path),
                       tls=scheme == "couchbases", url=safe, seeds=seeds or ((host, port),))
-    server_name = (query.get("server_name") or [None])[0]
+    server_name = query.get("server_name") or None
     if scheme == "synapse":
         return Source(scheme, host, port, server_name=server_name, url=safe)
     db = 0
@@ -135,6 +177,15 @@ def parse_source(url: str) -> Source:
                                  param_hint="SOURCE")
     return Source(scheme, host, port, db=db, server_name=server_name,
                   tls=scheme.endswith("rediss"), url=safe)
+
+
+def _userinfo_password(url: str) -> bool:
+    """USER:PASSWORD@ in the URL's netloc (read by hand: a seed list is no netloc urlsplit
+    reads, and a password must be found before any message quotes the URL)."""
+    rest = url.split("://", 1)[1] if "://" in url else url
+    netloc = rest.split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
+    userinfo, at, _hosts = netloc.rpartition("@")
+    return bool(at) and ":" in userinfo
 
 
 def _host_for_url(host: str) -> str:
@@ -209,7 +260,10 @@ def parse_vbuckets(text: str, limit: int = 1024) -> list[int]:
                 lo = hi = int(part)
         except ValueError:
             raise click.BadParameter(f"not a vbucket range: {part!r}", param_hint="--vbuckets") from None
-        if lo < 0 or hi >= limit or lo > hi:
+        if lo > hi:
+            raise click.BadParameter(f"vbucket range {part!r} is reversed: write {hi}-{lo}",
+                                     param_hint="--vbuckets")
+        if lo < 0 or hi >= limit:
             raise click.BadParameter(f"vbucket range {part!r} outside 0-{limit - 1}",
                                      param_hint="--vbuckets")
         out.update(range(lo, hi + 1))

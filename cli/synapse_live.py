@@ -264,7 +264,8 @@ def run_stream(opts: LiveOptions) -> None:
     with StopSignals() as signals:
         _, error = run_and_close(lambda: _run(opts, client, handler, signals), sink)
         stop_exc = error if error is not None else signals.interrupted()
-        if handler.streaming or stop_exc is not None and error is None:
+        if handler.streaming or stop_exc is not None and error is None or \
+                handler.stats.stopped == MAX_MESSAGES:   # --max-messages before the data: still a summary
             summary = handler.stats.summary(stop_exc, default=END)
             summary.update(gaps=len(handler.gaps), server_errors=len(handler.server_errors))
             add_rates(summary)

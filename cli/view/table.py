@@ -3,12 +3,18 @@
 A rich Table lays out every row before it prints the first, which made a 10k-row table
 take 25 times as long as its JSON lines; this renderer formats each batch as it comes, in
 about the time JSON lines take. Rules:
-- Numbers, ids and names are never wrapped or cut; numbers are right-aligned.
-- On a terminal, long text columns (keys, values, details, ...) fold to fit its width (when
-  the whole columns alone leave room for them; otherwise lines are left to the terminal).
-- Anywhere else (a pipe, a file) nothing is wrapped or cut: no width limit.
-- Widths come from the first batch and only grow; on a terminal the header is printed again
-  when the layout changes, elsewhere only when a column appears that was empty so far.
+- Numbers, ids, names and keys are never wrapped or cut; numbers are right-aligned.
+- On a terminal, where a batch does not fit at the widths so far, it gets a layout of its
+  own in which the columns empty in all of its rows take no room (the last layout is kept
+  while it holds a batch). The document values (`value`, `value_base64`) take the room the
+  other columns leave and are cut with "…" after two lines; other long text (details,
+  errors, ...) folds to fit. When the columns do not fit one line even so, or a value would
+  be cut that a line of its own shows whole, a row goes on over indented lines ("bands" of
+  whole columns, each with its header line; a value ends its band), so the terminal never
+  splits a cell; a band whose cells are all empty in a row is left out of that row.
+- Anywhere else (a pipe, a file) nothing is wrapped or cut: no width limit; widths come
+  from the first batch and only grow, and the header is printed again only when a column
+  appears that was empty so far (on a terminal: whenever the layout changes).
 Every cell goes through output.printable: nothing from the other side reaches the terminal
 with its control characters.
 """
@@ -29,7 +35,12 @@ WRAP_OVER = 24     # text columns wider than this may fold on a terminal
 WHOLE = frozenset({"ts", "conn", "direction", "op", "opcode", "magic", "status", "vbucket", "opaque",
                    "cas", "datatype", "stream_id", "collection_id", "stream", "instance", "command",
                    "token", "capture_id", "frame_no", "table", "state", "first_ts", "last_ts",
-                   "snap_version", "channel", "sha256"})
+                   "snap_version", "channel", "sha256", "key", "key_base64", "node"})
+# document values: on a terminal they take the room left and are cut after ELIDE_LINES lines
+ELIDE = frozenset({"value", "value_base64"})
+ELIDE_LINES = 2
+MARK = "\u2026"   # "…": the cut mark
+INDENT = "    "    # the continuation lines of a row that does not fit one line
 
 
 def cell_text(v) -> str:
@@ -88,6 +99,17 @@ def _fold(s: str, w: int) -> list[str]:
     return out
 
 
+def _elide(s: str, w: int) -> list[str]:
+    """`s` folded to `w` cells and cut after ELIDE_LINES lines, the last ending in MARK."""
+    lines = _fold(s, w)
+    if len(lines) <= ELIDE_LINES:
+        return lines
+    last = lines[ELIDE_LINES - 1]
+    while last and _width(last) > w - 1:
+        last = last[:-1]
+    return lines[:ELIDE_LINES - 1] + [last + MARK]
+
+
 def terminal_width(out) -> int | None:
     """The width of the terminal `out` writes to, or None when it is not a terminal."""
     try:
@@ -119,6 +141,7 @@ class TextTable:
         self.numeric: dict[str, bool] = {}
         self.widths: list[int] = []
         self.wrap: list[bool] = []
+        self.bands: list[list[int]] | None = None   # column indexes per line; None: one line
         self.headers = 0
 
     # -- layout --------------------------------------------------------------------------
@@ -134,29 +157,116 @@ class TextTable:
         self.order = list(seen)
         return self.order
 
-    def _layout(self) -> tuple[list[int], list[bool]]:
-        nat = [self.natural[c] for c in self.shown]
-        wrap = [self.width is not None and not self.numeric[c] and c not in WHOLE and n > WRAP_OVER
-                for c, n in zip(self.shown, nat)]
-        if self.width is None:
+    def _layout(self, shown: list[str], nat: list[int], width: int | None) -> tuple[list[int], list[bool]]:
+        """Widths of the columns `shown` (natural widths `nat`) on one line of `width`, and
+        which columns fold (or, ELIDE ones, are cut) in this layout."""
+        if width is None:
             return nat, [False] * len(nat)
+        elide = [c in ELIDE for c in shown]
+        wrap = [e or (not self.numeric[c] and c not in WHOLE and n > WRAP_OVER)
+                for c, n, e in zip(shown, nat, elide)]
         total = sum(nat) + len(SEP) * (len(nat) - 1)
-        if total <= self.width or not any(wrap):
+        if total <= width or not any(wrap):
             return nat, [False] * len(nat)
         fixed = sum(n for n, w in zip(nat, wrap) if not w) + len(SEP) * (len(nat) - 1)
-        remaining = self.width - fixed
+        remaining = width - fixed
         if remaining < MIN_WRAP * sum(wrap):
-            # the whole columns alone are wider than the terminal: folding cannot make a row
-            # fit, it would only multiply its lines; the terminal wraps the line instead
-            return nat, [False] * len(nat)
+            # one whole column alone is wider than the terminal: folding cannot make the
+            # line fit, it would only multiply its lines; the terminal wraps it instead (a
+            # value is still cut, to its narrowest)
+            widths = [min(n, max(MIN_WRAP, _width(c))) if e else n
+                      for c, n, e in zip(shown, nat, elide)]
+            return widths, [e and w < n for e, w, n in zip(elide, widths, nat)]
         idx = sorted((i for i, w in enumerate(wrap) if w), key=lambda i: nat[i])
         widths = list(nat)
         for k, i in enumerate(idx):
             share = remaining // (len(idx) - k)
-            floor = max(MIN_WRAP, _width(self.shown[i]))
+            floor = max(MIN_WRAP, _width(shown[i]))
             widths[i] = max(floor, min(nat[i], share))
             remaining -= widths[i]
         return widths, [w and widths[i] < nat[i] for i, w in enumerate(wrap)]
+
+    def _fits(self, nat: list[int]) -> bool:
+        return sum(nat) + len(SEP) * (len(nat) - 1) <= self.width
+
+    def _least(self, c: str, n: int) -> int:
+        """The narrowest column `c` (natural width n) may be on a terminal."""
+        if c in ELIDE:
+            return min(n, max(WRAP_OVER, _width(c)))
+        if not self.numeric[c] and c not in WHOLE and n > WRAP_OVER:
+            return max(MIN_WRAP, _width(c))
+        return n
+
+    def _plan(self, shown: list[str], nat: list[int]):
+        """(widths, wrap, bands) of the columns `shown`: one line when they fit the width at
+        their narrowest and no value is cut that bands would show whole, else bands of whole
+        columns, each fitting an (indented) line, a value ending its band."""
+        if self.width is None:
+            return nat, [False] * len(nat), None
+        least = [self._least(c, n) for c, n in zip(shown, nat)]
+        if not self._fits(least):
+            return self._bands(shown, nat, least)
+        widths, wrap = self._layout(shown, nat, self.width)
+        values = [i for i, c in enumerate(shown) if c in ELIDE]
+        if all(widths[i] >= nat[i] for i in values) or values[-1] == len(shown) - 1:
+            return widths, wrap, None
+        banded = self._bands(shown, nat, least)
+        if all(banded[0][i] >= nat[i] for i in values):   # the value whole on its line
+            return banded
+        return widths, wrap, None
+
+    def _bands(self, shown: list[str], nat: list[int], least: list[int]):
+        bands: list[list[int]] = [[]]
+        used = 0
+        for i, n in enumerate(least):
+            room = self.width - (len(INDENT) if len(bands) > 1 else 0)
+            add = n + (len(SEP) if bands[-1] else 0)
+            # a value ends its band: it takes the rest of that line
+            if bands[-1] and (used + add > room or shown[bands[-1][-1]] in ELIDE):
+                bands.append([])
+                add = n
+                used = 0
+            bands[-1].append(i)
+            used += add
+        if len(bands) == 1:
+            return self._layout(shown, nat, self.width) + (None,)
+        widths, wrap = list(nat), [False] * len(nat)
+        for b, idx in enumerate(bands):
+            w, f = self._layout([shown[i] for i in idx], [nat[i] for i in idx],
+                                self.width - (len(INDENT) if b else 0))
+            for i, wi, fi in zip(idx, w, f):
+                widths[i], wrap[i] = wi, fi
+        return widths, wrap, bands
+
+    def _cells(self, vals: list) -> tuple[list[str], int, bool]:
+        """A column's cells as escaped text, their widest, and whether all of it is ASCII."""
+        if set(map(type, vals)) <= _INTS:
+            cells = ["" if v is None else str(v) for v in vals]
+            return cells, max(map(len, cells)), True
+        cells = ["" if v is None else v if type(v) is str else cell_text(v) for v in vals]
+        joined = "".join(cells)
+        if not (joined.isascii() and joined.isprintable()):
+            cells = [printable(x) for x in cells]
+        if joined.isascii():
+            return cells, max(map(len, cells)), True
+        return cells, max(map(_width, cells)), False
+
+    def _choose(self, present: list[str], columns: list[list[str]], batch: list[int]):
+        """The layout of a batch: (columns, their cells, widths, which fold, bands). Where the
+        columns seen so far fit (or there is no width limit), all of them at their widest so
+        far; on a terminal they do not fit, the last layout when it holds this batch (no
+        header again), else one of this batch's own: its widths, and the columns empty in
+        all of its rows take no room."""
+        nat = [self.natural[c] for c in present]
+        if self.width is None or self._fits(nat):
+            return (present, columns) + self._plan(present, nat)
+        keep = [j for j, cells in enumerate(columns) if any(cells)] or list(range(len(present)))
+        if self.shown and all(present[j] in self.shown for j in keep):
+            at = {c: j for j, c in enumerate(present)}
+            if all(self.wrap[k] or batch[at[c]] <= self.widths[k] for k, c in enumerate(self.shown)):
+                return self.shown, [columns[at[c]] for c in self.shown], self.widths, self.wrap, self.bands
+        present, columns = [present[j] for j in keep], [columns[j] for j in keep]
+        return (present, columns) + self._plan(present, [batch[j] for j in keep])
 
     # -- writing -------------------------------------------------------------------------
 
@@ -167,38 +277,29 @@ class TextTable:
         # column by column: whole-column checks run at C speed (the bulk is plain ASCII)
         values = {c: [r.get(c) for r in rows] for c in cols}
         present = [c for c in cols if c in self.natural or any(v is not None for v in values[c])]
-        new_cols = present != self.shown
-        columns, plain = [], True
+        columns, batch, plain = [], [], True
         for c in present:
             vals = values[c]
-            types = set(map(type, vals))
             if c not in self.natural:
-                self.numeric[c] = types <= _NUMERIC
+                self.numeric[c] = set(map(type, vals)) <= _NUMERIC
                 self.natural[c] = _width(c)
-            if types <= _INTS:
-                cells = ["" if v is None else str(v) for v in vals]
-                n = max(map(len, cells))
-            else:
-                cells = ["" if v is None else v if type(v) is str else cell_text(v) for v in vals]
-                joined = "".join(cells)
-                if not (joined.isascii() and joined.isprintable()):
-                    cells = [printable(x) for x in cells]
-                if joined.isascii():
-                    n = max(map(len, cells))
-                else:
-                    plain = False
-                    n = max(map(_width, cells))
-            if n > self.natural[c]:
-                self.natural[c] = n
+            cells, n, ascii_only = self._cells(vals)
+            plain = plain and ascii_only
+            self.natural[c] = max(n, self.natural[c])
+            batch.append(max(n, _width(c)))
             columns.append(cells)
-        self.shown = present
-        widths, wrap = self._layout()
-        relayout = widths != self.widths
-        self.widths, self.wrap = widths, wrap
+        present, columns, widths, wrap, bands = self._choose(present, columns, batch)
+        new_cols = present != self.shown
+        relayout = widths != self.widths or bands != self.bands
+        self.shown, self.widths, self.wrap, self.bands = present, widths, wrap, bands
         parts = []
         if self.headers == 0 or new_cols or (relayout and self.width is not None):
             parts.append(self._header())
         right = [self.numeric[c] for c in present]
+        if bands is not None:
+            parts.extend(self._banded(row, right) for row in zip(*columns))
+            self.out.write("".join(parts))
+            return
         # one format call per plain row; a cell wider than its column (a later, longer id)
         # pushes the rest of its line rather than being cut
         specs = [("{:>%d}" if r else "{:<%d}") % w for r, w in zip(right, widths)]
@@ -215,9 +316,11 @@ class TextTable:
             long_rows = ()
         for i, row in enumerate(zip(*columns)):
             if i in long_rows:
-                parts.append(self._folded(row, widths, wrap, right))
-            elif plain:
+                parts.append(self._folded(row, present, widths, wrap, right))
+            elif plain and self.width is None:
                 parts.append(line_fmt.format(*row))
+            elif plain:   # a terminal: no trailing blanks (they could wrap into an empty line)
+                parts.append(line_fmt.format(*row).rstrip() + "\n")
             else:
                 parts.append(self._padded(row, widths, right))
         self.out.write("".join(parts))
@@ -230,11 +333,26 @@ class TextTable:
             line.append((" " * pad + s) if r else s + " " * pad)
         return SEP.join(line).rstrip() + "\n"
 
-    def _folded(self, row, widths, wrap, right) -> str:
-        pieces = [_fold(s, w) if f and _width(s) > w else [s] for s, w, f in zip(row, widths, wrap)]
+    def _banded(self, row, right) -> str:
+        """One row over its bands: the first line(s) as usual, then each band that has a
+        value in this row, indented."""
+        out = []
+        for b, idx in enumerate(self.bands):
+            cells = [row[i] for i in idx]
+            if b and not any(cells):
+                continue
+            text = self._folded(cells, [self.shown[i] for i in idx], [self.widths[i] for i in idx],
+                                [self.wrap[i] for i in idx], [right[i] for i in idx])
+            out.append(text if not b else "".join(INDENT + ln for ln in text.splitlines(True)))
+        return "".join(out)
+
+    @staticmethod
+    def _folded(row, names, widths, wrap, right) -> str:
+        pieces = [(_elide(s, w) if c in ELIDE else _fold(s, w)) if f and _width(s) > w else [s]
+                  for c, s, w, f in zip(names, row, widths, wrap)]
         lines = []
         for k in range(max(map(len, pieces))):
-            lines.append(self._padded([p[k] if k < len(p) else "" for p in pieces], widths, right))
+            lines.append(TextTable._padded([p[k] if k < len(p) else "" for p in pieces], widths, right))
         return "".join(lines)
 
     def _header(self) -> str:
@@ -242,9 +360,12 @@ class TextTable:
         out = ""
         if self.headers == 0 and self.title:
             out += (f"\x1b[1m{self.title}\x1b[0m" if tty else self.title) + "\n"
-        cells = []
-        for c, w in zip(self.shown, self.widths):
-            cells.append(c.rjust(w) if self.numeric[c] else c.ljust(w))
-        line = SEP.join(cells).rstrip()
+        for b, idx in enumerate(self.bands or [range(len(self.shown))]):
+            cells = []
+            for i in idx:
+                c, w = self.shown[i], self.widths[i]
+                cells.append(c.rjust(w) if self.numeric[c] else c.ljust(w))
+            line = (INDENT if b else "") + SEP.join(cells).rstrip()
+            out += (f"\x1b[1m{line}\x1b[0m" if tty else line) + "\n"
         self.headers += 1
-        return out + (f"\x1b[1m{line}\x1b[0m" if tty else line) + "\n"
+        return out

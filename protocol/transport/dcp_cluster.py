@@ -287,6 +287,8 @@ class ClusterSession:
                                                timeout=self.connect_timeout)
         except ConnectFailed:
             self.links.pop(link.conn, None)
+            if self.conn == link.conn:   # never made: its number goes to the next connection
+                self.conn -= 1
             raise
         return link
 

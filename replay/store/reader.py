@@ -74,17 +74,55 @@ def _describe(path: str) -> CaptureFile:
         raise CaptureError(f"{path}: not a readable capture file ({exc})") from exc
     meta = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace")
             for k, v in (schema.metadata or {}).items() if k.startswith(b"dcptool.")}
-    protocol = meta.get(META_PROTOCOL)
-    if protocol not in PROTOCOLS or META_CAPTURE_ID not in meta or META_STARTED_AT not in meta:
-        raise CaptureError(f"{path}: not a dcptool capture (dcptool.* metadata missing)")
+    missing = [k for k in (META_PROTOCOL, META_CAPTURE_ID, META_STARTED_AT) if k not in meta]
+    if missing:
+        raise CaptureError(f"{path}: not a dcptool capture (metadata {', '.join(missing)} missing)")
+    protocol = meta[META_PROTOCOL]
+    if protocol not in PROTOCOLS:
+        raise CaptureError(f"{path}: invalid value of metadata {META_PROTOCOL}: {_quoted(protocol)} "
+                           f"(one of {', '.join(sorted(PROTOCOLS))})")
+    if not meta[META_CAPTURE_ID].strip():
+        raise CaptureError(f"{path}: invalid value of metadata {META_CAPTURE_ID}: empty")
     try:
         segment = int(meta.get(META_SEGMENT, "0"))
+        if segment < 0:
+            raise ValueError(segment)
     except ValueError as exc:
-        raise CaptureError(f"{path}: bad dcptool.segment {meta.get(META_SEGMENT)!r}") from exc
-    parse_started(meta[META_STARTED_AT])
+        raise CaptureError(f"{path}: invalid value of metadata {META_SEGMENT}: "
+                           f"{_quoted(meta.get(META_SEGMENT))} (a segment number)") from exc
+    try:
+        parse_started(meta[META_STARTED_AT])
+    except CaptureError:
+        raise CaptureError(f"{path}: invalid value of metadata {META_STARTED_AT}: "
+                           f"{_quoted(meta[META_STARTED_AT])} (an RFC 3339 time)") from None
     return CaptureFile(path=path, protocol=protocol, capture_id=meta[META_CAPTURE_ID],
                        segment=segment, started_at=meta[META_STARTED_AT],
                        in_progress=in_progress, metadata=meta)
+
+
+def _quoted(value: str) -> str:
+    """A metadata value for a message: quoted, at most 60 characters of it."""
+    return repr(value if len(value) <= 60 else value[:60] + "...")
+
+
+def _not_a_capture_path(p: str) -> str:
+    """What a path that is neither a file nor a directory is (a message)."""
+    import errno
+    import stat
+    try:
+        st = os.stat(p)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symlink loop, not a capture file"
+        if os.path.islink(p):
+            return "a symlink to nothing (no such file or directory)"
+        if exc.errno == errno.ENOENT:
+            return "no such file or directory"
+        return f"cannot read it ({exc.strerror})"
+    kind = ("a character device" if stat.S_ISCHR(st.st_mode) else "a block device" if stat.S_ISBLK(st.st_mode)
+            else "a named pipe" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+            else "not a regular file")
+    return f"{kind}, not a capture file"
 
 
 def find_captures(paths: Iterable[str]) -> list[CaptureFile]:
@@ -101,7 +139,7 @@ def find_captures(paths: Iterable[str]) -> list[CaptureFile]:
         elif os.path.isfile(p):
             candidates.append((p, False))
         else:
-            raise CaptureError(f"{p}: no such file or directory")
+            raise CaptureError(f"{p}: {_not_a_capture_path(p)}")
     seen: set[str] = set()
     by_segment: dict[tuple[str, int], CaptureFile] = {}
     for path, in_dir in candidates:

@@ -212,11 +212,14 @@ def test_synapse_stream_names_stay_whole_and_distinct_on_a_terminal():
     # the whole columns take what they need, the detail column folds into the rest
     lines = text.splitlines()
     assert max(len(line) for line in lines[2:]) == 140 and len(lines) > 2 + len(rows)
-    # a terminal too narrow for the whole columns alone: nothing folds (it would not fit anyway)
+    # a terminal too narrow for the whole columns on one line: a row goes on over indented
+    # lines of whole columns (CLI.md), none wider than the terminal, names whole, nothing lost
     out = io.StringIO()
     TextTable(out, SYN_COLUMNS, width=80).write(rows)
-    lines = out.getvalue().splitlines()
-    assert len(lines) == 1 + len(rows) and a in lines[1] and "u" * 80 in lines[1]
+    text = out.getvalue().replace("\x1b[1m", "").replace("\x1b[0m", "")
+    assert max(map(len, text.splitlines())) <= 80 and len(text.splitlines()) > 1 + len(rows)
+    assert text.count(a) == 2 and text.count(b) == 1
+    assert "".join(text.split()).count("u" * 80) == 3
 
 
 def test_synapse_table_in_a_pipe_is_one_line_per_row():
