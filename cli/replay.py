@@ -15,7 +15,7 @@ import click
 from dcptool.cli.live import output_dir_option
 from dcptool.cli.output import Sink, default_format
 from dcptool.cli.sources import capture_paths
-from dcptool.cli.process import without_pandas
+from dcptool.capture.process import without_pandas
 
 
 def _table_choice(protocol: str, requested: tuple[str, ...], default_all: bool) -> list[str]:

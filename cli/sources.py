@@ -1,154 +1,26 @@
-"""Source URLs (CLI.md) and credentials. Passwords never come from argv or URLs."""
+"""SOURCE and option values from the command line, and credentials. Passwords never come
+from argv or URLs. The URLs themselves are parsed by capture/sources.py (no click)."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
-import urllib.parse
 
 import click
 
-DEFAULT_PORTS = {"couchbase": 11210, "couchbases": 11207, "synapse": None, "synapse+redis": 6379}
-PROTOCOL_OF = {"couchbase": "dcp", "couchbases": "dcp", "synapse": "synapse",
-               "synapse+redis": "synapse", "synapse+rediss": "synapse"}
+from dcptool.capture.sources import Source, parse_source as _parse_source, user_from
+from dcptool.protocol.errors import BadSource
 
-
-@dataclasses.dataclass(frozen=True)
-class Source:
-    scheme: str               # couchbase, couchbases, synapse, synapse+redis, synapse+rediss
-    host: str
-    port: int
-    bucket: str | None = None       # couchbase
-    db: int = 0                     # synapse+redis
-    server_name: str | None = None  # synapse+redis (required), synapse (optional: expected SERVER)
-    tls: bool = False
-    url: str = ""                   # safe to print and record: never holds a password
-    seeds: tuple = ()               # couchbase: ((host, port), ...) in the order given; host/port = the first
-
-    @property
-    def seed_list(self) -> list[tuple[str, int]]:
-        return list(self.seeds) or [(self.host, self.port)]
-
-    @property
-    def protocol(self) -> str:
-        return PROTOCOL_OF[self.scheme]
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-def _seeds(url: str, scheme: str) -> tuple[str, tuple]:
-    """couchbase://[USER@]H1[:P1],H2[:P2].../BUCKET: the netloc as one seed (host:port) for
-    urlsplit, and every seed. urlsplit cannot read a comma host list, so the netloc is split
-    here; each seed without a port gets the scheme's default, IPv6 hosts go in brackets."""
-    rest = url.split("://", 1)[1]
-    netloc = rest.split("/", 1)[0].split("?", 1)[0]
-    userinfo, at, hosts = netloc.rpartition("@")
-    default = DEFAULT_PORTS[scheme]
-    seeds = []
-    for part in hosts.split(","):
-        part = part.strip()
-        if not part:
-            raise click.BadParameter(f"empty seed in the host list of {url!r}", param_hint="SOURCE")
-        if part.startswith("["):
-            host, sep, tail = part[1:].partition("]")
-            if not sep or (tail and not tail.startswith(":")):
-                raise click.BadParameter(f"bad IPv6 seed {part!r} (use [ADDR]:PORT)", param_hint="SOURCE")
-            port_text = tail[1:] if tail else ""
-        else:
-            host, _, port_text = part.partition(":")
-            if ":" in port_text:
-                raise click.BadParameter(f"bad seed {part!r}: an IPv6 address goes in brackets",
-                                         param_hint="SOURCE")
-        if not host:
-            raise click.BadParameter(f"no host in seed {part!r}", param_hint="SOURCE")
-        if port_text:
-            if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-                raise click.BadParameter(f"bad port in seed {part!r}", param_hint="SOURCE")
-            port = int(port_text)
-        else:
-            port = default
-        seeds.append((host, port))
-    first = f"{_host_for_url(seeds[0][0])}:{seeds[0][1]}"
-    one = url.replace(netloc, f"{userinfo}{at}{first}", 1)
-    return one, tuple(seeds)
+__all__ = ["Source", "parse_source", "user_from", "read_password", "capture_paths", "parse_vbuckets",
+           "parse_size", "parse_duration"]
 
 
 def parse_source(url: str) -> Source:
     """Parse a SOURCE argument; raise click.BadParameter with one clear line."""
-    seeds: tuple = ()
-    head = url.split("://", 1)[0].lower() if "://" in url else ""
-    if head in ("couchbase", "couchbases") and "," in url.split("://", 1)[1].split("/", 1)[0]:
-        url, seeds = _seeds(url, head)
     try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError as exc:
-        raise click.BadParameter(f"not a URL: {exc}", param_hint="SOURCE") from None
-    scheme = parts.scheme.lower()
-    if scheme not in PROTOCOL_OF:
-        raise click.BadParameter(
-            f"unknown scheme {scheme or '(none)'!r} in {url!r}; use couchbase://, couchbases://, "
-            "synapse:// or synapse+redis://", param_hint="SOURCE")
-    if parts.password is not None:
-        raise click.BadParameter(
-            "a password in the URL is refused: use DCPTOOL_PASSWORD, --password-file or the prompt",
-            param_hint="SOURCE")
-    host = parts.hostname
-    if not host:
-        raise click.BadParameter(f"no host in {url!r}", param_hint="SOURCE")
-    try:
-        port = parts.port
-    except ValueError:
-        raise click.BadParameter(f"bad port in {url!r}", param_hint="SOURCE") from None
-    if port is None:
-        port = DEFAULT_PORTS.get(scheme.replace("rediss", "redis"))
-        if port is None:
-            raise click.BadParameter(f"{scheme}:// needs a port: {scheme}://HOST:PORT",
-                                     param_hint="SOURCE")
-    query = urllib.parse.parse_qs(parts.query)
-    path = parts.path.strip("/")
-    user_part = f"{parts.username}@" if parts.username else ""
-    safe = urllib.parse.urlunsplit((scheme, f"{user_part}{_host_for_url(host)}:{port}",
-                                    parts.path, parts.query, ""))
-    if scheme in ("couchbase", "couchbases"):
-        if not path or "/" in path:
-            raise click.BadParameter(f"{scheme}:// needs exactly one bucket: {scheme}://HOST[:PORT]/BUCKET",
-                                     param_hint="SOURCE")
-        if seeds:
-            safe = urllib.parse.urlunsplit((scheme, user_part + ",".join(
-                f"{_host_for_url(h)}:{p}" for h, p in seeds), parts.path, parts.query, ""))
-        return Source(scheme, host, port, bucket=urllib.parse.unquote(path),
-                      tls=scheme == "couchbases", url=safe, seeds=seeds or ((host, port),))
-    server_name = (query.get("server_name") or [None])[0]
-    if scheme == "synapse":
-        return Source(scheme, host, port, server_name=server_name, url=safe)
-    db = 0
-    if path:
-        if not path.isdigit():
-            raise click.BadParameter(f"the Redis database must be a number, not {path!r}",
-                                     param_hint="SOURCE")
-        db = int(path)
-    if not server_name:
-        raise click.BadParameter("synapse+redis:// needs ?server_name=NAME (the Synapse server name)",
-                                 param_hint="SOURCE")
-    return Source(scheme, host, port, db=db, server_name=server_name,
-                  tls=scheme.endswith("rediss"), url=safe)
-
-
-def _host_for_url(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
-def user_from(option_user: str | None, source_url: str) -> str | None:
-    if option_user:
-        return option_user
-    env = os.environ.get("DCPTOOL_USER")
-    if env:
-        return env
-    name = urllib.parse.urlsplit(source_url).username
-    return urllib.parse.unquote(name) if name else None
+        return _parse_source(url)
+    except BadSource as exc:
+        raise click.BadParameter(str(exc), param_hint=exc.hint) from None
 
 
 def read_password(password_file: str | None, *, needed: bool, user: str | None = None) -> str | None:

@@ -1,4 +1,4 @@
-"""Process-wide settings that some commands make before numpy and pyarrow load."""
+"""Process-wide settings that a capture or a replay makes before numpy and pyarrow load."""
 
 from __future__ import annotations
 
