@@ -16,7 +16,7 @@ from dcptool.capture.options import LiveOptions
 from dcptool.capture.run import MAX_MESSAGES, RunStats, StopSignals, unserved_error, unserved_fields
 from dcptool.cli.console import err_console
 from dcptool.cli.errors import Interrupted
-from dcptool.cli.output import Sink, default_format, display_columns, iso_ns
+from dcptool.cli.output import Sink, default_format, display_columns, iso_ns, markup_safe
 from dcptool.cli.view.dcp_rows import frame_columns, jsonl_of, rows_of
 from dcptool.cli.view.run_summary import add_rates, print_stream_summary, run_and_close, stream_sink
 from dcptool.protocol.dcp.client import consumer as dcp_consumer
@@ -134,7 +134,7 @@ class RowTap:
             self._write(*self.columns(buf, offsets, lengths, iso_ns(ts_ns), "in", mono_ns))
             if self.notes is not None:    # collection system events, told once each on stderr
                 for line in self.notes.lines(buf, offsets, lengths):
-                    err_console().print(_safe(line), highlight=False)
+                    err_console().print(markup_safe(line), highlight=False)
         st = self.stats
         st.messages_in += n
         st.bytes_in += int(lengths.sum())
@@ -174,15 +174,15 @@ class EventLog:
         elif t is routing.MapApplied:
             if state.new_nodes and len(e.nodes) > 1:
                 self._say(f"cluster map rev {e.rev_epoch}/{e.rev}: {len(e.nodes)} nodes "
-                          f"({_safe(', '.join(e.nodes))})")
+                          f"({markup_safe(', '.join(e.nodes))})")
         elif t is dcp_consumer.NotMyVbucket:
             self._say(f"vbucket {e.vbucket}: NOT_MY_VBUCKET; following the cluster map")
         elif t is FilterResolved and not self.filter_said:
             self._filter_resolved(e)
         elif t is dcp_consumer.PushIgnored:
-            self._say(f"[yellow]server request ignored[/]: {_safe(e.reason)}")
+            self._say(f"[yellow]server request ignored[/]: {markup_safe(e.reason)}")
         elif t is routing.Rerouted:
-            self._say(f"vbucket {e.vbucket}: now streamed from {_safe(e.node)}")
+            self._say(f"vbucket {e.vbucket}: now streamed from {markup_safe(e.node)}")
         elif t is routing.Unserved:
             self._say(f"[red]vbucket {e.vbucket}: not served[/]: {e.reason}")
         elif t is dcp_consumer.StreamEnded and e.reason and e.reason != 1:   # 1: closed because we asked
@@ -193,24 +193,16 @@ class EventLog:
         self.filter_said = True
         if e.filters:   # --stream-ids: one filter per stream id
             self._say("stream ids: " + "; ".join(
-                f"{sid} {_safe(json.dumps(f or 'all', separators=(',', ':')))}"
+                f"{sid} {markup_safe(json.dumps(f or 'all', separators=(',', ':')))}"
                 for sid, f in enumerate(e.filters, 1)))
         else:
-            self._say(f"collection filter {_safe(json.dumps(e.filter, separators=(',', ':')))}")
+            self._say(f"collection filter {markup_safe(json.dumps(e.filter, separators=(',', ':')))}")
         if e.manifest_raw and self.notes is not None:
             self.notes.manifest = dcp_collections.parse_manifest(e.manifest_raw)
 
     def _say(self, text: str) -> None:
         if not self.quiet:
             self.console.print(text, highlight=False)
-
-
-def _safe(text: str) -> str:
-    """Server text (node names from a cluster map) for a rich line: escaped both ways."""
-    from rich.markup import escape
-
-    from dcptool.cli.output import printable
-    return escape(printable(text))
 
 
 def add_node_column(sink):

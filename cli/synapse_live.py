@@ -10,10 +10,9 @@ from dcptool.capture import synapse as synapse_capture
 from dcptool.capture.options import CaptureSettings, LiveOptions
 from dcptool.capture.run import END, StopSignals
 from dcptool.cli.console import err_console
-from dcptool.cli.output import iso_ns
+from dcptool.cli.output import iso_ns, markup_safe
 from dcptool.cli.view.run_summary import add_rates, print_stream_summary, run_and_close, stream_sink
 from dcptool.protocol.synapse.client import Gap
-
 
 TABLE_COLUMNS = ["frame_no", "conn", "direction", "command", "stream", "instance", "token",
                  "detail"]
@@ -38,21 +37,13 @@ def _short(v) -> str:
     return s   # never cut: the table folds long cells on a terminal and keeps them whole elsewhere
 
 
-def _safe(text) -> str:
-    """Server text for a rich markup string: control characters and markup escaped."""
-    from rich.markup import escape
-
-    from dcptool.cli.output import printable
-    return escape(printable(text))
-
-
 def tell(ev) -> None:
     """A gap or a reconnect as one line on stderr."""
     if isinstance(ev, Gap):
-        err_console().print(f"[yellow]gap:[/] {_safe(ev.stream)}/{_safe(ev.instance)}: committed {ev.committed}, "
+        err_console().print(f"[yellow]gap:[/] {markup_safe(ev.stream)}/{markup_safe(ev.instance)}: committed {ev.committed}, "
                             f"POSITION {ev.prev_token} -> {ev.new_token} ({ev.kind})", highlight=False)
     elif type(ev).__name__ == "Reconnecting":
-        err_console().print(f"[yellow]reconnecting[/] in {ev.delay:.1f} s: {_safe(ev.reason)}", highlight=False)
+        err_console().print(f"[yellow]reconnecting[/] in {ev.delay:.1f} s: {markup_safe(ev.reason)}", highlight=False)
 
 
 def _with_text_ts(batch, ts: str):
@@ -65,7 +56,6 @@ def _with_text_ts(batch, ts: str):
     arrays = list(batch.columns)
     arrays[i] = pa.array([ts] * batch.num_rows, pa.string())
     return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
-
 
 
 # ------------------------------------------------------------------------------ stream
