@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from dcptool.cli.live import CaptureSettings, build_options, connection_options, output_dir_option, runner
+from dcptool.capture.options import CaptureSettings
+from dcptool.cli.live import build_options, connection_options, output_dir_option, runner
 from dcptool.cli.sources import parse_duration, parse_size
 from dcptool.replay.store import COMPRESSIONS
 

@@ -6,28 +6,24 @@ batch is decoded at once by the columnar decoder (cli/view/dcp_rows.py), the sam
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 from collections import Counter
 
 import numpy as np
 
+from dcptool.capture.dcp import DcpEvents, every_stream_failed, finish_reason, make_session, run_session
+from dcptool.capture.options import LiveOptions
+from dcptool.capture.run import MAX_MESSAGES, RunStats, StopSignals, unserved_error, unserved_fields
 from dcptool.cli.console import err_console
-from dcptool.cli.errors import Interrupted, LateUsageError
-from dcptool.cli.live import LiveOptions
+from dcptool.cli.errors import Interrupted
+from dcptool.cli.output import Sink, default_format, display_columns, iso_ns, markup_safe
 from dcptool.cli.view.dcp_rows import frame_columns, jsonl_of, rows_of
-from dcptool.cli.output import Sink, default_format, display_columns, iso_ns
-from dcptool.cli.view.run_summary import (DURATION, END, MAX_MESSAGES, TO, RunStats, StopSignals, add_rates,
-                                     run_and_close, stream_sink,
-                                     check_vbuckets, print_stream_summary, stop_reason_for_signal,
-                                     unserved_error, unserved_fields)
+from dcptool.cli.view.run_summary import add_rates, print_stream_summary, run_and_close, stream_sink
 from dcptool.protocol.dcp.client import consumer as dcp_consumer
 from dcptool.protocol.dcp.client import manifest as dcp_collections
 from dcptool.protocol.dcp.client import routing
-from dcptool.protocol.dcp.client.consumer_api import FilterResolved, FilterUnknown
+from dcptool.protocol.dcp.client.consumer_api import FilterResolved
 from dcptool.protocol.dcp.wire.constants import Status, status_name, stream_end_reason_name
-from dcptool.protocol.errors import ErrorCode, RemoteError
 
 TABLE_COLUMNS = ["conn", "direction", "op", "vbucket", "status", "opaque", "by_seqno", "key", "value_len",
                  "snap_start", "snap_end", "snap_flag_names", "stream_end_reason", "rollback_seqno"]
@@ -35,29 +31,6 @@ TABLE_COLUMNS = ["conn", "direction", "op", "vbucket", "status", "opaque", "by_s
 _ONE_OFFSET = np.zeros(1, np.int64)   # a frame we send is a batch of one
 # Knobs tests turn down.
 DEFAULTS = {"reconnects": 3}   # the connect bound is --timeout
-
-
-def consumer_config(opts: LiveOptions) -> dcp_consumer.ConsumerConfig:
-    src = opts.source
-    return dcp_consumer.ConsumerConfig(
-        bucket=src.bucket, name=opts.name or f"dcptool-{src.host}-{os.getpid()}", user=opts.user,
-        password=opts.password, vbuckets=opts.vbuckets, start=opts.from_, to=opts.to,
-        no_value=opts.no_value, xattrs=opts.xattrs, collections=opts.collections,
-        buffer_size=opts.buffer_size, noop_interval=opts.noop_interval, timeout=opts.timeout, tls=src.tls,
-        allow_plain=opts.sasl_plain, check_vbuckets=opts.vbuckets is not None,
-        compress=opts.compress, sync_writes=opts.sync_writes, expiry_opcode=opts.expiry_opcode,
-        ack_ratio=opts.ack_ratio, required=frozenset(opts.required_controls), change_streams=opts.change_streams,
-        oso=opts.oso,
-        scopes=tuple(opts.scopes), collection_names=tuple(opts.collection_names),
-        stream_filter=opts.stream_filter, stream_ids=opts.stream_ids, stream_groups=tuple(opts.stream_groups),
-        stream_filters=None if opts.stream_filters is None else tuple(opts.stream_filters))
-
-
-def tls_for(opts: LiveOptions):
-    if not opts.source.tls:
-        return None
-    from dcptool.protocol.transport.dcp import tls_context
-    return tls_context(opts.ca_cert, opts.insecure)
 
 
 # The columns of a `stream` row: the capture format's (replay/store/schema.py; a test checks they
@@ -161,7 +134,7 @@ class RowTap:
             self._write(*self.columns(buf, offsets, lengths, iso_ns(ts_ns), "in", mono_ns))
             if self.notes is not None:    # collection system events, told once each on stderr
                 for line in self.notes.lines(buf, offsets, lengths):
-                    err_console().print(_safe(line), highlight=False)
+                    err_console().print(markup_safe(line), highlight=False)
         st = self.stats
         st.messages_in += n
         st.bytes_in += int(lengths.sum())
@@ -180,92 +153,56 @@ class RowTap:
 
 
 class EventLog:
-    """Consumer events as one line each on stderr."""
+    """Consumer events as one line each on stderr: the `tell` of capture/dcp.py's DcpEvents,
+    which keeps the run's state."""
 
-    def __init__(self, quiet: bool = False, requested: list[int] | None = None, on_map=None):
+    def __init__(self, quiet: bool = False):
         self.console = err_console()
-        self.on_map = on_map           # called with the node list of each newer cluster map
-        self.unserved: dict[int, str] = {}
-        self.nodes: tuple = ()
         self.quiet = quiet
-        self.requested = requested     # --vbuckets, checked against the server's vbuckets
-        self.failed: dict[int, int] = {}
-        self.rollbacks = 0
-        self.ends: dict[int, int] = {}
-        self.streaming = False         # a handshake completed: the run reached its streams
         self.filter_said = False
         self.notes = None              # collections.EventNotes of the run's RowTap
 
-    def __call__(self, events) -> None:
-        for e in events:
-            t = type(e)
-            if t is dcp_consumer.ServerVbuckets:
-                check_vbuckets(self.requested, e.vbuckets)
-            elif t is dcp_consumer.HandshakeComplete:
-                self.streaming = True
-            elif t is dcp_consumer.ControlRefused:
-                self._say(f"[yellow]DCP_CONTROL {e.key}={e.value} refused[/] ({status_name(e.status)}); continuing")
-            elif t is dcp_consumer.Rollback:
-                self.rollbacks += 1
-                self._say(f"vbucket {e.vbucket}: ROLLBACK to seqno {e.seqno}; re-requesting")
-            elif t is dcp_consumer.StreamFailed:
-                self.failed[e.vbucket] = e.status
-                if e.status != 0x07 or len(self.failed) <= 3:
-                    self._say(f"[yellow]vbucket {e.vbucket}: stream request failed[/] ({status_name(e.status)})")
-            elif t is routing.MapApplied:
-                if e.nodes != self.nodes and len(e.nodes) > 1:
-                    self._say(f"cluster map rev {e.rev_epoch}/{e.rev}: {len(e.nodes)} nodes "
-                              f"({_safe(', '.join(e.nodes))})")
-                self.nodes = e.nodes
-                if self.on_map is not None:
-                    self.on_map(e.nodes)
-            elif t is dcp_consumer.NotMyVbucket:
-                self._say(f"vbucket {e.vbucket}: NOT_MY_VBUCKET; following the cluster map")
-            elif t is FilterUnknown:
-                raise LateUsageError(e.message)
-            elif t is FilterResolved and not self.filter_said:
-                self.filter_said = True
-                if e.filters:   # --stream-ids: one filter per stream id
-                    self._say("stream ids: " + "; ".join(
-                        f"{sid} {_safe(json.dumps(f or 'all', separators=(',', ':')))}"
-                        for sid, f in enumerate(e.filters, 1)))
-                else:
-                    self._say(f"collection filter {_safe(json.dumps(e.filter, separators=(',', ':')))}")
-                if e.manifest_raw and self.notes is not None:
-                    self.notes.manifest = dcp_collections.parse_manifest(e.manifest_raw)
-            elif t is dcp_consumer.PushIgnored:
-                self._say(f"[yellow]server request ignored[/]: {_safe(e.reason)}")
-            elif t is routing.Rerouted:
-                self._say(f"vbucket {e.vbucket}: now streamed from {_safe(e.node)}")
-            elif t is routing.Unserved:
-                self.unserved[e.vbucket] = e.reason
-                self._say(f"[red]vbucket {e.vbucket}: not served[/]: {e.reason}")
-            elif t is dcp_consumer.StreamEnded:
-                self.ends[e.vbucket] = e.reason
-                if e.reason and e.reason != 1:   # 1: closed because we asked
-                    again = "" if e.final else "; re-requesting"
-                    self._say(f"vbucket {e.vbucket}: stream end ({stream_end_reason_name(e.reason)}){again}")
+    def __call__(self, e, state: DcpEvents) -> None:
+        t = type(e)
+        if t is dcp_consumer.ControlRefused:
+            self._say(f"[yellow]DCP_CONTROL {e.key}={e.value} refused[/] ({status_name(e.status)}); continuing")
+        elif t is dcp_consumer.Rollback:
+            self._say(f"vbucket {e.vbucket}: ROLLBACK to seqno {e.seqno}; re-requesting")
+        elif t is dcp_consumer.StreamFailed:
+            if e.status != 0x07 or len(state.failed) <= 3:
+                self._say(f"[yellow]vbucket {e.vbucket}: stream request failed[/] ({status_name(e.status)})")
+        elif t is routing.MapApplied:
+            if state.new_nodes and len(e.nodes) > 1:
+                self._say(f"cluster map rev {e.rev_epoch}/{e.rev}: {len(e.nodes)} nodes "
+                          f"({markup_safe(', '.join(e.nodes))})")
+        elif t is dcp_consumer.NotMyVbucket:
+            self._say(f"vbucket {e.vbucket}: NOT_MY_VBUCKET; following the cluster map")
+        elif t is FilterResolved and not self.filter_said:
+            self._filter_resolved(e)
+        elif t is dcp_consumer.PushIgnored:
+            self._say(f"[yellow]server request ignored[/]: {markup_safe(e.reason)}")
+        elif t is routing.Rerouted:
+            self._say(f"vbucket {e.vbucket}: now streamed from {markup_safe(e.node)}")
+        elif t is routing.Unserved:
+            self._say(f"[red]vbucket {e.vbucket}: not served[/]: {e.reason}")
+        elif t is dcp_consumer.StreamEnded and e.reason and e.reason != 1:   # 1: closed because we asked
+            again = "" if e.final else "; re-requesting"
+            self._say(f"vbucket {e.vbucket}: stream end ({stream_end_reason_name(e.reason)}){again}")
+
+    def _filter_resolved(self, e) -> None:
+        self.filter_said = True
+        if e.filters:   # --stream-ids: one filter per stream id
+            self._say("stream ids: " + "; ".join(
+                f"{sid} {markup_safe(json.dumps(f or 'all', separators=(',', ':')))}"
+                for sid, f in enumerate(e.filters, 1)))
+        else:
+            self._say(f"collection filter {markup_safe(json.dumps(e.filter, separators=(',', ':')))}")
+        if e.manifest_raw and self.notes is not None:
+            self.notes.manifest = dcp_collections.parse_manifest(e.manifest_raw)
 
     def _say(self, text: str) -> None:
         if not self.quiet:
             self.console.print(text, highlight=False)
-
-
-def _safe(text: str) -> str:
-    """Server text (node names from a cluster map) for a rich line: escaped both ways."""
-    from rich.markup import escape
-
-    from dcptool.cli.output import printable
-    return escape(printable(text))
-
-
-def make_session(opts: LiveOptions, **kw):
-    """The session of a DCP run: the seeds of the source, a cluster map followed when the
-    server has one (protocol/transport/dcp_cluster.py), else one node as before."""
-    from dcptool.protocol.transport.dcp_cluster import ClusterSession
-    return ClusterSession(consumer_config(opts), opts.source.seed_list, tls=tls_for(opts),
-                          connect_timeout=opts.timeout, conn_per_node=opts.conn_per_node,
-                          config_poll=opts.config_poll, **kw)
 
 
 def add_node_column(sink):
@@ -277,75 +214,12 @@ def add_node_column(sink):
     return on_map
 
 
-GRACE = 3.0   # seconds a stop request may take (closing streams) before the run is cancelled
-
-
-def run_session(session, duration: float | None, stats: RunStats | None = None,
-                signals: StopSignals | None = None):
-    """Run a transport Session on a fresh event loop until it ends, `duration` passes, or a
-    signal (SIGINT, SIGTERM, SIGHUP through `signals`) asks it to close its streams. Returns
-    the consumer (None when a signal came before it started); the reason is in `stats`."""
-    stats = stats if stats is not None else RunStats("dcp", "")
-
-    async def main():
-        loop = asyncio.get_running_loop()
-        task = asyncio.ensure_future(session.run())
-        cancelled_by_us = []
-
-        def stop(reason: str) -> None:
-            stats.stop(reason)
-            session.stop()
-
-            def hard_stop():   # still connecting or backing off: nothing to close cleanly
-                if not task.done():
-                    cancelled_by_us.append(True)
-                    task.cancel()
-            loop.call_later(GRACE, hard_stop)
-
-        def on_signal(signum: int) -> None:
-            stats.signum = stats.signum or signum
-            loop.call_soon_threadsafe(stop, stop_reason_for_signal(signum))
-
-        if signals is not None:
-            signals.attach(loop)
-            signals.callbacks.append(on_signal)
-            if signals.signum is not None:       # came before the loop ran
-                on_signal(signals.signum)
-        if duration:
-            loop.call_later(duration, stop, DURATION)
-        try:
-            return await task
-        except asyncio.CancelledError:
-            if cancelled_by_us:
-                return session.consumer
-            raise
-        finally:
-            if signals is not None:
-                signals.callbacks.remove(on_signal)
-                signals.detach(loop)
-
-    return asyncio.run(main())
-
-
-def finish_reason(opts: LiveOptions, events: "EventLog") -> str:
-    """Why a DCP run that nobody stopped ended: every stream reached --to, or the server
-    ended them."""
-    if opts.to != "forever" and not events.failed and all(r == 0 for r in events.ends.values()):
-        return TO
-    return END
-
-
-def every_stream_failed(events: "EventLog") -> RemoteError:
-    status = next(iter(events.failed.values()))
-    return RemoteError(ErrorCode.STATUS, f"every stream request failed, e.g. vbucket "
-                       f"{next(iter(events.failed))}: {status_name(status)}", status)
-
-
 def run_stream(opts: LiveOptions) -> None:
     fmt = default_format(opts.fmt)
     sink = stream_sink(opts, lambda: Sink(fmt, columns=display_columns(TABLE_COLUMNS, opts.values)
                                           if fmt in ("table",) else None))
-    events = EventLog(requested=opts.vbuckets, on_map=add_node_column(sink))
+    lines = EventLog()
+    events = DcpEvents(requested=opts.vbuckets, tell=lines, on_map=add_node_column(sink))
     stats = RunStats("dcp", opts.source.url)
     session_box: dict = {}
 
@@ -358,7 +232,7 @@ def run_stream(opts: LiveOptions) -> None:
     tap = RowTap(sink, values=opts.values, raw=opts.raw, max_messages=opts.max_messages,
                  on_limit=stop, stats=stats)
     if opts.collections:
-        tap.notes = events.notes = dcp_collections.EventNotes()
+        tap.notes = lines.notes = dcp_collections.EventNotes()
     session = make_session(opts, tap=tap, on_events=events, reconnects=DEFAULTS["reconnects"])
     session_box["session"] = session
     with StopSignals() as signals:

@@ -6,8 +6,10 @@ import sys
 
 import click
 
-from dcptool.protocol.errors import (AuthRefused, ConnectFailed, ConnectionLost, ErrorCode,
-                                     ProtocolError)
+from dcptool.protocol.errors import (AuthRefused, ConnectFailed, ConnectionLost, DcptoolError, ErrorCode,
+                                     Interrupted, LateUsageError, ProtocolError, one_line)
+
+__all__ = ["Interrupted", "LateUsageError", "exit_code_for", "describe", "error_line", "handle"]
 
 EXIT_OK = 0
 EXIT_RUNTIME = 1
@@ -20,52 +22,30 @@ EXIT_INTERRUPTED = 130
 
 AUTH_STATUSES = {0x1F, 0x20, 0x24}  # auth stale, auth error, access denied
 
-
-class Interrupted(Exception):
-    """Raised by a command after it closed everything cleanly on a signal: Ctrl-C (SIGINT)
-    exits 130, SIGTERM and SIGHUP 128 + the signal number (143, 129)."""
-
-    def __init__(self, signum: int = 2):
-        super().__init__(signum)
-        self.signum = int(signum)
-
-
-class LateUsageError(Exception):
-    """A usage error found only after connecting (an option the server's answer rules out,
-    e.g. --vbuckets beyond the bucket's): exit 2 with one line."""
+# Every exception of the project derives from DcptoolError (protocol/errors.py); the first
+# row that matches gives the exit code. Anything else (an OSError, a bug) is a runtime failure.
+EXIT_CODES: tuple[tuple[type, int], ...] = (
+    (KeyboardInterrupt, EXIT_INTERRUPTED),
+    (LateUsageError, EXIT_USAGE),
+    (ConnectFailed, EXIT_CONNECT),
+    (AuthRefused, EXIT_AUTH),
+    (ProtocolError, EXIT_PROTOCOL),
+    (ConnectionLost, EXIT_RUNTIME),
+    (DcptoolError, EXIT_RUNTIME),
+)
 
 
 def exit_code_for(exc: BaseException) -> int:
     if isinstance(exc, Interrupted):
         return 128 + exc.signum
-    if isinstance(exc, KeyboardInterrupt):
-        return EXIT_INTERRUPTED
-    if isinstance(exc, LateUsageError):
-        return EXIT_USAGE
-    if isinstance(exc, ConnectFailed):
-        return EXIT_CONNECT
-    if isinstance(exc, AuthRefused):
+    if isinstance(exc, ProtocolError) and (exc.code == ErrorCode.AUTH_FAILED or exc.status in AUTH_STATUSES):
         return EXIT_AUTH
-    if isinstance(exc, ProtocolError):
-        if exc.code == ErrorCode.AUTH_FAILED or exc.status in AUTH_STATUSES:
-            return EXIT_AUTH
-        return EXIT_PROTOCOL
-    if isinstance(exc, ConnectionLost):
-        return EXIT_RUNTIME
-    return EXIT_RUNTIME
+    return next((code for cls, code in EXIT_CODES if isinstance(exc, cls)), EXIT_RUNTIME)
 
 
 def describe(exc: BaseException) -> str:
-    """The one line for an error. Messages quote what the server sent (mechanism lists,
-    error texts, names): control characters and terminal escapes come out escaped."""
-    from dcptool.cli.output import printable
-    if isinstance(exc, ProtocolError):
-        extra = f" (status 0x{exc.status:02x})" if exc.status is not None else ""
-        return printable(f"{exc.message}{extra}")
-    text = str(exc) or type(exc).__name__
-    line = text.splitlines()[0] if text.strip() else type(exc).__name__
-    # a library's message may carry raw bytes of the damaged input: show them escaped
-    return printable(line)
+    """The one line for an error (protocol/errors.py one_line: server text escaped)."""
+    return one_line(exc)
 
 
 def error_line(message: str) -> None:

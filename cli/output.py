@@ -22,6 +22,12 @@ from dcptool.replay.timestamps import iso_ns
 __all__ = ["iso_ns", "printable", "dcp_display", "Sink", "FORMATS"]   # iso_ns: replay/timestamps.py, printable: protocol/text.py
 
 
+def markup_safe(text) -> str:
+    """Server text (names, reasons, filters) for a rich markup line: control characters and markup escaped."""
+    from rich.markup import escape
+    return escape(printable(text))
+
+
 # ------------------------------------------------------------------ keys and values
 
 DATATYPE_JSON, DATATYPE_SNAPPY, DATATYPE_XATTR = 0x01, 0x02, 0x04

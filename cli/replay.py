@@ -5,8 +5,6 @@ own chatter go to stderr (Spark's only with -v)."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import os
 import sys
 import threading
 
@@ -15,7 +13,7 @@ import click
 from dcptool.cli.live import output_dir_option
 from dcptool.cli.output import Sink, default_format
 from dcptool.cli.sources import capture_paths
-from dcptool.cli.process import without_pandas
+from dcptool.capture.process import tune_for_replay
 
 
 def _table_choice(protocol: str, requested: tuple[str, ...], default_all: bool) -> list[str]:
@@ -31,26 +29,6 @@ def _table_choice(protocol: str, requested: tuple[str, ...], default_all: bool) 
         raise click.UsageError(f"unknown table {bad[0]!r} for {protocol} captures; "
                                f"choose from {', '.join(names)} or all")
     return wanted
-
-
-def _tune_process(in_process: bool) -> None:
-    """Process settings for the in-process engine, made before numpy and pyarrow load.
-
-    The engine allocates and frees arrays of a few MB per chunk. By default glibc hands each
-    back to the kernel and faults it in again as zeroed (huge) pages, which cost a fifth of
-    the CPU time at 10M frames (perf: clear_page_erms); mimalloc, pyarrow's allocator, purges
-    likewise. Freed memory is kept for reuse instead (peak RSS is unchanged: it is a peak).
-    The in-process engine does not load pandas (a sixth of a 1M-frame replay)."""
-    if in_process:
-        without_pandas()
-    os.environ.setdefault("MIMALLOC_PURGE_DELAY", "-1")
-    try:
-        libc = ctypes.CDLL(None)
-        libc.mallopt(-3, 32 << 20)   # M_MMAP_THRESHOLD: its largest value
-        libc.mallopt(-1, 1 << 30)    # M_TRIM_THRESHOLD
-        libc.mallopt(-8, 1)          # M_ARENA_MAX: threads share one heap (and its free memory)
-    except (OSError, AttributeError):  # not glibc: nothing to tune
-        pass
 
 
 _TS_FACTOR = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
@@ -192,7 +170,7 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
         _check_remote_url(remote)
     if sql and not use_spark:
         raise click.UsageError("--sql runs on Spark: add --spark")
-    _tune_process(in_process=not (use_spark or apply_spec))
+    tune_for_replay(in_process=not (use_spark or apply_spec))
     from dcptool.cli.console import err_console
     from dcptool.replay import apply
     from dcptool.replay.store import reader

@@ -3,11 +3,44 @@
 Every error carries a code so that tests and callers branch on the code, never the text,
 and a side: REMOTE when the peer sent something invalid, LOCAL when we would send
 something invalid. Only cli/ turns these into exit codes.
+
+`DcptoolError` is the one base of every exception class of the project (protocol/,
+replay/, capture/, cli/; tests/test_architecture.py checks it). cli/errors.py maps its
+subclasses to exit codes in one table.
 """
 
 from __future__ import annotations
 
 import enum
+
+from dcptool.protocol.text import printable
+
+
+class DcptoolError(Exception):
+    """The base of every exception class of dcptool."""
+
+
+class Interrupted(DcptoolError):
+    """Raised by a run after it closed everything cleanly on a signal: Ctrl-C (SIGINT)
+    exits 130, SIGTERM and SIGHUP 128 + the signal number (143, 129)."""
+
+    def __init__(self, signum: int = 2):
+        super().__init__(signum)
+        self.signum = int(signum)
+
+
+class LateUsageError(DcptoolError):
+    """A usage error found only after connecting (an option the server's answer rules out,
+    e.g. --vbuckets beyond the bucket's) or in what a capture directory recorded: exit 2
+    with one line."""
+
+
+class BadSource(LateUsageError, ValueError):
+    """A SOURCE URL that cannot be used (capture/sources.py); `hint` names the argument."""
+
+    def __init__(self, message: str, hint: str = "SOURCE"):
+        super().__init__(message)
+        self.hint = hint
 
 
 class Side(enum.Enum):
@@ -42,7 +75,7 @@ class ErrorCode(enum.IntEnum):
     INVALID_UTF8 = 44        # a line that is not UTF-8
 
 
-class ProtocolError(Exception):
+class ProtocolError(DcptoolError):
     """A protocol violation. ``status`` is the DCP status when the peer sent one."""
 
     def __init__(self, code: ErrorCode, message: str, side: Side = Side.REMOTE,
@@ -67,11 +100,11 @@ class LocalError(ProtocolError):
         super().__init__(code, message, Side.LOCAL, status)
 
 
-class ConnectFailed(Exception):
+class ConnectFailed(DcptoolError):
     """Could not connect: refused, DNS failure, timeout, TLS handshake failure."""
 
 
-class ConnectionLost(Exception):
+class ConnectionLost(DcptoolError):
     """An established connection ended unexpectedly and could not be recovered."""
 
 
@@ -80,3 +113,16 @@ class AuthRefused(ProtocolError):
 
     def __init__(self, message: str, status: int | None = None):
         super().__init__(ErrorCode.AUTH_FAILED, message, Side.REMOTE, status)
+
+
+def one_line(exc: BaseException) -> str:
+    """The one line that tells an error (CLI.md: a clear one-line error). Messages quote
+    what the server sent (mechanism lists, error texts, names): control characters and
+    terminal escapes come out escaped."""
+    if isinstance(exc, ProtocolError):
+        extra = f" (status 0x{exc.status:02x})" if exc.status is not None else ""
+        return printable(f"{exc.message}{extra}")
+    text = str(exc) or type(exc).__name__
+    line = text.splitlines()[0] if text.strip() else type(exc).__name__
+    # a library's message may carry raw bytes of the damaged input: show them escaped
+    return printable(line)

@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.server.playback import DcpRecording, RecordedStream
 from dcptool.replay.store.reader import CaptureError, find_captures, iter_capture_tables, protocol_of
+from dcptool.protocol.errors import DcptoolError
 
 STREAM_OPCODES = (0x55, 0x56, 0x57, 0x58, 0x59, 0x5F, 0x60, 0x62, 0x63, 0x64, 0x65)
 REQUEST_MAGICS = (0x80, 0x08)
@@ -37,7 +38,7 @@ _DCP_COLUMNS = ["capture_id", "conn", "mono_ns", "direction", "magic", "opcode",
                 "req_end_seqno", "req_vbucket_uuid", "req_snap_start", "req_snap_end", "raw"]
 
 
-class PlaybackError(Exception):
+class PlaybackError(DcptoolError):
     """A capture that cannot be played back (unreadable, empty, or of the other protocol)."""
 
 

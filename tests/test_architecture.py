@@ -49,7 +49,7 @@ def test_replay_uses_only_protocol_codecs_not_cli():
 
 
 def test_only_replay_spark_imports_pyspark():
-    bad = [str(p.relative_to(ROOT)) for folder in ("cli", "protocol", "replay") for p in _py(folder)
+    bad = [str(p.relative_to(ROOT)) for folder in ("cli", "protocol", "replay", "capture") for p in _py(folder)
            if p.relative_to(ROOT).as_posix() != "replay/spark/engine.py"
            and any(m.split(".")[0] == "pyspark" for m in _imports(p))]
     assert bad == []
@@ -69,7 +69,7 @@ def test_the_dcp_client_does_not_import_the_server():
 
 
 def test_no_code_folder_is_a_flat_list_of_more_than_20_modules():
-    folders = {p.parent for folder in ("cli", "protocol", "replay") for p in _py(folder)}
+    folders = {p.parent for folder in ("cli", "protocol", "replay", "capture") for p in _py(folder)}
     big = {str(f.relative_to(ROOT)): n for f in folders
            if (n := len([p for p in f.glob("*.py") if p.name != "__init__.py"])) > 20}
     assert len(folders) > 10 and big == {}
@@ -77,7 +77,7 @@ def test_no_code_folder_is_a_flat_list_of_more_than_20_modules():
 
 def test_only_cli_exits():
     bad = []
-    for folder in ("protocol", "replay"):
+    for folder in ("protocol", "replay", "capture"):
         for path in _py(folder):
             text = path.read_text()
             if "sys.exit(" in text or "os._exit(" in text:
@@ -97,7 +97,7 @@ def _module_name(path: pathlib.Path) -> str:
 
 def _our_modules() -> dict[str, pathlib.Path]:
     mods = {}
-    for folder in ("cli", "protocol", "replay"):
+    for folder in ("cli", "protocol", "replay", "capture"):
         for p in _py(folder):
             mods[_module_name(p)] = p
     return mods
@@ -150,22 +150,85 @@ def test_the_store_never_imports_an_engine():
 
 
 def test_cli_uses_no_private_name_of_another_package():
+    assert _private_reach_ins("cli") == []
+
+
+def _private_reach_ins(folder: str) -> list[str]:
+    """Private names (`_x`) of another package of ours that modules of `folder` use."""
     bad = []
-    for path in _py("cli"):
+    own = f"dcptool.{folder}"
+    for path in _py(folder):
         tree = ast.parse(path.read_text(), str(path))
         aliases = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dcptool.") \
-                    and not node.module.startswith("dcptool.cli"):
+                    and not node.module.startswith(own):
                 for a in node.names:
                     if a.name.startswith("_"):
                         bad.append(f"{path.name}: from {node.module} import {a.name}")
                     aliases.add(a.asname or a.name)
             elif isinstance(node, ast.Import):
                 aliases.update(a.asname or a.name.split(".")[0] for a in node.names
-                               if a.name.startswith("dcptool.") and not a.name.startswith("dcptool.cli"))
+                               if a.name.startswith("dcptool.") and not a.name.startswith(own))
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
                     and isinstance(node.value, ast.Name) and node.value.id in aliases:
                 bad.append(f"{path.name}: {node.value.id}.{node.attr}")
+    return bad
+
+
+# ---- capture/: the library under the CLI (capture a source into a directory, no click),
+# ---- and one exception base for the whole project
+
+def test_capture_imports_protocol_and_the_store_never_cli_click_or_rich():
+    allowed = ("dcptool.capture", "dcptool.protocol", "dcptool.replay.store", "dcptool.replay.timestamps")
+    bad = [f"{p.relative_to(ROOT)} imports {m}" for p in _py("capture") for m in _imports(p)
+           if (m.startswith("dcptool.") and not m.startswith(allowed)) or m.split(".")[0] in ("click", "rich")]
+    assert _py("capture") and bad == []
+
+
+def test_nothing_below_the_cli_imports_capture():
+    bad = [f"{p.relative_to(ROOT)} imports {m}" for folder in ("protocol", "replay") for p in _py(folder)
+           for m in _imports(p) if m.startswith("dcptool.capture")]
     assert bad == []
+
+
+def test_capture_uses_no_private_name_of_another_package():
+    assert _private_reach_ins("capture") == []
+
+
+def _exception_classes():
+    """Every exception class defined in a module of ours (each module imported)."""
+    import importlib
+    import inspect
+    found = []
+    for name in sorted(_our_modules()):
+        if name.endswith("__main__"):
+            continue
+        mod = importlib.import_module(name)
+        for _, obj in inspect.getmembers(mod, inspect.isclass):
+            if obj.__module__ == name and issubclass(obj, BaseException):
+                found.append(obj)
+    return found
+
+
+def test_every_exception_class_derives_from_the_one_base():
+    from dcptool.protocol.errors import DcptoolError
+    classes = _exception_classes()
+    names = {c.__name__ for c in classes}
+    assert {"ProtocolError", "WriterError", "CaptureError", "VerifyError", "PlaybackError"} <= names
+    bad = [f"{c.__module__}.{c.__qualname__}" for c in classes if not issubclass(c, DcptoolError)]
+    assert bad == []
+
+
+def test_exit_codes_come_from_one_table():
+    from dcptool.cli import errors
+    from dcptool.protocol import errors as perr
+    assert errors.exit_code_for(perr.LateUsageError("x")) == errors.EXIT_USAGE
+    assert errors.exit_code_for(perr.ConnectFailed("x")) == errors.EXIT_CONNECT
+    assert errors.exit_code_for(perr.AuthRefused("x")) == errors.EXIT_AUTH
+    assert errors.exit_code_for(perr.RemoteError(perr.ErrorCode.BAD_MAGIC, "x")) == errors.EXIT_PROTOCOL
+    assert errors.exit_code_for(perr.RemoteError(perr.ErrorCode.STATUS, "x", status=0x24)) == errors.EXIT_AUTH
+    assert errors.exit_code_for(perr.Interrupted(15)) == 143
+    assert errors.exit_code_for(perr.DcptoolError("x")) == errors.EXIT_RUNTIME
+    assert [c for c, _ in errors.EXIT_CODES][-1] is perr.DcptoolError

@@ -15,7 +15,7 @@ import ssl as ssl_mod
 import time
 from typing import Callable, Protocol
 
-from dcptool.protocol.errors import ConnectFailed, ConnectionLost, ErrorCode, RemoteError
+from dcptool.protocol.errors import ConnectFailed, ConnectionLost, DcptoolError, ErrorCode, RemoteError
 from dcptool.protocol.synapse.bulk import Scan, SplitLines, split_lines
 from dcptool.protocol.synapse import commands as C
 from dcptool.protocol.synapse.client import SynapseClient
@@ -44,7 +44,7 @@ class Handler(Protocol):
     def paused(self) -> bool: ...
 
 
-class _HandlerFailed(Exception):
+class _HandlerFailed(DcptoolError):
     """An error raised by the handler (a broken stdout, a disk error): never mistaken for a
     lost connection; the original is re-raised."""
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from dcptool.protocol.errors import DcptoolError
+
 SEVERITIES = ("error", "warn", "info")
 FINDING_COLUMNS = ["check", "severity", "message", "file", "segment", "capture_id", "frame_no",
                    "vbucket", "stream_id", "stream", "instance", "seqno", "token"]
@@ -48,7 +50,7 @@ CHECKS: dict[str, tuple[str, str]] = {
 }
 
 
-class VerifyError(Exception):
+class VerifyError(DcptoolError):
     """Inputs that cannot be verified at all (no such path, no capture file)."""
 
 

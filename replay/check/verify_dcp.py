@@ -24,6 +24,8 @@ few; they run through `_Stream`, one at a time, and set that state:
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pyarrow as pa
 
@@ -74,6 +76,21 @@ class _Stream:
         return NO_MARKER if self.marker is None else IN_MARKER
 
 
+@dataclasses.dataclass
+class _Chunk:
+    """The rows of one chunk that verify looks at, grouped by stream (DcpChecker.feed)."""
+    order: np.ndarray       # row numbers, sorted by stream, in order within each
+    k: np.ndarray           # each one's stream key
+    idx: np.ndarray         # 0 .. len(order) - 1
+    is_item: np.ndarray     # an item (else a control frame)
+    seq: np.ndarray         # its by_seqno
+    new_group: np.ndarray   # the first row of its stream
+    gstart: np.ndarray      # the position of its stream's first row
+    inv: np.ndarray         # the index of its stream in `states`
+    states: list            # the _Stream of each stream
+    before: tuple           # per row, its stream before the chunk: last, mode, conn, marker lo, hi
+
+
 class DcpChecker:
     COLUMNS = ["capture_id", *CTRL_COLUMNS, "by_seqno", "decode_error"]
 
@@ -94,16 +111,40 @@ class DcpChecker:
         """Nothing to report at the end: a capture may stop inside any snapshot, OSO too."""
 
     def feed(self, t: pa.Table, raw, where: Where, out: Findings) -> None:
-        n = t.num_rows
-        if n == 0:
+        if t.num_rows == 0:
             return
         fn = as_numpy(t.column("frame_no"), fill=0, dtype=np.int64)
+        err = self._decode_errors(t, fn, where, out)
+        item, ctrl, is_out, m_req, m_oso = self._select(t, err)
+        rel = np.flatnonzero(item | ctrl)
+        if len(rel) == 0:
+            return
+        conn = as_numpy(t.column("conn"), fill=0, dtype=np.int64) | (where.rank << 32)
+        vb = as_numpy(t.column("vbucket"), fill=0, dtype=np.int64)
+        sid = self._stream_ids(t, ctrl & m_req, is_out, conn)
+        g = self._group(t, rel, item, sid, vb)
+        post = self._controls(t, raw, g, m_oso, conn, where, out)
+        last_ctrl = self._absorb_tails(g)
+        if not g.is_item.any():      # the items, all at once
+            return
+        self._judge_items(g, post, last_ctrl, conn[g.order], where, out,
+                          fn=fn, vb=vb, sids=sid[g.order])
+
+    # ---------------------------------------------------------------------------- feed's steps
+    @staticmethod
+    def _decode_errors(t: pa.Table, fn: np.ndarray, where: Where, out: Findings) -> np.ndarray:
         err = as_numpy(t.column("decode_error").is_valid(), dtype=bool)
         if err.any():
             msgs, vbs = t.column("decode_error"), t.column("vbucket")
             for i in np.flatnonzero(err).tolist():
                 out.at(where, "dcp.decode_error", f"frame did not decode: {msgs[i].as_py()}",
                        frame_no=int(fn[i]), vbucket=vbs[i].as_py())
+        return err
+
+    @staticmethod
+    def _select(t: pa.Table, err: np.ndarray):
+        """The rows verify looks at: items received, and the control frames (markers, OSO
+        snapshots, stream ends, answers to stream requests and failover logs, requests sent)."""
         is_in, is_out = lookup_codes(t.column("direction"), {"in"}, {"out"})
         m_seq, m_marker, m_oso, m_end, m_req, m_gfl = lookup_codes(
             t.column("op"), SEQNO_OPS, {"snapshot_marker"}, {"oso_snapshot"}, {"stream_end"},
@@ -114,14 +155,13 @@ class DcpChecker:
         ctrl = ok & ((is_in & ~has_status & (m_marker | m_oso | m_end))
                      | (is_in & has_status & (m_req | m_gfl))
                      | (is_out & m_req & ~has_status))
-        rel = np.flatnonzero(item | ctrl)
-        if len(rel) == 0:
-            return
-        conn = as_numpy(t.column("conn"), fill=0, dtype=np.int64) | (where.rank << 32)
-        vb = as_numpy(t.column("vbucket"), fill=0, dtype=np.int64)
+        return item, ctrl, is_out, m_req, m_oso
+
+    def _stream_ids(self, t: pa.Table, req_mask: np.ndarray, is_out: np.ndarray, conn: np.ndarray) -> np.ndarray:
+        """Each row's stream id (-1: none). Answers to stream requests carry no stream id:
+        they take the request's (by connection and opaque)."""
         sid = as_numpy(t.column("stream_id").cast(pa.int64()), fill=-1, dtype=np.int64).copy()   # written below
-        # answers to stream requests carry no stream id: take the request's
-        req_rows = np.flatnonzero(ctrl & m_req)
+        req_rows = np.flatnonzero(req_mask)
         if len(req_rows) and (sid >= 0).any():
             opq = as_numpy(t.column("opaque"), fill=0, dtype=np.int64)
             for i in req_rows.tolist():
@@ -130,41 +170,50 @@ class DcpChecker:
                     self.sid_of[k] = int(sid[i])
                 elif sid[i] < 0:
                     sid[i] = self.sid_of.get(k, -1)
+        return sid
+
+    def _group(self, t: pa.Table, rel: np.ndarray, item: np.ndarray, sid: np.ndarray, vb: np.ndarray) -> _Chunk:
+        """The rows looked at, grouped by stream (in order within each), and the state each
+        stream had before this chunk (the control frames change it)."""
         key = ((sid + 1) << 16) | vb
         order = rel[np.argsort(key[rel], kind="stable")]
         k = key[order]
         m = len(order)
         idx = np.arange(m)
-        is_item = item[order]
-        seq = as_numpy(t.column("by_seqno"), fill=0, dtype=np.int64)[order]
         new_group = np.ones(m, bool)
         new_group[1:] = k[1:] != k[:-1]
-        gstart = np.maximum.accumulate(np.where(new_group, idx, 0))
-
-        # the state each stream had before this chunk (the control frames change it below)
         uniq, inv = np.unique(k, return_inverse=True)
         inv = inv.reshape(-1)
         states = [self._stream(int(u)) for u in uniq.tolist()]
-        c_last = np.array([s.last for s in states], np.int64)[inv]
-        c_mode = np.array([s.mode() for s in states], np.int64)[inv]
-        c_conn = np.array([s.conn for s in states], np.int64)[inv]
-        c_lo = np.array([s.marker[0] if s.marker else 0 for s in states], np.int64)[inv]
-        c_hi = np.array([s.marker[1] if s.marker else -1 for s in states], np.int64)[inv]
+        before = (np.array([s.last for s in states], np.int64)[inv],
+                  np.array([s.mode() for s in states], np.int64)[inv],
+                  np.array([s.conn for s in states], np.int64)[inv],
+                  np.array([s.marker[0] if s.marker else 0 for s in states], np.int64)[inv],
+                  np.array([s.marker[1] if s.marker else -1 for s in states], np.int64)[inv])
+        return _Chunk(order=order, k=k, idx=idx, is_item=item[order],
+                      seq=as_numpy(t.column("by_seqno"), fill=0, dtype=np.int64)[order], new_group=new_group,
+                      gstart=np.maximum.accumulate(np.where(new_group, idx, 0)), inv=inv, states=states,
+                      before=before)
 
-        # control frames, one at a time, each stream in order
+    def _controls(self, t: pa.Table, raw, g: _Chunk, m_oso: np.ndarray, conn: np.ndarray, where: Where,
+                  out: Findings) -> tuple:
+        """The control frames, one at a time, each stream in order (the items before each
+        absorbed first). Returns the state after each: last, mode, conn, marker lo, hi."""
+        m = len(g.order)
         post_last = np.full(m, NONE, np.int64)
         post_mode = np.zeros(m, np.int64)
         post_conn = np.full(m, -1, np.int64)
         post_lo = np.zeros(m, np.int64)
         post_hi = np.full(m, -1, np.int64)
-        cpos = np.flatnonzero(~is_item)
+        cpos = np.flatnonzero(~g.is_item)
         if len(cpos):
+            order, k, gstart, seq = g.order, g.k, g.gstart, g.seq
             rows = t.take(pa.array(order[cpos])).select(CTRL_COLUMNS).to_pydict()
             oso_flags = self._oso_flags(raw, order[cpos], m_oso[order[cpos]])
             seg_start = -1
             prev_key = None
             for j, p in enumerate(cpos.tolist()):
-                s = states[inv[p]]
+                s = g.states[g.inv[p]]
                 if k[p] != prev_key:
                     prev_key, seg_start = k[p], gstart[p]
                 if p > seg_start:
@@ -175,40 +224,47 @@ class DcpChecker:
                 post_last[p], post_mode[p], post_conn[p] = s.last, s.mode(), s.conn
                 if s.marker is not None:
                     post_lo[p], post_hi[p] = s.marker
-        # items after the last control frame of each stream
-        last_ctrl = np.maximum.accumulate(np.where(~is_item, idx, -1))
-        gend = np.append(np.flatnonzero(new_group[1:]), m - 1)
-        for e in gend.tolist():
-            s = states[inv[e]]
-            b = max(int(last_ctrl[e]) + 1, int(gstart[e]))
-            if b <= e:
-                self._absorb(s, seq[b:e + 1])
+        return post_last, post_mode, post_conn, post_lo, post_hi
 
-        # the items, all at once
-        if not is_item.any():
-            return
-        has_ctrl = last_ctrl >= gstart
+    def _absorb_tails(self, g: _Chunk) -> np.ndarray:
+        """The items after the last control frame of each stream; returns, per row, the
+        position of the last control frame at or before it (-1: none)."""
+        m = len(g.order)
+        last_ctrl = np.maximum.accumulate(np.where(~g.is_item, g.idx, -1))
+        gend = np.append(np.flatnonzero(g.new_group[1:]), m - 1)
+        for e in gend.tolist():
+            s = g.states[g.inv[e]]
+            b = max(int(last_ctrl[e]) + 1, int(g.gstart[e]))
+            if b <= e:
+                self._absorb(s, g.seq[b:e + 1])
+        return last_ctrl
+
+    @staticmethod
+    def _judge_items(g: _Chunk, post: tuple, last_ctrl: np.ndarray, i_conn: np.ndarray, where: Where,
+                     out: Findings, *, fn: np.ndarray, vb: np.ndarray, sids: np.ndarray) -> None:
+        """Each item against the previous item of its stream and the state the last control
+        frame before it left (or the stream's state before the chunk)."""
+        is_item, seq, m = g.is_item, g.seq, len(g.order)
+        c_last, c_mode, c_conn, c_lo, c_hi = g.before
+        post_last, post_mode, post_conn, post_lo, post_hi = post
+        has_ctrl = last_ctrl >= g.gstart
         lc = np.maximum(last_ctrl, 0)
         mode = np.where(has_ctrl, post_mode[lc], c_mode)
         s_conn = np.where(has_ctrl, post_conn[lc], c_conn)
         lo = np.where(has_ctrl, post_lo[lc], c_lo)
         hi = np.where(has_ctrl, post_hi[lc], c_hi)
         prev_item = np.zeros(m, bool)
-        prev_item[1:] = is_item[:-1] & ~new_group[1:]
+        prev_item[1:] = is_item[:-1] & ~g.new_group[1:]
         prev_seq = np.where(has_ctrl, post_last[lc], c_last)
         prev_seq[1:] = np.where(prev_item[1:], seq[:-1], prev_seq[1:])
-        i_conn = conn[order]
         judged = is_item & (mode != IN_OSO)
         streaming = (mode == NO_MARKER) | (mode == IN_MARKER) | (mode == IN_OSO)
         no_stream = is_item & ((mode == CLOSED) | (streaming & (i_conn != s_conn)))
         not_inc = judged & (prev_seq != NONE) & (seq <= prev_seq)
         outside = is_item & ~no_stream & ((mode == NO_MARKER) | ((mode == IN_MARKER) & ((seq < lo) | (seq > hi))))
         bad = no_stream | not_inc | outside
-        if not bad.any():
-            return
-        sids = sid[order]
         for p in np.flatnonzero(bad).tolist():
-            i = order[p]
+            i = g.order[p]
             loc = dict(frame_no=int(fn[i]), vbucket=int(vb[i]), stream_id=None if sids[p] < 0 else int(sids[p]),
                        seqno=int(seq[p]))
             if no_stream[p]:

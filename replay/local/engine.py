@@ -35,6 +35,7 @@ from dcptool.replay.rules.dcp import (DCP_FILTER_COLUMNS, DCP_ROLLBACK_COLUMNS, 
 from dcptool.replay.rules.history import HistoryState
 from dcptool.replay.store import reader
 from dcptool.replay.store.schema import capture_schema
+from dcptool.protocol.errors import DcptoolError
 
 
 
@@ -92,7 +93,7 @@ def replay_local(files: list, chunk_rows: int | None = None, tables=None, as_of:
 DCP_CHUNK_ROWS = 1 << 16
 
 
-class _OverBudget(Exception):
+class _OverBudget(DcptoolError):
     """The documents of a pass outgrew the memory budget."""
 
     def __init__(self, done: float, nbytes: int, vbuckets: np.ndarray):

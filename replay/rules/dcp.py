@@ -357,9 +357,22 @@ class DcpState:
         if self.dropped:        # a dropped collection's documents are gone (REPLAY.md)
             docs = without_dropped(docs, self.dropped, doc_counts)
         out["documents"] = docs
+        out["snapshots"], m_vb, complete = self._snapshots_table()
+        r = self.rollbacks
+        out["rollbacks"] = T.canonical("dcp", "rollbacks", pa.table({
+            "vbucket": r.column("vbucket"), "capture_id": as_strings(r.column("capture_id")),
+            "frame_no": r.column("frame_no"), "ts": r.column("ts"),
+            "rollback_seqno": r.column("rollback_seqno"), "undone": pa.array(self.undone, pa.int64())}))
+        out["failover"], f, fl = self._failover_table()
+        out["vbuckets"] = self._vbuckets_table(doc_counts, m_vb, complete, f, fl)
+        if not self.with_snapshots:
+            del out["snapshots"], out["vbuckets"]
+        return out
 
-        # snapshots, by (vbucket, frame order): complete by an item at snap_end, or the next
-        # marker of the vbucket starting above it
+    def _snapshots_table(self) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+        """`snapshots`, by (vbucket, frame order): complete by an item at snap_end, or the next
+        marker of the vbucket starting above it. Also each marker's snapshot key and whether
+        it is complete (for `vbuckets`)."""
         s = self.snaps
         order = np.lexsort((s.view("seq"), s.view("vb")))
         m = (pa.concat_tables(self._markers) if self._markers
@@ -386,7 +399,7 @@ class DcpState:
             snap_start = pc.if_else(pa.array(oso), pa.array(lo, pa.int64(), mask=hi < 0), snap_start)
             snap_end = pc.if_else(pa.array(oso), pa.array(hi, pa.int64(), mask=hi < 0), snap_end)
             snap_flags = pc.if_else(pa.array(oso), pa.nulls(nm, snap_flags.type), snap_flags)
-        out["snapshots"] = T.canonical("dcp", "snapshots", pa.table({
+        table = T.canonical("dcp", "snapshots", pa.table({
             "vbucket": m.column("vbucket"), "capture_id": as_strings(m.column("capture_id")),
             "frame_no": m.column("frame_no"), "ts": m.column("ts"),
             "snap_version": snap_version, "snap_start": snap_start,
@@ -395,14 +408,11 @@ class DcpState:
             "first_seqno": pa.array(s.view("first_seqno")[order], pa.int64(), mask=~has_items),
             "last_seqno": pa.array(s.view("last_seqno")[order], pa.int64(), mask=~has_items),
             "complete": pa.array(complete, pa.bool_())}))
+        return table, m_vb, complete
 
-        r = self.rollbacks
-        out["rollbacks"] = T.canonical("dcp", "rollbacks", pa.table({
-            "vbucket": r.column("vbucket"), "capture_id": as_strings(r.column("capture_id")),
-            "frame_no": r.column("frame_no"), "ts": r.column("ts"),
-            "rollback_seqno": r.column("rollback_seqno"), "undone": pa.array(self.undone, pa.int64())}))
-
-        # failover: the newest failover log, position 0 = newest entry as on the wire
+    def _failover_table(self) -> tuple[pa.Table, pa.Table, pa.Array]:
+        """`failover`: the newest failover log, position 0 = newest entry as on the wire. Also
+        the last failover row of each vbucket and its logs (for `vbuckets`)."""
         fo_type = capture_schema("dcp").field("failover_log").type
         f = _last_per_vbucket(pa.concat_tables(self._failover) if self._failover else pa.schema(
             [("vbucket", pa.uint16()), ("failover_log", fo_type), ("_seq", pa.int64())]).empty_table())
@@ -411,11 +421,14 @@ class DcpState:
         flat = pc.list_flatten(fl) if len(fl) else pa.array([], fl.type.value_type)
         vbs = np.repeat(as_numpy(f.column("vbucket"), dtype=np.int64), lens) if f.num_rows else np.zeros(0, np.int64)
         pos = (np.arange(len(vbs)) - np.repeat(np.cumsum(lens) - lens, lens)) if len(vbs) else np.zeros(0, np.int64)
-        out["failover"] = T.canonical("dcp", "failover", pa.table({
+        table = T.canonical("dcp", "failover", pa.table({
             "vbucket": pa.array(vbs, pa.uint16()), "position": pa.array(pos, pa.int32()),
             "vbucket_uuid": flat.field("vbucket_uuid"), "seqno": flat.field("seqno")}))
+        return table, f, fl
 
-        # vbuckets
+    def _vbuckets_table(self, doc_counts: dict, m_vb: np.ndarray, complete: np.ndarray, f: pa.Table,
+                        fl: pa.Array) -> pa.Table:
+        """`vbuckets`: one row per vbucket seen."""
         vbs = np.flatnonzero(self.seen)
         nv = len(vbs)
         at = np.full(1 << 16, -1, np.int64)
@@ -432,7 +445,7 @@ class DcpState:
         heads = [lst[0]["vbucket_uuid"] if lst else None for lst in fl.to_pylist()] if f.num_rows else []
         ends = _last_per_vbucket(pa.concat_tables(self._ends)) if self._ends else None
         has_high = self.has_high[vbs]
-        out["vbuckets"] = T.canonical("dcp", "vbuckets", pa.table({
+        return T.canonical("dcp", "vbuckets", pa.table({
             "vbucket": pa.array(vbs, pa.uint16()),
             "vbucket_uuid": per_vbucket(as_numpy(f.column("vbucket"), dtype=np.int64) if f.num_rows
                                         else np.zeros(0, np.int64), heads, pa.uint64()),
@@ -451,9 +464,6 @@ class DcpState:
                                   if ends is not None else pa.nulls(nv, pa.uint32())),
             "first_ts": ts_array(self.first_ts[vbs], self.first_ts[vbs] != NONE_TS),
             "last_ts": ts_array(self.last_ts[vbs], self.last_ts[vbs] != INT64_MIN)}))
-        if not self.with_snapshots:
-            del out["snapshots"], out["vbuckets"]
-        return out
 
 
 SID_VB = 1024     # snapshots are tracked per (vbucket, stream id): key = vbucket + SID_VB x stream id

@@ -31,6 +31,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+from dcptool.protocol.errors import DcptoolError
+
 STATE_ENV = "DCPTOOL_STATE_DIR"
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
@@ -50,7 +52,7 @@ SESSION_CONF = {
 _SECRET_ENV = re.compile(r"PASS|SECRET|TOKEN|CREDENTIAL|API_?KEY|PRIVATE_?KEY|ACCESS_?KEY|AUTH", re.IGNORECASE)
 
 
-class ServerError(Exception):
+class ServerError(DcptoolError):
     """The server could not be started or stopped (one line; the log path says where to look)."""
 
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 import re
 
 from dcptool.protocol.text import printable
+from dcptool.protocol.errors import DcptoolError
 
 
-class SqlError(Exception):
+class SqlError(DcptoolError):
     """A query Spark could not parse, analyse or run: one line with the error class, the
     message and the position in the query."""
 

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from dcptool.replay.store.schema import (META_CAPTURE_ID, META_PROTOCOL, META_SEGMENT, META_STARTED_AT,
                                    PROTOCOLS, capture_schema)
 from dcptool.replay.store.segment import dictionary_columns
+from dcptool.protocol.errors import DcptoolError
 
 FINISHED_SUFFIX = ".parquet"
 IN_PROGRESS_SUFFIX = ".arrows"
@@ -30,7 +31,7 @@ IN_PROGRESS_SUFFIX = ".arrows"
 _NAME_RE = re.compile(r"^(dcp|synapse)-(\d{8}T\d{6}\.\d{6}Z)-([0-9a-fA-F]{1,8})-(\d{6})\.(parquet|arrows)$")
 
 
-class CaptureError(Exception):
+class CaptureError(DcptoolError):
     """A path that is not a readable capture, or captures that cannot be replayed together."""
 
 

@@ -18,6 +18,7 @@ from dcptool.replay.store import COMPRESSIONS
 from dcptool.replay.store.encoder import RowGroupEncoder
 from dcptool.replay.store.files import fsync_dir, fsync_path, one_line, remove_quiet, start_writeback, unlink_quiet
 from dcptool.replay.store.naming import TMP_SUFFIX, final_path
+from dcptool.protocol.errors import DcptoolError
 
 # Uncompressed Arrow bytes buffered per Parquet row group. Small enough that the row group
 # being encoded, the one filling and the writer's queue stay well inside the capture's RSS
@@ -54,7 +55,7 @@ _DICT_INT_COLUMNS = ("conn", "magic", "opcode", "status", "vbucket", "datatype",
                      "req_flags", "system_event_id")
 
 
-class WriterError(Exception):
+class WriterError(DcptoolError):
     """A capture could not be written (disk full, unwritable directory ...). The message is
     one line naming the path; finished segments are left intact."""
 

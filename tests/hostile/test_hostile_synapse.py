@@ -12,7 +12,8 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from dcptool.cli import cli, synapse_live
+from dcptool.capture import synapse as synapse_capture
+from dcptool.cli import cli
 from dcptool.protocol.synapse import commands as C
 from dcptool.protocol.synapse.bulk import split_lines
 from dcptool.protocol.synapse.client import SynapseClient
@@ -32,10 +33,10 @@ GOOD_AFTER = 'RDATA events master 12 ["ev",["$after","!r","m.room.message",null,
 
 @pytest.fixture(autouse=True)
 def fast_knobs(monkeypatch):
-    monkeypatch.setitem(synapse_live.DEFAULTS, "backoff_base", 0.01)
-    monkeypatch.setitem(synapse_live.DEFAULTS, "backoff_cap", 0.05)
-    monkeypatch.setitem(synapse_live.DEFAULTS, "connect_timeout", 5.0)
-    monkeypatch.setitem(synapse_live.DEFAULTS, "max_reconnects", 1)
+    monkeypatch.setitem(synapse_capture.DEFAULTS, "backoff_base", 0.01)
+    monkeypatch.setitem(synapse_capture.DEFAULTS, "backoff_cap", 0.05)
+    monkeypatch.setitem(synapse_capture.DEFAULTS, "connect_timeout", 5.0)
+    monkeypatch.setitem(synapse_capture.DEFAULTS, "max_reconnects", 1)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import dataclasses
 import json
 import struct
 
-from dcptool.protocol.errors import ErrorCode, RemoteError
+from dcptool.protocol.errors import DcptoolError, ErrorCode, RemoteError
 
 MAX_MANIFEST = 4 * 1024 * 1024       # bytes of manifest JSON we accept
 EVENT_NAMES = {0: "collection_create", 1: "collection_drop", 3: "scope_create", 4: "scope_drop",
@@ -63,7 +63,7 @@ def parse_manifest(body: bytes) -> Manifest:
     return Manifest(uid, scopes)
 
 
-class UnknownNames(ValueError):
+class UnknownNames(DcptoolError, ValueError):
     """--scope / --collection naming what the manifest does not have."""
 
     def __init__(self, missing: list[str], manifest: Manifest):

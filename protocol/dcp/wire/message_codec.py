@@ -22,7 +22,7 @@ from dcptool.protocol.dcp.wire.message_types import (Message, Request, Response,
                                                 SystemEvent, Prepare, SeqnoAcknowledged, Commit,
                                                 Abort, SeqnoAdvanced, OsoSnapshot, GetAllVbSeqnos,
                                                 GetAllVbSeqnosResponse)
-from dcptool.protocol.errors import ErrorCode, ProtocolError
+from dcptool.protocol.errors import DcptoolError, ErrorCode, ProtocolError
 
 # --------------------------------------------------------------------------- layouts
 
@@ -48,7 +48,7 @@ _VB_SEQNO = struct.Struct(">HQ")
 SNAPSHOT_VERSIONS = {0: "2.0", 2: "2.2"}
 
 
-class _Bad(Exception):
+class _Bad(DcptoolError):
     """A known opcode with a wrong layout: decoded to the generic form with this reason."""
 
     def __init__(self, code: ErrorCode, text: str):

@@ -4,8 +4,10 @@ allocated, so a hostile preamble never costs memory. cramjam does the decompress
 
 from __future__ import annotations
 
+from dcptool.protocol.errors import DcptoolError
 
-class TooLarge(ValueError):
+
+class TooLarge(DcptoolError, ValueError):
     """The block announces more bytes than the caller allows."""
 
 

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from dcptool.cli import cli
-from dcptool.cli import synapse_live
+from dcptool.capture import synapse as synapse_capture
 from dcptool.protocol.synapse.server import generated_lines
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from tests.conftest import free_port
@@ -59,9 +59,9 @@ def serve():
 @pytest.fixture(autouse=True)
 def fast_knobs(monkeypatch):
     # keep-alive and back-off scaled down so the tests finish quickly; behaviour unchanged
-    monkeypatch.setitem(synapse_live.DEFAULTS, "backoff_base", 0.01)
-    monkeypatch.setitem(synapse_live.DEFAULTS, "backoff_cap", 0.05)
-    monkeypatch.setitem(synapse_live.DEFAULTS, "connect_timeout", 5.0)
+    monkeypatch.setitem(synapse_capture.DEFAULTS, "backoff_base", 0.01)
+    monkeypatch.setitem(synapse_capture.DEFAULTS, "backoff_cap", 0.05)
+    monkeypatch.setitem(synapse_capture.DEFAULTS, "connect_timeout", 5.0)
 
 
 def run(*args, env=None):
@@ -127,9 +127,9 @@ def test_capture_holds_every_line_exactly(serve, tmp_path):
 
 
 def test_keepalive_drops_a_silent_server(serve, tmp_path, monkeypatch):
-    monkeypatch.setitem(synapse_live.DEFAULTS, "ping_interval", 0.05)
-    monkeypatch.setitem(synapse_live.DEFAULTS, "timeout", 0.3)
-    monkeypatch.setitem(synapse_live.DEFAULTS, "max_reconnects", 1)
+    monkeypatch.setitem(synapse_capture.DEFAULTS, "ping_interval", 0.05)
+    monkeypatch.setitem(synapse_capture.DEFAULTS, "timeout", 0.3)
+    monkeypatch.setitem(synapse_capture.DEFAULTS, "max_reconnects", 1)
     s = serve("--silent-after", "0")
     res = run("capture", f"synapse://{s.address}", "-o", str(tmp_path), "--quiet",
               "--duration", "30s")

@@ -1,0 +1,34 @@
+"""dcptool.capture: capturing a source into a directory, without the CLI.
+
+    from dcptool.capture import CaptureSettings, LiveOptions, capture, parse_source
+
+    opts = LiveOptions(source=parse_source("couchbase://127.0.0.1/default"), user="admin",
+                       password=..., name="my-capture")
+    result = capture(opts, CaptureSettings(output="caps"))
+    print(result.summary(), result.files)
+    if result.error: raise result.error
+
+`capture()` runs the protocol's transport (protocol/transport/) and writes every frame or
+line through the capture store (replay/store/), then returns a CaptureResult; callbacks
+show progress and events. capture/dcp.py and capture/synapse.py hold each protocol's run,
+capture/run.py what both share (summary counters, signals, the event loop). This package
+imports protocol/ and replay/store/, never cli/, click or rich; `dcptool capture` (cli/)
+only parses options, calls it and prints.
+"""
+
+from __future__ import annotations
+
+from dcptool.capture.options import CaptureSettings, LiveOptions
+from dcptool.capture.sources import Source, parse_source
+
+__all__ = ["CaptureSettings", "LiveOptions", "Source", "parse_source", "capture"]
+
+
+def capture(opts: LiveOptions, settings: CaptureSettings, **callbacks):
+    """Capture the source of `opts` into settings.output (capture/dcp.py capture_dcp or
+    capture/synapse.py capture_synapse, by the source's protocol); returns a CaptureResult."""
+    if opts.source.protocol == "dcp":
+        from dcptool.capture.dcp import capture_dcp
+        return capture_dcp(opts, settings, **callbacks)
+    from dcptool.capture.synapse import capture_synapse
+    return capture_synapse(opts, settings, **callbacks)

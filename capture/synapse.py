@@ -1,0 +1,244 @@
+"""Capturing a Synapse source (synapse://, synapse+redis://) into a directory: the client
+(protocol/synapse/client.py) over the transports (protocol/transport/synapse.py), each block
+of lines one Arrow batch (replay/store/synapse_batch.py) for the background Parquet writer.
+
+`capture_synapse(opts, settings)` is the call; `stream` uses make_client, SynapseRun and run
+with its own handler.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from dcptool.capture.options import CaptureSettings, LiveOptions
+from dcptool.capture.result import CaptureResult
+from dcptool.capture.run import DURATION, MAX_MESSAGES, RunStats, StopSignals, run_until_stopped
+from dcptool.protocol.synapse.client import Gap, ServerError, SynapseClient
+
+# Knobs the tests turn down (keep-alive and reconnects); the protocol's own values otherwise.
+DEFAULTS = {"ping_interval": 5.0, "timeout": 25.0, "max_reconnects": 5,
+            "backoff_base": 0.2, "backoff_cap": 10.0, "connect_timeout": 10.0}
+
+
+def make_client(opts: LiveOptions, committed=None) -> SynapseClient:
+    src = opts.source
+    tcp = src.scheme == "synapse"
+    name = opts.name or f"dcptool-{src.host}-{os.getpid()}"
+    return SynapseClient(name, expected_server=src.server_name if tcp else None,
+                         replicate=opts.replicate, keepalive=tcp,
+                         ping_interval=DEFAULTS["ping_interval"], timeout=DEFAULTS["timeout"],
+                         committed=committed)
+
+
+async def transport(opts: LiveOptions, client: SynapseClient, handler) -> None:
+    from dcptool.protocol.transport import synapse as synapse_transport
+    src = opts.source
+
+    def backoff(n):
+        return synapse_transport.backoff_delay(n, DEFAULTS["backoff_base"], DEFAULTS["backoff_cap"])
+
+    common = dict(max_reconnects=DEFAULTS["max_reconnects"], backoff=backoff,
+                  connect_timeout=DEFAULTS["connect_timeout"])
+    if src.scheme == "synapse":
+        await synapse_transport.run_tcp(src.host, src.port, client, handler, **common)
+    else:
+        await synapse_transport.run_redis(src.host, src.port, src.server_name, client, handler, db=src.db,
+                          password=opts.password, username=opts.user, tls=src.tls,
+                          ca_cert=opts.ca_cert, insecure=opts.insecure, **common)
+
+
+class SynapseRun:
+    """Stop conditions and the counts shared by stream and capture: the transport's handler.
+    `tell(event)` hears every client event after it is counted (the CLI prints gaps and
+    reconnects)."""
+
+    def __init__(self, opts: LiveOptions, tell=None):
+        self.opts = opts
+        self.tell = tell
+        self.received = 0
+        self.deadline = time.monotonic() + opts.duration if opts.duration else None
+        self.stop = False
+        self.gaps: list[Gap] = []
+        self.server_errors: list[str] = []
+        self.streams = set(opts.streams) if opts.streams else None
+        self.stats = RunStats("synapse", opts.source.url)
+        self.client: SynapseClient | None = None
+
+    def request_stop(self, reason: str) -> None:
+        self.stats.stop(reason)
+        self.stop = True
+
+    def should_stop(self) -> bool:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            self.request_stop(DURATION)
+        return self.stop
+
+    def count_in(self, n: int) -> None:
+        self.received += n
+        if self.opts.max_messages and self.received >= self.opts.max_messages:
+            self.request_stop(MAX_MESSAGES)
+
+    def count(self, direction: str, conn: int, n: int, nbytes: int) -> None:
+        """This run's common counters (the summary): n lines of nbytes on the wire."""
+        st = self.stats
+        if direction == "in":
+            st.messages_in += n
+            st.bytes_in += nbytes
+        else:
+            st.messages_out += n
+            st.bytes_out += nbytes
+        if conn > st.connections:
+            st.connections = conn
+
+    @property
+    def streaming(self) -> bool:
+        """The run got as far as replication data (a POSITION or RDATA arrived)."""
+        return self.client is not None and self.client.data_lines > 0
+
+    def events(self, events: list) -> None:
+        for ev in events:
+            if isinstance(ev, Gap):
+                self.gaps.append(ev)
+            elif isinstance(ev, ServerError):
+                self.server_errors.append(ev.text)
+            if self.tell is not None:
+                self.tell(ev)
+
+    def paused(self) -> bool:
+        return False
+
+    def tick(self) -> None:
+        pass
+
+
+def run(opts: LiveOptions, client: SynapseClient, handler: SynapseRun, signals: StopSignals) -> None:
+    """Run the transport until the handler stops it, an error ends it, or a signal (SIGINT,
+    SIGTERM, SIGHUP through `signals`) or --duration asks it to stop."""
+    run_until_stopped(lambda: transport(opts, client, handler), handler.request_stop, handler.stats,
+                      duration=opts.duration, signals=signals)
+
+
+def line_bytes(lines, channel) -> int:
+    # on TCP each line ends with a newline on the wire; a Redis message is the line itself
+    return sum(map(len, lines)) + (len(lines) if channel is None else 0)
+
+
+def resume_state(directory: str) -> tuple[dict[tuple[str, str], int], list[str]]:
+    """Committed tokens per (stream, instance) from the Synapse captures in ``directory``,
+    after leftover in-progress segments are finished (replay/store/resume.py does both, for
+    DCP too). Returns (tokens, paths of the segments finished)."""
+    from dcptool.replay.store.resume import recover_in_progress, synapse_resume_state
+    finished = recover_in_progress(directory)
+    return synapse_resume_state([directory]) if os.path.isdir(directory) else {}, finished
+
+
+class CaptureHandler(SynapseRun):
+    def __init__(self, opts: LiveOptions, bg, progress, tell=None):
+        super().__init__(opts, tell)
+        self.bg = bg
+        self.frame_no = 0
+        self.bytes = 0
+        self.progress = progress
+        self.client: SynapseClient | None = None
+        src = opts.source  # the `node` column: the TCP or Redis server address
+        self.node = f"[{src.host}]:{src.port}" if ":" in str(src.host) else f"{src.host}:{src.port}"
+
+    def lines(self, direction, lines, split, *, conn, ts_ns, mono_ns, channel=None, errors=None):
+        from dcptool.replay.store.synapse_batch import build_batch
+        batch = build_batch(lines, frame_no=self.frame_no, conn=conn, ts_ns=ts_ns,
+                            mono_ns=mono_ns, direction=direction, channel=channel, split=split,
+                            errors=errors, node=self.node)
+        self.frame_no += len(lines)
+        self.bytes += sum(map(len, lines))
+        self.count(direction, conn, len(lines), line_bytes(lines, channel))
+        self.bg.submit(batch)
+        if direction == "in":
+            self.count_in(len(lines))
+
+    def block(self, direction, scan, *, conn, ts_ns, mono_ns, channel=None):
+        from dcptool.replay.store.synapse_batch import build_batch_scan
+        batch = build_batch_scan(scan, frame_no=self.frame_no, conn=conn, ts_ns=ts_ns,
+                                 mono_ns=mono_ns, direction=direction, channel=channel, node=self.node)
+        self.frame_no += scan.n
+        self.bytes += len(scan.buf)
+        self.count(direction, conn, scan.n, len(scan.buf))
+        self.bg.submit(batch)
+        if direction == "in":
+            self.count_in(scan.n)
+
+    def paused(self) -> bool:
+        if self.bg.error is not None:
+            raise self.bg.error
+        return self.bg.congested
+
+    def tick(self) -> None:
+        if self.bg.error is not None:
+            raise self.bg.error
+        if self.progress is not None:
+            self.progress(self)
+
+
+def capture_synapse(opts: LiveOptions, settings: CaptureSettings, *, progress=None, tell=None, note=None,
+                    signals: StopSignals | None = None) -> CaptureResult:
+    """Capture the Synapse source of `opts` into settings.output until the run ends (a
+    duration, max messages, a signal through `signals`, an error). Errors that end the
+    stream come back in the result (its files are finished first); errors before it are
+    raised. `progress(handler)` is called on every tick, `tell(event)` hears every client
+    event, `note(text)` gets the lines worth telling before the run (what --resume found)."""
+    if signals is None:
+        with StopSignals() as own:
+            return capture_synapse(opts, settings, progress=progress, tell=tell, note=note, signals=own)
+    from dcptool.replay.store.writer import WriterError
+    committed, leftovers = _resume(settings, note)
+    writer, bg = _open_writer(opts, settings, committed)
+    handler = CaptureHandler(opts, bg, progress, tell)
+    client = handler.client = make_client(opts, committed=committed)
+    error: BaseException | None = None
+    try:
+        run(opts, client, handler, signals)
+    except BaseException as exc:  # noqa: BLE001 - files are closed first, then re-raised
+        error = exc
+    try:
+        segments = bg.close()
+    except WriterError as exc:   # what was finished before the disk error is listed as usual
+        error = error or exc.with_traceback(None)
+        segments = list(writer.segments)
+    fields = {
+        "capture_id": writer.capture_id,
+        "finished_leftovers": leftovers,
+        "lines": handler.frame_no,
+        "received": handler.received,
+        "gaps": [{"stream": g.stream, "instance": g.instance, "committed": g.committed,
+                  "prev_token": g.prev_token, "new_token": g.new_token, "kind": g.kind}
+                 for g in handler.gaps],
+        "committed": {f"{s}/{i}": t for (s, i), t in sorted(client.committed().items())},
+        "server_errors": handler.server_errors,
+    }
+    # as DCP: a run that failed before writing anything says only why
+    return CaptureResult(files=segments, stats=handler.stats, fields=fields,
+                         error=error if error is not None else signals.interrupted(),
+                         wrote=bool(segments) or error is None, gaps=len(handler.gaps))
+
+
+def _resume(settings: CaptureSettings, note) -> tuple[dict, list]:
+    if not settings.resume:
+        return {}, []
+    committed, leftovers = resume_state(settings.output)
+    if committed and note is not None:
+        note(f"resuming: committed tokens for {len(committed)} streams from the captures in {settings.output}")
+    return committed, leftovers
+
+
+def _open_writer(opts: LiveOptions, settings: CaptureSettings, committed: dict):
+    from dcptool.replay.store.background import BackgroundWriter
+    from dcptool.replay.store.writer import CaptureWriter
+    options = opts.safe_dict()
+    options["synapse"] = {"name": opts.name, "replicate": opts.replicate,
+                          "streams": opts.streams, "server_name": opts.source.server_name,
+                          "resumed_from": {f"{s}/{i}": t for (s, i), t in committed.items()}}
+    writer = CaptureWriter(settings.output, "synapse", source=opts.source.url, options=options,
+                           compression=settings.compression,
+                           rotate_size=settings.rotate_size,
+                           rotate_interval=settings.rotate_interval)
+    return writer, BackgroundWriter(writer)
