@@ -1,0 +1,159 @@
+"""The official Couchbase Python SDK (PyPI `couchbase`, on Couchbase's C++ core) against
+`dcptool serve dcp --items 0`, one node and a 3-node cluster with a replica: a seeded mix of
+upserts, inserts (one on an existing key: DocumentExistsException), CAS replaces (a stale
+CAS: CasMismatchException), removes, touches and durable upserts (majority: acknowledged
+with --replicas 1, DurabilityImpossibleException with --replicas 0); then `dcptool capture
+... --to now` and `dcptool replay CAP --table documents` (in-process): the replayed live
+documents equal what the SDK reads back, key for key and CAS for CAS."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from datetime import timedelta
+
+import pytest
+
+couchbase = pytest.importorskip("couchbase")
+
+from couchbase import exceptions as cbe  # noqa: E402
+from couchbase.auth import PasswordAuthenticator  # noqa: E402
+from couchbase.cluster import Cluster  # noqa: E402
+from couchbase.durability import DurabilityLevel, ServerDurability  # noqa: E402
+from couchbase.diagnostics import ServiceType  # noqa: E402
+from couchbase.options import (ClusterOptions, ClusterTimeoutOptions, ReplaceOptions, UpsertOptions,  # noqa: E402
+                               WaitUntilReadyOptions)
+
+pytestmark = pytest.mark.integration
+DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
+USER, PASSWORD = "Administrator", "kv-sdk-pw"
+ENV = dict(os.environ, DCPTOOL_PASSWORD=PASSWORD)
+BOUND = 120
+
+
+@pytest.fixture
+def serve():
+    procs = []
+
+    def start(*args):
+        p = subprocess.Popen([DCPTOOL, "serve", "dcp", "--items", "0", "--port", "0", "--vbuckets", "16",
+                              "--user", USER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=ENV)
+        procs.append(p)
+        line = p.stdout.readline()
+        assert line, p.stderr.read()
+        return json.loads(line)["listening"]
+
+    yield start
+    for p in procs:
+        p.terminate()
+        p.wait(BOUND)
+
+
+def connect(addr: str):
+    opts = ClusterOptions(PasswordAuthenticator(USER, PASSWORD),
+                          timeout_options=ClusterTimeoutOptions(kv_timeout=timedelta(seconds=10),
+                                                                connect_timeout=timedelta(seconds=20),
+                                                                kv_durable_timeout=timedelta(seconds=10)))
+    cluster = Cluster(f"couchbase://{addr}", opts)
+    cluster.wait_until_ready(timedelta(seconds=20), WaitUntilReadyOptions(service_types=[ServiceType.KeyValue]))
+    return cluster, cluster.bucket("default").default_collection()
+
+
+def workload(coll, seed: int, durable_ok: bool) -> dict:
+    """A seeded mix of writes; every outcome checked against a model of the bucket.
+    Returns the counts of what happened."""
+    rng = random.Random(seed)
+    keys = [f"user-{i:03d}" for i in range(40)]
+    exists: dict[str, int] = {}          # key -> CAS the SDK was given
+    counts: dict[str, int] = {}
+    durable = ServerDurability(DurabilityLevel.MAJORITY)
+    for step in range(300):
+        key = rng.choice(keys)
+        doc = {"k": key, "step": step, "r": rng.randrange(1 << 30)}
+        roll = rng.random()
+        if roll < 0.35:
+            what, res = "upsert", coll.upsert(key, doc)
+        elif roll < 0.5:
+            what = "insert"
+            if key in exists:
+                with pytest.raises(cbe.DocumentExistsException):
+                    coll.insert(key, doc)
+                what, res = "insert-exists", None
+            else:
+                res = coll.insert(key, doc)
+        elif roll < 0.65:
+            if key not in exists:
+                with pytest.raises(cbe.DocumentNotFoundException):
+                    coll.replace(key, doc)
+                what, res = "replace-missing", None
+            elif rng.random() < 0.3:
+                with pytest.raises(cbe.CasMismatchException):
+                    coll.replace(key, doc, ReplaceOptions(cas=exists[key] - 1))
+                what, res = "replace-stale", None
+            else:
+                what, res = "replace", coll.replace(key, doc, ReplaceOptions(cas=exists[key]))
+        elif roll < 0.77:
+            if key not in exists:
+                with pytest.raises(cbe.DocumentNotFoundException):
+                    coll.remove(key)
+                what, res = "remove-missing", None
+            else:
+                coll.remove(key)
+                del exists[key]
+                what, res = "remove", None
+        elif roll < 0.87:
+            if key not in exists:
+                what, res = "touch-missing", None
+                with pytest.raises(cbe.DocumentNotFoundException):
+                    coll.touch(key, timedelta(hours=1))
+            else:
+                what, res = "touch", coll.touch(key, timedelta(hours=1))
+        elif durable_ok:
+            what, res = "durable", coll.upsert(key, doc, UpsertOptions(durability=durable))
+        else:
+            with pytest.raises(cbe.DurabilityImpossibleException):
+                coll.upsert(key, doc, UpsertOptions(durability=durable))
+            what, res = "durable-impossible", None
+        if res is not None:
+            assert res.cas > exists.get(key, 0)     # the hybrid logical clock only moves on
+            exists[key] = res.cas
+        counts[what] = counts.get(what, 0) + 1
+    for key in keys:                                   # the SDK reads back what it was told
+        if key in exists:
+            assert coll.get(key).cas == exists[key]
+        else:
+            assert not coll.exists(key).exists
+    counts["live"] = len(exists)
+    return counts, exists
+
+
+def replayed_documents(addr: str, tmp_path) -> dict:
+    out = tmp_path / "cap"
+    cap = subprocess.run([DCPTOOL, "capture", f"couchbase://{addr}/default", "--user", USER, "--to", "now",
+                          "-o", str(out), "--quiet"], capture_output=True, text=True, timeout=BOUND, env=ENV)
+    assert cap.returncode == 0, cap.stderr
+    rep = subprocess.run([DCPTOOL, "replay", str(out), "--table", "documents", "--format", "jsonl"],
+                         capture_output=True, text=True, timeout=BOUND)
+    assert rep.returncode == 0, rep.stderr
+    rows = [json.loads(x) for x in rep.stdout.splitlines() if x.strip()]
+    return {r["key"]: r["cas"] for r in rows if r["state"] == "live"}
+
+
+@pytest.mark.parametrize("nodes,replicas", [(1, 0), (3, 1), (3, 0)])
+def test_sdk_writes_equal_the_replayed_capture(serve, tmp_path, nodes, replicas):
+    addr = serve("--nodes", str(nodes), "--replicas", str(replicas), "--seed", "7")
+    cluster, coll = connect(addr)
+    try:
+        counts, truth = workload(coll, seed=25 + nodes + replicas, durable_ok=replicas > 0)
+    finally:
+        cluster.close()
+    # the mix did what it was meant to (each kind of outcome at least once)
+    wanted = {"upsert", "insert", "insert-exists", "replace", "replace-stale", "remove", "touch",
+              "durable" if replicas else "durable-impossible"}
+    assert wanted <= set(counts), counts
+    assert counts["live"] > 5
+    assert replayed_documents(addr, tmp_path) == truth
