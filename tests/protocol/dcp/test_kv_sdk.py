@@ -2,7 +2,8 @@
 `dcptool serve dcp --items 0`, one node and a 3-node cluster with a replica: a seeded mix of
 upserts, inserts (one on an existing key: DocumentExistsException), CAS replaces (a stale
 CAS: CasMismatchException), removes, touches and durable upserts (majority: acknowledged
-with --replicas 1, DurabilityImpossibleException with --replicas 0); then `dcptool capture
+with --replicas 1, DurabilityImpossibleException with --replicas 0). A `dcptool stream --to
+forever` open during the writes gets the last change of every key; then `dcptool capture
 ... --to now` and `dcptool replay CAP --table documents` (in-process): the replayed live
 documents equal what the SDK reads back, key for key and CAS for CAS."""
 
@@ -13,6 +14,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 from datetime import timedelta
 
 import pytest
@@ -32,6 +34,7 @@ DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 USER, PASSWORD = "Administrator", "kv-sdk-pw"
 ENV = dict(os.environ, DCPTOOL_PASSWORD=PASSWORD)
 BOUND = 120
+KEYS = [f"user-{i:03d}" for i in range(40)]
 
 
 @pytest.fixture
@@ -67,7 +70,7 @@ def workload(coll, seed: int, durable_ok: bool) -> dict:
     """A seeded mix of writes; every outcome checked against a model of the bucket.
     Returns the counts of what happened."""
     rng = random.Random(seed)
-    keys = [f"user-{i:03d}" for i in range(40)]
+    keys = KEYS
     exists: dict[str, int] = {}          # key -> CAS the SDK was given
     counts: dict[str, int] = {}
     durable = ServerDurability(DurabilityLevel.MAJORITY)
@@ -143,14 +146,57 @@ def replayed_documents(addr: str, tmp_path) -> dict:
     return {r["key"]: r["cas"] for r in rows if r["state"] == "live"}
 
 
+class LiveStream:
+    """`dcptool stream --to forever` running while the SDK writes: each item line's
+    (key -> op, cas), and `until(truth)` waits (bounded) for the last change of every key."""
+
+    def __init__(self, addr: str):
+        self.proc = subprocess.Popen([DCPTOOL, "stream", f"couchbase://{addr}/default", "--user", USER,
+                                      "--to", "forever", "--format", "jsonl"], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=ENV)
+        self.last: dict[str, tuple[str, int]] = {}
+        self.want: dict[str, tuple[str, int]] | None = None
+        self.done = threading.Event()
+        self.cond = threading.Lock()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            if not line.startswith("{"):
+                continue
+            r = json.loads(line)
+            if r["op"] in ("mutation", "deletion", "expiration"):
+                with self.cond:
+                    self.last[r["key"]] = ("live" if r["op"] == "mutation" else "gone", r["cas"])
+                    self._check()
+
+    def _check(self) -> None:
+        if self.want is not None and all(self.last.get(k, ("gone", 0))[0] == op and
+                                         (op == "gone" or self.last[k][1] == cas)
+                                         for k, (op, cas) in self.want.items()):
+            self.done.set()
+
+    def until(self, truth: dict, keys) -> bool:
+        with self.cond:
+            self.want = {k: ("live", truth[k]) if k in truth else ("gone", 0) for k in keys}
+            self._check()
+        ok = self.done.wait(BOUND / 2)
+        self.proc.terminate()
+        self.proc.wait(BOUND)
+        return ok
+
+
 @pytest.mark.parametrize("nodes,replicas", [(1, 0), (3, 1), (3, 0)])
 def test_sdk_writes_equal_the_replayed_capture(serve, tmp_path, nodes, replicas):
     addr = serve("--nodes", str(nodes), "--replicas", str(replicas), "--seed", "7")
+    live = LiveStream(addr)                  # open while the SDK writes
     cluster, coll = connect(addr)
     try:
         counts, truth = workload(coll, seed=25 + nodes + replicas, durable_ok=replicas > 0)
     finally:
         cluster.close()
+    assert live.until(truth, KEYS), f"the live stream missed changes: {live.want} vs {live.last}"
     # the mix did what it was meant to (each kind of outcome at least once)
     wanted = {"upsert", "insert", "insert-exists", "replace", "replace-stale", "remove", "touch",
               "durable" if replicas else "durable-impossible"}
