@@ -23,7 +23,6 @@ import struct
 import cramjam
 
 from dcptool.protocol.dcp.wire import leb128
-from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.constants import DatatypeBit, Feature, Status
 from dcptool.protocol.dcp.server.kv_store import KvStore, VbIndex, store_of
 from dcptool.protocol.errors import ProtocolError
@@ -32,9 +31,12 @@ MAX_KEY = 250                      # bytes of a key (without its collection pref
 MAX_VALUE = 20 * 1024 * 1024       # Couchbase's item size limit
 DURABILITY_FRAME = 1
 LEVELS = {1: "majority", 2: "majority_and_persist_to_active", 3: "persist_to_majority"}
+_RSP = struct.Struct(">BBHBBHIIQ")  # a response header
 _FLAGS_EXPIRY = struct.Struct(">II")
 _U32 = struct.Struct(">I")
 _META = struct.Struct(">IIIQB")    # deleted, flags, expiry, seqno, datatype (GET_META version 2)
+_SNAPPY, _XATTR = int(DatatypeBit.SNAPPY), int(DatatypeBit.XATTR)
+_KNOWN_DATATYPES = int(DatatypeBit.JSON | DatatypeBit.SNAPPY | DatatypeBit.XATTR)
 _JSON_START = frozenset(b'{["-0123456789tfn \t\r\n')
 
 
@@ -87,11 +89,11 @@ def _value(req) -> tuple[bytes, int]:
     """(the value as stored, its datatype): decompressed; JSON when it parses as JSON."""
     value = bytes(req.value)
     dt = req.datatype
-    if dt & ~(DatatypeBit.JSON | DatatypeBit.SNAPPY | DatatypeBit.XATTR):
+    if dt & ~_KNOWN_DATATYPES:
         raise BadRequest(Status.EINVAL, f"unknown datatype 0x{dt:02x}")
-    if dt & DatatypeBit.XATTR:
+    if dt & _XATTR:
         raise BadRequest(Status.NOT_SUPPORTED, "extended attributes are not supported by serve dcp")
-    if dt & DatatypeBit.SNAPPY:
+    if dt & _SNAPPY:
         try:
             value = bytes(cramjam.snappy.decompress_raw(value))
         except Exception:   # noqa: BLE001 - cramjam raises its own error types
@@ -118,10 +120,11 @@ def _need_extras(req, *sizes: int) -> None:
 
 # --------------------------------------------------------------------------- answers
 
-def _answer(conn, req, status: int = Status.SUCCESS, *, extras: bytes = b"", value: bytes = b"", cas: int = 0,
+def _answer(conn, req, status: int = 0, *, extras: bytes = b"", value: bytes = b"", cas: int = 0,
             datatype: int = 0) -> None:
-    conn._out.append(m.encode(m.Response(opcode=req.opcode, opaque=req.opaque, status=status, extras=extras,
-                                         value=value, cas=cas, datatype=datatype)))
+    """A response (magic 0x81): the header packed here, one per request (the hot path)."""
+    conn._out.append(_RSP.pack(0x81, req.opcode, 0, len(extras), datatype, status,
+                               len(extras) + len(value), req.opaque, cas) + extras + value)
 
 
 def _error(conn, req, bad: BadRequest) -> None:
