@@ -118,6 +118,7 @@ class ProducerConnection:
         return self.controls.get("backfill_order") == "sequential"
 
     def close(self, reason: str) -> None:
+        kv.complete(self)       # durable writes under way complete, whoever is there to hear it
         if self.closed is None:
             self.closed = reason
             self.stats["closed"] = reason

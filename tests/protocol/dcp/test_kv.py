@@ -288,3 +288,14 @@ def test_a_write_is_live_on_an_open_stream():
         [(key, w.cas, 1, 1, JSON_FLAGS, int(WALL) + 60, b'{"x":1}')]
     kv.call(0x04, key)
     assert [type(f).__name__ for f in frames(dcp) if not f.IS_RESPONSE][-1] == "Deletion"
+
+
+def test_a_durable_write_completes_when_its_client_goes_away():
+    model = P.server_from_options(vbuckets=VBS, items=0, seed=1, nodes=3, replicas=1)
+    key = b"orphan"
+    node = model.cluster.vbmap[vbucket_of(key, VBS)][0]
+    kv = Kv(model, node=node)
+    kv.send(kv.req(0x01, key, extras=bytes(8), value=b'{"o":1}', durability=1))
+    kv.conn.close("client disconnected")
+    assert [h[1] for h in history(model, key)] == ["p", "c"]
+    assert Kv(model, node=node).upsert(key).status == 0      # the key is not blocked
