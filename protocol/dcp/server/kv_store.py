@@ -32,8 +32,9 @@ DEFAULT_PAGER_INTERVAL = 10.0            # seconds between expiry pager runs
 class VbIndex:
     """The live documents of one vbucket: (collection id, key) -> latest Item."""
 
-    def __init__(self, vb: VBucket):
+    def __init__(self, vb: VBucket, store: "KvStore | None" = None):
         self.vb = vb
+        self.store = store                                 # counts the bucket's expiring documents
         self.docs: dict[tuple[int, bytes], Item] = {}
         self.pending: dict[tuple[int, bytes], Item] = {}   # durable writes not yet committed
         self.applied = 0
@@ -57,7 +58,7 @@ class VbIndex:
                 self.docs.clear()
                 self.pending.clear()
                 self.applied = 0
-                self.expiring = 0
+                self._count_expiring(-self.expiring)
         high = vb.high_seqno
         if self.applied >= high:
             return
@@ -86,10 +87,15 @@ class VbIndex:
                 return
         old = self.docs.get(key)
         if old is not None and old.expiry and old.kind in ("m", "c"):
-            self.expiring -= 1
+            self._count_expiring(-1)
         self.docs[key] = it
         if it.expiry and k in ("m", "c"):
-            self.expiring += 1
+            self._count_expiring(1)
+
+    def _count_expiring(self, delta: int) -> None:
+        self.expiring += delta
+        if self.store is not None:
+            self.store.expiring_docs += delta
 
     def next_cas(self, wall: float) -> int:
         """kv_engine's HLC: max(previous + 1, wall-clock ns with the low 16 bits cleared)."""
@@ -150,11 +156,12 @@ class KvStore:
         self.index: list[VbIndex | None] = [None] * bucket.num_vbuckets
         self.pager_due: float | None = None
         self.writes = 0               # changes made through KV (transports wake streams on it)
+        self.expiring_docs = 0        # live documents with an expiry, over every vbucket
 
     def vb(self, vbid: int) -> VbIndex:
         ix = self.index[vbid]
         if ix is None:
-            ix = self.index[vbid] = VbIndex(self.bucket.vbuckets[vbid])
+            ix = self.index[vbid] = VbIndex(self.bucket.vbuckets[vbid], self)
         ix.sync()
         return ix
 
@@ -170,7 +177,7 @@ class KvStore:
         return expiry
 
     def expiring(self) -> bool:
-        return any(ix is not None and ix.expiring for ix in self.index)
+        return self.expiring_docs > 0
 
     def deadline(self, now: float) -> float | None:
         """When the expiry pager next runs (None: nothing can expire)."""
