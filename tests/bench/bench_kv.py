@@ -79,9 +79,11 @@ def throughput(coll, srv_pid: int) -> tuple[float, float, float]:
     return WRITES / batch_s, single, cpu
 
 
-def paced(coll) -> dict[tuple[str, int], int]:
-    """RATE writes/s for LATENCY_SECONDS: {(key, cas): send time ns}."""
+def paced(coll) -> tuple[dict[tuple[str, int], int], list[float]]:
+    """RATE writes/s for LATENCY_SECONDS: ({(key, cas): send time ns}, the SDK's round trip
+    of each batch in ms: what the client side adds to the latency)."""
     sent = {}
+    rtt = []
     period = BATCH / RATE
     start = time.perf_counter()
     for b in range(int(LATENCY_SECONDS * RATE / BATCH)):
@@ -92,9 +94,10 @@ def paced(coll) -> dict[tuple[str, int], int]:
         batch = {f"l-{b:05d}-{j:02d}": {"b": b, "j": j} for j in range(BATCH)}
         t_ns = time.time_ns()
         res = coll.upsert_multi(batch)
+        rtt.append((time.time_ns() - t_ns) / 1e6)
         for key, r in res.results.items():
             sent[(key, r.cas)] = t_ns
-    return sent
+    return sent, sorted(rtt)
 
 
 def pct(sorted_ms: list[float], q: float) -> float:
@@ -107,7 +110,7 @@ def run(nodes: int) -> None:
     try:
         coll = cluster.bucket("default").default_collection()
         multi, single, cpu = throughput(coll, srv.pid)
-        sent = paced(coll)
+        sent, rtt = paced(coll)
         time.sleep(2.0)                   # let the capture receive the last writes
     finally:
         cluster.close()
@@ -128,7 +131,9 @@ def run(nodes: int) -> None:
     shutil.rmtree(out, ignore_errors=True)
     print(f"nodes={nodes}: upsert_multi {multi:,.0f}/s (server CPU {cpu:.2f} core), one at a time {single:,.0f}/s; "
           f"latency at {RATE}/s: {len(lat)}/{len(sent)} writes captured, "
-          f"p50 {pct(lat, 0.5):.1f} ms, p99 {pct(lat, 0.99):.1f} ms, max {lat[-1]:.1f} ms" if lat else
+          f"p50 {pct(lat, 0.5):.1f} ms, p99 {pct(lat, 0.99):.1f} ms, max {lat[-1]:.1f} ms "
+          f"(the SDK's own round trip per batch: p50 {pct(rtt, 0.5):.1f} ms, p99 {pct(rtt, 0.99):.1f} ms); "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores" if lat else
           f"nodes={nodes}: no write captured")
 
 
