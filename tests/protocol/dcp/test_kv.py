@@ -299,3 +299,31 @@ def test_a_durable_write_completes_when_its_client_goes_away():
     kv.conn.close("client disconnected")
     assert [h[1] for h in history(model, key)] == ["p", "c"]
     assert Kv(model, node=node).upsert(key).status == 0      # the key is not blocked
+
+
+# --------------------------------------------------------------------------- hostile requests
+
+from hypothesis import given, settings, strategies as hs  # noqa: E402
+
+from dcptool.protocol.dcp.server import kv as KV  # noqa: E402
+
+_requests = hs.builds(
+    dict, opcode=hs.sampled_from(sorted(KV.OPCODES)), key=hs.binary(max_size=300),
+    extras=hs.one_of(hs.binary(max_size=12), hs.sampled_from([b"", bytes(4), bytes(8)])),
+    value=hs.binary(max_size=64), cas=hs.one_of(hs.just(0), hs.integers(0, (1 << 64) - 1)),
+    datatype=hs.integers(0, 255), vbucket=hs.integers(0, 0xFFFF),
+    frame_infos=hs.one_of(hs.just(()), hs.tuples(hs.tuples(hs.just(1), hs.binary(max_size=4)))))
+
+
+@settings(derandomize=True, max_examples=300, deadline=None)
+@given(hs.lists(_requests, min_size=1, max_size=8))
+def test_any_kv_request_gets_one_answer_and_the_connection_stays(reqs):
+    model = P.server_from_options(vbuckets=VBS, items=20, seed=2, nodes=2, replicas=1, manifest=Manifest(1, 2))
+    kv = Kv(model)
+    msgs = [m.Request(opaque=i + 1, **r) for i, r in enumerate(reqs)]
+    kv.send(*msgs)
+    kv.conn.tick(0.0)                      # durable writes answer at the tick
+    out = [f for f in frames(kv.conn) if f.IS_RESPONSE]
+    assert kv.conn.closed is None
+    assert sorted(f.opaque for f in out) == list(range(1, len(reqs) + 1))
+    assert all(f.status != Status.UNKNOWN_COMMAND for f in out)
