@@ -150,7 +150,8 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
     Speaks HELLO, SASL (SCRAM-SHA512/256/SHA1, PLAIN), SELECT_BUCKET, DCP_OPEN,
     DCP_CONTROL, GET_ALL_VB_SEQNOS, STREAM_REQ (with Couchbase's rollback decision),
     GET_FAILOVER_LOG, CLOSE_STREAM, BUFFER_ACK and noops, and the KV commands of the
-    Couchbase SDKs (get, upsert, insert, replace, remove, touch, durable writes: docs/SERVE.md).
+    Couchbase SDKs (get, upsert, insert, replace, remove, touch, counters, append, durable
+    writes: docs/SERVE.md).
     Documents are pre-encoded, so a
     backfill runs at well over a million mutations per second. Flow control is enforced;
     a connection that leaves a noop unanswered for one interval is dropped. With --nodes N

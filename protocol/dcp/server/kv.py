@@ -1,6 +1,7 @@
 """KV on `serve dcp`, sans-IO: the document commands an SDK sends (get, upsert / insert /
-replace with CAS, remove, touch, get-and-touch, exists, get-replica, the collection id of a
-name, noop), answered as Couchbase answers them, on the live documents of kv_store.py.
+replace with CAS, remove, touch, get-and-touch, exists, get-replica, increment / decrement,
+append / prepend, the collection id of a name, noop), answered as Couchbase answers them, on
+the live documents of kv_store.py.
 
 Each write is one item at the vbucket's next seqno, so it is on every DCP stream of the
 vbucket at once (a stream open `--to forever` gets it live, a later one backfills it).
@@ -33,6 +34,7 @@ DURABILITY_FRAME = 1
 LEVELS = {1: "majority", 2: "majority_and_persist_to_active", 3: "persist_to_majority"}
 _RSP = struct.Struct(">BBHBBHIIQ")  # a response header
 _FLAGS_EXPIRY = struct.Struct(">II")
+_COUNTER = struct.Struct(">QQI")   # delta, initial, expiry
 _U32 = struct.Struct(">I")
 _META = struct.Struct(">IIIQB")    # deleted, flags, expiry, seqno, datatype (GET_META version 2)
 _SNAPPY, _XATTR = int(DatatypeBit.SNAPPY), int(DatatypeBit.XATTR)
@@ -308,8 +310,63 @@ def _collection_id(conn, req) -> None:
     _answer(conn, req, extras=struct.pack(">QI", man.uid, col.cid))
 
 
+def _counter(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
+    """INCREMENT / DECREMENT: extras delta u64, initial u64, expiry u32. A missing document
+    is created with `initial` (unless expiry is 0xffffffff: KEY_ENOENT); the value is ASCII
+    decimal (DELTA_BADVAL otherwise); increment wraps at 2^64, decrement stops at 0. The
+    answer's value is the new count, 8 bytes big-endian."""
+    _need_extras(req, 20)
+    key = _key(conn, req)
+    _durability(req)
+    delta, initial, expiry = _COUNTER.unpack(req.extras)
+    wall = st.wall(now)
+    cur = ix.find(key, wall)
+    if key in ix.pending:
+        raise BadRequest(Status.SYNC_WRITE_IN_PROGRESS)
+    if req.cas and (cur is None or cur.cas != req.cas):
+        raise BadRequest(Status.KEY_ENOENT if cur is None else Status.KEY_EEXISTS)
+    if cur is None:
+        if expiry == 0xFFFFFFFF:
+            raise BadRequest(Status.KEY_ENOENT)
+        count, flags, exp = initial, 0, st.absolute_expiry(expiry, now)
+    else:
+        text = cur.value.strip()
+        if not text.isdigit() or len(text) > 20 or int(text) >= 1 << 64:
+            raise BadRequest(Status.DELTA_BADVAL, "the value is not a number")
+        count, flags, exp = int(text), cur.flags, cur.expiry
+        count = (count + delta) % (1 << 64) if req.opcode == 0x05 else max(0, count - delta)
+    it = ix.append(key, "m", b"%d" % count, cas=ix.next_cas(wall), rev=ix.rev_after(key), flags=flags,
+                   expiry=exp, datatype=1)
+    _written(conn, st)
+    _answer(conn, req, extras=_mutation_extras(conn, ix, it.seqno), value=struct.pack(">Q", count), cas=it.cas)
+
+
+def _concat(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
+    """APPEND / PREPEND: the value joined to the document's; NOT_STORED when it is missing."""
+    _need_extras(req, 0)
+    key = _key(conn, req)
+    _durability(req)
+    value, _ = _value(req)
+    wall = st.wall(now)
+    cur = ix.find(key, wall)
+    if key in ix.pending:
+        raise BadRequest(Status.SYNC_WRITE_IN_PROGRESS)
+    if cur is None:
+        raise BadRequest(Status.NOT_STORED)
+    if req.cas and cur.cas != req.cas:
+        raise BadRequest(Status.KEY_EEXISTS)
+    joined = cur.value + value if req.opcode == 0x0E else value + cur.value
+    if len(joined) > MAX_VALUE:
+        raise BadRequest(Status.E2BIG)
+    it = ix.append(key, "m", joined, cas=ix.next_cas(wall), rev=ix.rev_after(key), flags=cur.flags,
+                   expiry=cur.expiry, datatype=1 if _is_json(joined) else 0)
+    _written(conn, st)
+    _answer(conn, req, extras=_mutation_extras(conn, ix, it.seqno), cas=it.cas)
+
+
 DOCUMENT_COMMANDS = {0x00: _get, 0x83: _get, 0x01: _store, 0x02: _store, 0x03: _store, 0x04: _remove,
-                     0x1C: _touch, 0x1D: _touch, 0xA0: _get_meta}
+                     0x1C: _touch, 0x1D: _touch, 0xA0: _get_meta, 0x05: _counter, 0x06: _counter,
+                     0x0E: _concat, 0x0F: _concat}
 OPCODES = frozenset(DOCUMENT_COMMANDS) | {0x0A, 0xBB}
 
 

@@ -61,6 +61,10 @@ class Opcode(enum.IntEnum):
     ADD = 0x02                  # insert
     REPLACE = 0x03
     DELETE = 0x04               # remove
+    INCREMENT = 0x05
+    DECREMENT = 0x06
+    APPEND = 0x0E
+    PREPEND = 0x0F
     TOUCH = 0x1C
     GAT = 0x1D                  # get and touch
     GET_REPLICA = 0x83

@@ -120,7 +120,7 @@ def test_status_codes_of_bad_and_conflicting_requests():
     assert kv.upsert(b"d", durability=4).status == Status.DURABILITY_INVALID_LEVEL
     assert kv.upsert(b"d", durability=1).status == Status.DURABILITY_IMPOSSIBLE
     # a command serve dcp does not know: UNKNOWN_COMMAND, and the connection stays
-    assert kv.call(0x05, b"k", extras=b"\0" * 20).status == Status.UNKNOWN_COMMAND
+    assert kv.call(0x94, b"k", extras=b"\0" * 4).status == Status.UNKNOWN_COMMAND   # get-and-lock
     assert kv.call(0x0A).status == Status.SUCCESS and kv.conn.closed is None
 
 
@@ -327,3 +327,28 @@ def test_any_kv_request_gets_one_answer_and_the_connection_stays(reqs):
     assert kv.conn.closed is None
     assert sorted(f.opaque for f in out) == list(range(1, len(reqs) + 1))
     assert all(f.status != Status.UNKNOWN_COMMAND for f in out)
+
+
+def test_counters_and_append_prepend():
+    model = single()
+    kv = Kv(model)
+    ctr = lambda op, delta, initial=0, expiry=0, **kw: kv.call(op, b"c", extras=struct.pack(">QQI", delta, initial,
+                                                                                        expiry), **kw)
+    assert ctr(0x05, 1, 10, 0xFFFFFFFF).status == Status.KEY_ENOENT     # no create
+    first = ctr(0x05, 1, 10)
+    assert (first.status, struct.unpack(">Q", first.value)[0]) == (0, 10)   # created with the initial
+    assert struct.unpack(">Q", ctr(0x05, 5).value)[0] == 15
+    assert struct.unpack(">Q", ctr(0x06, 100).value)[0] == 0               # decrement stops at 0
+    assert struct.unpack(">Q", ctr(0x05, (1 << 64) - 1).value)[0] == (1 << 64) - 1
+    assert struct.unpack(">Q", ctr(0x05, 2).value)[0] == 1                 # increment wraps
+    assert kv.call(0x00, b"c").value == b"1"
+    assert [h[2] for h in history(model, b"c")] == [1, 2, 3, 4, 5]
+    kv.upsert(b"s", value=b'"ab"')
+    assert kv.call(0x05, b"s", extras=struct.pack(">QQI", 1, 0, 0)).status == Status.DELTA_BADVAL
+    assert kv.call(0x0E, b"nope", value=b"x").status == Status.NOT_STORED
+    kv.upsert(b"t", value=b"mid", flags=0x03000000)
+    assert kv.call(0x0E, b"t", value=b"-end").status == 0
+    assert kv.call(0x0F, b"t", value=b"start-").status == 0
+    got = kv.call(0x00, b"t")
+    assert (got.value, got.extras) == (b"start-mid-end", struct.pack(">I", 0x03000000))
+    assert kv.call(0x0E, b"t", value=b"x", cas=got.cas + 1).status == Status.KEY_EEXISTS

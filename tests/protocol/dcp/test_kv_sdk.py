@@ -1,7 +1,7 @@
 """The official Couchbase Python SDK (PyPI `couchbase`, on Couchbase's C++ core) against
 `dcptool serve dcp --items 0`, one node and a 3-node cluster with a replica: a seeded mix of
 upserts, inserts (one on an existing key: DocumentExistsException), CAS replaces (a stale
-CAS: CasMismatchException), removes, touches and durable upserts (majority: acknowledged
+CAS: CasMismatchException), removes, touches, counters, append / prepend and durable upserts (majority: acknowledged
 with --replicas 1, DurabilityImpossibleException with --replicas 0). A `dcptool stream --to
 forever` open during the writes gets the last change of every key; then `dcptool capture
 ... --to now` and `dcptool replay CAP --table documents` (in-process): the replayed live
@@ -28,8 +28,10 @@ from couchbase.auth import PasswordAuthenticator  # noqa: E402
 from couchbase.cluster import Cluster  # noqa: E402
 from couchbase.durability import DurabilityLevel, ServerDurability  # noqa: E402
 from couchbase.diagnostics import ServiceType  # noqa: E402
-from couchbase.options import (ClusterOptions, ClusterTimeoutOptions, ReplaceOptions, UpsertOptions,  # noqa: E402
+from couchbase.options import (ClusterOptions, ClusterTimeoutOptions, DecrementOptions, DeltaValue,  # noqa: E402
+                               GetOptions, IncrementOptions, ReplaceOptions, SignedInt64, UpsertOptions,
                                WaitUntilReadyOptions)
+from couchbase.transcoder import RawBinaryTranscoder  # noqa: E402
 
 pytestmark = pytest.mark.integration
 DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
@@ -127,7 +129,19 @@ def workload(coll, seed: int, durable_ok: bool) -> dict:
             assert res.cas > exists.get(key, 0)     # the hybrid logical clock only moves on
             exists[key] = res.cas
         counts[what] = counts.get(what, 0) + 1
-    for key in keys:                                   # the SDK reads back what it was told
+    binary = coll.binary()                             # counters and append / prepend
+    for i in range(6):
+        r = binary.increment(f"ctr-{i % 2}", IncrementOptions(initial=SignedInt64(10), delta=DeltaValue(i + 1)))
+        exists[f"ctr-{i % 2}"] = r.cas
+    assert binary.decrement("ctr-0", DecrementOptions(delta=DeltaValue(1000))).content == 0
+    assert coll.get("ctr-1").content_as[int] == 10 + 4 + 6
+    raw = RawBinaryTranscoder()
+    coll.upsert("bin", b"mid", UpsertOptions(transcoder=raw))
+    binary.append("bin", b"-end")
+    exists["bin"] = binary.prepend("bin", b"start-").cas
+    exists["ctr-0"] = coll.get("ctr-0").cas
+    assert coll.get("bin", GetOptions(transcoder=raw)).value == b"start-mid-end"
+    for key in keys + ["ctr-0", "ctr-1", "bin"]:       # the SDK reads back what it was told
         if key in exists:
             assert coll.get(key).cas == exists[key]
         else:
