@@ -1,6 +1,6 @@
 """KV on `serve dcp`, sans-IO: the document commands an SDK sends (get, upsert / insert /
 replace with CAS, remove, touch, get-and-touch, exists, get-replica, increment / decrement,
-append / prepend, the collection id of a name, noop), answered as Couchbase answers them, on
+append / prepend, get-and-lock / unlock, the collection id of a name, noop), answered as Couchbase answers them, on
 the live documents of kv_store.py.
 
 Each write is one item at the vbucket's next seqno, so it is on every DCP stream of the
@@ -30,6 +30,8 @@ from dcptool.protocol.errors import ProtocolError
 
 MAX_KEY = 250                      # bytes of a key (without its collection prefix)
 MAX_VALUE = 20 * 1024 * 1024       # Couchbase's item size limit
+DEFAULT_LOCK, MAX_LOCK = 15, 30    # seconds of a get-and-lock
+LOCKED_CAS = 0xFFFFFFFFFFFFFFFF    # what GET answers for a locked document
 DURABILITY_FRAME = 1
 LEVELS = {1: "majority", 2: "majority_and_persist_to_active", 3: "persist_to_majority"}
 _RSP = struct.Struct(">BBHBBHIIQ")  # a response header
@@ -141,19 +143,77 @@ def _mutation_extras(conn, ix: VbIndex, seqno: int) -> bytes:
     return struct.pack(">QQ", ix.vb.uuid, seqno) if Feature.MUTATION_SEQNO in conn.features else b""
 
 
-def _doc_answer(conn, req, it) -> None:
+def _doc_answer(conn, req, it, cas: int | None = None) -> None:
     dt = it.datatype if conn.json else 0
-    _answer(conn, req, extras=_U32.pack(it.flags), value=it.value, cas=it.cas, datatype=dt)
+    _answer(conn, req, extras=_U32.pack(it.flags), value=it.value, cas=it.cas if cas is None else cas, datatype=dt)
 
 
 # --------------------------------------------------------------------------- commands
 
 def _get(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
     _need_extras(req, 0)
-    it = ix.find(_key(conn, req), st.wall(now))
+    key = _key(conn, req)
+    wall = st.wall(now)
+    it = ix.find(key, wall)
     if it is None:
         raise BadRequest(Status.KEY_ENOENT)
-    _doc_answer(conn, req, it)
+    locked = req.opcode == 0x00 and ix.lock_of(key, wall) is not None
+    _doc_answer(conn, req, it, LOCKED_CAS if locked else None)
+
+
+def _current(ix: VbIndex, key, wall: float, cas: int, missing: int = Status.KEY_ENOENT):
+    """The live document (or None) a write applies to, after kv_engine's checks: a durable
+    write in progress on the key, a lock (only its CAS opens it), the CAS (if one is given,
+    the document must exist: `missing` otherwise, and have that CAS)."""
+    cur = ix.find(key, wall)
+    if key in ix.pending:
+        raise BadRequest(Status.SYNC_WRITE_IN_PROGRESS)
+    lock = ix.lock_of(key, wall) if cur is not None else None
+    if lock is not None:
+        if cas != lock:
+            raise BadRequest(Status.LOCKED)
+        return cur
+    if cas and cur is None:
+        raise BadRequest(missing)
+    if cas and cur.cas != cas:
+        raise BadRequest(Status.KEY_EEXISTS)
+    return cur
+
+
+def _get_locked(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
+    """GET_LOCKED (get-and-lock): extras the lock time in seconds (0 or above 30: 15). The
+    answer carries a lock CAS, the only one that writes or unlocks the document until the
+    lock ends; GET answers CAS -1 meanwhile. A lock is no change: no seqno, nothing streamed."""
+    _need_extras(req, 0, 4)
+    key = _key(conn, req)
+    wall = st.wall(now)
+    it = ix.find(key, wall)
+    if it is None:
+        raise BadRequest(Status.KEY_ENOENT)
+    if key in ix.pending or ix.lock_of(key, wall) is not None:
+        raise BadRequest(Status.LOCKED)
+    secs = _U32.unpack(req.extras)[0] if req.extras else 0
+    secs = DEFAULT_LOCK if secs == 0 or secs > MAX_LOCK else secs
+    lock = ix.next_cas(wall)
+    ix.locks[key] = (lock, wall + secs)
+    _doc_answer(conn, req, it, lock)
+
+
+def _unlock(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
+    """UNLOCK_KEY: the lock CAS ends the lock; NOT_LOCKED when there is none, LOCKED for
+    another CAS."""
+    _need_extras(req, 0)
+    key = _key(conn, req)
+    wall = st.wall(now)
+    if ix.find(key, wall) is None:
+        raise BadRequest(Status.KEY_ENOENT)
+    lock = ix.lock_of(key, wall)
+    if lock is None:
+        raise BadRequest(Status.NOT_LOCKED)
+    if req.cas != lock:
+        raise BadRequest(Status.LOCKED)
+    del ix.locks[key]
+    _answer(conn, req)
 
 
 def _store(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
@@ -168,15 +228,11 @@ def _store(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
     if op == 0x02 and req.cas:
         raise BadRequest(Status.EINVAL, "insert takes no CAS")
     wall = st.wall(now)
-    cur = ix.find(key, wall)
-    if key in ix.pending:
-        raise BadRequest(Status.SYNC_WRITE_IN_PROGRESS)
+    cur = _current(ix, key, wall, req.cas)
     if op == 0x02 and cur is not None:
         raise BadRequest(Status.KEY_EEXISTS)
-    if (op == 0x03 or req.cas) and cur is None:
+    if op == 0x03 and cur is None:
         raise BadRequest(Status.KEY_ENOENT)
-    if req.cas and cur.cas != req.cas:
-        raise BadRequest(Status.KEY_EEXISTS)
     _write(conn, req, st, ix, key, level, value=value, dt=dt, flags=flags,
            expiry=st.absolute_expiry(expiry, now), wall=wall)
 
@@ -186,13 +242,8 @@ def _remove(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
     key = _key(conn, req)
     level = _durability(req)
     wall = st.wall(now)
-    cur = ix.find(key, wall)
-    if key in ix.pending:
-        raise BadRequest(Status.SYNC_WRITE_IN_PROGRESS)
-    if cur is None:
+    if _current(ix, key, wall, req.cas) is None:
         raise BadRequest(Status.KEY_ENOENT)
-    if req.cas and cur.cas != req.cas:
-        raise BadRequest(Status.KEY_EEXISTS)
     if level:
         _check_durable(conn, ix)
     it = ix.append(key, "d", b"", cas=ix.next_cas(wall), rev=ix.rev_after(key))
@@ -208,11 +259,9 @@ def _touch(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
     _need_extras(req, 4)
     key = _key(conn, req)
     wall = st.wall(now)
-    cur = ix.find(key, wall)
+    cur = _current(ix, key, wall, req.cas)
     if cur is None:
         raise BadRequest(Status.KEY_ENOENT)
-    if key in ix.pending:
-        raise BadRequest(Status.SYNC_WRITE_IN_PROGRESS)
     expiry = st.absolute_expiry(_U32.unpack(req.extras)[0], now)
     it = ix.append(key, "m", cur.value, cas=ix.next_cas(wall), rev=cur.rev + 1, flags=cur.flags, expiry=expiry,
                    datatype=cur.datatype)
@@ -320,11 +369,7 @@ def _counter(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
     _durability(req)
     delta, initial, expiry = _COUNTER.unpack(req.extras)
     wall = st.wall(now)
-    cur = ix.find(key, wall)
-    if key in ix.pending:
-        raise BadRequest(Status.SYNC_WRITE_IN_PROGRESS)
-    if req.cas and (cur is None or cur.cas != req.cas):
-        raise BadRequest(Status.KEY_ENOENT if cur is None else Status.KEY_EEXISTS)
+    cur = _current(ix, key, wall, req.cas)
     if cur is None:
         if expiry == 0xFFFFFFFF:
             raise BadRequest(Status.KEY_ENOENT)
@@ -348,13 +393,9 @@ def _concat(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
     _durability(req)
     value, _ = _value(req)
     wall = st.wall(now)
-    cur = ix.find(key, wall)
-    if key in ix.pending:
-        raise BadRequest(Status.SYNC_WRITE_IN_PROGRESS)
+    cur = _current(ix, key, wall, req.cas, Status.NOT_STORED)
     if cur is None:
         raise BadRequest(Status.NOT_STORED)
-    if req.cas and cur.cas != req.cas:
-        raise BadRequest(Status.KEY_EEXISTS)
     joined = cur.value + value if req.opcode == 0x0E else value + cur.value
     if len(joined) > MAX_VALUE:
         raise BadRequest(Status.E2BIG)
@@ -366,7 +407,7 @@ def _concat(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
 
 DOCUMENT_COMMANDS = {0x00: _get, 0x83: _get, 0x01: _store, 0x02: _store, 0x03: _store, 0x04: _remove,
                      0x1C: _touch, 0x1D: _touch, 0xA0: _get_meta, 0x05: _counter, 0x06: _counter,
-                     0x0E: _concat, 0x0F: _concat}
+                     0x0E: _concat, 0x0F: _concat, 0x94: _get_locked, 0x95: _unlock}
 OPCODES = frozenset(DOCUMENT_COMMANDS) | {0x0A, 0xBB}
 
 

@@ -37,6 +37,7 @@ class VbIndex:
         self.store = store                                 # counts the bucket's expiring documents
         self.docs: dict[tuple[int, bytes], Item] = {}
         self.pending: dict[tuple[int, bytes], Item] = {}   # durable writes not yet committed
+        self.locks: dict[tuple[int, bytes], tuple[int, float]] = {}   # get-and-lock: (lock CAS, until)
         self.applied = 0
         self.uuid = vb.uuid
         self.hlc = 0
@@ -57,6 +58,7 @@ class VbIndex:
             if min(newer) < self.applied:                   # a failover cut what we had applied
                 self.docs.clear()
                 self.pending.clear()
+                self.locks.clear()
                 self.applied = 0
                 self._count_expiring(-self.expiring)
         high = vb.high_seqno
@@ -118,8 +120,19 @@ class VbIndex:
         it = Item(vb.high_seqno + 1, key[1], value, rev, cas, kind, datatype, prepared, key[0], flags, expiry, True)
         vb.mem.append(it)
         self._apply(it)
+        self.locks.pop(key, None)                           # a new version is not locked
         self.applied = it.seqno
         return it
+
+    def lock_of(self, key: tuple[int, bytes], wall: float) -> int | None:
+        """The lock CAS of a locked document (a lock whose time is up is gone)."""
+        lock = self.locks.get(key)
+        if lock is None:
+            return None
+        if lock[1] <= wall:
+            del self.locks[key]
+            return None
+        return lock[0]
 
     def expire(self, key: tuple[int, bytes], wall: float) -> Item:
         """The document expired: an expiration at a new seqno (kv_engine keeps the CAS clock

@@ -69,6 +69,8 @@ class Opcode(enum.IntEnum):
     GAT = 0x1D                  # get and touch
     GET_REPLICA = 0x83
     GET_META = 0xA0             # exists
+    GET_LOCKED = 0x94           # get and lock
+    UNLOCK_KEY = 0x95
     GET_COLLECTION_ID = 0xBB
 
 
@@ -120,6 +122,7 @@ class Status(enum.IntEnum):
     LOCKED = 0x09
     DCP_STREAM_NOT_FOUND = 0x0A
     OPAQUE_NO_MATCH = 0x0B
+    NOT_LOCKED = 0x0E
     AUTH_STALE = 0x1F
     AUTH_ERROR = 0x20
     AUTH_CONTINUE = 0x21

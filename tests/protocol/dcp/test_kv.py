@@ -120,7 +120,7 @@ def test_status_codes_of_bad_and_conflicting_requests():
     assert kv.upsert(b"d", durability=4).status == Status.DURABILITY_INVALID_LEVEL
     assert kv.upsert(b"d", durability=1).status == Status.DURABILITY_IMPOSSIBLE
     # a command serve dcp does not know: UNKNOWN_COMMAND, and the connection stays
-    assert kv.call(0x94, b"k", extras=b"\0" * 4).status == Status.UNKNOWN_COMMAND   # get-and-lock
+    assert kv.call(0xD0, b"k", extras=b"\0").status == Status.UNKNOWN_COMMAND   # sub-document lookup
     assert kv.call(0x0A).status == Status.SUCCESS and kv.conn.closed is None
 
 
@@ -352,3 +352,30 @@ def test_counters_and_append_prepend():
     got = kv.call(0x00, b"t")
     assert (got.value, got.extras) == (b"start-mid-end", struct.pack(">I", 0x03000000))
     assert kv.call(0x0E, b"t", value=b"x", cas=got.cas + 1).status == Status.KEY_EEXISTS
+
+
+def test_get_and_lock_then_only_the_lock_cas_writes_or_unlocks():
+    model = single()
+    kv = Kv(model)
+    w = kv.upsert(b"l")
+    high = model.buckets["default"].vbuckets[vbucket_of(b"l", VBS)].high_seqno
+    got = kv.call(0x94, b"l", extras=struct.pack(">I", 10))
+    assert got.status == 0 and got.cas > w.cas and got.value == b'{"a":1}'
+    assert model.buckets["default"].vbuckets[vbucket_of(b"l", VBS)].high_seqno == high   # no change streamed
+    assert kv.call(0x00, b"l").cas == 0xFFFFFFFFFFFFFFFF                  # locked: CAS -1
+    assert kv.call(0x94, b"l", extras=struct.pack(">I", 10)).status == Status.LOCKED
+    assert kv.upsert(b"l").status == Status.LOCKED
+    assert kv.upsert(b"l", cas=w.cas).status == Status.LOCKED
+    assert kv.call(0x04, b"l").status == Status.LOCKED
+    assert kv.call(0x95, b"l", cas=w.cas).status == Status.LOCKED         # the wrong CAS
+    assert kv.call(0x95, b"l", cas=got.cas).status == 0
+    assert kv.call(0x95, b"l", cas=got.cas).status == Status.NOT_LOCKED
+    assert kv.call(0x00, b"l").cas == w.cas                               # unlocked: its own CAS again
+    # a write with the lock CAS unlocks; a lock ends on its own after its time
+    lock = kv.call(0x94, b"l", extras=struct.pack(">I", 5)).cas
+    assert kv.upsert(b"l", cas=lock, value=b'{"b":2}').status == 0
+    assert kv.call(0x00, b"l").cas != 0xFFFFFFFFFFFFFFFF
+    kv.call(0x94, b"l", extras=struct.pack(">I", 5))
+    assert kv.upsert(b"l", now=4.0).status == Status.LOCKED
+    assert kv.upsert(b"l", now=5.5).status == 0
+    assert kv.call(0x94, b"nope", extras=bytes(4)).status == Status.KEY_ENOENT
