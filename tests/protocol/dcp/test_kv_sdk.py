@@ -1,7 +1,8 @@
 """The official Couchbase Python SDK (PyPI `couchbase`, on Couchbase's C++ core) against
 `dcptool serve dcp --items 0`, one node and a 3-node cluster with a replica: a seeded mix of
 upserts, inserts (one on an existing key: DocumentExistsException), CAS replaces (a stale
-CAS: CasMismatchException), removes, touches, counters, append / prepend and durable upserts (majority: acknowledged
+CAS: CasMismatchException), removes, touches, counters, append / prepend, a lock and durable
+upserts (majority: acknowledged
 with --replicas 1, DurabilityImpossibleException with --replicas 0). A `dcptool stream --to
 forever` open during the writes gets the last change of every key; then `dcptool capture
 ... --to now` and `dcptool replay CAP --table documents` (in-process): the replayed live
@@ -141,6 +142,11 @@ def workload(coll, seed: int, durable_ok: bool) -> dict:
     exists["bin"] = binary.prepend("bin", b"start-").cas
     exists["ctr-0"] = coll.get("ctr-0").cas
     assert coll.get("bin", GetOptions(transcoder=raw)).value == b"start-mid-end"
+    locked = next(k for k in keys if k in exists)      # a lock: only its CAS writes
+    lock = coll.get_and_lock(locked, timedelta(seconds=15)).cas
+    with pytest.raises(cbe.DocumentLockedException):
+        coll.upsert(locked, {"locked": True})
+    exists[locked] = coll.replace(locked, {"unlocked": True}, ReplaceOptions(cas=lock)).cas
     for key in keys + ["ctr-0", "ctr-1", "bin"]:       # the SDK reads back what it was told
         if key in exists:
             assert coll.get(key).cas == exists[key]
