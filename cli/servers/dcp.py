@@ -136,16 +136,23 @@ def _manifest(scopes, per_scope, create_at, drop_at):
                    "version of their keys, as a Magma bucket with history retention: their manifest entry "
                    "says \"history\": true, a connection with change_streams=true gets History|"
                    "MayContainDuplicates snapshots with every version. Without it change_streams is refused.")
+@click.option("--expiry-pager", default="10s", show_default=True, metavar="DURATION",
+              help="KV: how often the expiry pager deletes expired documents (an expiration each); a "
+                   "read finds an expired document gone at once whatever this says.")
 @playback_options
 def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, checkpoint_items, users, tls_cert,
               tls_key, failover_at, failover_loss, disconnect_after, end_reasons, slow, slow_frames, silent,
               refuse_controls, sync_write_ratio, corrupt_value_at, nodes, replicas, rebalance_at, add_node_at, from_capture, pace, disconnect_at, stall_at, corrupt_at,
-              scopes, collections_per_scope, create_collection_at, drop_collection_at, history_collections):
+              scopes, collections_per_scope, create_collection_at, drop_collection_at, history_collections,
+              expiry_pager):
     """Serve DCP for one generated bucket on BIND:PORT.
 
     Speaks HELLO, SASL (SCRAM-SHA512/256/SHA1, PLAIN), SELECT_BUCKET, DCP_OPEN,
     DCP_CONTROL, GET_ALL_VB_SEQNOS, STREAM_REQ (with Couchbase's rollback decision),
-    GET_FAILOVER_LOG, CLOSE_STREAM, BUFFER_ACK and noops. Documents are pre-encoded, so a
+    GET_FAILOVER_LOG, CLOSE_STREAM, BUFFER_ACK and noops, and the KV commands of the
+    Couchbase SDKs (get, upsert, insert, replace, remove, touch, counters, append, durable
+    writes: docs/SERVE.md).
+    Documents are pre-encoded, so a
     backfill runs at well over a million mutations per second. Flow control is enforced;
     a connection that leaves a noop unanswered for one interval is dropped. With --nodes N
     it serves a cluster: GET_CLUSTER_CONFIG returns the map, a vbucket asked of the wrong
@@ -195,6 +202,9 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
                                 nodes=nodes, replicas=replicas, events=events, manifest=manifest)
     for b in model.buckets.values():
         b.sync_ratio = sync_write_ratio
+    model.expiry_pager = parse_duration(expiry_pager, "--expiry-pager")
+    if model.expiry_pager <= 0:
+        raise click.BadParameter("must be more than 0", param_hint="--expiry-pager")
 
     async def main():
         stop = server_stop_event()

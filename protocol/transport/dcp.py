@@ -437,7 +437,7 @@ class ProducerServer:
         self._rate_task = None
         self.address: tuple[str, int] | None = None
         self.addresses: list[tuple[str, int]] = []     # one per cluster node (node 0 = address)
-        self._seen_changes = 0
+        self._seen_changes = (0, 0)
 
     async def start(self, host: str = "127.0.0.1", port: int = 0, tls: ssl.SSLContext | None = None):
         """Listen on host:port, and for a cluster model one more free port per further node
@@ -461,8 +461,8 @@ class ProducerServer:
 
     def wake_on_topology_change(self) -> None:
         """After a topology event every connection has something to do (stream ends, drops)."""
-        changes = getattr(self.model, "topology_changes", 0)
-        if changes != self._seen_changes:
+        changes = (getattr(self.model, "topology_changes", 0), getattr(self.model, "kv_writes", 0))
+        if changes != self._seen_changes:   # (KV writes too: their vbuckets' streams send them)
             self._seen_changes = changes
             for p in list(self.protocols):
                 p.wake.set()

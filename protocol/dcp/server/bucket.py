@@ -58,6 +58,9 @@ class Item:
     datatype: int = 1      # JSON
     prepared: int = 0      # c, a: the seqno of the prepare they complete
     cid: int = 0           # collection id; sc / sd: a collection create / drop (producer_collections.py)
+    flags: int = 0         # the client's item flags (KV writes, kv.py)
+    expiry: int = 0        # absolute Unix time, 0 for none (KV writes)
+    kv: bool = False       # written by a KV client: a failover never rewrites it (fail_over)
 
 
 def _mutation_dtype(key_len: int, value_len: int) -> np.dtype:
@@ -87,6 +90,7 @@ class VBucket:
         self.mem: list[Item] = []             # seqnos disk_high+1 ... high
         self.checkpoint_items = checkpoint_items
         self.purge_seqno = 0
+        self.durable_floor = 0                # last acknowledged durable write: never lost (kv.py)
         self._encoded: dict[tuple, np.ndarray] = {}
 
     @property
@@ -147,10 +151,14 @@ class VBucket:
 
     def fail_over(self, new_uuid: int, keep: int, rng: random.Random, now_cas: int) -> int:
         """Promote a replica that had only `keep` seqnos: a new branch at R = keep; the lost
-        tail is rewritten (same keys, new values) on the new branch. Returns R."""
-        r = max(0, min(keep, self.high_seqno))
+        tail is rewritten (same keys, new values) on the new branch. Returns R.
+        An acknowledged durable write is on a majority of nodes, so the promoted replica
+        has it: R is never below `durable_floor`. What KV clients wrote and lost is lost
+        (their documents go back to the version before), never rewritten."""
+        r = max(0, min(max(keep, self.durable_floor), self.high_seqno))
         # (a lost collection event is not rewritten: the manifest change stays made)
-        lost = [(it.key, it.cid) for it in self.items() if it.seqno > r and it.kind not in ("sc", "sd")]
+        lost = [(it.key, it.cid) for it in self.items() if it.seqno > r and it.kind not in ("sc", "sd")
+                and not it.kv]
         if r < self.disk_high:
             self.disk_high = r
             self.mem = []

@@ -29,6 +29,7 @@ from dcptool.protocol.dcp.server.bucket import Bucket, Item, VBucket, rollback_s
 from dcptool.protocol.dcp.server import manifest as pcol
 from dcptool.protocol.dcp.server.streams import Fixed, Stream, Var, encode_item
 from dcptool.protocol.dcp.server import stream_ids as producer_sid
+from dcptool.protocol.dcp.server import kv
 from dcptool.protocol.dcp.server.shared import Scenarios, ServerModel, rate_items, server_from_options  # noqa: F401
 from dcptool.protocol.errors import ProtocolError
 
@@ -117,6 +118,7 @@ class ProducerConnection:
         return self.controls.get("backfill_order") == "sequential"
 
     def close(self, reason: str) -> None:
+        kv.complete(self)       # durable writes under way complete, whoever is there to hear it
         if self.closed is None:
             self.closed = reason
             self.stats["closed"] = reason
@@ -213,6 +215,9 @@ class ProducerConnection:
             return
         if self.server.users and self.user is None:
             self._reply(msg, Status.EACCESS)
+            return
+        if t is m.Request and msg.op_code in kv.OPCODES:   # documents (KV): kv.py
+            kv.handle(self, msg, now)
             return
         if t is m.SelectBucket:
             bucket = self.server.buckets.get(msg.bucket.decode("utf-8", "replace"))
@@ -409,6 +414,7 @@ class ProducerConnection:
     def tick(self, now: float) -> None:
         if self.closed or self.server.silent_active:
             return
+        kv.tick(self, now)      # durable writes complete, the expiry pager
         if self.noop_enabled and self.noop_due is not None and now >= self.noop_due:
             if self.noop_waiting is not None:
                 self.close("noop not answered")
@@ -422,7 +428,8 @@ class ProducerConnection:
     def next_deadline(self) -> float | None:
         """When tick() or pull() next has something to do on its own."""
         times = [t for t in (self.noop_due if self.noop_enabled else None,
-                             self.next_send if self.server.scenarios.slow else None) if t is not None]
+                             self.next_send if self.server.scenarios.slow else None,
+                             kv.deadline(self, self.last_rx)) if t is not None]
         return min(times) if times else None
 
     # ---- output

@@ -205,7 +205,8 @@ def encode_item(c, vbid: int, opaque: int, it: Item) -> bytes:
             value = corrupt_value(c, bytes(cramjam.snappy.compress_raw(value)))
             dt |= 0x02
         return m.encode(m.Mutation(vbucket=vbid, opaque=opaque, cas=it.cas, datatype=dt, key=it.key,
-                                   collection_id=cid, value=value, by_seqno=it.seqno, rev_seqno=it.rev))
+                                   collection_id=cid, value=value, by_seqno=it.seqno, rev_seqno=it.rev,
+                                   item_flags=it.flags, expiration=it.expiry))
     if it.kind == "x" and c.delete_times and c.controls.get("enable_expiry_opcode") == "true":
         return m.encode(m.Expiration(vbucket=vbid, opaque=opaque, cas=it.cas, key=it.key, collection_id=cid,
                                      by_seqno=it.seqno, rev_seqno=it.rev, delete_time=0))

@@ -55,6 +55,23 @@ class Opcode(enum.IntEnum):
     GET_CLUSTER_CONFIG = 0xB5   # cluster map
     GET_COLLECTIONS_MANIFEST = 0xBA  # the bucket's collections manifest (JSON)
     GET_ERROR_MAP = 0xFE        # extended error map
+    # KV (documents), as `serve dcp` answers them (protocol/dcp/server/kv.py)
+    GET = 0x00
+    SET = 0x01                  # upsert
+    ADD = 0x02                  # insert
+    REPLACE = 0x03
+    DELETE = 0x04               # remove
+    INCREMENT = 0x05
+    DECREMENT = 0x06
+    APPEND = 0x0E
+    PREPEND = 0x0F
+    TOUCH = 0x1C
+    GAT = 0x1D                  # get and touch
+    GET_REPLICA = 0x83
+    GET_META = 0xA0             # exists
+    GET_LOCKED = 0x94           # get and lock
+    UNLOCK_KEY = 0x95
+    GET_COLLECTION_ID = 0xBB
 
 
 OP_NAMES: dict[int, str] = {
@@ -105,6 +122,7 @@ class Status(enum.IntEnum):
     LOCKED = 0x09
     DCP_STREAM_NOT_FOUND = 0x0A
     OPAQUE_NO_MATCH = 0x0B
+    NOT_LOCKED = 0x0E
     AUTH_STALE = 0x1F
     AUTH_ERROR = 0x20
     AUTH_CONTINUE = 0x21
@@ -121,6 +139,11 @@ class Status(enum.IntEnum):
     UNKNOWN_COLLECTION = 0x88
     UNKNOWN_SCOPE = 0x8C
     DCP_STREAM_ID_INVALID = 0x8D
+    DURABILITY_INVALID_LEVEL = 0xA0
+    DURABILITY_IMPOSSIBLE = 0xA1
+    SYNC_WRITE_IN_PROGRESS = 0xA2
+    SYNC_WRITE_AMBIGUOUS = 0xA3
+    SYNC_WRITE_RECOMMIT_IN_PROGRESS = 0xA4
 
 
 def status_name(status: int) -> str:

@@ -1,0 +1,461 @@
+"""KV on `serve dcp`, sans-IO: the document commands an SDK sends (get, upsert / insert /
+replace with CAS, remove, touch, get-and-touch, exists, get-replica, increment / decrement,
+append / prepend, get-and-lock / unlock, the collection id of a name, noop), answered as Couchbase answers them, on
+the live documents of kv_store.py.
+
+Each write is one item at the vbucket's next seqno, so it is on every DCP stream of the
+vbucket at once (a stream open `--to forever` gets it live, a later one backfills it).
+Durable writes (flexible framing, frame info 1: majority, majority-and-persist-on-active,
+persist-to-majority) are refused DURABILITY_IMPOSSIBLE unless the vbucket's chain has a
+majority of live nodes (`--replicas` 1 or more and enough nodes); otherwise a DCP prepare
+now, its commit and the answer at the connection's next tick (`complete`): a write to the
+key in between gets SYNC_WRITE_IN_PROGRESS. An acknowledged durable write raises the
+vbucket's `durable_floor`: no failover loses it.
+
+Bad requests get Couchbase's statuses (EINVAL, E2BIG, UNKNOWN_COLLECTION with the manifest
+uid, NOT_MY_VBUCKET with the cluster map, ...), never a dropped connection.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import cramjam
+
+from dcptool.protocol.dcp.wire import leb128
+from dcptool.protocol.dcp.wire.constants import DatatypeBit, Feature, Status
+from dcptool.protocol.dcp.server.kv_store import KvStore, VbIndex, store_of
+from dcptool.protocol.errors import ProtocolError
+
+MAX_KEY = 250                      # bytes of a key (without its collection prefix)
+MAX_VALUE = 20 * 1024 * 1024       # Couchbase's item size limit
+DEFAULT_LOCK, MAX_LOCK = 15, 30    # seconds of a get-and-lock
+LOCKED_CAS = 0xFFFFFFFFFFFFFFFF    # what GET answers for a locked document
+DURABILITY_FRAME = 1
+LEVELS = {1: "majority", 2: "majority_and_persist_to_active", 3: "persist_to_majority"}
+_RSP = struct.Struct(">BBHBBHIIQ")  # a response header
+_FLAGS_EXPIRY = struct.Struct(">II")
+_COUNTER = struct.Struct(">QQI")   # delta, initial, expiry
+_U32 = struct.Struct(">I")
+_META = struct.Struct(">IIIQB")    # deleted, flags, expiry, seqno, datatype (GET_META version 2)
+_SNAPPY, _XATTR = int(DatatypeBit.SNAPPY), int(DatatypeBit.XATTR)
+_KNOWN_DATATYPES = int(DatatypeBit.JSON | DatatypeBit.SNAPPY | DatatypeBit.XATTR)
+_JSON_START = frozenset(b'{["-0123456789tfn \t\r\n')
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, context: str = "", body: bytes | None = None):
+        super().__init__(context)
+        self.status, self.context, self.body = status, context, body
+
+
+# --------------------------------------------------------------------------- request parts
+
+def _key(conn, req) -> tuple[int, bytes]:
+    """(collection id, key) of a document command; the collection must exist."""
+    raw = req.key
+    cid = 0
+    if conn.collections:
+        try:
+            cid, used = leb128.decode(raw, 0, min(len(raw), 5))
+        except ProtocolError:
+            raise BadRequest(Status.EINVAL, "invalid collection id prefix") from None
+        if used == 0 or used > len(raw):
+            raise BadRequest(Status.EINVAL, "invalid collection id prefix")
+        raw = raw[used:]
+    if not raw:
+        raise BadRequest(Status.EINVAL, "key required")
+    if len(raw) > MAX_KEY:
+        raise BadRequest(Status.EINVAL, f"key longer than {MAX_KEY} bytes")
+    man = getattr(conn.bucket, "manifest", None)
+    if cid and (man is None or cid not in man.live_ids()):
+        raise BadRequest(Status.UNKNOWN_COLLECTION, body=man.error_body() if man is not None else b"")
+    return cid, bytes(raw)
+
+
+def _durability(req) -> int:
+    """The durability level asked in the frame infos (0: none)."""
+    level = 0
+    if getattr(req, "raw_framing", b""):
+        raise BadRequest(Status.EINVAL, "framing extras do not parse")
+    for fid, payload in req.frame_infos:
+        if fid == DURABILITY_FRAME:
+            if len(payload) not in (1, 3):
+                raise BadRequest(Status.EINVAL, "durability frame info must be 1 or 3 bytes")
+            level = payload[0]
+            if level not in LEVELS:
+                raise BadRequest(Status.DURABILITY_INVALID_LEVEL, f"durability level {level}")
+    return level
+
+
+def _value(req) -> tuple[bytes, int]:
+    """(the value as stored, its datatype): decompressed; JSON when it parses as JSON."""
+    value = bytes(req.value)
+    dt = req.datatype
+    if dt & ~_KNOWN_DATATYPES:
+        raise BadRequest(Status.EINVAL, f"unknown datatype 0x{dt:02x}")
+    if dt & _XATTR:
+        raise BadRequest(Status.NOT_SUPPORTED, "extended attributes are not supported by serve dcp")
+    if dt & _SNAPPY:
+        try:
+            value = bytes(cramjam.snappy.decompress_raw(value))
+        except Exception:   # noqa: BLE001 - cramjam raises its own error types
+            raise BadRequest(Status.EINVAL, "value does not decompress (Snappy)") from None
+    if len(value) > MAX_VALUE:
+        raise BadRequest(Status.E2BIG)
+    return value, 1 if _is_json(value) else 0
+
+
+def _is_json(value: bytes) -> bool:
+    if not value or value[0] not in _JSON_START:
+        return False
+    try:
+        json.loads(value)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return True
+
+
+def _need_extras(req, *sizes: int) -> None:
+    if len(req.extras) not in sizes:
+        raise BadRequest(Status.EINVAL, f"extras must be {' or '.join(map(str, sizes))} bytes")
+
+
+# --------------------------------------------------------------------------- answers
+
+def _answer(conn, req, status: int = 0, *, extras: bytes = b"", value: bytes = b"", cas: int = 0,
+            datatype: int = 0) -> None:
+    """A response (magic 0x81): the header packed here, one per request (the hot path)."""
+    conn._out.append(_RSP.pack(0x81, req.opcode, 0, len(extras), datatype, status,
+                               len(extras) + len(value), req.opaque, cas) + extras + value)
+
+
+def _error(conn, req, bad: BadRequest) -> None:
+    body = bad.body
+    if body is None:
+        body = json.dumps({"error": {"context": bad.context}}).encode() if bad.context else b""
+    _answer(conn, req, bad.status, value=body, datatype=1 if body and conn.json else 0)
+
+
+def _mutation_extras(conn, ix: VbIndex, seqno: int) -> bytes:
+    """MUTATION_SEQNO: the vbucket uuid and the write's seqno (the SDK's mutation token)."""
+    return struct.pack(">QQ", ix.vb.uuid, seqno) if Feature.MUTATION_SEQNO in conn.features else b""
+
+
+def _doc_answer(conn, req, it, cas: int | None = None) -> None:
+    dt = it.datatype if conn.json else 0
+    _answer(conn, req, extras=_U32.pack(it.flags), value=it.value, cas=it.cas if cas is None else cas, datatype=dt)
+
+
+# --------------------------------------------------------------------------- commands
+
+def _get(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
+    _need_extras(req, 0)
+    key = _key(conn, req)
+    wall = st.wall(now)
+    it = ix.find(key, wall)
+    if it is None:
+        raise BadRequest(Status.KEY_ENOENT)
+    locked = req.opcode == 0x00 and ix.lock_of(key, wall) is not None
+    _doc_answer(conn, req, it, LOCKED_CAS if locked else None)
+
+
+def _current(ix: VbIndex, key, wall: float, cas: int, missing: int = Status.KEY_ENOENT):
+    """The live document (or None) a write applies to, after kv_engine's checks: a durable
+    write in progress on the key, a lock (only its CAS opens it), the CAS (if one is given,
+    the document must exist: `missing` otherwise, and have that CAS)."""
+    cur = ix.find(key, wall)
+    if key in ix.pending:
+        raise BadRequest(Status.SYNC_WRITE_IN_PROGRESS)
+    lock = ix.lock_of(key, wall) if cur is not None else None
+    if lock is not None:
+        if cas != lock:
+            raise BadRequest(Status.LOCKED)
+        return cur
+    if cas and cur is None:
+        raise BadRequest(missing)
+    if cas and cur.cas != cas:
+        raise BadRequest(Status.KEY_EEXISTS)
+    return cur
+
+
+def _get_locked(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
+    """GET_LOCKED (get-and-lock): extras the lock time in seconds (0 or above 30: 15). The
+    answer carries a lock CAS, the only one that writes or unlocks the document until the
+    lock ends; GET answers CAS -1 meanwhile. A lock is no change: no seqno, nothing streamed."""
+    _need_extras(req, 0, 4)
+    key = _key(conn, req)
+    wall = st.wall(now)
+    it = ix.find(key, wall)
+    if it is None:
+        raise BadRequest(Status.KEY_ENOENT)
+    if key in ix.pending or ix.lock_of(key, wall) is not None:
+        raise BadRequest(Status.LOCKED)
+    secs = _U32.unpack(req.extras)[0] if req.extras else 0
+    secs = DEFAULT_LOCK if secs == 0 or secs > MAX_LOCK else secs
+    lock = ix.next_cas(wall)
+    ix.locks[key] = (lock, wall + secs)
+    _doc_answer(conn, req, it, lock)
+
+
+def _unlock(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
+    """UNLOCK_KEY: the lock CAS ends the lock; NOT_LOCKED when there is none, LOCKED for
+    another CAS."""
+    _need_extras(req, 0)
+    key = _key(conn, req)
+    wall = st.wall(now)
+    if ix.find(key, wall) is None:
+        raise BadRequest(Status.KEY_ENOENT)
+    lock = ix.lock_of(key, wall)
+    if lock is None:
+        raise BadRequest(Status.NOT_LOCKED)
+    if req.cas != lock:
+        raise BadRequest(Status.LOCKED)
+    del ix.locks[key]
+    _answer(conn, req)
+
+
+def _store(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
+    """SET (upsert), ADD (insert), REPLACE: flags and expiry in the extras, CAS optional
+    (not for ADD)."""
+    _need_extras(req, 8)
+    op = req.opcode
+    key = _key(conn, req)
+    level = _durability(req)
+    flags, expiry = _FLAGS_EXPIRY.unpack(req.extras)
+    value, dt = _value(req)
+    if op == 0x02 and req.cas:
+        raise BadRequest(Status.EINVAL, "insert takes no CAS")
+    wall = st.wall(now)
+    cur = _current(ix, key, wall, req.cas)
+    if op == 0x02 and cur is not None:
+        raise BadRequest(Status.KEY_EEXISTS)
+    if op == 0x03 and cur is None:
+        raise BadRequest(Status.KEY_ENOENT)
+    _write(conn, req, st, ix, key, level, value=value, dt=dt, flags=flags,
+           expiry=st.absolute_expiry(expiry, now), wall=wall)
+
+
+def _remove(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
+    _need_extras(req, 0)
+    key = _key(conn, req)
+    level = _durability(req)
+    wall = st.wall(now)
+    if _current(ix, key, wall, req.cas) is None:
+        raise BadRequest(Status.KEY_ENOENT)
+    if level:
+        _check_durable(conn, ix)
+    it = ix.append(key, "d", b"", cas=ix.next_cas(wall), rev=ix.rev_after(key))
+    if level:   # (streamed as a plain deletion; kept through failovers as any durable write)
+        ix.vb.durable_floor = it.seqno
+    _written(conn, st)
+    _answer(conn, req, extras=_mutation_extras(conn, ix, it.seqno), cas=it.cas)
+
+
+def _touch(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
+    """TOUCH (a new expiry) and GAT (get and touch): a new version at a new seqno, the
+    same value, a new CAS."""
+    _need_extras(req, 4)
+    key = _key(conn, req)
+    wall = st.wall(now)
+    cur = _current(ix, key, wall, req.cas)
+    if cur is None:
+        raise BadRequest(Status.KEY_ENOENT)
+    expiry = st.absolute_expiry(_U32.unpack(req.extras)[0], now)
+    it = ix.append(key, "m", cur.value, cas=ix.next_cas(wall), rev=cur.rev + 1, flags=cur.flags, expiry=expiry,
+                   datatype=cur.datatype)
+    _written(conn, st)
+    if req.opcode == 0x1D:
+        _doc_answer(conn, req, it)
+    else:
+        _answer(conn, req, cas=it.cas)
+
+
+def _get_meta(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
+    """GET_META (the SDK's exists): deleted, flags, expiry, seqno (+ datatype, version 2);
+    a tombstone answers too, with deleted = 1."""
+    _need_extras(req, 0, 1)
+    key = _key(conn, req)
+    ix.find(key, st.wall(now))
+    it = ix.docs.get(key)
+    if it is None:
+        raise BadRequest(Status.KEY_ENOENT)
+    deleted = 0 if it.kind in ("m", "c") else 1
+    extras = _META.pack(deleted, it.flags, it.expiry, it.rev, it.datatype)
+    if req.extras != b"\x02":
+        extras = extras[:-1]
+    _answer(conn, req, extras=extras, cas=it.cas)
+
+
+def _check_durable(conn, ix: VbIndex) -> None:
+    """DURABILITY_IMPOSSIBLE unless the vbucket's chain (active + replicas) has a majority
+    of live nodes: majority = (replicas + 1) // 2 + 1 of the configured copies."""
+    cl = conn.server.cluster_for(conn.bucket)
+    if cl is None or cl.replicas == 0:
+        raise BadRequest(Status.DURABILITY_IMPOSSIBLE)
+    row = cl.vbmap[ix.vb.vbid]
+    live = sum(1 for r in row if r >= 0 and cl.nodes[r].serving)
+    if live < (cl.replicas + 1) // 2 + 1:
+        raise BadRequest(Status.DURABILITY_IMPOSSIBLE)
+
+
+def _write(conn, req, st: KvStore, ix: VbIndex, key, level: int, *, value: bytes, dt: int, flags: int,
+           expiry: int, wall: float) -> None:
+    rev = ix.rev_after(key)
+    if level:
+        _check_durable(conn, ix)
+        p = ix.append(key, "p", value, cas=ix.next_cas(wall), rev=rev, flags=flags, expiry=expiry, datatype=dt)
+        _written(conn, st)
+        pending = getattr(conn, "kv_pending", None)
+        if pending is None:
+            pending = conn.kv_pending = []
+        pending.append((req, ix, p))
+        return
+    it = ix.append(key, "m", value, cas=ix.next_cas(wall), rev=rev, flags=flags, expiry=expiry, datatype=dt)
+    _written(conn, st)
+    _answer(conn, req, extras=_mutation_extras(conn, ix, it.seqno), cas=it.cas)
+
+
+def _written(conn, st: KvStore) -> None:
+    st.writes += 1
+    conn.bucket.generation += 1
+    conn.server.kv_writes = getattr(conn.server, "kv_writes", 0) + 1
+
+
+def complete(conn) -> None:
+    """The replicas acknowledged: commit the connection's durable writes in progress and
+    answer them (the commit at the next seqno, the prepare's CAS)."""
+    pending = getattr(conn, "kv_pending", None)
+    if not pending:
+        return
+    conn.kv_pending = []
+    for req, ix, p in pending:
+        key = (p.cid, p.key)
+        if ix.pending.get(key) is not p:      # a failover took the prepare away
+            _answer(conn, req, Status.SYNC_WRITE_AMBIGUOUS)
+            continue
+        c = ix.append(key, "c", p.value, cas=p.cas, rev=p.rev, flags=p.flags, expiry=p.expiry,
+                      datatype=p.datatype, prepared=p.seqno)
+        ix.vb.durable_floor = c.seqno
+        _written(conn, store_of(conn.bucket, conn.server))
+        _answer(conn, req, extras=_mutation_extras(conn, ix, c.seqno), cas=c.cas)
+
+
+def _collection_id(conn, req) -> None:
+    """GET_COLLECTION_ID: "scope.collection" in the key (or the value) -> the manifest uid
+    and the collection id in the extras; UNKNOWN_SCOPE / UNKNOWN_COLLECTION otherwise."""
+    man = getattr(conn.bucket, "manifest", None)
+    path = (req.key or req.value).decode("utf-8", "replace")
+    scope, dot, name = path.partition(".")
+    scope, name = scope or "_default", name or "_default"
+    if man is None or not dot and path:
+        raise BadRequest(Status.EINVAL, "the path is scope.collection")
+    if man.scope_id(scope) is None:
+        raise BadRequest(Status.UNKNOWN_SCOPE, body=man.error_body())
+    col = man.find(scope, name)
+    if col is None:
+        raise BadRequest(Status.UNKNOWN_COLLECTION, body=man.error_body())
+    _answer(conn, req, extras=struct.pack(">QI", man.uid, col.cid))
+
+
+def _counter(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
+    """INCREMENT / DECREMENT: extras delta u64, initial u64, expiry u32. A missing document
+    is created with `initial` (unless expiry is 0xffffffff: KEY_ENOENT); the value is ASCII
+    decimal (DELTA_BADVAL otherwise); increment wraps at 2^64, decrement stops at 0. The
+    answer's value is the new count, 8 bytes big-endian."""
+    _need_extras(req, 20)
+    key = _key(conn, req)
+    _durability(req)
+    delta, initial, expiry = _COUNTER.unpack(req.extras)
+    wall = st.wall(now)
+    cur = _current(ix, key, wall, req.cas)
+    if cur is None:
+        if expiry == 0xFFFFFFFF:
+            raise BadRequest(Status.KEY_ENOENT)
+        count, flags, exp = initial, 0, st.absolute_expiry(expiry, now)
+    else:
+        text = cur.value.strip()
+        if not text.isdigit() or len(text) > 20 or int(text) >= 1 << 64:
+            raise BadRequest(Status.DELTA_BADVAL, "the value is not a number")
+        count, flags, exp = int(text), cur.flags, cur.expiry
+        count = (count + delta) % (1 << 64) if req.opcode == 0x05 else max(0, count - delta)
+    it = ix.append(key, "m", b"%d" % count, cas=ix.next_cas(wall), rev=ix.rev_after(key), flags=flags,
+                   expiry=exp, datatype=1)
+    _written(conn, st)
+    _answer(conn, req, extras=_mutation_extras(conn, ix, it.seqno), value=struct.pack(">Q", count), cas=it.cas)
+
+
+def _concat(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
+    """APPEND / PREPEND: the value joined to the document's; NOT_STORED when it is missing."""
+    _need_extras(req, 0)
+    key = _key(conn, req)
+    _durability(req)
+    value, _ = _value(req)
+    wall = st.wall(now)
+    cur = _current(ix, key, wall, req.cas, Status.NOT_STORED)
+    if cur is None:
+        raise BadRequest(Status.NOT_STORED)
+    joined = cur.value + value if req.opcode == 0x0E else value + cur.value
+    if len(joined) > MAX_VALUE:
+        raise BadRequest(Status.E2BIG)
+    it = ix.append(key, "m", joined, cas=ix.next_cas(wall), rev=ix.rev_after(key), flags=cur.flags,
+                   expiry=cur.expiry, datatype=1 if _is_json(joined) else 0)
+    _written(conn, st)
+    _answer(conn, req, extras=_mutation_extras(conn, ix, it.seqno), cas=it.cas)
+
+
+DOCUMENT_COMMANDS = {0x00: _get, 0x83: _get, 0x01: _store, 0x02: _store, 0x03: _store, 0x04: _remove,
+                     0x1C: _touch, 0x1D: _touch, 0xA0: _get_meta, 0x05: _counter, 0x06: _counter,
+                     0x0E: _concat, 0x0F: _concat, 0x94: _get_locked, 0x95: _unlock}
+OPCODES = frozenset(DOCUMENT_COMMANDS) | {0x0A, 0xBB}
+
+
+def _serves(conn, req) -> bool:
+    """The node holds the vbucket in the state the command needs: active, or a replica for
+    GET_REPLICA (a single node is active for every vbucket and has no replicas)."""
+    if req.opcode != 0x83:
+        return conn._owned(req.vbucket)
+    cl = conn.server.cluster_for(conn.bucket)
+    return cl is not None and conn.node in cl.vbmap[req.vbucket][1:]
+
+
+def handle(conn, req, now: float) -> None:
+    """Answer one KV request (req: a generic messages.Request, opcode in OPCODES)."""
+    op = req.opcode
+    try:
+        if op == 0x0A:                      # NOOP (an SDK's ping)
+            _answer(conn, req)
+            return
+        if conn.bucket is None:
+            _answer(conn, req, Status.NO_BUCKET)
+            return
+        if op == 0xBB:
+            _collection_id(conn, req)
+            return
+        if not hasattr(conn.bucket, "vbuckets"):   # a capture played back: read-only
+            _answer(conn, req, Status.NOT_SUPPORTED)
+            return
+        if req.vbucket >= conn.bucket.num_vbuckets or not _serves(conn, req):
+            conn._not_my_vbucket(req)
+            return
+        st = store_of(conn.bucket, conn.server)
+        DOCUMENT_COMMANDS[op](conn, req, st, st.vb(req.vbucket), now)
+    except BadRequest as bad:
+        _error(conn, req, bad)
+
+
+def tick(conn, now: float) -> None:
+    """The connection's timer: durable writes complete, the expiry pager runs when due."""
+    complete(conn)
+    st = getattr(conn.bucket, "kv", None) if conn.bucket is not None else None
+    if st is not None and st.run_pager(now):
+        conn.server.kv_writes = getattr(conn.server, "kv_writes", 0) + 1
+
+
+def deadline(conn, now: float) -> float | None:
+    """When tick() next has KV work to do (None: nothing)."""
+    if getattr(conn, "kv_pending", None):
+        return now
+    st = getattr(conn.bucket, "kv", None) if conn.bucket is not None else None
+    return st.deadline(now) if st is not None else None
