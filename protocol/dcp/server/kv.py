@@ -26,7 +26,7 @@ import cramjam
 from dcptool.protocol.dcp.wire import leb128
 from dcptool.protocol.dcp.wire.constants import DatatypeBit, Feature, Status
 from dcptool.protocol.dcp.server.kv_store import KvStore, VbIndex, store_of
-from dcptool.protocol.errors import ProtocolError
+from dcptool.protocol.errors import DcptoolError, ProtocolError
 
 MAX_KEY = 250                      # bytes of a key (without its collection prefix)
 MAX_VALUE = 20 * 1024 * 1024       # Couchbase's item size limit
@@ -44,7 +44,9 @@ _KNOWN_DATATYPES = int(DatatypeBit.JSON | DatatypeBit.SNAPPY | DatatypeBit.XATTR
 _JSON_START = frozenset(b'{["-0123456789tfn \t\r\n')
 
 
-class BadRequest(Exception):
+class BadRequest(DcptoolError):
+    """A KV request answered with a Couchbase status (never a dropped connection)."""
+
     def __init__(self, status: int, context: str = "", body: bytes | None = None):
         super().__init__(context)
         self.status, self.context, self.body = status, context, body
