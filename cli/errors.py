@@ -30,6 +30,15 @@ class Interrupted(Exception):
         self.signum = int(signum)
 
 
+class StdoutClosed(Exception):
+    """Standard output was closed when dcptool started (`>&-`): the output has nowhere to go
+    (exit 1; a reader that went away, `| head`, is EPIPE and exit 0)."""
+
+    def __init__(self, message: str = "standard output is closed: nothing to write the output to "
+                                      "(redirect it to a file, or to /dev/null to drop it)"):
+        super().__init__(message)
+
+
 class LateUsageError(Exception):
     """A usage error found only after connecting (an option the server's answer rules out,
     e.g. --vbuckets beyond the bucket's): exit 2 with one line."""
@@ -87,6 +96,9 @@ def handle(ctx: click.Context, exc: BaseException):
     if isinstance(exc, (KeyboardInterrupt, Interrupted)):
         signum = getattr(exc, "signum", 2)
         import signal
+
+        from dcptool.cli import process
+        process.stop_reported()   # the last resort of process.install_stop_signals says nothing more
         error_line("interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}")
         ctx.exit(exit_code_for(exc))
     if (ctx.obj or {}).get("verbose"):

@@ -9,6 +9,7 @@ import ctypes
 import os
 import sys
 import threading
+import time
 
 import click
 
@@ -321,11 +322,16 @@ def _open_session(ctx, console, master, master_given, remote, conf, verbose, fen
     if remote:
         parsed = urlparse(remote)
         port = parsed.port or connect_server.DEFAULT_PORT
+        deadline = time.monotonic() + REMOTE_WAIT
         try:
-            socket.create_connection((parsed.hostname, port), timeout=10).close()
+            socket.create_connection((parsed.hostname, port), timeout=REMOTE_WAIT).close()
         except OSError as exc:
             _usage_line(ctx, f"--remote {remote}: cannot reach the Spark Connect server "
                              f"({exc.strerror or exc})", exc, verbose, code=EXIT_CONNECT)
+        if not _grpc_answers(remote, deadline):
+            _usage_line(ctx, f"--remote {remote}: no Spark Connect (gRPC) server answers there within "
+                             f"{REMOTE_WAIT:.0f}s (the port accepts connections: another kind of server?)",
+                        code=EXIT_CONNECT)
         url, label = remote, f"Spark Connect {remote}"
     elif not master_given:
         rec, warning = connect_server.warm()
@@ -361,6 +367,24 @@ def _open_session(ctx, console, master, master_given, remote, conf, verbose, fen
                 spark_engine.stop_session(session)
                 _usage_line(ctx, f"--conf {k}: {_first_line(exc)}", exc, verbose)
     return session, keep_alive, label
+
+
+REMOTE_WAIT = 10.0   # seconds --remote may take to accept a connection and answer as gRPC (CLI.md)
+
+
+def _grpc_answers(url: str, deadline: float) -> bool:
+    """The endpoint of `url` completes a gRPC (HTTP/2) connection before `deadline` (monotonic):
+    a port of another protocol (DCP, Synapse) never does, and pyspark would retry it forever."""
+    import grpc
+    from pyspark.sql.connect.client import DefaultChannelBuilder
+    channel = DefaultChannelBuilder(url).toChannel()
+    try:
+        grpc.channel_ready_future(channel).result(timeout=max(0.5, deadline - time.monotonic()))
+        return True
+    except grpc.FutureTimeoutError:
+        return False
+    finally:
+        channel.close()
 
 
 def _first_line(exc: BaseException) -> str:

@@ -141,12 +141,15 @@ class _Base:
         pass
 
 
-GRACE = 3.0   # seconds a stop request may take before the run is cancelled (connecting, back-off)
+GRACE = 1.0   # seconds a stop request may take before the run is cancelled (connecting, back-off):
+# a signal ends the command within 2 s (CLI.md)
 
 
 def _run(opts: LiveOptions, client: SynapseClient, handler, signals: StopSignals) -> None:
     """Run the transport until the handler stops it, an error ends it, or a signal (SIGINT,
     SIGTERM, SIGHUP through `signals`) or --duration asks it to stop."""
+    from dcptool.cli.output import note_stop_signals, run_deadline
+    run_deadline(opts.duration)
 
     async def main():
         loop = asyncio.get_running_loop()
@@ -167,6 +170,7 @@ def _run(opts: LiveOptions, client: SynapseClient, handler, signals: StopSignals
             loop.call_soon_threadsafe(stop, stop_reason_for_signal(signum))
 
         signals.attach(loop)
+        note_stop_signals()   # a write waiting for stdout's reader still sees the signal
         signals.callbacks.append(on_signal)
         if signals.signum is not None:          # came before the loop ran
             on_signal(signals.signum)
