@@ -254,11 +254,17 @@ def _run(ctx, session, files, names, fn, sql, unsafe_sql, checksum, as_of, fmt, 
         from dcptool.replay.spark import engine as spark_engine
     try:
         if fn is not None:
-            if session is not None:
-                with _spark_progress(session, "apply"):
-                    result = spark_engine.apply_spark(session, files, fn)
-            else:
-                result = apply.apply_local(files, fn)
+            try:
+                if session is not None:
+                    with _spark_progress(session, "apply"):
+                        result = spark_engine.apply_spark(session, files, fn)
+                else:
+                    result = apply.apply_local(files, fn)
+            except Exception as exc:  # noqa: BLE001 - the user's function (or Spark quoting it) failed
+                text = apply.apply_error_text(exc)
+                if text is None:
+                    raise
+                _usage_line(ctx, text, exc, verbose, code=1)
             _emit(ctx, {"apply": result} if result is not None else {}, fmt, out_dir)
             return
         if session is not None:
