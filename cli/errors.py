@@ -44,6 +44,9 @@ class LateUsageError(Exception):
     e.g. --vbuckets beyond the bucket's): exit 2 with one line."""
 
 
+STOP_REPORTED: list[int] = []   # the `interrupted` / `stopped by` line was printed
+
+
 def exit_code_for(exc: BaseException) -> int:
     if isinstance(exc, Interrupted):
         return 128 + exc.signum
@@ -67,7 +70,7 @@ def exit_code_for(exc: BaseException) -> int:
 def describe(exc: BaseException) -> str:
     """The one line for an error. Messages quote what the server sent (mechanism lists,
     error texts, names): control characters and terminal escapes come out escaped."""
-    from dcptool.cli.output import printable
+    from dcptool.protocol.text import printable
     if isinstance(exc, ProtocolError):
         extra = f" (status 0x{exc.status:02x})" if exc.status is not None else ""
         return printable(f"{exc.message}{extra}")
@@ -97,14 +100,13 @@ def handle(ctx: click.Context, exc: BaseException):
         signum = getattr(exc, "signum", 2)
         import signal
 
-        from dcptool.cli import process
-        process.stop_reported()   # the last resort of process.install_stop_signals says nothing more
+        STOP_REPORTED.append(signum)   # the last resort of process.install_stop_signals says nothing more
         error_line("interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}")
         ctx.exit(exit_code_for(exc))
     if (ctx.obj or {}).get("verbose"):
         import traceback
 
-        from dcptool.cli.output import printable
+        from dcptool.protocol.text import printable
         for chunk in traceback.format_exception(exc):   # messages may quote the server: escaped
             sys.stderr.write("\n".join(printable(ln) for ln in chunk.rstrip("\n").split("\n")) + "\n")
     error_line(describe(exc))

@@ -106,13 +106,14 @@ def install_stop_signals() -> None:
     their own handlers while they run."""
     import signal
 
+    from dcptool.cli.errors import Interrupted
+
     def on_stop(signum, _frame):
-        from dcptool.cli.output import note_signal
+        from dcptool.cli.output import note_signal   # loaded by every command that prints rows
         note_signal(signum)
         _arm_exit(signum)
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
-        from dcptool.cli.errors import Interrupted
         raise Interrupted(signum)
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -125,12 +126,6 @@ def install_stop_signals() -> None:
 
 
 _armed = []
-_reported = []
-
-
-def stop_reported() -> None:
-    """The command printed its `interrupted` / `stopped by` line (cli/errors.py)."""
-    _reported.append(True)
 
 
 def _arm_exit(signum: int) -> None:
@@ -144,11 +139,13 @@ def _arm_exit(signum: int) -> None:
 
 def _exit_later(signum: int) -> None:
     import os
+
+    from dcptool.cli.errors import STOP_REPORTED   # loaded already: install_stop_signals imported it
     import signal
     import time
     time.sleep(STOP_EXIT_WITHIN)   # a deadline, not an ordering: the command had its chance to end
     text = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
-    if not _reported:
+    if not STOP_REPORTED:
         try:
             os.write(2, f"dcptool: {text}\n".encode())
         except OSError:

@@ -334,7 +334,7 @@ def _open_session(ctx, console, master, master_given, remote, conf, verbose, fen
         except OSError as exc:
             _usage_line(ctx, f"--remote {remote}: cannot reach the Spark Connect server "
                              f"({exc.strerror or exc})", exc, verbose, code=EXIT_CONNECT)
-        if not _grpc_answers(remote, deadline):
+        if not spark_engine.connect_answers(remote, deadline):
             _usage_line(ctx, f"--remote {remote}: no Spark Connect (gRPC) server answers there within "
                              f"{REMOTE_WAIT:.0f}s (the port accepts connections: another kind of server?)",
                         code=EXIT_CONNECT)
@@ -376,21 +376,6 @@ def _open_session(ctx, console, master, master_given, remote, conf, verbose, fen
 
 
 REMOTE_WAIT = 10.0   # seconds --remote may take to accept a connection and answer as gRPC (CLI.md)
-
-
-def _grpc_answers(url: str, deadline: float) -> bool:
-    """The endpoint of `url` completes a gRPC (HTTP/2) connection before `deadline` (monotonic):
-    a port of another protocol (DCP, Synapse) never does, and pyspark would retry it forever."""
-    import grpc
-    from pyspark.sql.connect.client import DefaultChannelBuilder
-    channel = DefaultChannelBuilder(url).toChannel()
-    try:
-        grpc.channel_ready_future(channel).result(timeout=max(0.5, deadline - time.monotonic()))
-        return True
-    except grpc.FutureTimeoutError:
-        return False
-    finally:
-        channel.close()
 
 
 def _first_line(exc: BaseException) -> str:

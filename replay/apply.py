@@ -67,7 +67,7 @@ def load_function(spec: str) -> Callable:
 
 
 class ApplyError(Exception):
-    """The user's function raised, or called sys.exit(): one line naming it (exit 1)."""
+    """The user's function raised (SystemExit included): one line naming it (exit 1)."""
 
 
 APPLY_MARK = "[dcptool --apply] "   # begins the message of an ApplyError raised in a Spark worker
@@ -79,13 +79,13 @@ def function_name(fn) -> str:
 
 def call_user(fn: Callable, key, table: pa.Table):
     """`fn(key, table)`: what it prints goes to stderr (stdout carries the results), and what
-    it raises, sys.exit() included, becomes an ApplyError with its type and message."""
+    it raises, SystemExit included, becomes an ApplyError with its type and message."""
     try:
         with contextlib.redirect_stdout(sys.stderr):
             return fn(key, table)
     except SystemExit as exc:
-        raise ApplyError(f"{APPLY_MARK}{function_name(fn)} called sys.exit({exc.code!r}) "
-                         f"(group {key!r})") from None
+        raise ApplyError(f"{APPLY_MARK}{function_name(fn)} tried to exit (SystemExit {exc.code!r}): "
+                         f"return a table or None instead (group {key!r})") from None
     except Exception as exc:  # noqa: BLE001 - the user's code may raise anything
         text = str(exc).strip().splitlines()
         raise ApplyError(f"{APPLY_MARK}{function_name(fn)} raised {type(exc).__name__}"

@@ -192,6 +192,24 @@ def connect_session(url: str, token: str | None = None):
     return session
 
 
+def connect_answers(url: str, deadline: float) -> bool:
+    """The Spark Connect endpoint of `url` completes a gRPC (HTTP/2) connection before
+    `deadline` (time.monotonic()): a port of another protocol (DCP, Synapse) never does, and
+    the client would retry it forever."""
+    import time
+
+    import grpc
+    from pyspark.sql.connect.client import DefaultChannelBuilder
+    channel = DefaultChannelBuilder(url).toChannel()
+    try:
+        grpc.channel_ready_future(channel).result(timeout=max(0.5, deadline - time.monotonic()))
+        return True
+    except grpc.FutureTimeoutError:
+        return False
+    finally:
+        channel.close()
+
+
 # runtime settings every session needs (a Connect server's static ones are set at its start)
 CONNECT_CONF = {
     "spark.sql.session.timeZone": "UTC",

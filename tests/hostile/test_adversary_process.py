@@ -374,7 +374,7 @@ def test_apply_prints_go_to_stderr(tmp_path):
     assert "hello from the user function" in res.stderr
 
 
-@pytest.mark.parametrize("name, expect", [("leaves", "userfns:leaves called sys.exit(7)"),
+@pytest.mark.parametrize("name, expect", [("leaves", "userfns:leaves tried to exit (SystemExit 7)"),
                                           ("boom", "userfns:boom raised ValueError: boom from the user")])
 def test_apply_exit_and_exceptions_are_one_line_naming_the_function(tmp_path, name, expect):
     _user_module(tmp_path)
