@@ -356,6 +356,11 @@ class Sink:
             self._emit(data)
             return
         if self.fmt == "text":
+            if self._fd is not None:   # one write for the batch, not one per row
+                lines = [text_line(r) for r in rows]
+                self.count += len(lines)
+                self._emit("".join(lines).encode("utf-8", "replace"))
+                return
             for r in rows:
                 self.write(r)
             return
