@@ -67,7 +67,7 @@ def make_session(opts: LiveOptions, **kw):
 
 
 def run_session(session, duration: float | None, stats: RunStats | None = None,
-                signals: StopSignals | None = None):
+                signals: StopSignals | None = None, on_attach=None):
     """Run a transport Session on a fresh event loop until it ends, `duration` passes, or a
     signal (SIGINT, SIGTERM, SIGHUP through `signals`) asks it to close its streams. Returns
     the consumer (None when a signal came before it started); the reason is in `stats`."""
@@ -78,7 +78,7 @@ def run_session(session, duration: float | None, stats: RunStats | None = None,
         session.stop()
 
     return run_until_stopped(session.run, request_stop, stats, duration=duration, signals=signals,
-                             when_cancelled=lambda: session.consumer)
+                             when_cancelled=lambda: session.consumer, on_attach=on_attach)
 
 
 class DcpEvents:

@@ -40,7 +40,8 @@ COMMON_FIELDS = ("protocol", "source", "started_at", "ended_at", "seconds", "sto
 STOP_SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP"))
                      if s is not None)
 
-GRACE = 3.0   # seconds a stop request may take (closing streams) before the run is cancelled
+GRACE = 1.0   # seconds a stop request may take (closing streams) before the run is cancelled: a
+# signal ends the command within 2 s (CLI.md)
 
 
 class RunStats:
@@ -156,12 +157,14 @@ def stop_reason_for_signal(signum: int) -> str:
 
 def run_until_stopped(start: Callable[[], Awaitable], request_stop: Callable[[str], None], stats: RunStats, *,
                       duration: float | None = None, signals: StopSignals | None = None,
-                      when_cancelled: Callable[[], object] = lambda: None):
+                      when_cancelled: Callable[[], object] = lambda: None,
+                      on_attach: Callable[[], None] | None = None):
     """Run the coroutine `start()` on a fresh event loop until it ends, `duration` passes,
     or a signal (SIGINT, SIGTERM, SIGHUP through `signals`) asks it to stop. A stop calls
     `request_stop(reason)` (close the streams cleanly); a run still connecting or backing
     off GRACE seconds later is cancelled, and `when_cancelled()` is returned. Returns what
-    the coroutine returned; the stop reason is in `stats`."""
+    the coroutine returned; the stop reason is in `stats`. `on_attach()` runs once the signals
+    are routed through the loop (the CLI lets a blocked write of stdout see them too)."""
 
     async def main():
         loop = asyncio.get_running_loop()
@@ -183,6 +186,8 @@ def run_until_stopped(start: Callable[[], Awaitable], request_stop: Callable[[st
 
         if signals is not None:
             signals.attach(loop)
+            if on_attach is not None:
+                on_attach()
             signals.callbacks.append(on_signal)
             if signals.signum is not None:       # came before the loop ran
                 on_signal(signals.signum)

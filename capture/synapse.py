@@ -112,11 +112,12 @@ class SynapseRun:
         pass
 
 
-def run(opts: LiveOptions, client: SynapseClient, handler: SynapseRun, signals: StopSignals) -> None:
+def run(opts: LiveOptions, client: SynapseClient, handler: SynapseRun, signals: StopSignals,
+        on_attach=None) -> None:
     """Run the transport until the handler stops it, an error ends it, or a signal (SIGINT,
     SIGTERM, SIGHUP through `signals`) or --duration asks it to stop."""
     run_until_stopped(lambda: transport(opts, client, handler), handler.request_stop, handler.stats,
-                      duration=opts.duration, signals=signals)
+                      duration=opts.duration, signals=signals, on_attach=on_attach)
 
 
 def line_bytes(lines, channel) -> int:

@@ -87,6 +87,9 @@ def main(argv=None):
     # numpy's OpenBLAS would start a spinning thread per core; no command does linear
     # algebra, and on two cores those threads took 11% of a capture's CPU (perf)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    from dcptool.cli.process import guard_stdio, install_stop_signals
+    guard_stdio()            # a closed stdout is one error line, never a traceback (CLI.md)
+    install_stop_signals()   # SIGINT / SIGTERM / SIGHUP end any command within 2 s
     return cli.main(args=argv, prog_name="dcptool")
 
 

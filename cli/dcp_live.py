@@ -18,6 +18,7 @@ from dcptool.cli.console import err_console
 from dcptool.cli.errors import Interrupted
 from dcptool.cli.output import Sink, default_format, display_columns, iso_ns, markup_safe
 from dcptool.cli.view.dcp_rows import frame_columns, jsonl_of, rows_of
+from dcptool.cli.output import OutputStalled, note_stop_signals, run_deadline
 from dcptool.cli.view.run_summary import add_rates, print_stream_summary, run_and_close, stream_sink
 from dcptool.protocol.dcp.client import consumer as dcp_consumer
 from dcptool.protocol.dcp.client import manifest as dcp_collections
@@ -235,8 +236,10 @@ def run_stream(opts: LiveOptions) -> None:
         tap.notes = lines.notes = dcp_collections.EventNotes()
     session = make_session(opts, tap=tap, on_events=events, reconnects=DEFAULTS["reconnects"])
     session_box["session"] = session
+    run_deadline(opts.duration)
     with StopSignals() as signals:
-        consumer, error = run_and_close(lambda: run_session(session, opts.duration, stats, signals), sink)
+        consumer, error = run_and_close(lambda: run_session(session, opts.duration, stats, signals,
+                                                                  on_attach=note_stop_signals), sink)
         if error is None and consumer is not None and not session.stopped:
             stats.stop(finish_reason(opts, events))
             opened = set(events.ends) | {vb for vb in consumer.vb_states() if vb not in events.failed}
@@ -245,7 +248,7 @@ def run_stream(opts: LiveOptions) -> None:
         interrupted = signals.interrupted()
         if error is None and interrupted is not None:
             error = interrupted
-        if events.streaming or isinstance(error, Interrupted) or stats.stopped == MAX_MESSAGES:
+        if events.streaming or isinstance(error, (Interrupted, OutputStalled)) or stats.stopped == MAX_MESSAGES:
             summary = stats.summary(error)
             summary.update(items=tap.items, streams_ended=tap.streams_ended, rollbacks=tap.rollbacks,
                            failed_streams=len(events.failed), **unserved_fields(events.unserved))

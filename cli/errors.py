@@ -35,6 +35,18 @@ EXIT_CODES: tuple[tuple[type, int], ...] = (
 )
 
 
+class StdoutClosed(DcptoolError):
+    """Standard output was closed when dcptool started (`>&-`): the output has nowhere to go
+    (exit 1; a reader that went away, `| head`, is EPIPE and exit 0)."""
+
+    def __init__(self, message: str = "standard output is closed: nothing to write the output to "
+                                      "(redirect it to a file, or to /dev/null to drop it)"):
+        super().__init__(message)
+
+
+STOP_REPORTED: list[int] = []   # the `interrupted` / `stopped by` line was printed
+
+
 def exit_code_for(exc: BaseException) -> int:
     if isinstance(exc, Interrupted):
         return 128 + exc.signum
@@ -67,12 +79,14 @@ def handle(ctx: click.Context, exc: BaseException):
     if isinstance(exc, (KeyboardInterrupt, Interrupted)):
         signum = getattr(exc, "signum", 2)
         import signal
+
+        STOP_REPORTED.append(signum)   # the last resort of process.install_stop_signals says nothing more
         error_line("interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}")
         ctx.exit(exit_code_for(exc))
     if (ctx.obj or {}).get("verbose"):
         import traceback
 
-        from dcptool.cli.output import printable
+        from dcptool.protocol.text import printable
         for chunk in traceback.format_exception(exc):   # messages may quote the server: escaped
             sys.stderr.write("\n".join(printable(ln) for ln in chunk.rstrip("\n").split("\n")) + "\n")
     error_line(describe(exc))

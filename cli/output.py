@@ -192,32 +192,155 @@ def text_line(row: dict) -> str:
     return " ".join(f"{k}={printable(cell_text(v))}" for k, v in row.items() if v is not None) + "\n"
 
 
+# ------------------------------------------------------------------ stdout that may not drain
+
+OUTPUT_GRACE = 1.0   # seconds output may stay blocked once the run is asked to stop
+
+
+class _StopState:
+    """What the stdout writer of a run (Sink) knows about its end: a stop signal (noted by the
+    handlers of note_stop_signals, at the moment it came) and the --duration deadline. A
+    write the reader does not take is abandoned OUTPUT_GRACE seconds after either."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self.signal_at: float | None = None
+        self.deadline: float | None = None
+
+    def limit(self) -> float | None:
+        times = [t for t in (self.signal_at, self.deadline) if t is not None]
+        return min(times) + OUTPUT_GRACE if times else None
+
+
+STOP = _StopState()
+
+
+def run_deadline(seconds: float | None) -> None:
+    """A run starts; it ends `seconds` from now (--duration, None: no limit): a write blocked
+    past that is abandoned."""
+    import time
+    STOP.signum = STOP.signal_at = None
+    STOP.deadline = time.monotonic() + seconds if seconds else None
+
+
+def note_signal(signum: int) -> None:
+    import time
+    if STOP.signum is None:
+        STOP.signum, STOP.signal_at = int(signum), time.monotonic()
+
+
+def note_stop_signals() -> None:
+    """Have the current Python-level handlers of SIGINT, SIGTERM and SIGHUP also note the
+    signal for the stdout writer (call it after asyncio's add_signal_handler: its handler only
+    wakes the event loop, which cannot run while a write waits for the reader)."""
+    import signal
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        old = signal.getsignal(sig)
+        if getattr(old, "_notes_stop", False):
+            continue
+
+        def handler(signum, frame, old=old):
+            note_signal(signum)
+            if callable(old):
+                old(signum, frame)
+        handler._notes_stop = True
+        try:
+            signal.signal(sig, handler)
+        except (ValueError, OSError):   # not the main thread
+            return
+
+
+class OutputStalled(Exception):
+    """The run ended (--duration) but stdout's reader took nothing for OUTPUT_GRACE seconds."""
+
+
+def _private_pipe_fd(out) -> int | None:
+    """A non-blocking descriptor of our own on the pipe `out` writes to (opened anew through
+    /proc, so the O_NONBLOCK flag is not shared with the other processes of the pipe), or
+    None when `out` is no pipe (files never block; a terminal is a person)."""
+    import os
+    import stat
+    try:
+        fd = out.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return None
+        return os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _write_pipe(fd: int, data) -> None:
+    """All of `data` to non-blocking `fd`, waiting for the reader as long as it takes, except
+    after a stop (STOP): then Interrupted (a signal) or OutputStalled (--duration) once the
+    reader took nothing for OUTPUT_GRACE seconds. EPIPE raises BrokenPipeError (`| head`)."""
+    import os
+    import select
+    import time
+    mv = memoryview(data).cast("B")
+    poller = None
+    while mv:
+        try:
+            n = os.write(fd, mv)
+            mv = mv[n:]
+            continue
+        except BlockingIOError:
+            pass
+        if poller is None:
+            poller = select.poll()
+            poller.register(fd, select.POLLOUT)
+        limit = STOP.limit()
+        now = time.monotonic()
+        if limit is not None and now >= limit:
+            if STOP.signum is not None:
+                from dcptool.cli.errors import Interrupted
+                raise Interrupted(STOP.signum)
+            raise OutputStalled(f"nobody read standard output for {OUTPUT_GRACE:.0f}s after the end of the run; "
+                                f"{len(mv)} bytes and the rows after them not written")
+        poller.poll(100 if limit is None else max(1, min(100, int((limit - now) * 1000) + 1)))
+
+
 class Sink:
     """Writes rows in one of FORMATS; `columns` fixes the table/text column order.
 
     Tables are written batch by batch (cli/view/table.py): each write_many() prints its
-    rows at once; single write()s are gathered up to 50 rows or the next flush()."""
+    rows at once; single write()s are gathered up to 50 rows or the next flush().
+
+    JSON lines and text into a pipe go through a non-blocking descriptor of the sink's own
+    (_write_pipe): a reader that stops reading holds the run up, but a stop signal or the end
+    of --duration still ends it."""
 
     def __init__(self, fmt: str, columns: list[str] | None = None, out=None, title: str | None = None):
         self.fmt = fmt
         self.columns = columns
         self.out = out if out is not None else sys.stdout
         self._bin = getattr(self.out, "buffer", None)
+        self._fd = None
+        if fmt in ("jsonl", "text"):
+            self._fd = _private_pipe_fd(self.out)
+            if self._fd is not None:
+                self.out.flush()   # what was printed before the rows comes first
         self._table_rows: list[dict] = []
         self._table = None
         self.title = title
         self.count = 0
 
+    def _emit(self, data) -> None:
+        if self._fd is not None:
+            _write_pipe(self._fd, data)
+        elif self._bin is not None:
+            self._bin.write(data)
+        else:
+            self.out.write(bytes(data).decode("utf-8"))
+
     def write(self, row: dict) -> None:
         self.count += 1
         if self.fmt == "jsonl":
-            data = jsonl_bytes(row)
-            if self._bin is not None:
-                self._bin.write(data)
-            else:
-                self.out.write(data.decode("utf-8"))
+            self._emit(jsonl_bytes(row))
         elif self.fmt == "text":
-            self.out.write(text_line(row))
+            if self._fd is not None:
+                self._emit(text_line(row).encode("utf-8", "replace"))
+            else:
+                self.out.write(text_line(row))
         else:
             self._table_rows.append(row)
             if len(self._table_rows) >= 50:
@@ -226,10 +349,7 @@ class Sink:
     def write_jsonl(self, data: bytes, count: int) -> None:
         """`count` rows already encoded as JSON lines (a fast path of the jsonl format)."""
         self.count += count
-        if self._bin is not None:
-            self._bin.write(data)
-        else:
-            self.out.write(data.decode("utf-8"))
+        self._emit(data)
 
     def write_many(self, rows: Iterable[dict]) -> None:
         if self.fmt == "jsonl":
@@ -239,12 +359,14 @@ class Sink:
             for r in rows:
                 data += dumps(r, default=default, option=_OPTS)
                 self.count += 1
-            if self._bin is not None:
-                self._bin.write(data)
-            else:
-                self.out.write(data.decode("utf-8"))
+            self._emit(data)
             return
         if self.fmt == "text":
+            if self._fd is not None:   # one write for the batch, not one per row
+                lines = [text_line(r) for r in rows]
+                self.count += len(lines)
+                self._emit("".join(lines).encode("utf-8", "replace"))
+                return
             for r in rows:
                 self.write(r)
             return
@@ -262,7 +384,13 @@ class Sink:
             pass
 
     def close(self) -> None:
-        self.flush()
+        try:
+            self.flush()
+        finally:
+            if self._fd is not None:
+                import os
+                fd, self._fd = self._fd, None
+                os.close(fd)
 
     def _print_table(self) -> None:
         if not self._table_rows:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import time
 
 import click
 
@@ -231,11 +232,17 @@ def _run(ctx, session, files, names, fn, sql, unsafe_sql, checksum, as_of, fmt, 
         from dcptool.replay.spark import engine as spark_engine
     try:
         if fn is not None:
-            if session is not None:
-                with _spark_progress(session, "apply"):
-                    result = spark_engine.apply_spark(session, files, fn)
-            else:
-                result = apply.apply_local(files, fn)
+            try:
+                if session is not None:
+                    with _spark_progress(session, "apply"):
+                        result = spark_engine.apply_spark(session, files, fn)
+                else:
+                    result = apply.apply_local(files, fn)
+            except Exception as exc:  # noqa: BLE001 - the user's function (or Spark quoting it) failed
+                text = apply.apply_error_text(exc)
+                if text is None:
+                    raise
+                _usage_line(ctx, text, exc, verbose, code=1)
             _emit(ctx, {"apply": result} if result is not None else {}, fmt, out_dir)
             return
         if session is not None:
@@ -299,11 +306,16 @@ def _open_session(ctx, console, master, master_given, remote, conf, verbose, fen
     if remote:
         parsed = urlparse(remote)
         port = parsed.port or connect_server.DEFAULT_PORT
+        deadline = time.monotonic() + REMOTE_WAIT
         try:
-            socket.create_connection((parsed.hostname, port), timeout=10).close()
+            socket.create_connection((parsed.hostname, port), timeout=REMOTE_WAIT).close()
         except OSError as exc:
             _usage_line(ctx, f"--remote {remote}: cannot reach the Spark Connect server "
                              f"({exc.strerror or exc})", exc, verbose, code=EXIT_CONNECT)
+        if not spark_engine.connect_answers(remote, deadline):
+            _usage_line(ctx, f"--remote {remote}: no Spark Connect (gRPC) server answers there within "
+                             f"{REMOTE_WAIT:.0f}s (the port accepts connections: another kind of server?)",
+                        code=EXIT_CONNECT)
         url, label = remote, f"Spark Connect {remote}"
     elif not master_given:
         rec, warning = connect_server.warm()
@@ -339,6 +351,9 @@ def _open_session(ctx, console, master, master_given, remote, conf, verbose, fen
                 spark_engine.stop_session(session)
                 _usage_line(ctx, f"--conf {k}: {_first_line(exc)}", exc, verbose)
     return session, keep_alive, label
+
+
+REMOTE_WAIT = 10.0   # seconds --remote may take to accept a connection and answer as gRPC (CLI.md)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -57,14 +57,12 @@ def start(port, host, idle_timeout, as_json):
     from dcptool.replay.spark import connect_server
     idle = parse_duration(idle_timeout, "--idle-timeout")
     console = _console()
+    state = connect_server.state_dir()   # ServerError: one `dcptool:` line, exit 1 (cli/errors.py)
     if host not in ("127.0.0.1", "localhost", "::1"):
         console.print(f"[yellow]dcptool:[/] listening on {host}: anyone who reaches it with the token "
-                      f"(in {connect_server.state_dir()}) can run code as you", highlight=False)
+                      f"(in {state}) can run code as you", highlight=False)
     with console.status("starting the Spark Connect server", spinner="dots"):
-        try:
-            rec, started = connect_server.start(host=host, port=port, idle_timeout=idle)
-        except connect_server.ServerError as exc:
-            raise click.ClickException(str(exc)) from None   # exit 1
+        rec, started = connect_server.start(host=host, port=port, idle_timeout=idle)   # ServerError: exit 1
     console.print(f"Spark Connect server {'started' if started else 'already running'}: {rec.url} "
                   f"(pid {rec.pid}, log {rec.log})", highlight=False)
     if as_json:
@@ -75,9 +73,15 @@ def start(port, host, idle_timeout, as_json):
 def stop():
     """Stop the server and its idle watchdog."""
     from dcptool.replay.spark import connect_server
-    rec = connect_server.stop()
-    _console().print(f"stopped the Spark Connect server (pid {rec.pid})" if rec is not None
-                     else "no Spark Connect server running", highlight=False)
+    rec, running = connect_server.stop()
+    if rec is None:
+        text = "no Spark Connect server running"
+    elif running:
+        text = f"stopped the Spark Connect server (pid {rec.pid})"
+    else:   # its pid is gone or another program's now: nothing was signalled
+        text = (f"no Spark Connect server running: removed a stale record (pid {rec.pid} is not "
+                f"the server it recorded)")
+    _console().print(text, highlight=False)
 
 
 @spark.command("status")

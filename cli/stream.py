@@ -27,4 +27,8 @@ def stream(ctx, **kw):
       dcptool stream synapse+redis://127.0.0.1:6379?server_name=example.org --format table
     """
     opts = build_options(ctx, kw)
+    from dcptool.cli.process import stdout_closed
+    if stdout_closed():   # every row and the --json summary go there: say so before connecting
+        from dcptool.cli.errors import StdoutClosed
+        raise StdoutClosed()
     runner(opts.source.protocol, "stream")(opts)

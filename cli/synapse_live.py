@@ -8,9 +8,9 @@ import time
 
 from dcptool.capture import synapse as synapse_capture
 from dcptool.capture.options import CaptureSettings, LiveOptions
-from dcptool.capture.run import END, StopSignals
+from dcptool.capture.run import END, MAX_MESSAGES, StopSignals
 from dcptool.cli.console import err_console
-from dcptool.cli.output import iso_ns, markup_safe
+from dcptool.cli.output import iso_ns, markup_safe, note_stop_signals, run_deadline
 from dcptool.cli.view.run_summary import add_rates, print_stream_summary, run_and_close, stream_sink
 from dcptool.protocol.synapse.client import Gap
 
@@ -118,8 +118,10 @@ def run_stream(opts: LiveOptions) -> None:
     handler = _StreamHandler(opts, sink)
     client = synapse_capture.make_client(opts)
     handler.client = client
+    run_deadline(opts.duration)
     with StopSignals() as signals:
-        _, error = run_and_close(lambda: synapse_capture.run(opts, client, handler, signals), sink)
+        _, error = run_and_close(lambda: synapse_capture.run(opts, client, handler, signals,
+                                                             on_attach=note_stop_signals), sink)
         stop_exc = error if error is not None else signals.interrupted()
         if handler.streaming or stop_exc is not None and error is None or \
                 handler.stats.stopped == MAX_MESSAGES:   # --max-messages before the data: still a summary

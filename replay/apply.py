@@ -4,6 +4,7 @@ engines do, and the local engine's run of it."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -65,6 +66,46 @@ def load_function(spec: str) -> Callable:
     return fn
 
 
+class ApplyError(Exception):
+    """The user's function raised (SystemExit included): one line naming it (exit 1)."""
+
+
+APPLY_MARK = "[dcptool --apply] "   # begins the message of an ApplyError raised in a Spark worker
+
+
+def function_name(fn) -> str:
+    return f"{getattr(fn, '__module__', None) or '?'}:{getattr(fn, '__qualname__', None) or repr(fn)}"
+
+
+def call_user(fn: Callable, key, table: pa.Table):
+    """`fn(key, table)`: what it prints goes to stderr (stdout carries the results), and what
+    it raises, SystemExit included, becomes an ApplyError with its type and message."""
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            return fn(key, table)
+    except SystemExit as exc:
+        raise ApplyError(f"{APPLY_MARK}{function_name(fn)} tried to exit (SystemExit {exc.code!r}): "
+                         f"return a table or None instead (group {key!r})") from None
+    except Exception as exc:  # noqa: BLE001 - the user's code may raise anything
+        text = str(exc).strip().splitlines()
+        raise ApplyError(f"{APPLY_MARK}{function_name(fn)} raised {type(exc).__name__}"
+                         f"{': ' + text[0] if text else ''} (group {key!r})") from exc
+
+
+def apply_error_text(exc: BaseException) -> str | None:
+    """The ApplyError line inside an error (a Spark error quotes the worker's traceback), for
+    one `dcptool:` line; None when there is none."""
+    import re
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        m = re.search(re.escape(APPLY_MARK) + r"([^\n]*)", str(exc))
+        if m:
+            return "--apply " + m.group(1).strip()
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def apply_group_key(protocol: str, t: pa.Table):
     """Group keys of `t` (rows of one group): vbucket for DCP, (stream, instance) for Synapse."""
     if protocol == "dcp":
@@ -112,5 +153,5 @@ def apply_local(files: list, fn: Callable) -> pa.Table | None:
             continue
         part = t.slice(int(s), int(e - s))
         key = apply_group_key(protocol, part)
-        results.append((key, fn(key, part)))
+        results.append((key, call_user(fn, key, part)))
     return concat_results(results)

@@ -91,8 +91,12 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         self.transport = transport
         _tune_socket(transport, rcvbuf=4 * 1024 * 1024)
         now = time.monotonic()
-        self.consumer.start(now)
-        self._flush()
+        try:
+            self.consumer.start(now)
+            self._flush()
+        except BaseException as exc:  # noqa: BLE001 - the tap's output failed (a closed pipe): handed to the session
+            self._fail(exc)
+            return
         self._schedule_check()
 
     def get_buffer(self, sizehint: int):

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dcptool.replay import apply
 from dcptool.replay.rules import columns, dcp as dcp_rules, synapse as synapse_rules, tables as T
 from dcptool.replay.store.schema import capture_schema
 
@@ -137,7 +138,7 @@ def apply_group_table(protocol: str, fn, key, table: pa.Table) -> pa.Table:
     t = t.take(np.argsort(columns.as_numpy(t.column("_seq"), dtype=np.int64), kind="stable")).drop_columns(["_seq"])
     k = tuple(x.as_py() for x in key)
     k = k[0] if protocol == "dcp" else k
-    result = fn(k, t)
+    result = apply.call_user(fn, k, t)   # prints to stderr; errors as one line with their type
     sink = io.BytesIO()
     if result is not None:
         with pa.ipc.new_stream(sink, result.schema) as w:

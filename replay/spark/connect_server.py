@@ -56,6 +56,10 @@ class ServerError(DcptoolError):
     """The server could not be started or stopped (one line; the log path says where to look)."""
 
 
+class StateDirError(ServerError):
+    """The state directory cannot be made or written (e.g. HOME is not writable)."""
+
+
 @dataclass
 class Record:
     pid: int
@@ -67,6 +71,8 @@ class Record:
     idle_timeout_s: float
     watchdog_pid: int | None = None
     spark_version: str | None = None
+    pid_start: int | None = None        # /proc/PID/stat field 22 of `pid` (a recycled pid has another)
+    watchdog_start: int | None = None   # the same of `watchdog_pid`
 
     @property
     def url(self) -> str:
@@ -83,7 +89,13 @@ def state_dir() -> str:
     if not d:
         base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
         d = os.path.join(base, "dcptool")
-    os.makedirs(d, mode=0o700, exist_ok=True)
+    try:
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as exc:
+        raise StateDirError(f"cannot use the state directory {d} ({exc.strerror or exc}); "
+                            f"set {STATE_ENV} to a writable directory") from None
     return d
 
 
@@ -168,13 +180,50 @@ def keep_alive(rec: Record):
 
 # --- processes ------------------------------------------------------------------------------
 
-def is_server_process(pid: int) -> bool:
-    """`pid` is alive and is a Spark Connect server (a recycled pid is not)."""
+def start_time(pid: int) -> int | None:
+    """When process `pid` started (/proc/PID/stat field 22, clock ticks since boot), or None
+    when there is no such process (or it has exited: a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()   # after the command name: field 3 on
+    except (OSError, IndexError):
+        return None
+    if len(fields) < 20 or fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+def _cmdline(pid: int) -> bytes:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return SERVER_CLASS.encode() in f.read()
+            return f.read()
     except OSError:
+        return b""
+
+
+WATCHDOG_MARK = b"dcptool.replay.spark.connect_server\0watch\0"
+
+
+def is_ours(pid: int | None, started: int | None, mark: bytes) -> bool:
+    """Process `pid` is the one a record names: alive, its command line carries `mark` (the
+    server class, or the watchdog's module and `watch`), and it started when the record says
+    (when the record says; a recycled pid started later). Never pid 1 or below."""
+    if not isinstance(pid, int) or pid <= 1 or pid == os.getpid():
         return False
+    now = start_time(pid)
+    if now is None or (started is not None and now != started):
+        return False
+    return mark in _cmdline(pid)
+
+
+def is_server_process(pid: int, started: int | None = None) -> bool:
+    """`pid` is alive and is a Spark Connect server (a recycled pid is not)."""
+    return is_ours(pid, started, SERVER_CLASS.encode())
+
+
+def record_is_ours(rec: Record) -> bool:
+    """The record's server process is alive and is the one it recorded."""
+    return is_server_process(rec.pid, rec.pid_start)
 
 
 def answers(host: str, port: int, timeout: float = 2.0) -> bool:
@@ -187,25 +236,22 @@ def answers(host: str, port: int, timeout: float = 2.0) -> bool:
         return False
 
 
-def _terminate(pid: int, grace: float = 30.0) -> None:
-    """SIGTERM, then SIGKILL after `grace` seconds."""
+def _terminate(pid: int, started: int | None, grace: float = 30.0) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds; each only while `pid` is still the process
+    that started at `started` (a pid freed and reused meanwhile is not signalled)."""
+    now = start_time(pid)
+    if now is None or (started is not None and now != started):
+        return
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        if not _alive(pid):
+        if start_time(pid) is None:
             return
         time.sleep(0.1)   # waiting for a process we do not parent to exit: poll, bounded
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"   # a zombie has exited
-    except (OSError, IndexError):
-        return False
+    if started is None or start_time(pid) == started:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def spark_home() -> str:
@@ -262,7 +308,7 @@ def current() -> Record | None:
     rec = read_record()
     if rec is None:
         return None
-    if not is_server_process(rec.pid):
+    if not record_is_ours(rec):
         _clear_record(rec.pid)
         return None
     return rec
@@ -295,19 +341,20 @@ def start(host: str = LOOPBACK, port: int = DEFAULT_PORT, idle_timeout: float = 
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
                                     cwd=state_dir())
         rec = Record(pid=proc.pid, host=host, port=port, token=token, log=log, started_at=time.time(),
-                     idle_timeout_s=idle_timeout, spark_version=_spark_version(home))
+                     idle_timeout_s=idle_timeout, spark_version=_spark_version(home), pid_start=start_time(proc.pid))
         deadline = time.monotonic() + wait
         while not answers(host, port, timeout=0.5):
             if proc.poll() is not None:
                 raise ServerError(f"the Spark Connect server exited during start-up (status {proc.returncode}); "
                                   f"see {log}")
             if time.monotonic() > deadline:
-                _terminate(proc.pid)
+                _terminate(proc.pid, start_time(proc.pid))
                 raise ServerError(f"the Spark Connect server did not answer within {wait:.0f}s; see {log}")
             time.sleep(0.25)   # waiting for the JVM to open its port: poll, bounded by the deadline
         _write_record(rec)
         touch()
         rec.watchdog_pid = _start_watchdog(rec)
+        rec.watchdog_start = start_time(rec.watchdog_pid)
         _write_record(rec)
         return rec, True
 
@@ -320,19 +367,23 @@ def _start_watchdog(rec: Record) -> int:
     return proc.pid
 
 
-def stop() -> Record | None:
-    """Stop the recorded server and its watchdog. The record stopped, or None."""
+def stop() -> tuple[Record | None, bool]:
+    """Stop the recorded server and its watchdog, each only when it is the process the record
+    names (pid, start time and command line: a pid reused by another program is never
+    signalled). Returns (the record or None, whether its server was running): a record of a
+    server that is gone, or whose pid is now another program's, is stale and only removed."""
     with _locked():
         rec = read_record()
         if rec is None:
-            return None
+            return None, False
         _clear_record()   # first: no replay picks a server that is stopping
-        if rec.watchdog_pid and _alive(rec.watchdog_pid):
+        if is_ours(rec.watchdog_pid, rec.watchdog_start, WATCHDOG_MARK):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(rec.watchdog_pid, signal.SIGTERM)
-        if is_server_process(rec.pid):
-            _terminate(rec.pid)
-        return rec
+        if not record_is_ours(rec):
+            return rec, False
+        _terminate(rec.pid, rec.pid_start)
+        return rec, True
 
 
 def status() -> dict:
@@ -352,10 +403,13 @@ def status() -> dict:
 def warm() -> tuple[Record | None, str | None]:
     """For `replay --spark`: (the recorded server, when it answers; a warning when one is
     recorded but cannot be used)."""
-    rec = read_record()
+    try:
+        rec = read_record()
+    except StateDirError as exc:
+        return None, str(exc)
     if rec is None:
         return None, None
-    if not is_server_process(rec.pid):
+    if not record_is_ours(rec):
         _clear_record(rec.pid)
         return None, f"the recorded Spark Connect server (pid {rec.pid}) is gone"
     if not answers(rec.host, rec.port):
@@ -371,7 +425,7 @@ def watch(pid: int) -> None:
     server, or when the record names another server."""
     while True:
         rec = read_record()
-        if rec is None or rec.pid != pid or not is_server_process(pid):
+        if rec is None or rec.pid != pid or not record_is_ours(rec):
             _clear_record(pid)
             return
         idle = time.time() - last_used(rec)
@@ -382,7 +436,7 @@ def watch(pid: int) -> None:
                     continue
                 print(f"--- idle for {idle:.0f}s: stopping the server (pid {pid})", flush=True)
                 _clear_record(pid)   # first: no replay picks a server that is stopping
-                _terminate(pid)
+                _terminate(pid, rec.pid_start)
             return
         left = rec.idle_timeout_s - idle if rec.idle_timeout_s > 0 else 60.0
         time.sleep(max(0.1, min(left, 10.0)))   # a timer: the next moment the server may be idle

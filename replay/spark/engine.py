@@ -143,7 +143,8 @@ def make_session(master: str = "local[*]", app_name: str = "dcptool", conf: dict
     archive = None
     if "spark.driver.extraJavaOptions" not in (conf or {}):
         archive = class_archive()
-        settings["spark.driver.extraJavaOptions"] = archive.java_options()
+        if archive is not None:
+            settings["spark.driver.extraJavaOptions"] = archive.java_options()
     settings.update(conf or {})
     for k, v in settings.items():
         builder = builder.config(k, v)
@@ -162,9 +163,13 @@ _WAREHOUSES: dict[int, str] = {}
 
 
 def class_archive():
-    """The driver JVM's class-data sharing archive (replay/spark/cds.py) in the state directory."""
+    """The driver JVM's class-data sharing archive (replay/spark/cds.py) in the state directory;
+    None when the state directory cannot be used (the JVM then starts without one)."""
     from dcptool.replay.spark import connect_server, cds as spark_cds
-    return spark_cds.ClassArchive(connect_server.state_dir())
+    try:
+        return spark_cds.ClassArchive(connect_server.state_dir())
+    except connect_server.StateDirError:
+        return None
 
 
 def connect_session(url: str, token: str | None = None):
@@ -185,6 +190,24 @@ def connect_session(url: str, token: str | None = None):
         for k, v in CONNECT_CONF.items():
             session.conf.set(k, v)
     return session
+
+
+def connect_answers(url: str, deadline: float) -> bool:
+    """The Spark Connect endpoint of `url` completes a gRPC (HTTP/2) connection before
+    `deadline` (time.monotonic()): a port of another protocol (DCP, Synapse) never does, and
+    the client would retry it forever."""
+    import time
+
+    import grpc
+    from pyspark.sql.connect.client import DefaultChannelBuilder
+    channel = DefaultChannelBuilder(url).toChannel()
+    try:
+        grpc.channel_ready_future(channel).result(timeout=max(0.5, deadline - time.monotonic()))
+        return True
+    except grpc.FutureTimeoutError:
+        return False
+    finally:
+        channel.close()
 
 
 # runtime settings every session needs (a Connect server's static ones are set at its start)
@@ -225,7 +248,9 @@ def read_frames(spark, files: list, tmpdir: str):
     from pyspark.sql import functions as F, types as ST
 
     protocol = reader.protocol_of(files)
-    paths = reader.parquet_paths(files, tmpdir)
+    # absolute: a path the user typed means what it means in the user's working directory, and
+    # a Spark Connect server (warm or --remote) resolves relative paths against its own
+    paths = [os.path.abspath(p) for p in reader.parquet_paths(files, tmpdir)]
     schema = spark_schema(capture_schema(protocol))
     cas_long = protocol == "dcp" and reader.without_dictionary(paths, "cas")
     if cas_long:   # the vectorised reader takes plain uint64 pages as longs of the same bits
