@@ -16,6 +16,7 @@ import orjson
 
 FORMATS = ("table", "jsonl", "text")
 
+from dcptool.protocol.errors import DcptoolError
 from dcptool.protocol.text import printable
 from dcptool.replay.timestamps import iso_ns
 
@@ -250,7 +251,7 @@ def note_stop_signals() -> None:
             return
 
 
-class OutputStalled(Exception):
+class OutputStalled(DcptoolError):
     """The run ended (--duration) but stdout's reader took nothing for OUTPUT_GRACE seconds."""
 
 

@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dcptool.protocol.errors import DcptoolError
 from dcptool.replay.store import reader
 from dcptool.replay.rules.columns import as_numpy, as_strings, equals
 
@@ -66,7 +67,7 @@ def load_function(spec: str) -> Callable:
     return fn
 
 
-class ApplyError(Exception):
+class ApplyError(DcptoolError):
     """The user's function raised (SystemExit included): one line naming it (exit 1)."""
 
 
