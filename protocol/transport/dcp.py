@@ -17,6 +17,8 @@ silence beyond the consumer's idle limit is a dead connection, handled by reconn
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import gc
 import logging
 import socket
 import ssl
@@ -34,6 +36,9 @@ from dcptool.protocol.errors import (ConnectFailed, ConnectionLost, ErrorCode, P
 log = logging.getLogger("dcptool.transport.dcp")
 
 READ_BUFFER = 8 * 1024 * 1024
+HANDSHAKE_TIMEOUT = 10.0     # seconds a TLS client has to complete its handshake (serve dcp)
+REAP_EVERY = 1.0             # seconds between looks at connections gone (ProducerServer._reap)
+REAP_SHARE = 20              # a collection taking t seconds waits REAP_SHARE * t before the next
 
 
 class Tap(Protocol):
@@ -379,6 +384,7 @@ class _ServerProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.server.protocols.discard(self)
+        self.server.gone += 1
         if self.conn is not None:
             self.conn.close(self.conn.closed or "client disconnected")
             log.info("connection %d closed: %s", self.conn.conn_id, self.conn.closed)
@@ -424,13 +430,33 @@ class _ServerProtocol(asyncio.Protocol):
             self.transport.abort()
 
 
-class ProducerServer:
-    """Serves a ServerModel on a TCP (or TLS) port; live updates at `rate` items/s."""
+def _malloc_trim():
+    """glibc's malloc_trim, or None where there is none."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
 
-    def __init__(self, model: ServerModel, rate: float = 0.0, tick: float = 0.01):
+
+class ProducerServer:
+    """Serves a ServerModel on a TCP (or TLS) port; live updates at `rate` items/s.
+
+    What a client took is given back when it goes (docs/CLI.md, serve dcp): a TLS handshake
+    not complete within `handshake_timeout` is closed, and once a second, when sockets were
+    accepted or closed since the last look, the reference cycles a connection leaves
+    behind (asyncio's failed-handshake exceptions hold the SSL objects) are collected and
+    the freed heap is handed back to the system (malloc_trim)."""
+
+    def __init__(self, model: ServerModel, rate: float = 0.0, tick: float = 0.01,
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT):
         self.model = model
         self.rate = rate
         self.tick = tick
+        self.handshake_timeout = handshake_timeout
+        self.accepted = 0              # sockets accepted (before any TLS handshake)
+        self.gone = 0                  # connections closed
+        self._reaped = (0, 0)
+        self._reap_task = None
         self.protocols: set[_ServerProtocol] = set()
         self._server = None
         self._servers: list = []
@@ -446,8 +472,9 @@ class ProducerServer:
         cluster = getattr(self.model, "cluster", None)
         count = len(cluster.nodes) if cluster is not None else 1
         for node in range(count):
-            srv = await loop.create_server(lambda n=node: _ServerProtocol(self, n), host,
-                                           port if node == 0 else 0, ssl=tls, reuse_address=True)
+            srv = await loop.create_server(lambda n=node: self._protocol(n), host,
+                                           port if node == 0 else 0, ssl=tls, reuse_address=True,
+                                           ssl_handshake_timeout=self.handshake_timeout if tls is not None else None)
             self._servers.append(srv)
             addr = srv.sockets[0].getsockname()[:2]
             self.addresses.append(addr)
@@ -457,7 +484,36 @@ class ProducerServer:
         self.address = self.addresses[0]
         if self.rate > 0:
             self._rate_task = loop.create_task(self._live())
+        self._reap_task = loop.create_task(self._reap())
         return self.address
+
+    def _protocol(self, node: int) -> _ServerProtocol:
+        self.accepted += 1
+        return _ServerProtocol(self, node)
+
+    async def _reap(self) -> None:
+        """Collect and trim once a second from a socket accepted or closed until every
+        connection then accepted is through its handshake (closed ones included); a full
+        collection that takes long spaces the next ones (at most 1/REAP_SHARE of the time)."""
+        trim = _malloc_trim()
+        until = next_ok = 0.0
+        pending = False
+        while True:
+            await asyncio.sleep(REAP_EVERY)
+            now = time.monotonic()
+            seen = (self.accepted, self.gone)
+            if seen != self._reaped:
+                self._reaped = seen
+                pending = True
+                until = now + (self.handshake_timeout or 0.0) + 2 * REAP_EVERY
+            if now < next_ok or not (pending or now <= until):
+                continue
+            pending = False
+            t0 = time.monotonic()
+            gc.collect()
+            if trim is not None:
+                trim(0)
+            next_ok = now + REAP_SHARE * (time.monotonic() - t0)
 
     def wake_on_topology_change(self) -> None:
         """After a topology event every connection has something to do (stream ends, drops)."""
@@ -486,8 +542,9 @@ class ProducerServer:
         await self._server.serve_forever()
 
     async def close(self) -> None:
-        if self._rate_task is not None:
-            self._rate_task.cancel()
+        for task in (self._rate_task, self._reap_task):
+            if task is not None:
+                task.cancel()
         for srv in self._servers:
             srv.close()
         tasks = []
