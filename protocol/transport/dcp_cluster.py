@@ -232,7 +232,8 @@ class ClusterSession:
                 wake_wait = asyncio.ensure_future(self._wake.wait())
                 stop_wait = asyncio.ensure_future(self._stop.wait())
                 due = [next_poll] + [t for t in self.down.values()]
-                due += [t for t in (self.router.next_deadline(), self.router.next_retry()) if t is not None]
+                due += [t for t in (self.router.next_deadline(), self.router.next_retry(set(self.down)))
+                        if t is not None]
                 timeout = max(0.0, min(due) - time.monotonic())
                 try:
                     await asyncio.wait(waits | {wake_wait, stop_wait}, timeout=timeout,

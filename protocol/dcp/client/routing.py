@@ -134,9 +134,15 @@ class Router:
                 del self.waiting[vb]
         return out
 
-    def next_retry(self) -> float | None:
-        """The earliest retry time of a vbucket whose owner is the node it left."""
-        return min((w.retry_at for w in self.waiting.values() if self.owner(w.vb) == w.left), default=None)
+    def next_retry(self, down: set[str] | frozenset = frozenset()) -> float | None:
+        """The earliest retry time of a vbucket whose owner is the node it left (a node known
+        down is not retried: its own backoff says when)."""
+        times = []
+        for w in self.waiting.values():
+            o = self.owner(w.vb)
+            if o is not None and o == w.left and o not in down:
+                times.append(w.retry_at)
+        return min(times, default=None)
 
     def expire(self, now: float) -> dict[int, str]:
         """Waiting vbuckets past their deadline: now unserved, with the reason."""

@@ -43,6 +43,7 @@ def test_a_vbucket_goes_back_to_the_node_it_left_by_the_newest_map_with_backoff(
     r.wait(0, A, now=10.0, timeout=30.0, why=routing.REFUSED)
     assert r.ready(now=10.0) == {}
     assert r.next_retry() == pytest.approx(10.0 + routing.RETRY_FIRST)
+    assert r.next_retry({A}) is None            # a node known down has its own backoff
     assert r.ready(now=10.0 + routing.RETRY_FIRST) == {A: [0]}
     # refused again: the backoff doubles; served resets it
     r.wait(0, A, now=11.0, timeout=30.0, why=routing.REFUSED)
