@@ -17,8 +17,6 @@ silence beyond the consumer's idle limit is a dead connection, handled by reconn
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import gc
 import logging
 import socket
 import ssl
@@ -32,13 +30,12 @@ from dcptool.protocol.dcp.wire.constants import DEFAULT_MAX_BODY
 from dcptool.protocol.dcp.server.producer import ServerModel, rate_items
 from dcptool.protocol.errors import (ConnectFailed, ConnectionLost, ErrorCode, ProtocolError,
                                      RemoteError)
+from dcptool.protocol.transport.reaper import Reaper
 
 log = logging.getLogger("dcptool.transport.dcp")
 
 READ_BUFFER = 8 * 1024 * 1024
 HANDSHAKE_TIMEOUT = 10.0     # seconds a TLS client has to complete its handshake (serve dcp)
-REAP_EVERY = 1.0             # seconds between looks at connections gone (ProducerServer._reap)
-REAP_SHARE = 20              # a collection taking t seconds waits REAP_SHARE * t before the next
 
 
 class Tap(Protocol):
@@ -384,7 +381,7 @@ class _ServerProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.server.protocols.discard(self)
-        self.server.gone += 1
+        self.server.reaper.gone += 1
         if self.conn is not None:
             self.conn.close(self.conn.closed or "client disconnected")
             log.info("connection %d closed: %s", self.conn.conn_id, self.conn.closed)
@@ -430,22 +427,12 @@ class _ServerProtocol(asyncio.Protocol):
             self.transport.abort()
 
 
-def _malloc_trim():
-    """glibc's malloc_trim, or None where there is none."""
-    try:
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
 class ProducerServer:
     """Serves a ServerModel on a TCP (or TLS) port; live updates at `rate` items/s.
 
     What a client took is given back when it goes (docs/CLI.md, serve dcp): a TLS handshake
-    not complete within `handshake_timeout` is closed, and once a second, when sockets were
-    accepted or closed since the last look, the reference cycles a connection leaves
-    behind (asyncio's failed-handshake exceptions hold the SSL objects) are collected and
-    the freed heap is handed back to the system (malloc_trim)."""
+    not complete within `handshake_timeout` is closed, and the reaper (reaper.py) collects
+    what closed connections left behind and trims the heap."""
 
     def __init__(self, model: ServerModel, rate: float = 0.0, tick: float = 0.01,
                  handshake_timeout: float = HANDSHAKE_TIMEOUT):
@@ -453,9 +440,7 @@ class ProducerServer:
         self.rate = rate
         self.tick = tick
         self.handshake_timeout = handshake_timeout
-        self.accepted = 0              # sockets accepted (before any TLS handshake)
-        self.gone = 0                  # connections closed
-        self._reaped = (0, 0)
+        self.reaper = Reaper(handshake_timeout)
         self._reap_task = None
         self.protocols: set[_ServerProtocol] = set()
         self._server = None
@@ -484,36 +469,12 @@ class ProducerServer:
         self.address = self.addresses[0]
         if self.rate > 0:
             self._rate_task = loop.create_task(self._live())
-        self._reap_task = loop.create_task(self._reap())
+        self._reap_task = loop.create_task(self.reaper.run())
         return self.address
 
     def _protocol(self, node: int) -> _ServerProtocol:
-        self.accepted += 1
+        self.reaper.accepted += 1
         return _ServerProtocol(self, node)
-
-    async def _reap(self) -> None:
-        """Collect and trim once a second from a socket accepted or closed until every
-        connection then accepted is through its handshake (closed ones included); a full
-        collection that takes long spaces the next ones (at most 1/REAP_SHARE of the time)."""
-        trim = _malloc_trim()
-        until = next_ok = 0.0
-        pending = False
-        while True:
-            await asyncio.sleep(REAP_EVERY)
-            now = time.monotonic()
-            seen = (self.accepted, self.gone)
-            if seen != self._reaped:
-                self._reaped = seen
-                pending = True
-                until = now + (self.handshake_timeout or 0.0) + 2 * REAP_EVERY
-            if now < next_ok or not (pending or now <= until):
-                continue
-            pending = False
-            t0 = time.monotonic()
-            gc.collect()
-            if trim is not None:
-                trim(0)
-            next_ok = now + REAP_SHARE * (time.monotonic() - t0)
 
     def wake_on_topology_change(self) -> None:
         """After a topology event every connection has something to do (stream ends, drops)."""
