@@ -1,7 +1,9 @@
 """`serve dcp|synapse --from CAPTURE`: play a capture back as a live server, with --pace and
 fault injection (--disconnect-at, --stall-at, --corrupt-at). The options are declared
 here and added to both serve commands; the capture is read (replay/playback.py) before
-anything listens, so an unreadable capture is one error line and exit 1."""
+anything listens, so an unreadable capture is one error line and exit 1, and a DCP capture
+without the `raw` column (nothing to send) one line and exit 2; recorded frames shorter than
+their header says are left out, counted in one warning line."""
 
 from __future__ import annotations
 
