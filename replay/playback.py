@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.server.playback import DcpRecording, RecordedStream
-from dcptool.replay.store.reader import CaptureError, find_captures, iter_capture_tables, protocol_of
+from dcptool.replay.store.reader import CaptureError, _schema_of, find_captures, iter_capture_tables, protocol_of
 from dcptool.protocol.errors import DcptoolError
 
 STREAM_OPCODES = (0x55, 0x56, 0x57, 0x58, 0x59, 0x5F, 0x60, 0x62, 0x63, 0x64, 0x65)
@@ -40,6 +40,13 @@ _DCP_COLUMNS = ["capture_id", "conn", "mono_ns", "direction", "magic", "opcode",
 
 class PlaybackError(DcptoolError):
     """A capture that cannot be played back (unreadable, empty, or of the other protocol)."""
+
+
+class NotPlayable(PlaybackError):
+    """A readable capture that lacks what playback needs (the `raw` column): a usage error."""
+
+
+HEADER = 24     # bytes of a memcached frame header
 
 
 def open_capture(paths: list[str], protocol: str) -> list:
@@ -76,8 +83,23 @@ def _bucket_of(files) -> str:
     return path or "default"
 
 
+def _needs_raw(files) -> None:
+    """Playback sends the recorded bytes: every file must have the `raw` column."""
+    for f in files:
+        try:
+            names = _schema_of(f.path, f.in_progress).names
+        except (OSError, pa.ArrowException) as exc:
+            raise PlaybackError(f"{f.path}: unreadable capture: {exc}") from None
+        if "raw" not in names:
+            raise NotPlayable(f"{f.path}: no `raw` column (the recorded frames): this capture cannot be "
+                              "played back")
+
+
 def load_dcp(paths: list[str]) -> DcpRecording:
+    """The recording of `paths`; recorded stream frames whose raw bytes are shorter than a
+    header or than their header says are left out and counted (`skipped`)."""
     files = open_capture(paths, "dcp")
+    _needs_raw(files)
     parts: list[pa.Table] = []
     conn_base, last_key = -1, None
     gconns = []
@@ -143,6 +165,7 @@ def load_dcp(paths: list[str]) -> DcpRecording:
     data_rows = np.nonzero(incoming & np.isin(magic, REQUEST_MAGICS) & np.isin(opcode, STREAM_OPCODES)
                            & (vbucket >= 0))[0]
     ok = [(g, i, rs) for g, i, rs in sessions if rs.status == 0]
+    skipped = 0
     if ok and len(data_rows):
         skey = np.array([(g * 2048 + rs.vbucket) << 40 | i for g, i, rs in ok], np.int64)
         sort = np.argsort(skey, kind="stable")
@@ -163,7 +186,7 @@ def load_dcp(paths: list[str]) -> DcpRecording:
             sel = data_rows[bounds[k]:bounds[k + 1]]
             if not len(sel):
                 continue
-            _fill(rs, raw.take(pa.array(sel)), mono[sel], sel, opcode[sel], seqno[sel], snap[sel])
+            skipped += _fill(rs, raw.take(pa.array(sel)), mono[sel], sel, opcode[sel], seqno[sel], snap[sel])
     last_conn_of_vb = {vb: max(rs.conn for rs in ss) for vb, ss in streams.items()}
     for vb, ss in streams.items():
         for rs in ss:
@@ -173,24 +196,50 @@ def load_dcp(paths: list[str]) -> DcpRecording:
                 rs.ended_by = "disconnect"
     if not streams:
         raise PlaybackError(f"{paths[0]}: the capture holds no stream request to play back")
-    return DcpRecording(bucket=_bucket_of(files), streams=streams, vb_seqnos=vb_seqnos, failover_logs=flogs)
+    return DcpRecording(bucket=_bucket_of(files), streams=streams, vb_seqnos=vb_seqnos, failover_logs=flogs,
+                        skipped=skipped)
 
 
-def _fill(rs: RecordedStream, raw: pa.ChunkedArray, mono, order, opcode, seqno, snap) -> None:
+def _fill(rs: RecordedStream, raw: pa.ChunkedArray, mono, order, opcode, seqno, snap) -> int:
+    """The stream's frames from their raw bytes; returns how many were left out (damaged)."""
     arr = raw.combine_chunks()
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.chunk(0) if arr.num_chunks else pa.array([], pa.binary())
     off_type = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
     offs = np.frombuffer(arr.buffers()[1], off_type)[arr.offset:arr.offset + len(arr) + 1].astype(np.int64)
     blob = arr.buffers()[2]
-    rs.data = blob.to_pybytes()[offs[0]:offs[-1]] if blob is not None else b""
-    rs.offsets = offs - offs[0]
+    data = blob.to_pybytes()[offs[0]:offs[-1]] if blob is not None else b""
+    offs = offs - offs[0]
+    whole = _whole_frames(data, offs)
+    skipped = int(len(whole) - whole.sum())
+    if skipped:
+        keep = np.nonzero(whole)[0]
+        data = b"".join(data[offs[i]:offs[i + 1]] for i in keep.tolist())
+        offs = np.concatenate(([0], np.cumsum(np.diff(offs)[keep]))).astype(np.int64)
+        mono, order, opcode, seqno, snap = (a[keep] for a in (mono, order, opcode, seqno, snap))
+    rs.data = data
+    rs.offsets = offs
     rs.mono = np.ascontiguousarray(mono)
     rs.order = np.ascontiguousarray(order)
     rs.opcode = opcode.astype(np.uint8)
     is_item = np.isin(opcode, (0x57, 0x58, 0x59, 0x5F, 0x60, 0x62, 0x63, 0x64))
     rs.seqno = np.where(is_item, seqno, -1).astype(np.int64)
     rs.snap_start = np.where(opcode == 0x56, snap, -1).astype(np.int64)
+    return skipped
+
+
+def _whole_frames(data: bytes, offs: np.ndarray) -> np.ndarray:
+    """Per frame: its raw bytes are a header and exactly the body length the header says."""
+    lens = np.diff(offs)
+    whole = lens >= HEADER
+    if whole.any():
+        b = np.frombuffer(data, np.uint8)
+        at = offs[:-1][whole]
+        body = np.zeros(len(at), np.int64)
+        for j in range(8, 12):
+            body = (body << 8) | b[at + j]
+        whole[whole] = lens[whole] == HEADER + body
+    return whole
 
 
 @dataclasses.dataclass

@@ -83,6 +83,9 @@ def _manifest(scopes, per_scope, create_at, drop_at):
               help="Require SASL as this user (repeatable); the password is DCPTOOL_PASSWORD.")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="Serve TLS with this certificate.")
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="Private key of --tls-cert.")
+@click.option("--handshake-timeout", default="10s", show_default=True, metavar="DURATION",
+              help="With --tls-cert: a client that has not completed its TLS handshake this long after "
+                   "connecting is closed.")
 @click.option("--failover-at", "failover_at", multiple=True, metavar="N[:NODE]",
               help="Scenario: N alone: after N stream frames every vbucket fails over (a new branch) and "
                    "the connection drops; a consumer that resumes gets ROLLBACK. N:NODE (with --nodes): "
@@ -141,7 +144,7 @@ def _manifest(scopes, per_scope, create_at, drop_at):
                    "read finds an expired document gone at once whatever this says.")
 @playback_options
 def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, checkpoint_items, users, tls_cert,
-              tls_key, failover_at, failover_loss, disconnect_after, end_reasons, slow, slow_frames, silent,
+              tls_key, handshake_timeout, failover_at, failover_loss, disconnect_after, end_reasons, slow, slow_frames, silent,
               refuse_controls, sync_write_ratio, corrupt_value_at, nodes, replicas, rebalance_at, add_node_at, from_capture, pace, disconnect_at, stall_at, corrupt_at,
               scopes, collections_per_scope, create_collection_at, drop_collection_at, history_collections,
               expiry_pager):
@@ -180,6 +183,10 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
                           end_reasons=_reasons(end_reasons), slow=parse_duration(slow, "--slow") if slow else 0.0,
                           slow_frames=slow_frames, silent=silent, refuse_controls=tuple(refuse_controls),
                           corrupt_value_at=corrupt_value_at)
+    handshake = parse_duration(handshake_timeout, "--handshake-timeout")
+    if not handshake > 0:
+        raise click.BadParameter(f"{handshake_timeout!r}: use a duration above 0 (e.g. 10s)",
+                                 param_hint="--handshake-timeout")
     tls = None
     if tls_cert:
         import ssl
@@ -188,7 +195,8 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
     check_unused(click.get_current_context(), from_capture, pace, disconnect_at, stall_at, corrupt_at)
     if from_capture:   # play a capture back (cli/servers/playback.py); --bucket etc. come from the capture
         serve_dcp_capture(from_capture, bind=bind, port=port, users=user_map, tls=tls, pace=pace,
-                          disconnect_at=disconnect_at, stall_at=stall_at, corrupt_at=corrupt_at)
+                          disconnect_at=disconnect_at, stall_at=stall_at, corrupt_at=corrupt_at,
+                          handshake_timeout=handshake)
         return
     manifest = _manifest(scopes, collections_per_scope, create_collection_at, drop_collection_at)
     if history_collections:
@@ -208,7 +216,7 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
 
     async def main():
         stop = server_stop_event()
-        server = ProducerServer(model, rate=rate)
+        server = ProducerServer(model, rate=rate, handshake_timeout=handshake)
         host, p = await server.start(bind, port, tls)
         sys.stdout.write(json.dumps({"listening": f"{host}:{p}",
                                      "nodes": [f"{h}:{q}" for h, q in server.addresses]}) + "\n")

@@ -1,7 +1,9 @@
 """`serve dcp|synapse --from CAPTURE`: play a capture back as a live server, with --pace and
 fault injection (--disconnect-at, --stall-at, --corrupt-at). The options are declared
 here and added to both serve commands; the capture is read (replay/playback.py) before
-anything listens, so an unreadable capture is one error line and exit 1."""
+anything listens, so an unreadable capture is one error line and exit 1, and a DCP capture
+without the `raw` column (nothing to send) one line and exit 2; recorded frames shorter than
+their header says are left out, counted in one warning line."""
 
 from __future__ import annotations
 
@@ -94,18 +96,27 @@ async def _until_stopped(start, close) -> None:
 
 
 def serve_dcp_capture(paths, *, bind: str, port: int, users: dict, tls, pace: str, disconnect_at,
-                      stall_at, corrupt_at) -> None:
+                      stall_at, corrupt_at, handshake_timeout: float = 10.0) -> None:
     from dcptool.protocol.dcp.server.playback import Faults, PlaybackModel
     from dcptool.protocol.transport.dcp import ProducerServer
-    from dcptool.replay.playback import load_dcp
+    from dcptool.cli.errors import LateUsageError
+    from dcptool.replay.playback import NotPlayable, load_dcp
 
     factor = parse_pace(pace)
     stall_n, stall_s = parse_stall(stall_at)
-    recording = load_dcp(list(paths))
+    try:
+        recording = load_dcp(list(paths))
+    except NotPlayable as exc:
+        raise LateUsageError(str(exc)) from None
+    if recording.skipped:
+        from dcptool.cli.console import err_console
+        err_console().print(f"[yellow]dcptool:[/] warning: {recording.skipped:,} recorded stream frame(s) shorter "
+                            "than a header or than their header says are left out of the playback",
+                            highlight=False, markup=True, soft_wrap=True)
     model = PlaybackModel(recording, users, pace=factor,
                           faults=Faults(disconnect_at=disconnect_at, stall_at=stall_n, stall_seconds=stall_s,
                                         corrupt_at=corrupt_at))
-    server = ProducerServer(model)
+    server = ProducerServer(model, handshake_timeout=handshake_timeout)
 
     async def start(_stop):
         host, p = await server.start(bind, port, tls)

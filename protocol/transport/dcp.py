@@ -30,10 +30,12 @@ from dcptool.protocol.dcp.wire.constants import DEFAULT_MAX_BODY
 from dcptool.protocol.dcp.server.producer import ServerModel, rate_items
 from dcptool.protocol.errors import (ConnectFailed, ConnectionLost, ErrorCode, ProtocolError,
                                      RemoteError)
+from dcptool.protocol.transport.reaper import Reaper
 
 log = logging.getLogger("dcptool.transport.dcp")
 
 READ_BUFFER = 8 * 1024 * 1024
+HANDSHAKE_TIMEOUT = 10.0     # seconds a TLS client has to complete its handshake (serve dcp)
 
 
 class Tap(Protocol):
@@ -383,6 +385,7 @@ class _ServerProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.server.protocols.discard(self)
+        self.server.reaper.gone += 1
         if self.conn is not None:
             self.conn.close(self.conn.closed or "client disconnected")
             log.info("connection %d closed: %s", self.conn.conn_id, self.conn.closed)
@@ -429,12 +432,20 @@ class _ServerProtocol(asyncio.Protocol):
 
 
 class ProducerServer:
-    """Serves a ServerModel on a TCP (or TLS) port; live updates at `rate` items/s."""
+    """Serves a ServerModel on a TCP (or TLS) port; live updates at `rate` items/s.
 
-    def __init__(self, model: ServerModel, rate: float = 0.0, tick: float = 0.01):
+    What a client took is given back when it goes (docs/CLI.md, serve dcp): a TLS handshake
+    not complete within `handshake_timeout` is closed, and the reaper (reaper.py) collects
+    what closed connections left behind and trims the heap."""
+
+    def __init__(self, model: ServerModel, rate: float = 0.0, tick: float = 0.01,
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT):
         self.model = model
         self.rate = rate
         self.tick = tick
+        self.handshake_timeout = handshake_timeout
+        self.reaper = Reaper(handshake_timeout)
+        self._reap_task = None
         self.protocols: set[_ServerProtocol] = set()
         self._server = None
         self._servers: list = []
@@ -450,8 +461,9 @@ class ProducerServer:
         cluster = getattr(self.model, "cluster", None)
         count = len(cluster.nodes) if cluster is not None else 1
         for node in range(count):
-            srv = await loop.create_server(lambda n=node: _ServerProtocol(self, n), host,
-                                           port if node == 0 else 0, ssl=tls, reuse_address=True)
+            srv = await loop.create_server(lambda n=node: self._protocol(n), host,
+                                           port if node == 0 else 0, ssl=tls, reuse_address=True,
+                                           ssl_handshake_timeout=self.handshake_timeout if tls is not None else None)
             self._servers.append(srv)
             addr = srv.sockets[0].getsockname()[:2]
             self.addresses.append(addr)
@@ -461,7 +473,12 @@ class ProducerServer:
         self.address = self.addresses[0]
         if self.rate > 0:
             self._rate_task = loop.create_task(self._live())
+        self._reap_task = loop.create_task(self.reaper.run())
         return self.address
+
+    def _protocol(self, node: int) -> _ServerProtocol:
+        self.reaper.accepted += 1
+        return _ServerProtocol(self, node)
 
     def wake_on_topology_change(self) -> None:
         """After a topology event every connection has something to do (stream ends, drops)."""
@@ -490,8 +507,9 @@ class ProducerServer:
         await self._server.serve_forever()
 
     async def close(self) -> None:
-        if self._rate_task is not None:
-            self._rate_task.cancel()
+        for task in (self._rate_task, self._reap_task):
+            if task is not None:
+                task.cancel()
         for srv in self._servers:
             srv.close()
         tasks = []

@@ -232,9 +232,8 @@ class ClusterSession:
                 wake_wait = asyncio.ensure_future(self._wake.wait())
                 stop_wait = asyncio.ensure_future(self._stop.wait())
                 due = [next_poll] + [t for t in self.down.values()]
-                dl = self.router.next_deadline()
-                if dl is not None:
-                    due.append(dl)
+                due += [t for t in (self.router.next_deadline(), self.router.next_retry(set(self.down)))
+                        if t is not None]
                 timeout = max(0.0, min(due) - time.monotonic())
                 try:
                     await asyncio.wait(waits | {wake_wait, stop_wait}, timeout=timeout,
@@ -376,7 +375,7 @@ class ClusterSession:
                     if w.left == node:
                         w.left = None
         moved = {vb for vb, w in self.router.waiting.items() if w.why != routing.NO_ACTIVE}
-        for node, vbs in self.router.ready(set(self.down)).items():
+        for node, vbs in self.router.ready(set(self.down), now).items():
             self._assign(node, vbs, moved=bool(moved.intersection(vbs)))
         gone = self.router.expire(now)
         if gone:
@@ -425,7 +424,10 @@ class ClusterSession:
                 fwd.append(e)
                 for vb, st in link.consumer.take_states([e.vbucket]).items():
                     self.states[vb] = st
-                    self.router.wait(vb, link.node, now, self.cfg.timeout, routing.REFUSED)
+                    # a refusal goes back to the same node under the same map after a backoff;
+                    # a handoff goes to the newest map's owner at once, whichever node that is
+                    self.router.wait(vb, link.node, now, self.cfg.timeout, routing.REFUSED,
+                                     backoff=t is NotMyVbucket)
                 # ask for the map unless the one we hold (a notification may have brought it
                 # before the stream end) already names another owner
                 if (link.consumer.phase == "streaming" and not link.consumer.finished

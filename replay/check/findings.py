@@ -29,6 +29,8 @@ CHECKS: dict[str, tuple[str, str]] = {
     "file.frames_missing": ("error", "frame_no skips a range: rows dropped"),
     "file.frame_order": ("error", "frame_no does not increase"),
     "dcp.decode_error": ("warn", "a frame that did not decode (kept in raw)"),
+    "dcp.raw_missing": ("warn", "no `raw` column (the recorded frames): `serve dcp --from` cannot play it back"),
+    "dcp.raw_short": ("error", "a frame whose raw bytes are shorter than a header or than the length its header says"),
     "dcp.seqno_not_increasing": ("error", "a seqno not above the previous one of its vbucket/stream"),
     "dcp.item_outside_snapshot": ("error", "an item outside its snapshot marker's [snap_start, snap_end], or before any marker"),
     "dcp.marker_bad_range": ("error", "a snapshot marker with snap_start above snap_end"),

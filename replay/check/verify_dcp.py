@@ -28,6 +28,7 @@ import dataclasses
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dcptool.protocol.dcp.wire.constants import Status, StreamEndReason
 from dcptool.replay.rules.columns import as_numpy, lookup_codes
@@ -37,6 +38,7 @@ SEQNO_OPS = {"mutation", "deletion", "expiration", "prepare", "commit", "abort",
              "seqno_advanced"}
 KNOWN_REASONS = {int(r) for r in StreamEndReason}
 NONE = np.iinfo(np.int64).min
+HEADER = 24         # bytes of a memcached frame header
 # what an item's stream is doing when it arrives
 CLOSED, NO_MARKER, IN_MARKER, IN_OSO, UNKNOWN = 0, 1, 2, 3, 4
 OSO_START, OSO_END = 0x01, 0x02
@@ -97,6 +99,7 @@ class DcpChecker:
     def __init__(self):
         self.streams: dict[int, _Stream] = {}
         self.sid_of: dict[tuple[int, int], int] = {}   # (conn id, opaque) -> stream id of a request
+        self.no_raw: set[str] = set()                   # files reported without raw
 
     # ---------------------------------------------------------------------------- driver API
     def resync(self) -> None:
@@ -114,6 +117,7 @@ class DcpChecker:
         if t.num_rows == 0:
             return
         fn = as_numpy(t.column("frame_no"), fill=0, dtype=np.int64)
+        self._check_raw(raw, fn, t.column("vbucket"), where, out)
         err = self._decode_errors(t, fn, where, out)
         item, ctrl, is_out, m_req, m_oso = self._select(t, err)
         rel = np.flatnonzero(item | ctrl)
@@ -279,6 +283,37 @@ class DcpChecker:
                 out.at(where, "dcp.item_outside_snapshot", f"vbucket {vb[i]}: seqno {seq[p]} {rng}", **loc)
 
     # ---------------------------------------------------------------------------- state
+    def _check_raw(self, raw, fn: np.ndarray, vbs, where: Where, out: Findings) -> None:
+        """Playback sends the raw bytes: a file without them, and frames whose raw is shorter
+        than a header or than the length its header says, are reported."""
+        try:
+            arr = raw()
+        except (KeyError, pa.ArrowException):
+            arr = None
+        if arr is None or arr.null_count == len(arr):
+            if where.file not in self.no_raw:
+                self.no_raw.add(where.file)
+                out.at(where, "dcp.raw_missing", "no `raw` column (the recorded frames): this capture "
+                       "cannot be played back (serve dcp --from)", frame_no=int(fn[0]))
+            return
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks()
+        lens = as_numpy(pc.binary_length(arr), fill=0, dtype=np.int64)
+        whole = lens >= HEADER
+        if whole.any():
+            otype = np.int64 if pa.types.is_large_binary(arr.type) else np.int32
+            offs = np.frombuffer(arr.buffers()[1], otype)[arr.offset:arr.offset + len(arr) + 1].astype(np.int64)
+            data = np.frombuffer(arr.buffers()[2], np.uint8)
+            at = offs[:-1][whole]
+            body = np.zeros(len(at), np.int64)
+            for j in range(8, 12):
+                body = (body << 8) | data[at + j]
+            whole[whole] = lens[whole] == HEADER + body
+        for i in np.flatnonzero(~whole).tolist():
+            what = "shorter than a frame header" if lens[i] < HEADER else "not the length its header says"
+            out.at(where, "dcp.raw_short", f"raw frame of {lens[i]} bytes, {what}: it cannot be played back",
+                   frame_no=int(fn[i]), vbucket=vbs[i].as_py())
+
     def _stream(self, key: int) -> _Stream:
         s = self.streams.get(key)
         if s is None:

@@ -103,8 +103,18 @@ def generate(path: str, frames: int, seed: int = 1, rows_per_group: int = 1 << 2
                 value_len=(rng.integers(10, 500, n), ~item), cas=(rng.integers(1, 2**62, n), ~item),
                 snap_start=(seqno, item), snap_end=(seqno + PERIOD - 2, item),
                 snap_flags=(np.ones(n), item), snap_version=(["2.0"] * n, item),
-                raw=pa.array(rng.integers(0, 2**63, n).astype("S24"))))
+                raw=_headers(rng, n)))
             done += n
+
+
+def _headers(rng, n: int) -> pa.Array:
+    """n 24-byte frame headers with random bytes and a body length of 0 (bytes 8-11), as verify
+    expects of raw (dcp.raw_short)."""
+    hdr = rng.integers(0, 256, (n, 24), dtype=np.uint8)
+    hdr[:, 0] = 0x80
+    hdr[:, 8:12] = 0
+    offsets = np.arange(0, 24 * (n + 1), 24, dtype=np.int32)
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(hdr.tobytes())])
 
 
 def _run_out(args: list[str]) -> float:

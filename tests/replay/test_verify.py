@@ -44,7 +44,7 @@ class Run:
 
     def add(self, direction, **cols):
         self.ts += 1000
-        row = dict(conn=self.conn, ts=self.ts, mono_ns=self.ts, direction=direction, raw=b"x" * 24, **cols)
+        row = dict(conn=self.conn, ts=self.ts, mono_ns=self.ts, direction=direction, raw=bytes(24), **cols)
         self.rows.append(row)
         return row
 

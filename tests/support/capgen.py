@@ -54,8 +54,11 @@ class _Run:
 
 def _raw(rng: random.Random, row: dict) -> bytes:
     # frame bytes are not interpreted by replay; a header-shaped prefix keeps them plausible
+    # and its body length (bytes 8-11) says what follows, as in every real frame (verify's dcp.raw_short)
     magic = row.get("magic") or 0x80
-    return bytes([magic, row.get("opcode") or 0]) + rng.randbytes(rng.randrange(22, 40))
+    raw = bytearray([magic, row.get("opcode") or 0]) + rng.randbytes(rng.randrange(22, 40))
+    raw[8:12] = (len(raw) - 24).to_bytes(4, "big")
+    return bytes(raw)
 
 
 def _dcp_run(rng: random.Random, n_events: int) -> list[dict]:

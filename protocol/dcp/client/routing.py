@@ -2,9 +2,13 @@
 vbucket -> active node, and the vbuckets waiting for a map that gives them a (new) owner.
 
 A vbucket waits when its stream ended "state changed", was refused NOT_MY_VBUCKET, or its
-node stopped answering. It leaves the waiting list when a config names an owner it may go
-to (a node other than the one it left, or any node once a newer config arrived), or, at its
-deadline, as unserved with the reason. Time is an argument; nothing here does I/O.
+node stopped answering. It goes to the owner in the newest map held, whatever node it left:
+at once when that is another node or the map is newer than when it left; to the same node
+under the same map after a backoff (RETRY_FIRST, doubling to RETRY_MAX per try until it is
+served again), as real clients retry by the newest map they hold: a topology that moved a
+vbucket away and back leaves it on the node it left. At its deadline (the timeout from when
+it first stopped being served) it is unserved, with the reason. Time is an argument;
+nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from dcptool.protocol.dcp.wire.cluster_config import ClusterConfig
 NOT_IN_MAP = "not in the cluster map"
 NO_ACTIVE = "no active node in the cluster map"
 NODE_DOWN = "its node stopped answering and no replica was promoted in time"
-REFUSED = "refused (NOT_MY_VBUCKET) and no newer cluster map came in time"
+REFUSED = "refused (NOT_MY_VBUCKET) by the owner of every cluster map held until the timeout"
+RETRY_FIRST = 0.1       # seconds before a vbucket goes back to the node it left, same map
+RETRY_MAX = 2.0         # the backoff doubles per try up to this
 
 
 @dataclasses.dataclass(slots=True)
@@ -28,6 +34,7 @@ class Waiting:
     since_key: tuple | None   # the config (revEpoch, rev) when it left
     deadline: float
     why: str
+    retry_at: float = 0.0     # when it may go back to the node it left under the same map
 
 
 class Router:
@@ -39,6 +46,7 @@ class Router:
         self.unserved: dict[int, str] = {}
         self.configs_applied = 0
         self._since: dict[int, float] = {}     # when a vbucket began to wait (until served again)
+        self._tries: dict[int, int] = {}       # waits since it was last served (the backoff)
 
     # ---- the map
     def apply(self, raw: bytes, host_used: str) -> bool:
@@ -93,30 +101,48 @@ class Router:
         return out
 
     # ---- waiting vbuckets
-    def wait(self, vb: int, left: str | None, now: float, timeout: float, why: str) -> None:
+    def wait(self, vb: int, left: str | None, now: float, timeout: float, why: str, backoff: bool = True) -> None:
         """The vbucket needs an owner; its deadline runs from when it first stopped being
-        served (retries to a node that is still down do not move it)."""
+        served (retries to a node that is still down do not move it). Back to the node it
+        left under the same map: after the backoff, or at once without `backoff` (a stream
+        that ended while the newest map already named that node again)."""
         since = self._since.setdefault(vb, now)
-        self.waiting[vb] = Waiting(vb, left, self.key, since + timeout, why)
+        tries = self._tries.get(vb, 0)
+        self._tries[vb] = tries + 1
+        delay = min(RETRY_FIRST * 2 ** tries, RETRY_MAX) if backoff else 0.0
+        self.waiting[vb] = Waiting(vb, left, self.key, since + timeout, why, now + delay)
 
     def served(self, vb: int) -> None:
-        """A stream of the vbucket is open again: a later wait starts a new deadline."""
+        """A stream of the vbucket is open again: a later wait starts a new deadline and backoff."""
         self._since.pop(vb, None)
+        self._tries.pop(vb, None)
 
-    def ready(self, down: set[str] | frozenset = frozenset()) -> dict[str, list[int]]:
-        """Waiting vbuckets that may go to a node now, by owner: the owner is not a node
-        known down, and it is another node than the one left or the map is newer since."""
+    def ready(self, down: set[str] | frozenset = frozenset(), now: float | None = None) -> dict[str, list[int]]:
+        """Waiting vbuckets that may go to a node now, by owner in the newest map: the owner
+        is not a node known down, and it is another node than the one left, or the map is
+        newer since, or (with `now`) its retry time has come."""
         out: dict[str, list[int]] = {}
         for vb, w in sorted(self.waiting.items()):
             o = self.owner(vb)
             if o is None or o in down:
                 continue
-            if o != w.left or (self.key is not None and w.since_key is not None and self.key > w.since_key):
+            newer = self.key is not None and w.since_key is not None and self.key > w.since_key
+            if o != w.left or newer or (now is not None and now >= w.retry_at):
                 out.setdefault(o, []).append(vb)
         for vbs in out.values():
             for vb in vbs:
                 del self.waiting[vb]
         return out
+
+    def next_retry(self, down: set[str] | frozenset = frozenset()) -> float | None:
+        """The earliest retry time of a vbucket whose owner is the node it left (a node known
+        down is not retried: its own backoff says when)."""
+        times = []
+        for w in self.waiting.values():
+            o = self.owner(w.vb)
+            if o is not None and o == w.left and o not in down:
+                times.append(w.retry_at)
+        return min(times, default=None)
 
     def expire(self, now: float) -> dict[int, str]:
         """Waiting vbuckets past their deadline: now unserved, with the reason."""

@@ -84,6 +84,7 @@ class DcpRecording:
     streams: dict[int, list[RecordedStream]]
     vb_seqnos: list[dict[int, int]] = dataclasses.field(default_factory=list)
     failover_logs: dict[int, tuple[tuple[int, int], ...]] = dataclasses.field(default_factory=dict)
+    skipped: int = 0        # recorded stream frames left out: shorter than a header or than it says
 
     @property
     def frames(self) -> int:
@@ -171,7 +172,7 @@ class PlaybackModel:
             for rs in ss:
                 if rs.ended_by == "disconnect":
                     self.disconnects.setdefault(rs.conn, set()).add(id(rs))
-        self.stats: list[dict] = []
+        self.stats = self.handshake.stats   # bounded (shared.STATS_KEPT); the inner connection adds them
 
     def connect(self, now: float) -> "PlaybackConnection":
         self.accepted += 1
@@ -233,7 +234,6 @@ class PlaybackConnection:
         self.conn_id = conn_id
         self.inner = ProducerConnection(model.handshake, now, conn_id)
         self.stats = self.inner.stats
-        model.stats.append(self.stats)
         self.parser = FrameParser()
         self.streams: dict[int, _Served] = {}
         self.outstanding = 0

@@ -58,6 +58,7 @@ class ProducerConnection:
         self.bucket: Bucket | None = None
         self.dcp_open = False
         self.name = b""
+        self.name_key: tuple | None = None      # (node, bucket, name): DCP names are per node and bucket
         self.open_flags = 0
         self.controls: dict[str, str] = {}
         self.buffer_size = 0
@@ -122,8 +123,8 @@ class ProducerConnection:
         if self.closed is None:
             self.closed = reason
             self.stats["closed"] = reason
-        if self.server.connections_by_name.get(self.name) is self:
-            del self.server.connections_by_name[self.name]
+        if self.name_key is not None and self.server.connections_by_name.get(self.name_key) is self:
+            del self.server.connections_by_name[self.name_key]
         self.server.connections.discard(self)
 
     def end_stream(self, vbid: int, reason: int) -> None:
@@ -325,10 +326,15 @@ class ProducerConnection:
         if not flags & OpenFlag.PRODUCER:   # a consumer-type connection: not offered here
             self._reply(msg, Status.NOT_SUPPORTED)
             return
-        older = self.server.connections_by_name.get(msg.name)
+        # as kv_engine: a name is one connection's on a node and bucket (each node of a
+        # cluster keeps its own), so a second DCP_OPEN of the name there replaces the first
+        key = (self.node, self.bucket.name, msg.name)
+        older = self.server.connections_by_name.get(key)
         if older is not None and older is not self:
             older.close("replaced by a connection with the same name")
-        self.server.connections_by_name[msg.name] = self
+            self.server.topology_changes += 1   # the transports wake: the older one closes now
+        self.server.connections_by_name[key] = self
+        self.name_key = key
         self.name = msg.name
         self.open_flags = flags
         self.dcp_open = True

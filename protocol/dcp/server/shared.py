@@ -4,6 +4,7 @@ connections), and `server_from_options`, the generated server `serve dcp` runs."
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import math
@@ -12,6 +13,8 @@ from dcptool.protocol.dcp.wire import sasl
 from dcptool.protocol.dcp.server.cluster import Change, Cluster, notifications
 from dcptool.protocol.dcp.wire.constants import StreamEndReason
 from dcptool.protocol.dcp.server.bucket import Bucket
+
+STATS_KEPT = 1000      # per-connection stats kept (the newest)
 
 # --------------------------------------------------------------------------- scenarios
 
@@ -57,7 +60,9 @@ class ServerModel:
         self.end_reason_done: set[int] = set()
         self.silent_active = False
         self.accepted = 0
-        self.stats: list[dict] = []     # one dict per connection, kept after it closes
+        # one dict per connection, kept after it closes: the last STATS_KEPT only, so a server
+        # does not grow with the connections it has seen
+        self.stats: collections.deque[dict] = collections.deque(maxlen=STATS_KEPT)
 
     def credentials(self, user: str, mech: str):
         return self._creds.get((user, mech))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import bisect
 
 import cramjam
+import numpy as np
 
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.constants import SnapshotFlag, StreamEndReason
@@ -20,16 +21,24 @@ from dcptool.protocol.dcp.server.sync_writes import sync_frame
 # --------------------------------------------------------------------------- segments
 
 class Fixed:
-    """n frames of size f in data (a pre-encoded blob)."""
-    __slots__ = ("data", "f", "n", "i", "data_frames")
+    """n frames of size f in data (a pre-encoded blob). With `opaque`, data is the shared
+    blob of the vbucket (opaque 0) and each chunk taken is a copy with the stream's opaque
+    written in: a stream holds no copy of its backfill, so a client that does not read
+    costs the server what its transport buffers hold, and nothing once it goes."""
+    __slots__ = ("data", "f", "n", "i", "data_frames", "opaque")
 
-    def __init__(self, data, f: int, n: int, data_frames: bool = True):
+    def __init__(self, data, f: int, n: int, data_frames: bool = True, opaque: int | None = None):
         self.data, self.f, self.n, self.i, self.data_frames = memoryview(data), f, n, 0, data_frames
+        self.opaque = opaque
 
     def take(self, budget: int, max_frames: int):
         k = min(self.n - self.i, max(1, -(-budget // self.f)), max_frames)
         out = self.data[self.i * self.f:(self.i + k) * self.f]
         self.i += k
+        if self.opaque is not None:
+            chunk = np.frombuffer(out, np.uint8).reshape(k, self.f).copy()
+            chunk[:, 12:16] = np.frombuffer(self.opaque.to_bytes(4, "big"), np.uint8)
+            out = chunk.reshape(-1).data
         return out, k
 
     @property
@@ -152,10 +161,15 @@ class Stream:
                                           if mask is None or mask[s - self.cursor - 1]]))
             else:
                 recs = vb.disk_records(c.collections, c.no_value, c.json)[self.cursor:last]
-                recs = recs.copy() if mask is None else recs[mask]
-                recs["opaque"] = self.opaque
-                if len(recs):
-                    self.segments.append(Fixed(recs.tobytes(), recs.dtype.itemsize, len(recs)))
+                if mask is None and not getattr(self, "sid", 0) and len(recs):
+                    # the shared records, the opaque written in as chunks are taken (no copy kept)
+                    self.segments.append(Fixed(recs.view(np.uint8).reshape(-1), recs.dtype.itemsize, len(recs),
+                                               opaque=self.opaque))
+                else:
+                    recs = recs.copy() if mask is None else recs[mask]
+                    recs["opaque"] = self.opaque
+                    if len(recs):
+                        self.segments.append(Fixed(recs.tobytes(), recs.dtype.itemsize, len(recs)))
             if mask is not None and not mask[-1] and not self.flt.legacy:
                 # kv_engine: a filtered snapshot whose end is not this stream's item ends with
                 # a seqno advanced to it (collection-aware connections only)
