@@ -1,5 +1,5 @@
 """`dcptool capture couchbase://` end to end over loopback: a whole capture against the
-producer, SIGKILL at seeded random moments then --resume without a gap, a connection cut
+producer, SIGKILL at seeded kill points (frames served) then --resume without a gap, a connection cut
 in the middle of a frame, and no credential anywhere in what it writes or logs."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import random
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 
@@ -21,9 +20,10 @@ from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.wire.frames import split_until_error
 from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.store.reader import find_captures, read_capture_table
+from tests.support.paths import DCPTOOL
+from tests.support.producer import served, stop_live_updates
 
 pytestmark = pytest.mark.integration
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 ITEM_OPS = ("mutation", "deletion", "expiration")
 
 
@@ -100,11 +100,10 @@ def test_sigkill_at_random_moments_then_resume_has_no_gap(tmp_path):
             p = subprocess.Popen([DCPTOOL, "capture", url, "-o", str(out), "--resume", "--to", "forever",
                                   "--quiet", "--noop-interval", "2s"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            time.sleep(rng.uniform(0.6, 2.0))  # the kill moment, not an ordering wait
+            served(model, model.stream_frames + rng.randrange(1, 3000), p)   # the seeded kill point
             p.send_signal(signal.SIGKILL)
             p.wait(timeout=30)
-        srv.loop.call_soon_threadsafe(srv.server._rate_task.cancel)   # the bucket stops changing
-        time.sleep(0.2)
+        stop_live_updates(srv)   # the bucket stops changing
         res, _ = capture(url, out, "--resume", "--to", "now")
         assert res.returncode == 0, res.stderr
     t = table_of(out)

@@ -5,11 +5,9 @@ gap, no duplicate. The producer's own final bucket contents are the oracle."""
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -21,10 +19,10 @@ from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.local import engine as local
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from dcptool.replay.store.segment import open_in_progress
-from tests.protocol.dcp.test_cluster_consumer import final_state, survivors
+from tests.support.cluster_state import final_state, survivors
+from tests.support.paths import DCPTOOL
 
 pytestmark = pytest.mark.integration
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 BOUND = 120
 COLUMNS = ["frame_no", "conn", "node", "direction", "op", "status", "vbucket", "by_seqno", "key", "rollback_seqno",
            "req_start_seqno"]
