@@ -21,7 +21,7 @@ from dcptool.protocol.dcp.wire.frames import split_until_error
 from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from tests.support.paths import DCPTOOL
-from tests.support.producer import served, stop_live_updates
+from tests.support.live_capture import data_on_disk, served, stop_live_updates
 
 pytestmark = pytest.mark.integration
 ITEM_OPS = ("mutation", "deletion", "expiration")
@@ -97,10 +97,12 @@ def test_sigkill_at_random_moments_then_resume_has_no_gap(tmp_path):
     with ThreadedServer(model, rate=4000) as srv:
         url = f"couchbase://{srv.host}:{srv.port}/default"
         for _ in range(10):
+            before = set(os.listdir(out)) if out.exists() else set()
             p = subprocess.Popen([DCPTOOL, "capture", url, "-o", str(out), "--resume", "--to", "forever",
                                   "--quiet", "--noop-interval", "2s"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            served(model, model.stream_frames + rng.randrange(1, 3000), p)   # the seeded kill point
+            data_on_disk(out, before, p)   # this run has rows on disk, then the seeded kill point:
+            served(model, model.stream_frames + rng.randrange(1, 3000), p)
             p.send_signal(signal.SIGKILL)
             p.wait(timeout=30)
         stop_live_updates(srv)   # the bucket stops changing

@@ -10,7 +10,6 @@ import os
 import random
 import signal
 import subprocess
-import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,7 +21,7 @@ from dcptool.replay.check import verify as V, findings as verify_findings
 from tests.support import capgen
 from tests.support.capture_rows import UUID_A, UUID_B, Run, checks, write
 from tests.support.paths import DCPTOOL
-from tests.support.producer import served, stop_live_updates
+from tests.support.live_capture import data_on_disk, served, stop_live_updates
 from tests.support.synapse_serve import ServeSynapse
 
 def run_cli(*args):
@@ -255,14 +254,6 @@ def test_summary_json_and_table_output(tmp_path):
 
 # ----------------------------------------------------------------------------- real captures
 
-def _written(directory) -> int:
-    """Bytes in the capture files of `directory` (grows once a run has flushed rows)."""
-    if not os.path.isdir(directory):
-        return 0
-    return sum(os.path.getsize(os.path.join(directory, n)) for n in os.listdir(directory)
-               if n.endswith((".parquet", ".arrows")))
-
-
 @pytest.mark.integration
 def test_producer_failover_capture_and_killed_resumed_captures_are_clean(tmp_path):
     from dcptool.protocol.dcp.server import producer as P
@@ -284,14 +275,12 @@ def test_producer_failover_capture_and_killed_resumed_captures_are_clean(tmp_pat
     with ThreadedServer(model, rate=4000) as srv:
         url = f"couchbase://{srv.host}:{srv.port}/default"
         for _ in range(3):
-            before = _written(out)
+            before = set(os.listdir(out)) if out.exists() else set()
             p = subprocess.Popen([DCPTOOL, "capture", url, "-o", str(out), "--resume", "--to", "forever",
                                   "--quiet", "--noop-interval", "2s"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            deadline = time.monotonic() + 60
-            while _written(out) <= before and time.monotonic() < deadline:
-                time.sleep(0.05)           # bounded poll: the run has written rows
-            served(model, model.stream_frames + rng.randrange(1, 2000), p)   # the seeded kill point
+            data_on_disk(out, before, p)   # this run has rows on disk, then the seeded kill point:
+            served(model, model.stream_frames + rng.randrange(1, 2000), p)
             p.send_signal(signal.SIGKILL)
             p.wait(timeout=30)
         killed = V.verify([str(out)])
