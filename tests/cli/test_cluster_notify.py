@@ -29,8 +29,8 @@ from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.protocol.transport.dcp_cluster import ClusterSession, _Link
 from dcptool.replay.local import engine as local
 from dcptool.replay.store.reader import find_captures, read_capture_table
-from tests.support.hostile_dcp import HostileDcp, mutation
 from tests.support.cluster_state import final_state, survivors
+from tests.support.hostile_dcp import HostileDcp, mutation
 from tests.support.paths import DCPTOOL
 
 BOUND = 120

@@ -23,8 +23,8 @@ from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.transport.dcp import Session, ThreadedServer
 from tests.support.cli_util import self_signed_tls
-from tests.support.ports import refused_port
 from tests.support.paths import DCPTOOL
+from tests.support.ports import refused_port
 
 pytestmark = pytest.mark.integration
 

@@ -19,8 +19,8 @@ from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.local import engine as local
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from dcptool.replay.store.resume import dcp_resume_state
-from tests.support.dcp_pair import Pair, cfg
 from tests.support.cli_util import run
+from tests.support.dcp_pair import Pair, cfg
 
 AIRLINE = 8                     # inventory.airline in PC.Manifest(2, 2)
 FILTER = {"collections": ["8"], "uid": "1"}

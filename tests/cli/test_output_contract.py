@@ -16,8 +16,8 @@ import subprocess
 
 import pytest
 
-from tests.support.ports import refused_port
 from tests.support.paths import DCPTOOL
+from tests.support.ports import refused_port
 
 pytestmark = pytest.mark.integration
 TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z$")

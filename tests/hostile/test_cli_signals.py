@@ -15,8 +15,8 @@ import pytest
 
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.transport.dcp import ThreadedServer
-from tests.support.synapse_serve import ServeSynapse
 from tests.support.paths import DCPTOOL
+from tests.support.synapse_serve import ServeSynapse
 
 pytestmark = pytest.mark.integration
 

@@ -20,8 +20,8 @@ from dcptool.cli import cli
 from dcptool.replay.check import verify as V, findings as verify_findings
 from tests.support import capgen
 from tests.support.capture_rows import UUID_A, UUID_B, Run, checks, write
-from tests.support.paths import DCPTOOL
 from tests.support.live_capture import data_on_disk, served, stop_live_updates
+from tests.support.paths import DCPTOOL
 from tests.support.synapse_serve import ServeSynapse
 
 def run_cli(*args):

@@ -23,10 +23,10 @@ from dcptool.protocol.dcp.client.consumer import (ConfigReceived, Consumer, Cons
                                            VbState)
 from dcptool.protocol.transport.dcp import ThreadedServer
 from tests.support.cli_util import error_line, self_signed_tls
-from tests.support.ports import refused_port
 from tests.support.cluster_state import ROLLBACK, final_state, survivors
 from tests.support.hostile_dcp import HostileDcp
 from tests.support.paths import DCPTOOL
+from tests.support.ports import refused_port
 
 BOUND = 120
 
