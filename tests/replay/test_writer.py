@@ -310,7 +310,6 @@ DISK_CHILD = textwrap.dedent("""
     import os, sys, resource, signal, json
     import numpy as np, pyarrow as pa
     from dcptool.replay.store.writer import CaptureWriter, WriterError
-from tests.support.batches import SlowWriter, dcp_batch
     out, mode = sys.argv[1], sys.argv[2]
     if mode == "efbig":
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
