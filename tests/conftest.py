@@ -1,22 +1,14 @@
-"""Shared fixtures: one local SparkSession for the whole run (bound to 127.0.0.1), free
-loopback ports, and paths to the shared test vectors."""
+"""Shared fixtures: the test run's own state directory, one local SparkSession for the whole
+run (bound to 127.0.0.1), and a failover capture made once. Helpers that tests import live
+in tests/support/ (paths, ports, ...), never here: no test imports conftest."""
 
 from __future__ import annotations
 
 import os
-import pathlib
-import socket
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "fixtures"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support.paths import DCPTOOL
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -42,17 +34,31 @@ def failover_capture(tmp_path_factory):
     """A capture from the built-in producer with a forced failover (rollbacks on the resumed
     streams): (the producer's model, the capture files). Made once for the whole run."""
     import subprocess
-    import sys
 
     from dcptool.protocol.dcp.server import producer as P
     from dcptool.protocol.transport.dcp import ThreadedServer
     from dcptool.replay.store.reader import find_captures
-    dcptool = os.path.join(os.path.dirname(sys.executable), "dcptool")
     out = tmp_path_factory.mktemp("failover") / "caps"
     model = P.server_from_options(vbuckets=16, items=4000, seed=21,
                                   scenarios=P.Scenarios(failover_at=2500, failover_loss=12))
     with ThreadedServer(model) as srv:
-        res = subprocess.run([dcptool, "capture", f"couchbase://{srv.host}:{srv.port}/default", "-o", str(out),
+        res = subprocess.run([DCPTOOL, "capture", f"couchbase://{srv.host}:{srv.port}/default", "-o", str(out),
                               "--quiet"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     return model, find_captures([str(out)])
+
+
+@pytest.fixture
+def serve():
+    """`serve(*args)` starts `dcptool serve synapse` (tests/support/synapse_serve.py) with
+    those arguments; every server a test started is stopped after it."""
+    from tests.support.synapse_serve import ServeSynapse
+    started = []
+
+    def start(*args):
+        s = ServeSynapse(*args)
+        started.append(s)
+        return s
+    yield start
+    for s in started:
+        s.stop()

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import ast
 import pathlib
+from tests.support.paths import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 IO_MODULES = {"socket", "asyncio", "click", "rich", "pyarrow", "pyspark", "redis", "ssl", "selectors"}
 
 
@@ -232,3 +232,22 @@ def test_exit_codes_come_from_one_table():
     assert errors.exit_code_for(perr.Interrupted(15)) == 143
     assert errors.exit_code_for(perr.DcptoolError("x")) == errors.EXIT_RUNTIME
     assert [c for c, _ in errors.EXIT_CODES][-1] is perr.DcptoolError
+
+
+def _test_imports(path: pathlib.Path):
+    """(line, module) of every `tests.*` import in a file; `from tests.x import test_y` names
+    tests.x.test_y."""
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, a.name) for a in node.names if a.name.startswith("tests."))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("tests."):
+            test_names = [a.name for a in node.names if a.name.startswith("test_") or a.name == "conftest"]
+            yield node.lineno, f"{node.module}.{test_names[0]}" if test_names else node.module
+
+
+def test_no_test_module_imports_another_test_module():
+    """Shared helpers live in tests/support/; a test file (or conftest) is never imported."""
+    bad = [f"{p.relative_to(ROOT)}:{line} imports {m}" for p in _py("tests") for line, m in _test_imports(p)
+           if any(part.startswith("test_") or part == "conftest" for part in m.split(".")[1:])]
+    assert _py("tests/support") and bad == []

@@ -26,8 +26,8 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_stream  # noqa: E402  (the bare drain client)
+import _repo  # noqa: F401,E402  (the repository root on sys.path: tests/bench/_repo.py)
+from tests.bench import bench_stream  # noqa: E402  (the bare drain client)
 
 import glob  # noqa: E402
 
@@ -36,14 +36,14 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from dcptool.replay.store.segment import parquet_writer  # noqa: E402
 
-BIN = os.path.join(os.path.dirname(sys.executable), "dcptool")
+from tests.support.paths import DCPTOOL  # noqa: E402
 SCALE = float(os.environ.get("BENCH_SCALE", "1"))
 CASES = [(61, 1_000_000), (1024 - 67, 100_000), (16 * 1024 - 67, 10_000)]   # value bytes, items
 LARGE = 4096      # values at least this big also get the zstd limit and the lz4 capture
 
 
 def start_server(items: int, value_size: int):
-    proc = subprocess.Popen([BIN, "serve", "dcp", "--port", "0", "--items", str(items), "--vbuckets",
+    proc = subprocess.Popen([DCPTOOL, "serve", "dcp", "--port", "0", "--items", str(items), "--vbuckets",
                              str(bench_stream.VBUCKETS), "--value-size", str(value_size)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     host, port = json.loads(proc.stdout.readline())["listening"].rsplit(":", 1)
@@ -52,7 +52,7 @@ def start_server(items: int, value_size: int):
 
 def capture(host, port, outdir, compression="zstd") -> tuple[float, dict, int, float]:
     t0 = time.perf_counter()
-    p = subprocess.Popen([BIN, "capture", f"couchbase://{host}:{port}/default", "-o", outdir, "--quiet", "--json",
+    p = subprocess.Popen([DCPTOOL, "capture", f"couchbase://{host}:{port}/default", "-o", outdir, "--quiet", "--json",
                           "--compression", compression],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(p.pid, 0)

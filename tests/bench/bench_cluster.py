@@ -14,13 +14,12 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_capture  # noqa: E402  (capture() runs and times one capture)
+import _repo  # noqa: F401,E402  (the repository root on sys.path: tests/bench/_repo.py)
+from tests.bench import bench_capture  # noqa: E402  (capture() runs and times one capture)
 
-BIN = os.path.join(os.path.dirname(sys.executable), "dcptool")
+from tests.support.paths import DCPTOOL  # noqa: E402
 SCALE = float(os.environ.get("BENCH_SCALE", "1"))
 NODES = int(os.environ.get("BENCH_NODES", "3"))
 ITEMS = max(1000, int(1_000_000 * SCALE))
@@ -28,7 +27,7 @@ VBUCKETS = 64
 
 
 def start_server(nodes: int):
-    proc = subprocess.Popen([BIN, "serve", "dcp", "--port", "0", "--items", str(ITEMS), "--vbuckets",
+    proc = subprocess.Popen([DCPTOOL, "serve", "dcp", "--port", "0", "--items", str(ITEMS), "--vbuckets",
                              str(VBUCKETS), "--nodes", str(nodes)],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     host, port = json.loads(proc.stdout.readline())["listening"].rsplit(":", 1)

@@ -9,9 +9,11 @@ from __future__ import annotations
 import os
 import struct
 import subprocess
-import sys
 import tempfile
 import time
+
+import _repo  # noqa: F401,E402  (the repository root on sys.path: tests/bench/_repo.py)
+from tests.support.paths import DCPTOOL  # noqa: E402
 
 N = int(os.environ.get("BENCH_FRAMES", "1000000"))
 
@@ -67,10 +69,9 @@ def main():
     with tempfile.NamedTemporaryFile(suffix=".bin") as fh:
         fh.write(buf)
         fh.flush()
-        exe = os.path.join(os.path.dirname(sys.executable), "dcptool")
         t = time.perf_counter()
         with open(os.devnull, "wb") as null:
-            subprocess.run([exe, "decode", "--format", "jsonl", fh.name], stdout=null, check=True)
+            subprocess.run([DCPTOOL, "decode", "--format", "jsonl", fh.name], stdout=null, check=True)
         t_json = time.perf_counter() - t
 
     def line(name, secs):

@@ -12,21 +12,20 @@ playback of that capture, both in-process on their own thread (ThreadedServer), 
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import time
 
+import _repo  # noqa: F401  (the repository root on sys.path: tests/bench/_repo.py)
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.server.playback import PlaybackModel
 from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.playback import load_dcp
+from tests.support.paths import DCPTOOL
 
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 _HDR = struct.Struct(">BB6xI")
 
 

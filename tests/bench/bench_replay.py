@@ -36,8 +36,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
+import _repo  # noqa: F401,E402  (the repository root on sys.path: tests/bench/_repo.py)
+from tests.support.paths import ROOT  # noqa: E402
 
 from dcptool.replay.store.schema import capture_schema  # noqa: E402
 from dcptool.replay.store.segment import dictionary_columns  # noqa: E402
@@ -143,7 +143,7 @@ def timed_cli(args: list[str], env: dict | None = None) -> tuple[float, int]:
     Linux starts a child's ru_maxrss from the parent's size at the fork; rss_columns has it)."""
     t0 = time.perf_counter()
     p = subprocess.Popen([sys.executable, "-m", "dcptool.cli", *args], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=ROOT, **(env or {})))
+                         stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})))
     _, status, usage = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t0
     err = p.stderr.read().decode()
@@ -169,30 +169,34 @@ COPY (
 
 
 def start_warm_server(workdir: str) -> tuple[dict, float]:
-    """`dcptool spark start` on a free port with its own state directory (so replays of this
+    """`dcptool spark start` on a picked port with its own state directory (so replays of this
     run find it); the environment for them, and the seconds the start took."""
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from tests.support.ports import PortTaken, pick_port, start_with_retry
     env = {"DCPTOOL_STATE_DIR": os.path.join(workdir, "state")}
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "dcptool.cli", "spark", "start", "--port", str(port),
-                    "--idle-timeout", "1h"], check=True, env=dict(os.environ, PYTHONPATH=ROOT, **env),
-                   stderr=subprocess.DEVNULL)
-    return env, time.perf_counter() - t0
+
+    def start():
+        # the JVM's port is given on the command line: picked, and picked again if taken meanwhile
+        t0 = time.perf_counter()
+        res = subprocess.run([sys.executable, "-m", "dcptool.cli", "spark", "start", "--port", str(pick_port()),
+                              "--idle-timeout", "1h"], env=dict(os.environ, PYTHONPATH=str(ROOT), **env),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if res.returncode != 0 and "is taken by another program" in res.stderr:
+            raise PortTaken(res.stderr)
+        if res.returncode != 0:
+            raise SystemExit(f"spark start failed: {res.stderr.strip()}")
+        return time.perf_counter() - t0
+    return env, start_with_retry(start)
 
 
 def stop_warm_server(env: dict) -> None:
-    subprocess.run([sys.executable, "-m", "dcptool.cli", "spark", "stop"], env=dict(os.environ, PYTHONPATH=ROOT, **env),
+    subprocess.run([sys.executable, "-m", "dcptool.cli", "spark", "stop"], env=dict(os.environ, PYTHONPATH=str(ROOT), **env),
                    stderr=subprocess.DEVNULL, check=False)
 
 
 def rss_columns(cap: str) -> dict:
     """Peak RSS (each child's own VmHWM, tests/bench/replay_rss.py) of the local engine and of
     DuckDB on the same capture, and the distinct documents."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import replay_rss
+    from tests.bench import replay_rss
     m = replay_rss.measure(cap)
     return {"local_rss_mib": m["local_peak_mib"], "duckdb_rss_mib": m["duckdb_peak_mib"],
             "distinct_documents": m["distinct_documents"]}

@@ -9,7 +9,8 @@ import sys
 import time
 
 RUNS = int(os.environ.get("BENCH_RUNS", "15"))
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
+import _repo  # noqa: F401,E402  (the repository root on sys.path: tests/bench/_repo.py)
+from tests.support.paths import DCPTOOL  # noqa: E402
 
 
 def best(cmd) -> float:

@@ -16,17 +16,17 @@ import re
 import socket
 import struct
 import subprocess
-import sys
 import time
 
 ITEMS = int(os.environ.get("BENCH_ITEMS", "1000000"))
 VBUCKETS = 64
 BUFFER = 20 * 1024 * 1024
-BIN = os.path.join(os.path.dirname(sys.executable), "dcptool")
+import _repo  # noqa: F401,E402  (the repository root on sys.path: tests/bench/_repo.py)
+from tests.support.paths import DCPTOOL  # noqa: E402
 
 
 def start_server(*extra: str):
-    proc = subprocess.Popen([BIN, "serve", "dcp", "--port", "0", "--items", str(ITEMS), "--vbuckets", str(VBUCKETS),
+    proc = subprocess.Popen([DCPTOOL, "serve", "dcp", "--port", "0", "--items", str(ITEMS), "--vbuckets", str(VBUCKETS),
                              *extra], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     addr = json.loads(proc.stdout.readline())["listening"]
     host, port = addr.rsplit(":", 1)
@@ -83,7 +83,7 @@ def dcptool_stream(host: str, port: int, *extra: str) -> tuple[float, float, int
     """(wall seconds including interpreter start, session seconds from the summary, mutations)."""
     t0 = time.perf_counter()
     with open(os.devnull, "wb") as devnull:
-        out = subprocess.run([BIN, "stream", f"couchbase://{host}:{port}/default", "--format", "jsonl",
+        out = subprocess.run([DCPTOOL, "stream", f"couchbase://{host}:{port}/default", "--format", "jsonl",
                               "--name", "bench", *extra], stdout=devnull, stderr=subprocess.PIPE, text=True,
                              timeout=600)
     wall = time.perf_counter() - t0

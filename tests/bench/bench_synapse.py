@@ -14,14 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pathlib
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+import _repo  # noqa: F401,E402  (the repository root on sys.path: tests/bench/_repo.py)
+from tests.support.paths import ROOT  # noqa: E402
+
 PY = sys.executable
 
 
@@ -113,6 +114,5 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
     os.chdir(ROOT)
     main()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import pathlib
 import random
 import shutil
 import subprocess
@@ -25,8 +24,9 @@ import tempfile
 import time
 import uuid
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+import _repo  # noqa: F401,E402  (the repository root on sys.path: tests/bench/_repo.py)
+from tests.support.paths import ROOT  # noqa: E402
+
 PY = sys.executable
 BLOCK = 1 << 17   # lines per receive block (and per Parquet row group)
 STREAMS = [(b"events", b"master"), (b"caches", b"master"), (b"typing", b"worker1"),

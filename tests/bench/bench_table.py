@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import _repo  # noqa: F401,E402  (the repository root on sys.path: tests/bench/_repo.py)
 
 from tests.support import capgen  # noqa: E402
 

@@ -22,11 +22,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
+import _repo  # noqa: F401,E402  (the repository root on sys.path: tests/bench/_repo.py)
 
 from dcptool.replay.store.schema import capture_schema  # noqa: E402
 from tests.bench.bench_replay import timed_cli  # noqa: E402
+from tests.support.paths import ROOT  # noqa: E402
 
 NVB = 1024
 PERIOD = 20          # a marker, then 19 items, per vbucket
@@ -136,7 +136,7 @@ def run(frames: int, workdir: str) -> dict:
     # verify must be silent here, else the timing measures findings, not checking
     import subprocess
     res = subprocess.run([sys.executable, "-m", "dcptool.cli", "verify", cap, "--format", "jsonl"],
-                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
+                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     if res.returncode != 0:
         raise SystemExit(f"verify found something on the clean capture: {res.stdout[:500]} {res.stderr[-500:]}")
     verify_s = min(_run_out(["verify", cap, "--format", "jsonl"]) for _ in range(2))

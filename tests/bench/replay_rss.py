@@ -24,16 +24,16 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+import _repo  # noqa: F401,E402  (the repository root on sys.path: tests/bench/_repo.py)
+from tests.support.paths import ROOT  # noqa: E402
+
 BASE_MIB = 300            # the fixed base the goal allows
 DOC_GOAL = 400            # bytes per distinct document above it
 
 
 def _duckdb_sql() -> str:
     """bench_replay.py's query, so both always run the same one."""
-    sys.path.insert(0, HERE)
-    import bench_replay
+    from tests.bench import bench_replay
     return bench_replay.DUCKDB_SQL
 
 
@@ -63,7 +63,7 @@ def child_peak(argv: list[str], env: dict | None = None) -> tuple[float, float]:
     try:
         t0 = time.perf_counter()
         p = subprocess.run([sys.executable, "-c", _WRAP, path, *argv], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=ROOT, **(env or {})))
+                           stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})))
         wall = time.perf_counter() - t0
         if p.returncode != 0:
             raise RuntimeError(f"{' '.join(argv[:4])} ... failed: {p.stderr.decode().strip()[-500:]}")
@@ -116,8 +116,7 @@ def main(argv: list[str]) -> None:
         print(report(d, measure_full(d)), flush=True)
         return
     frames = next((int(a) for a in argv if a.isdigit()), 10_000_000)
-    sys.path.insert(0, HERE)
-    from bench_replay import generate
+    from tests.bench.bench_replay import generate
     runs = []
     with tempfile.TemporaryDirectory(prefix="dcptool-rss-") as work:
         for docs in (100_000, 1_000_000):

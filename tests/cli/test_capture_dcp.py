@@ -1,5 +1,5 @@
 """`dcptool capture couchbase://` end to end over loopback: a whole capture against the
-producer, SIGKILL at seeded random moments then --resume without a gap, a connection cut
+producer, SIGKILL at seeded kill points (frames served) then --resume without a gap, a connection cut
 in the middle of a frame, and no credential anywhere in what it writes or logs."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import random
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 
@@ -21,9 +20,10 @@ from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.wire.frames import split_until_error
 from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.store.reader import find_captures, read_capture_table
+from tests.support.live_capture import data_on_disk, served, stop_live_updates
+from tests.support.paths import DCPTOOL
 
 pytestmark = pytest.mark.integration
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 ITEM_OPS = ("mutation", "deletion", "expiration")
 
 
@@ -97,14 +97,15 @@ def test_sigkill_at_random_moments_then_resume_has_no_gap(tmp_path):
     with ThreadedServer(model, rate=4000) as srv:
         url = f"couchbase://{srv.host}:{srv.port}/default"
         for _ in range(10):
+            before = set(os.listdir(out)) if out.exists() else set()
             p = subprocess.Popen([DCPTOOL, "capture", url, "-o", str(out), "--resume", "--to", "forever",
                                   "--quiet", "--noop-interval", "2s"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            time.sleep(rng.uniform(0.6, 2.0))  # the kill moment, not an ordering wait
+            data_on_disk(out, before, p)   # this run has rows on disk, then the seeded kill point:
+            served(model, model.stream_frames + rng.randrange(1, 3000), p)
             p.send_signal(signal.SIGKILL)
             p.wait(timeout=30)
-        srv.loop.call_soon_threadsafe(srv.server._rate_task.cancel)   # the bucket stops changing
-        time.sleep(0.2)
+        stop_live_updates(srv)   # the bucket stops changing
         res, _ = capture(url, out, "--resume", "--to", "now")
         assert res.returncode == 0, res.stderr
     t = table_of(out)

@@ -3,7 +3,6 @@ work and start without pyarrow, numpy or pyspark."""
 
 from __future__ import annotations
 
-import pathlib
 import subprocess
 import sys
 
@@ -12,8 +11,8 @@ from click.testing import CliRunner
 
 from dcptool.cli import COMMANDS, cli
 from dcptool.cli.serve import SERVERS
+from tests.support.paths import ROOT
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("name", list(COMMANDS))

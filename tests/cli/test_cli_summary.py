@@ -17,7 +17,7 @@ from dcptool.cli import cli
 from dcptool.cli import dcp_live
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.transport.dcp import ThreadedServer
-from tests.protocol.synapse.test_synapse_tcp import Server as SynapseServer
+from tests.support.synapse_serve import ServeSynapse
 
 pytestmark = pytest.mark.integration
 
@@ -170,7 +170,7 @@ def synapse_server():
     started = []
 
     def start(*args):
-        s = SynapseServer(*args)
+        s = ServeSynapse(*args)
         started.append(s)
         return s
     yield start

@@ -5,13 +5,10 @@ gap, no duplicate. The producer's own final bucket contents are the oracle."""
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
-import sys
 import threading
-import time
 
 import pytest
 
@@ -20,11 +17,11 @@ from dcptool.protocol.dcp.server.cluster import Event
 from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.local import engine as local
 from dcptool.replay.store.reader import find_captures, read_capture_table
-from dcptool.replay.store.segment import open_in_progress
-from tests.protocol.dcp.test_cluster_consumer import final_state, survivors
+from tests.support.cluster_state import final_state, survivors
+from tests.support.live_capture import data_on_disk, served
+from tests.support.paths import DCPTOOL
 
 pytestmark = pytest.mark.integration
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 BOUND = 120
 COLUMNS = ["frame_no", "conn", "node", "direction", "op", "status", "vbucket", "by_seqno", "key", "rollback_seqno",
            "req_start_seqno"]
@@ -41,19 +38,6 @@ def rows_of(out) -> list[dict]:
         if isinstance(r["key"], bytes):
             r["key"] = r["key"].decode()
     return rows
-
-
-def written(out) -> bool:
-    """An in-progress segment with a data frame in a whole batch on disk (its size alone
-    says nothing: the schema message by itself is over 4 KiB)."""
-    if not out.is_dir():
-        return False
-    for p in out.iterdir():
-        if p.name.endswith(".arrows"):
-            _, batches = open_in_progress(str(p))
-            if any("mutation" in b.column("op").to_pylist() for b in batches):
-                return True
-    return False
 
 
 def documents(out) -> dict[int, dict[str, int]]:
@@ -104,12 +88,9 @@ def test_kill_then_resume_across_a_rebalance_no_gap_no_duplicate(tmp_path, seed)
         url = f"couchbase://{srv.host}:{srv.port}/default"
         proc = subprocess.Popen([DCPTOOL, "capture", url, "-o", str(out), "--quiet", "--timeout", "5s"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + BOUND
         # the seeded kill point: that many frames served, and some of them on disk
-        while (model.stream_frames < kill_at or not written(out)) and proc.poll() is None:
-            assert time.monotonic() < deadline, "the capture never reached its kill point"
-            time.sleep(0.002)
-        assert proc.poll() is None, "the capture ended before its kill point"
+        served(model, kill_at, proc, BOUND)
+        data_on_disk(out, (), proc, BOUND)
         proc.send_signal(signal.SIGKILL)
         proc.wait(BOUND)
         proc.stderr.close()

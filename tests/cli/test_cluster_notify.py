@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import struct
 import subprocess
-import sys
 
 import orjson
 import pytest
@@ -31,10 +29,10 @@ from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.protocol.transport.dcp_cluster import ClusterSession, _Link
 from dcptool.replay.local import engine as local
 from dcptool.replay.store.reader import find_captures, read_capture_table
+from tests.support.cluster_state import final_state, survivors
 from tests.support.hostile_dcp import HostileDcp, mutation
-from tests.protocol.dcp.test_cluster_consumer import final_state, survivors
+from tests.support.paths import DCPTOOL
 
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 BOUND = 120
 NOTIFY = 0x01
 FULL, BRIEF = Feature.CLUSTERMAP_CHANGE_NOTIFICATION, Feature.CLUSTERMAP_CHANGE_NOTIFICATION_BRIEF

@@ -7,12 +7,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import orjson
@@ -25,11 +23,10 @@ from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.transport.dcp import Session, ThreadedServer
 from tests.support.cli_util import self_signed_tls
-from tests.conftest import free_port
+from tests.support.paths import DCPTOOL
+from tests.support.ports import refused_port
 
 pytestmark = pytest.mark.integration
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 
 
 def stream(server, *args, env=None, bucket="default"):
@@ -195,8 +192,8 @@ def test_unknown_bucket_exits_with_the_server_status():
 
 
 def test_refused_port_exits_3():
-    port = free_port()
-    res = CliRunner().invoke(cli, ["stream", f"couchbase://127.0.0.1:{port}/default"])
+    with refused_port() as port:
+        res = CliRunner().invoke(cli, ["stream", f"couchbase://127.0.0.1:{port}/default"])
     assert res.exit_code == 3
     assert "refused" in res.output
 

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from dcptool.cli import cli
 from dcptool.cli.view.progress import CaptureProgress, NullProgress, make_progress, print_summary
-from tests.replay.test_resume import Rec
+from tests.support.capture_rows import Rec
 
 T0 = 1_700_000_000_000_000_000
 

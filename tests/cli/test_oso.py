@@ -19,8 +19,8 @@ from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.local import engine as local
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from dcptool.replay.store.resume import dcp_resume_state
-from tests.protocol.dcp.test_dcp_consumer import Pair, cfg
 from tests.support.cli_util import run
+from tests.support.dcp_pair import Pair, cfg
 
 AIRLINE = 8                     # inventory.airline in PC.Manifest(2, 2)
 FILTER = {"collections": ["8"], "uid": "1"}
@@ -304,8 +304,7 @@ def test_oso_frames_decode_the_same_in_tshark():
     from collections import Counter
 
     from dcptool.protocol.transport.dcp import Session
-    from tests.protocol.dcp.test_producer_tshark import Recorder, tshark_pdus
-    from tests.support.tshark_util import compare, require_tshark
+    from tests.support.tshark_util import Recorder, compare, require_tshark, tshark_frames
     require_tshark()
     model = shuffled_model(7, items=200, live=40)
     rec = Recorder()
@@ -314,7 +313,7 @@ def test_oso_frames_decode_the_same_in_tshark():
         consumer = asyncio.run(asyncio.wait_for(Session(conf, srv.host, srv.port, tap=rec).run(), 60))
         port = srv.port
     assert consumer.finished
-    pdus = tshark_pdus(rec.segments, port)
+    pdus = tshark_frames(rec.segments, port=port)
     assert len(pdus) == len(rec.frames)
     problems, ops = [], Counter()
     for (from_server, raw), ts in zip(rec.frames, pdus):
@@ -330,7 +329,7 @@ def test_oso_frames_decode_the_same_in_tshark():
 
 def test_verify_follows_the_oso_rules(tmp_path):
     from dcptool.replay.check import verify as V
-    from tests.replay.test_verify import Run, checks, write
+    from tests.support.capture_rows import Run, checks, write
 
     def oso(r, flags):
         row = r.add("in", op="oso_snapshot", vbucket=0, opaque=r.opaque, snap_flags=flags)

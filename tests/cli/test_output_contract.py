@@ -13,14 +13,13 @@ import re
 import shlex
 import signal
 import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import free_port
+from tests.support.paths import DCPTOOL
+from tests.support.ports import refused_port
 
 pytestmark = pytest.mark.integration
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z$")
 LOOKS_LIKE_TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:")
 COMMON = {"protocol", "source", "started_at", "ended_at", "seconds", "stopped", "messages_in",
@@ -162,10 +161,10 @@ def test_inspect_and_replay_of_the_captures(runs, which):
 
 @pytest.mark.parametrize("command", ["stream", "capture"])
 def test_same_exit_codes_for_the_same_situations(tmp_path, command):
-    port = free_port()
     out = ["-o", str(tmp_path)] if command == "capture" else []
-    refused = [dcptool(command, u, *out, timeout=60) for u in
-               (f"couchbase://127.0.0.1:{port}/default", f"synapse://127.0.0.1:{port}")]
+    with refused_port() as port:
+        refused = [dcptool(command, u, *out, timeout=60) for u in
+                   (f"couchbase://127.0.0.1:{port}/default", f"synapse://127.0.0.1:{port}")]
     assert [r.returncode for r in refused] == [3, 3], [r.stderr for r in refused]
     for r in refused:
         assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("dcptool: ")

@@ -15,6 +15,7 @@ from dcptool.replay.local import engine as local
 from dcptool.replay.rules import tables as T
 from dcptool.replay.store import reader
 from tests.support import capgen
+from tests.support.paths import ROOT
 
 
 def _capture(tmp_path, protocol="dcp", s=3):
@@ -111,7 +112,7 @@ def test_timestamps_print_without_pandas(tmp_path):
     import sys
     d, _ = _capture(tmp_path)
     want = local.replay_local(reader.find_captures([d])).table("vbuckets")
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
     for fmt in ("jsonl", "table"):
         r = subprocess.run([sys.executable, "-m", "dcptool.cli", "replay", d, "--table", "vbuckets",
                             "--format", fmt], capture_output=True, text=True, env=env, timeout=120)

@@ -372,8 +372,7 @@ def test_capture_resume_continues_each_stream_id_from_its_own_position(tmp_path)
 
 @pytest.mark.integration
 def test_alt_framed_stream_frames_decode_the_same_in_tshark():
-    from tests.protocol.dcp.test_producer_tshark import Recorder
-    from tests.support.tshark_util import compare, require_tshark, tshark_frames
+    from tests.support.tshark_util import Recorder, compare, require_tshark, tshark_frames
     require_tshark()
     model = model_with(items=200, vbuckets=2, mutate=60)
     rec = Recorder()

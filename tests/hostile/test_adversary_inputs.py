@@ -17,7 +17,6 @@ import pytest
 from dcptool.cli.sources import parse_source
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.transport.dcp import ThreadedServer
-from tests.protocol.synapse.test_synapse_tcp import serve  # noqa: F401 (fixture)
 from tests.support.cli_util import error_line, run, self_signed_tls
 
 pytestmark = pytest.mark.integration

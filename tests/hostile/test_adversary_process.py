@@ -27,9 +27,9 @@ import pytest
 
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.transport.dcp import ThreadedServer
-from tests.conftest import free_port
+from tests.support.ports import PortTaken, pick_port, start_with_retry
 from tests.support import capgen
-from tests.protocol.synapse.test_synapse_tcp import Server as SynapseServer
+from tests.support.synapse_serve import ServeSynapse as SynapseServer
 
 pytestmark = pytest.mark.integration
 DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
@@ -392,8 +392,14 @@ def warm(tmp_path_factory):
     """A warm server in a state directory of this module's own (stopped at the end)."""
     state = str(tmp_path_factory.mktemp("warm-state"))
     env = _env(DCPTOOL_STATE_DIR=state)
-    res = subprocess.run([DCPTOOL, "spark", "start", "--port", str(free_port()), "--idle-timeout", "10m"],
-                         capture_output=True, text=True, timeout=400, env=env)
+
+    def start():
+        r = subprocess.run([DCPTOOL, "spark", "start", "--port", str(pick_port()), "--idle-timeout", "10m"],
+                           capture_output=True, text=True, timeout=400, env=env)
+        if r.returncode != 0 and ("in use" in r.stderr or "taken" in r.stderr):
+            raise PortTaken(r.stderr)
+        return r
+    res = start_with_retry(start)
     assert res.returncode == 0, res.stderr
     try:
         yield env

@@ -9,17 +9,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.transport.dcp import ThreadedServer
-from tests.protocol.synapse.test_synapse_tcp import Server as SynapseServer
+from tests.support.paths import DCPTOOL
+from tests.support.synapse_serve import ServeSynapse
 
 pytestmark = pytest.mark.integration
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 
 
 def _ignore_sigint():
@@ -79,7 +78,7 @@ def test_dcp_capture_finishes_cleanly_on_signals(tmp_path, sig, code, stopped):
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_synapse_capture_finishes_cleanly_on_signals(tmp_path, sig, code):
-    srv = SynapseServer("--items", "0", "--rate", "200")
+    srv = ServeSynapse("--items", "0", "--rate", "200")
     out = tmp_path / "s"
     try:
         p = start(["capture", f"synapse://{srv.address}", "-o", str(out), "--quiet", "--json"],

@@ -22,6 +22,7 @@ import pytest
 
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.transport.dcp import ThreadedServer
+from tests.support.paths import DCPTOOL, ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -89,7 +90,7 @@ def _capture_on_small_disk(out, limit, url, *args, timeout=90):
            "--quiet", *args]
     started = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
     return proc, time.monotonic() - started
 
 
@@ -132,10 +133,10 @@ def test_background_writer_reports_its_death_to_the_network_side():
 
     from dcptool.replay.store.background import BackgroundWriter
     from dcptool.replay.store.writer import WriterError
-    from tests.replay.test_writer import _SlowWriter, dcp_batch
+    from tests.support.batches import SlowWriter, dcp_batch
     seen = []
     called = threading.Event()
-    slow = _SlowWriter(fail=WriterError("cannot write capture segment /x: No space left on device"))
+    slow = SlowWriter(fail=WriterError("cannot write capture segment /x: No space left on device"))
     bg = BackgroundWriter(slow, on_error=lambda exc: (seen.append(exc), called.set()))
     bg.submit(dcp_batch(0, 10))
     slow.release.set()
@@ -151,7 +152,7 @@ def test_unwritable_directory_is_one_line_and_exit_1(tmp_path):
     model = P.server_from_options(vbuckets=4, items=100, seed=1)
     with ThreadedServer(model) as srv:
         url = f"couchbase://{srv.host}:{srv.port}/default"
-        proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "dcptool"), "capture", url,
+        proc = subprocess.run([DCPTOOL, "capture", url,
                                "-o", str(blocker / "sub"), "--quiet"],
                               capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1 and proc.stdout == ""
@@ -163,7 +164,7 @@ def test_salvage_finishes_the_segment_from_memory_when_its_copy_leaves_no_room(t
     """The last resort of the writer: no room for the Parquet file next to the in-progress
     copy, so the rows go through memory into the space the copy gave back."""
     from dcptool.replay.store import writer as W
-    from tests.replay.test_writer import dcp_batch
+    from tests.support.batches import dcp_batch
     w = W.CaptureWriter(tmp_path, "dcp", source="s", options={}, rotate_size=0)
     for i in range(4):
         w.write(dcp_batch(i * 500, 500))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import orjson
 import pytest
@@ -19,9 +18,9 @@ from dcptool.protocol.dcp.wire import sasl
 from dcptool.protocol.errors import ErrorCode, RemoteError
 from tests.support.cli_util import error_line
 from tests.support.hostile_dcp import HostileDcp, half_frame, mutation
+from tests.support.paths import DCPTOOL
 
 pytestmark = pytest.mark.integration
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 BOUND = 90          # seconds: a hang fails the test instead of stalling the suite
 PASSWORD_ENV = {"DCPTOOL_PASSWORD": "not-the-real-one"}
 

@@ -19,9 +19,9 @@ from dcptool.replay.local import engine as local
 from dcptool.replay.spark import engine as spark_engine, sql as sql_guard
 from dcptool.replay.store import reader
 from tests.support import capgen
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.spark
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,8 +17,8 @@ from dcptool.replay.rules.as_of import AsOf, make_as_of, parse_timestamp, parse_
 from dcptool.replay.store import reader
 from dcptool.replay.timestamps import iso_ns
 from tests.support import capgen
+from tests.support.paths import DCPTOOL
 
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 
 
 def _files(tmp, s, n=200):

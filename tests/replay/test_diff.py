@@ -4,9 +4,7 @@ of one capture; exit 0 equal, 6 different, 1 unreadable, 2 usage."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pyarrow as pa
 
@@ -16,8 +14,8 @@ from dcptool.replay.rules.as_of import AsOf
 from dcptool.replay.store import reader
 from dcptool.replay.timestamps import iso_ns
 from tests.support import capgen
+from tests.support.paths import DCPTOOL
 
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 
 
 def _dir(tmp, s, n=200, protocol="dcp"):

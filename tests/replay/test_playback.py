@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -21,9 +19,9 @@ from dcptool.protocol.dcp.server.playback import DcpRecording, Faults, PlaybackM
 from dcptool.protocol.synapse.playback import LineFaults, PlaybackFeed, PlaybackSession
 from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.store.reader import find_captures, read_capture_table
+from tests.support.paths import DCPTOOL
 
 pytestmark = pytest.mark.integration
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 ITEM_OPS = ("mutation", "deletion", "expiration", "system_event", "seqno_advanced")
 
 

@@ -17,7 +17,7 @@ from dcptool.replay.local import engine as local
 from dcptool.replay.rules import tables as T
 from dcptool.replay.store import reader
 from tests.support import capgen
-from tests.conftest import FIXTURES
+from tests.support.paths import FIXTURES
 
 MODULE = '''
 import pyarrow as pa

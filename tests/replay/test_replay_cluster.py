@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -17,10 +18,21 @@ from dcptool.replay.rules import tables as T
 
 from dcptool.replay.store import reader
 from tests.support import capgen
-from tests.conftest import free_port
+from tests.support.paths import ROOT
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _wait_for_log(path, pattern: str, proc: subprocess.Popen, deadline: float) -> re.Match:
+    """The first match of `pattern` in a JVM's log: the Master reports the ports it bound."""
+    while time.monotonic() < deadline:
+        found = re.search(pattern, path.read_text(errors="replace"))
+        if found:
+            return found
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)  # polling the log for the condition, bounded by the deadline
+    raise AssertionError(f"no {pattern!r} in {path}:\n{path.read_text(errors='replace')[-3000:]}")
 
 
 def _wait_for_worker(ui_port: int, deadline: float) -> None:
@@ -38,22 +50,27 @@ def _wait_for_worker(ui_port: int, deadline: float) -> None:
 
 @pytest.fixture
 def cluster(tmp_path):
+    """A Master and a Worker that bind port 0 (RPC and web UI) themselves; the Master's log
+    says which ports it got."""
     import pyspark
     home = os.path.dirname(pyspark.__file__)
     spark_class = os.path.join(home, "bin", "spark-class")
-    port, ui, wport, wui = free_port(), free_port(), free_port(), free_port()
     env = dict(os.environ, SPARK_HOME=home, SPARK_LOCAL_IP="127.0.0.1", SPARK_LOG_DIR=str(tmp_path / "logs"),
                SPARK_WORKER_DIR=str(tmp_path / "work"), PYSPARK_PYTHON=sys.executable)
-    log = open(tmp_path / "cluster.log", "wb")
+    master_log, worker_log = tmp_path / "master.log", tmp_path / "worker.log"
+    logs = [open(master_log, "wb"), open(worker_log, "wb")]
     procs = [subprocess.Popen([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                               "--port", str(port), "--webui-port", str(ui)], env=env, stdout=log, stderr=log)]
+                               "--port", "0", "--webui-port", "0"], env=env, stdout=logs[0], stderr=logs[0])]
     try:
+        deadline = time.monotonic() + 90
+        url = _wait_for_log(master_log, r"Starting Spark master at (spark://127\.0\.0\.1:\d+)", procs[0],
+                            deadline).group(1)
+        ui = int(_wait_for_log(master_log, r"started service 'MasterUI' on port (\d+)", procs[0], deadline).group(1))
         procs.append(subprocess.Popen([spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                                       "--port", str(wport), "--webui-port", str(wui), "--cores", "2",
-                                       "--memory", "1g", f"spark://127.0.0.1:{port}"],
-                                      env=env, stdout=log, stderr=log))
-        _wait_for_worker(ui, time.monotonic() + 90)
-        yield f"spark://127.0.0.1:{port}"
+                                       "--port", "0", "--webui-port", "0", "--cores", "2",
+                                       "--memory", "1g", url], env=env, stdout=logs[1], stderr=logs[1]))
+        _wait_for_worker(ui, deadline)
+        yield url
     finally:
         for p in reversed(procs):
             p.terminate()
@@ -63,7 +80,8 @@ def cluster(tmp_path):
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        log.close()
+        for f in logs:
+            f.close()
 
 
 def test_standalone_cluster_gives_local_checksums(spark, cluster, tmp_path):

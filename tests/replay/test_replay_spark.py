@@ -20,9 +20,9 @@ from dcptool.replay.rules import tables as T
 
 from dcptool.replay.store import reader
 from tests.support import capgen
+from tests.support.paths import ROOT
 
 pytestmark = pytest.mark.spark
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _files(tmp, protocol, s, n=200, in_progress=False):

@@ -6,58 +6,11 @@ import os
 import random
 import shutil
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dcptool.replay.store import schema as S
 from dcptool.replay.store.resume import (VbResume, dcp_resume_state, recover_in_progress,
                                    synapse_resume_state)
-from dcptool.replay.store.writer import CaptureWriter
-
-DCP_TYPES = dict(S.fields("dcp"))
-SYN_TYPES = dict(S.fields("synapse"))
-
-
-class Rec:
-    """Builds rows with increasing frame_no and writes them through a CaptureWriter."""
-
-    def __init__(self, directory, protocol="dcp", **kw):
-        self.w = CaptureWriter(directory, protocol, source="test://", options={}, **kw)
-        self.types = DCP_TYPES if protocol == "dcp" else SYN_TYPES
-        self.rows: list[dict] = []
-        self.n = 0
-
-    def add(self, **row):
-        row.setdefault("direction", "in")
-        row["frame_no"] = self.n
-        self.n += 1
-        self.rows.append(row)
-
-    def flush(self):
-        if not self.rows:
-            return
-        names = sorted({k for r in self.rows for k in r})
-        schema = pa.schema([(k, self.types[k]) for k in names])
-        self.w.write(pa.Table.from_pylist(self.rows, schema=schema))
-        self.rows = []
-
-    def close(self):
-        self.flush()
-        return self.w.close()
-
-    # DCP helpers
-    def stream_ok(self, vb, log):
-        self.add(direction="out", op="stream_req", vbucket=vb, req_start_seqno=0)
-        self.add(op="stream_req", vbucket=vb, status=0,
-                 failover_log=[{"vbucket_uuid": u, "seqno": s} for u, s in log])
-
-    def marker(self, vb, start, end):
-        self.add(op="snapshot_marker", vbucket=vb, snap_start=start, snap_end=end)
-
-    def items(self, vb, first, last, op="mutation"):
-        for s in range(first, last + 1):
-            self.add(op=op, vbucket=vb, by_seqno=s, key=b"k%d" % s)
-
+from tests.support.capture_rows import Rec
 
 def test_dcp_resume_state_per_vbucket(tmp_path):
     r = Rec(tmp_path)

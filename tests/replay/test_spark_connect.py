@@ -21,21 +21,21 @@ from dcptool.replay.spark import connect_server, engine as spark_engine
 from dcptool.replay.rules import tables as T
 from dcptool.replay.store import reader
 from tests.support import capgen
-from tests.conftest import free_port
+from tests.support.paths import ROOT
+from tests.support.ports import PortTaken, pick_port, refused_port, start_with_retry
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
 def state(tmp_path_factory):
-    """A state directory and a free port for this module's server; the server (if any) is
-    stopped at the end."""
+    """A state directory and the port of this module's server (set by `_start`); the server
+    (if any) is stopped at the end."""
     d = str(tmp_path_factory.mktemp("connect-state"))
     saved = os.environ.get(connect_server.STATE_ENV)
     os.environ[connect_server.STATE_ENV] = d
     try:
-        yield {"dir": d, "port": free_port()}
+        yield {"dir": d, "port": None}
     finally:
         connect_server.stop()
         if saved is None:
@@ -50,10 +50,32 @@ def dcptool(state, *args, env=None, timeout=300):
                           timeout=timeout, env=full)
 
 
+def _start(state, *args):
+    """`spark start ARGS` on the running server's port, or on a picked one, picked again when
+    another program took it meanwhile: the JVM's gRPC port is given on the command line (it
+    cannot bind port 0 and report it), so this is the retry-on-conflict of docs/TESTING.md."""
+    def attempt():
+        rec = connect_server.current()
+        port = rec.port if rec is not None else pick_port()
+        r = dcptool(state, "spark", "start", "--port", str(port), *args, "--json")
+        if r.returncode != 0 and rec is None and ("is taken by another program" in r.stderr or _bind_failed(state)):
+            raise PortTaken(r.stderr)
+        return port, r
+    state["port"], r = start_with_retry(attempt)
+    return r
+
+
+def _bind_failed(state) -> bool:
+    """The last start in the server's log failed to bind its port."""
+    log = os.path.join(state["dir"], "spark-connect.log")
+    last = open(log, errors="replace").read().rsplit(" starting on ", 1)[-1] if os.path.exists(log) else ""
+    return "Address already in use" in last or "BindException" in last
+
+
 @pytest.fixture
 def server(state):
     """The module's server, started when it is not running (start is idempotent)."""
-    r = dcptool(state, "spark", "start", "--port", str(state["port"]), "--idle-timeout", "10m", "--json")
+    r = _start(state, "--idle-timeout", "10m")
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
     assert info["running"] and info["answers"] and info["port"] == state["port"]
@@ -157,7 +179,8 @@ def test_remote_url_and_apply_over_connect(state, server, tmp_path):
 def test_unreachable_remote_is_one_line_and_exit_3(tmp_path):
     d = _captures(tmp_path, "dcp", 1, n=50)
     runner = CliRunner()
-    r = runner.invoke(cli, ["replay", "--remote", f"sc://127.0.0.1:{free_port()}", "--checksum", d])
+    with refused_port() as port:
+        r = runner.invoke(cli, ["replay", "--remote", f"sc://127.0.0.1:{port}", "--checksum", d])
     assert r.exit_code == 3, r.output
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot reach the Spark Connect server" in lines[0]
@@ -169,13 +192,15 @@ def test_dead_recorded_server_falls_back_to_the_embedded_session(spark, tmp_path
     monkeypatch.setenv(connect_server.STATE_ENV, str(tmp_path / "state"))
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    connect_server._write_record(connect_server.Record(
-        pid=dead.pid, host="127.0.0.1", port=free_port(), token="t", log="/dev/null",
-        started_at=time.time(), idle_timeout_s=60))
     monkeypatch.setattr(spark_engine, "make_session", lambda *a, **k: spark)
     monkeypatch.setattr(spark_engine, "stop_session", lambda session: None)
     d = _captures(tmp_path, "dcp", 2, n=100)
-    r = CliRunner().invoke(cli, ["replay", "--spark", "--table", "documents", "--checksum", "--format", "jsonl", d])
+    with refused_port() as port:
+        connect_server._write_record(connect_server.Record(
+            pid=dead.pid, host="127.0.0.1", port=port, token="t", log="/dev/null",
+            started_at=time.time(), idle_timeout_s=60))
+        r = CliRunner().invoke(cli, ["replay", "--spark", "--table", "documents", "--checksum", "--format",
+                                     "jsonl", d])
     assert r.exit_code == 0, r.output
     assert f"the recorded Spark Connect server (pid {dead.pid}) is gone" in r.stderr
     assert "embedded local[*] session" in r.stderr
@@ -189,7 +214,7 @@ def test_stop_and_idle_timeout(state, server):
     assert r.returncode == 0 and f"pid {server['pid']}" in r.stderr
     assert _gone(server["pid"], time.monotonic() + 60)
     assert json.loads(dcptool(state, "spark", "status", "--json").stdout)["running"] is False
-    r = dcptool(state, "spark", "start", "--port", str(state["port"]), "--idle-timeout", "2s", "--json")
+    r = _start(state, "--idle-timeout", "2s")
     assert r.returncode == 0, r.stderr
     pid = json.loads(r.stdout)["pid"]
     assert pid != server["pid"]

@@ -10,8 +10,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
-import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -20,108 +18,11 @@ from click.testing import CliRunner
 
 from dcptool.cli import cli
 from dcptool.replay.check import verify as V, findings as verify_findings
-from dcptool.replay.store.schema import META_SEGMENT, capture_schema
 from tests.support import capgen
-
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
-UUID_A, UUID_B = 0xAAAA, 0xBBBB
-
-
-# ----------------------------------------------------------------------------- builders
-
-class Run:
-    """Rows of a clean DCP run, as a careful consumer and a correct server make them."""
-
-    def __init__(self, seed: int = 0, vbuckets=(0, 1, 2)):
-        self.rng = random.Random(seed)
-        self.rows: list[dict] = []
-        self.conn = 1
-        self.opaque = 100
-        self.ts = capgen.BASE_TS
-        self.vbs = list(vbuckets)
-        self.last = {vb: 0 for vb in self.vbs}
-        self.log = {vb: [(UUID_A, 0)] for vb in self.vbs}
-
-    def add(self, direction, **cols):
-        self.ts += 1000
-        row = dict(conn=self.conn, ts=self.ts, mono_ns=self.ts, direction=direction, raw=bytes(24), **cols)
-        self.rows.append(row)
-        return row
-
-    def request(self, vb, start=None, uuid=None, answer="ok", rollback_to=None, snap=None):
-        self.opaque += 1
-        start = self.last[vb] if start is None else start
-        ss, se = snap or (start, start)
-        self.add("out", op="stream_req", vbucket=vb, opaque=self.opaque, req_start_seqno=start,
-                 req_end_seqno=2**64 - 1, req_vbucket_uuid=self.log[vb][0][0] if uuid is None else uuid,
-                 req_snap_start=ss, req_snap_end=se, req_flags=0)
-        if answer == "rollback":
-            self.add("in", op="stream_req", vbucket=vb, opaque=self.opaque, status=0x23,
-                     rollback_seqno=rollback_to)
-            return
-        self.add("in", op="stream_req", vbucket=vb, opaque=self.opaque, status=0,
-                 failover_log=[{"vbucket_uuid": u, "seqno": s} for u, s in self.log[vb]])
-
-    def snapshot(self, vb, n):
-        first = self.last[vb] + 1
-        self.add("in", op="snapshot_marker", vbucket=vb, snap_start=first, snap_end=first + n - 1,
-                 snap_flags=1, snap_version="2.0")
-        for s in range(first, first + n):
-            self.add("in", op=self.rng.choice(["mutation", "mutation", "deletion"]), vbucket=vb,
-                     by_seqno=s, rev_seqno=1, key=b"k%d" % self.rng.randrange(50))
-        self.last[vb] = first + n - 1
-
-    def clean(self, rounds=6):
-        """Streams, snapshots, a reconnect that resumes, and a rollback after a failover."""
-        for vb in self.vbs:
-            self.request(vb)
-        for r in range(rounds):
-            for vb in self.vbs:
-                self.snapshot(vb, self.rng.randrange(1, 6))
-            if r == 2:                       # the connection drops; the streams resume
-                self.conn += 1
-                for vb in self.vbs:
-                    self.request(vb)
-            if r == 4:                       # vb 0 failed over: the server lost 2 seqnos
-                vb = self.vbs[0]
-                back = self.last[vb] - 2
-                self.conn += 1
-                self.request(vb, answer="rollback", rollback_to=back)
-                self.last[vb] = back
-                self.log[vb].insert(0, (UUID_B, back))
-                self.request(vb, uuid=UUID_A)
-                for other in self.vbs[1:]:
-                    self.request(other)
-        for vb in self.vbs:
-            self.add("in", op="stream_end", vbucket=vb, stream_end_reason=0)
-        return self
-
-
-def write(rows, directory, protocol="dcp", cuts=(), name_started="2025-11-22T01:02:03.000000Z",
-          cid="c0ffee00-0000-4000-8000-000000000001", **write_kw):
-    """One capture of `rows` as segments cut at `cuts` (row indices); frame_no 0..n-1."""
-    os.makedirs(directory, exist_ok=True)
-    for i, r in enumerate(rows):
-        r.update(capture_id=cid, frame_no=i)
-    meta = {"dcptool.format": "1", "dcptool.protocol": protocol, "dcptool.capture_id": cid,
-            "dcptool.started_at": name_started, "dcptool.version": "test",
-            "dcptool.source": "couchbase://127.0.0.1/b", "dcptool.options": "{}"}
-    table = capgen.to_table(protocol, rows, meta)
-    bounds = [0, *cuts, len(rows)]
-    paths = []
-    for seg in range(len(bounds) - 1):
-        part = table.slice(bounds[seg], bounds[seg + 1] - bounds[seg])
-        m = dict(meta, **{META_SEGMENT: str(seg)})
-        part = part.replace_schema_metadata(capture_schema(protocol, m).metadata)
-        path = os.path.join(directory, capgen.file_name(meta, seg))
-        pq.write_table(part, path, compression="zstd", **write_kw)
-        paths.append(path)
-    return paths
-
-
-def checks(report):
-    return [f.check for f in report.findings]
-
+from tests.support.capture_rows import UUID_A, UUID_B, Run, checks, write
+from tests.support.live_capture import data_on_disk, served, stop_live_updates
+from tests.support.paths import DCPTOOL
+from tests.support.synapse_serve import ServeSynapse
 
 def run_cli(*args):
     return CliRunner().invoke(cli, ["verify", *args])
@@ -353,14 +254,6 @@ def test_summary_json_and_table_output(tmp_path):
 
 # ----------------------------------------------------------------------------- real captures
 
-def _written(directory) -> int:
-    """Bytes in the capture files of `directory` (grows once a run has flushed rows)."""
-    if not os.path.isdir(directory):
-        return 0
-    return sum(os.path.getsize(os.path.join(directory, n)) for n in os.listdir(directory)
-               if n.endswith((".parquet", ".arrows")))
-
-
 @pytest.mark.integration
 def test_producer_failover_capture_and_killed_resumed_captures_are_clean(tmp_path):
     from dcptool.protocol.dcp.server import producer as P
@@ -382,19 +275,17 @@ def test_producer_failover_capture_and_killed_resumed_captures_are_clean(tmp_pat
     with ThreadedServer(model, rate=4000) as srv:
         url = f"couchbase://{srv.host}:{srv.port}/default"
         for _ in range(3):
-            before = _written(out)
+            before = set(os.listdir(out)) if out.exists() else set()
             p = subprocess.Popen([DCPTOOL, "capture", url, "-o", str(out), "--resume", "--to", "forever",
                                   "--quiet", "--noop-interval", "2s"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            deadline = time.monotonic() + 60
-            while _written(out) <= before and time.monotonic() < deadline:
-                time.sleep(0.05)           # bounded poll: the run has written rows
-            time.sleep(rng.uniform(0.1, 0.8))  # the kill moment, not an ordering wait
+            data_on_disk(out, before, p)   # this run has rows on disk, then the seeded kill point:
+            served(model, model.stream_frames + rng.randrange(1, 2000), p)
             p.send_signal(signal.SIGKILL)
             p.wait(timeout=30)
         killed = V.verify([str(out)])
         assert set(killed.counts) <= {"file.in_progress"}, killed.findings[:3]
-        srv.loop.call_soon_threadsafe(srv.server._rate_task.cancel)
+        stop_live_updates(srv)   # the bucket stops changing
         res = subprocess.run([DCPTOOL, "capture", url, "-o", str(out), "--resume", "--to", "now", "--quiet"],
                              capture_output=True, text=True, timeout=120)
         assert res.returncode == 0, res.stderr
@@ -406,20 +297,11 @@ def test_producer_failover_capture_and_killed_resumed_captures_are_clean(tmp_pat
 
 @pytest.mark.integration
 def test_synapse_capture_with_reconnects_and_resume_is_clean(tmp_path):
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    srv = subprocess.Popen([sys.executable, "-m", "dcptool.cli", "serve", "synapse", "--port", "0",
-                            "--items", "300", "--drop-after", "100", "--seed", "4"],
-                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=root)
-    try:
-        addr = json.loads(srv.stdout.readline())["listening"]
+    with ServeSynapse("--items", "300", "--drop-after", "100", "--seed", "4") as srv:
         for extra in ([], ["--resume"]):
-            res = subprocess.run([DCPTOOL, "capture", f"synapse://{addr}", "-o", str(tmp_path / "s"),
+            res = subprocess.run([DCPTOOL, "capture", f"synapse://{srv.address}", "-o", str(tmp_path / "s"),
                                   "--quiet", "--max-messages", "150", "--duration", "30s", *extra],
                                  capture_output=True, text=True, timeout=60)
             assert res.returncode == 0, res.stderr
-    finally:
-        srv.terminate()
-        srv.wait(10)
-        srv.stdout.close()
     report = V.verify([str(tmp_path / "s")])
     assert report.captures == 2 and report.findings == [], report.findings[:3]

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import numpy as np
@@ -28,25 +27,9 @@ from dcptool.replay.store.background import BackgroundWriter
 from dcptool.replay.store.redact import mask_sasl_credentials
 from dcptool.replay.store.segment import finish_in_progress, open_in_progress
 from dcptool.replay.store.writer import CaptureWriter, WriterError
+from tests.support.batches import SlowWriter, dcp_batch
 
 PY = sys.executable
-
-
-def dcp_batch(start: int, n: int, conn: int = 0) -> pa.RecordBatch:
-    fn = np.arange(start, start + n, dtype=np.int64)
-    return pa.record_batch({
-        "frame_no": fn,
-        "conn": pa.array(np.full(n, conn, np.int32)),
-        "ts": pa.array(fn + 1_700_000_000_000_000_000, pa.int64()).cast(pa.timestamp("ns", tz="UTC")),
-        "mono_ns": fn * 1000,
-        "direction": pa.array(["in"] * n),
-        "raw": pa.array([b"\x80\x57" + int(i).to_bytes(8, "big") + b"v" * 22 for i in fn]),
-        "op": pa.array(["mutation"] * n),
-        "opcode": pa.array(np.full(n, 0x57, np.uint8)),
-        "vbucket": pa.array((fn % 4).astype(np.uint16)),
-        "by_seqno": fn + 1,
-        "key": pa.array([b"k%d" % i for i in fn]),
-    })
 
 
 def read_all(paths) -> pa.Table:
@@ -389,30 +372,8 @@ def test_disk_full_keeps_finished_segments_whole(tmp_path, mode):
     assert not glob.glob(str(look / "*.tmp"))    # the partial Parquet file is gone
 
 
-class _SlowWriter:
-    """Stands in for CaptureWriter: blocks until released, records what it got."""
-    flush_interval = 1.0
-
-    def __init__(self, fail=None):
-        self.release = threading.Event()
-        self.got = []
-        self.fail = fail
-
-    def write(self, batch):
-        self.release.wait(30)
-        if self.fail:
-            raise self.fail
-        self.got.append(batch)
-
-    def tick(self):
-        pass
-
-    def close(self):
-        return [{"rows": sum(b.num_rows for b in self.got)}]
-
-
 def test_background_writer_backlog_and_no_drops():
-    slow = _SlowWriter()
+    slow = SlowWriter()
     bg = BackgroundWriter(slow, max_queue_bytes=10_000)
     batches = [dcp_batch(i * 100, 100) for i in range(20)]
     for b in batches:
@@ -426,7 +387,7 @@ def test_background_writer_backlog_and_no_drops():
 
 
 def test_background_writer_surfaces_disk_errors():
-    slow = _SlowWriter(fail=WriterError("cannot write capture segment /x: No space left on device"))
+    slow = SlowWriter(fail=WriterError("cannot write capture segment /x: No space left on device"))
     bg = BackgroundWriter(slow)
     bg.submit(dcp_batch(0, 10))
     slow.release.set()

@@ -4,11 +4,9 @@ the one error line of a failed run, and a self-signed TLS server context for 127
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
+from tests.support.paths import DCPTOOL
 
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 
 
 def run(*args, timeout=120):

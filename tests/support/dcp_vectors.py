@@ -4,11 +4,11 @@ fixtures/dcp/README.md; keep them here, not in the code under test."""
 
 from __future__ import annotations
 
-import pathlib
 
 from dcptool.protocol.dcp.wire import messages as M
+from tests.support.paths import FIXTURES
 
-VEC = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "dcp"
+VEC = FIXTURES / "dcp"
 
 
 def _go(op: str) -> bytes:

@@ -1,6 +1,11 @@
 """Fixtures that start a real Redis (Debian's redis-server) and a real Synapse (from
-/work/main/.synapse-venv, installed by `scripts/setup.sh --test`) on free loopback ports in
-a temporary directory, and stop them afterwards.
+.synapse-venv, installed by `scripts/setup.sh --test`) on loopback in a temporary directory,
+and stop them afterwards.
+
+Synapse binds port 0 itself and logs the port it got ("Synapse now listening on TCP port N"),
+which is read back. redis-server cannot (`--port 0` means "no TCP at all"), so it is started on
+a picked port and started again on another if the bind failed (ports.start_with_retry); it is
+ready when its own log says so, never by connecting to a port another program may hold.
 
 Synapse runs with SQLite, one HTTP listener (client + admin API) on 127.0.0.1, Redis
 enabled and pointed at the test Redis, and a registration shared secret so tests can
@@ -14,8 +19,8 @@ import hmac
 import json
 import os
 import pathlib
+import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -23,27 +28,32 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import free_port
+from tests.support.paths import ROOT
+from tests.support.ports import PortTaken, pick_port, start_with_retry
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 SYNAPSE_PY = ROOT / ".synapse-venv" / "bin" / "python"
 SERVER_NAME = "localhost"
 SHARED_SECRET = "dcptool-test-registration-secret"  # a throwaway secret for a throwaway server
 START_TIMEOUT = 120.0
+IN_USE = "Address already in use"
 
 
-def _wait_port(port: int, proc: subprocess.Popen, timeout: float, what: str, log=None) -> None:
+def _wait_log(logs, pattern: str, proc: subprocess.Popen, timeout: float, what: str) -> re.Match:
+    """The first match of `pattern` in the server's own logs (the server saying it listens),
+    polled until `timeout`; PortTaken if it exited because its port was in use."""
     end = time.monotonic() + timeout
-    while time.monotonic() < end:
+    while True:
+        text = "".join(pathlib.Path(p).read_text(errors="replace") for p in logs if os.path.exists(p))
+        found = re.search(pattern, text)
+        if found:
+            return found
         if proc.poll() is not None:
-            tail = pathlib.Path(log).read_text(errors="replace")[-3000:] if log else ""
-            raise RuntimeError(f"{what} exited with {proc.returncode} during start-up\n{tail}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {timeout:.0f} s")
+            if IN_USE in text:
+                raise PortTaken(f"{what}: {IN_USE}")
+            raise RuntimeError(f"{what} exited with {proc.returncode} during start-up\n{text[-3000:]}")
+        if time.monotonic() > end:
+            raise RuntimeError(f"{what} did not say it listens within {timeout:.0f} s\n{text[-3000:]}")
+        time.sleep(0.1)   # polling the log for the condition, bounded by the deadline
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -58,15 +68,24 @@ def _stop(proc: subprocess.Popen) -> None:
 
 class RedisServer:
     def __init__(self, workdir: pathlib.Path, *extra: str):
-        self.port = free_port()
         self.dir = workdir
         self.log = workdir / "redis.log"
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(workdir), "--logfile", str(self.log),
+        self.port, self.proc = start_with_retry(lambda: self._start(extra))
+
+    def _start(self, extra) -> tuple[int, subprocess.Popen]:
+        port = pick_port()
+        self.log.unlink(missing_ok=True)
+        proc = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.dir), "--logfile", str(self.log),
              "--daemonize", "no", "--protected-mode", "yes", *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait_port(self.port, self.proc, 20, "redis-server", self.log)
+        try:
+            _wait_log([self.log], "(?i)ready to accept connections", proc, 20, "redis-server")
+        except BaseException:
+            _stop(proc)
+            raise
+        return port, proc
 
     def client(self):
         import redis
@@ -79,9 +98,9 @@ class RedisServer:
 HOMESERVER_YAML = """\
 server_name: "{server_name}"
 pid_file: "{dir}/homeserver.pid"
-public_baseurl: "http://127.0.0.1:{http_port}/"
+public_baseurl: "http://127.0.0.1/"
 listeners:
-  - port: {http_port}
+  - port: 0
     bind_addresses: ["127.0.0.1"]
     type: http
     tls: false
@@ -144,11 +163,8 @@ disable_existing_loggers: false
 class SynapseServer:
     def __init__(self, workdir: pathlib.Path, redis_port: int):
         self.dir = workdir
-        self.http_port = free_port()
-        self.base = f"http://127.0.0.1:{self.http_port}"
         cfg = workdir / "homeserver.yaml"
-        cfg.write_text(HOMESERVER_YAML.format(server_name=SERVER_NAME, dir=workdir,
-                                              http_port=self.http_port, secret=SHARED_SECRET,
+        cfg.write_text(HOMESERVER_YAML.format(server_name=SERVER_NAME, dir=workdir, secret=SHARED_SECRET,
                                               redis_port=redis_port))
         (workdir / "log.yaml").write_text(LOG_YAML.format(dir=workdir))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
@@ -161,7 +177,10 @@ class SynapseServer:
                                       "--config-path", str(cfg)], cwd=workdir, env=env,
                                      stdout=self._out, stderr=subprocess.STDOUT)
         try:
-            _wait_port(self.http_port, self.proc, START_TIMEOUT, "synapse", self.out)
+            found = _wait_log([self.out, workdir / "homeserver.log"], r"Synapse now listening on TCP port (\d+)",
+                              self.proc, START_TIMEOUT, "synapse")
+            self.http_port = int(found.group(1))
+            self.base = f"http://127.0.0.1:{self.http_port}"
             self._wait_ready()
         except BaseException:
             self.stop()

@@ -14,6 +14,29 @@ import pytest
 
 from tests.support.pcap import write_pcap
 
+SEGMENT = 32_000   # an IPv4 packet holds at most 65535 bytes: split big reads
+
+
+class Recorder:
+    """A transport tap (transport.dcp.Session(tap=...)) that keeps a session's bytes both ways:
+    `frames` [(from_server, frame)] and `segments` [(from_server, payload)] in wire order, for
+    tshark_frames."""
+
+    def __init__(self):
+        self.segments: list[tuple[bool, bytes]] = []
+        self.frames: list[tuple[bool, bytes]] = []
+
+    def on_received(self, buf, offsets, lengths, ts, mono):
+        for o, n in zip(offsets.tolist(), lengths.tolist()):
+            self.frames.append((True, bytes(buf[o:o + n])))
+        data = bytes(buf[:offsets[-1] + lengths[-1]]) if len(offsets) else b""
+        for i in range(0, len(data), SEGMENT):
+            self.segments.append((True, data[i:i + SEGMENT]))
+
+    def on_sent(self, frame, ts, mono):
+        self.frames.append((False, frame))
+        self.segments.append((False, frame))
+
 
 def require_tshark() -> str:
     path = shutil.which("tshark")

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 
 import click
 import orjson
@@ -24,13 +23,12 @@ from dcptool.protocol.dcp.client.consumer import (ConfigReceived, Consumer, Cons
                                            VbState)
 from dcptool.protocol.transport.dcp import ThreadedServer
 from tests.support.cli_util import error_line, self_signed_tls
-from tests.conftest import free_port
+from tests.support.cluster_state import ROLLBACK, final_state, survivors
 from tests.support.hostile_dcp import HostileDcp
+from tests.support.paths import DCPTOOL
+from tests.support.ports import refused_port
 
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 BOUND = 120
-ROLLBACK = 0x23
-ITEM_OPS = ("mutation", "deletion", "expiration")
 
 
 def run(url, *args, cmd="stream"):
@@ -40,28 +38,6 @@ def run(url, *args, cmd="stream"):
     res = subprocess.run(full, capture_output=True, text=True, timeout=BOUND)
     rows = [orjson.loads(ln) for ln in res.stdout.splitlines() if ln.startswith("{")] if cmd == "stream" else []
     return res, rows
-
-
-def survivors(rows) -> dict[int, dict[bytes, int]]:
-    """Per vbucket, key -> seqno of the items that survive every rollback, in frame order.
-    Asserts that each vbucket's surviving seqnos only rise (no duplicate, no going back)."""
-    kept: dict[int, list[tuple[int, str]]] = {}
-    for r in rows:
-        if r["direction"] != "in" or r["vbucket"] is None:
-            continue
-        vb = r["vbucket"]
-        if r["op"] == "stream_req" and r["status"] == ROLLBACK:
-            kept[vb] = [x for x in kept.get(vb, []) if x[0] <= r["rollback_seqno"]]
-        elif r["op"] in ITEM_OPS and r["status"] is None:
-            lst = kept.setdefault(vb, [])
-            assert not lst or r["by_seqno"] > lst[-1][0], (vb, r["by_seqno"], lst[-1])
-            lst.append((r["by_seqno"], r["key"]))
-    return {vb: {key: seq for seq, key in lst} for vb, lst in kept.items()}
-
-
-def final_state(model) -> dict[int, dict[str, int]]:
-    return {vb.vbid: {key.decode(): it.seqno for key, it in vb.latest().items()}
-            for vb in model.buckets["default"].vbuckets}
 
 
 def cluster_model(seed=5, items=6000, events=None):
@@ -186,16 +162,15 @@ def test_stream_follows_rebalance_and_failover_every_survivor_once():
 
 def test_dead_first_seed_is_skipped():
     model = cluster_model(events=())
-    dead = free_port()
-    with ThreadedServer(model) as srv:
+    with refused_port() as dead, ThreadedServer(model) as srv:
         res, rows = run(f"couchbase://127.0.0.1:{dead},{srv.host}:{srv.port}/default")
     assert res.returncode == 0, res.stderr
     assert survivors(rows) == final_state(model)
 
 
 def test_all_seeds_dead_is_exit_3_with_one_line():
-    a, b = free_port(), free_port()
-    res, _ = run(f"couchbase://127.0.0.1:{a},127.0.0.1:{b}/default")
+    with refused_port() as a, refused_port() as b:
+        res, _ = run(f"couchbase://127.0.0.1:{a},127.0.0.1:{b}/default")
     assert res.returncode == 3
     line = error_line(res)
     assert "seeds" in line and str(a) in line and str(b) in line

@@ -103,7 +103,7 @@ def test_system_event_frames_decode_to_their_fields():
 
 
 def test_consumer_asks_the_manifest_once_and_every_stream_request_carries_the_filter():
-    from tests.protocol.dcp.test_dcp_consumer import Pair, cfg
+    from tests.support.dcp_pair import Pair, cfg
     from dcptool.protocol.dcp.client import consumer as dcp_consumer
     from dcptool.protocol.dcp.client.consumer_api import FilterResolved, FilterUnknown
     srv = model_with(items=300, vbuckets=4)

@@ -11,7 +11,6 @@ import os
 import selectors
 import socket
 import subprocess
-import sys
 import time
 
 import cramjam
@@ -24,8 +23,8 @@ from dcptool.protocol.dcp.wire.cluster_config import parse
 from dcptool.protocol.dcp.wire.constants import Feature, Status, StreamEndReason
 from dcptool.protocol.dcp.wire.frames import FrameParser
 from dcptool.protocol.transport.dcp import ThreadedServer
+from tests.support.paths import DCPTOOL
 
-DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 INF = 0xFFFFFFFFFFFFFFFF
 DEADLINE = 20.0
 

@@ -14,31 +14,9 @@ from dcptool.protocol.dcp.client import consumer as dcp_consumer
 from dcptool.protocol.dcp.wire import messages as M
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.transport.dcp import Session, ThreadedServer
-from tests.support.tshark_util import compare, require_tshark, tshark_frames
+from tests.support.tshark_util import Recorder, compare, require_tshark, tshark_frames
 
 pytestmark = pytest.mark.integration
-SEGMENT = 32_000   # an IPv4 packet holds at most 65535 bytes: split big reads
-
-
-class Recorder:
-    def __init__(self):
-        self.segments: list[tuple[bool, bytes]] = []
-        self.frames: list[tuple[bool, bytes]] = []
-
-    def on_received(self, buf, offsets, lengths, ts, mono):
-        for o, n in zip(offsets.tolist(), lengths.tolist()):
-            self.frames.append((True, bytes(buf[o:o + n])))
-        data = bytes(buf[:offsets[-1] + lengths[-1]]) if len(offsets) else b""
-        for i in range(0, len(data), SEGMENT):
-            self.segments.append((True, data[i:i + SEGMENT]))
-
-    def on_sent(self, frame, ts, mono):
-        self.frames.append((False, frame))
-        self.segments.append((False, frame))
-
-
-def tshark_pdus(segments, port) -> list[dict]:
-    return tshark_frames(segments, port=port)
 
 
 def _session(collections: bool) -> tuple[Recorder, int]:
@@ -58,7 +36,7 @@ def _session(collections: bool) -> tuple[Recorder, int]:
 def test_producer_session_decodes_the_same_in_tshark(collections):
     require_tshark()
     rec, port = _session(collections)
-    pdus = tshark_pdus(rec.segments, port)
+    pdus = tshark_frames(rec.segments, port=port)
     assert len(pdus) == len(rec.frames)
     problems = []
     ops = Counter()

@@ -4,7 +4,6 @@ recorded from Synapse 1.163.2 (fixtures/synapse) and on hand-made edge cases."""
 from __future__ import annotations
 
 import collections
-import pathlib
 
 import pytest
 
@@ -15,8 +14,9 @@ from dcptool.protocol.synapse.client import Gap, SynapseClient, effective_tokens
 from dcptool.protocol.synapse.framing import MAX_LINE, LineFramer
 from dcptool.protocol.synapse.rows import STREAM_FIELDS, decode_row
 from dcptool.protocol.synapse.server import Feed, ServerConnection, generated_lines, recorded_lines
+from tests.support.paths import FIXTURES
 
-FIX = pathlib.Path(__file__).resolve().parents[3] / "fixtures" / "synapse"
+FIX = FIXTURES / "synapse"
 REDIS_TSV = FIX / "synapse-1.163.2-redis-lines.tsv"
 TCP_TXT = FIX / "synapse-1.163.2-tcp-session.txt"
 

@@ -24,7 +24,8 @@ import pytest
 from dcptool.protocol.synapse import commands as C
 from dcptool.protocol.synapse.server import ANNOUNCED_STREAMS
 from dcptool.replay.store.reader import find_captures, read_capture_table
-from tests.support.synapse_env import ROOT, SERVER_NAME, redis_server, synapse_server  # noqa: F401
+from tests.support.paths import ROOT
+from tests.support.synapse_env import SERVER_NAME, redis_server, synapse_server  # noqa: F401
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SENTINEL = b"DCPTOOL_TEST_SENTINEL end-of-test"

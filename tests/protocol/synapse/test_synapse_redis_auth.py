@@ -59,7 +59,8 @@ def test_wrong_or_missing_password_exits_4(locked_redis, tmp_path):
 
 
 def test_no_redis_exits_3(tmp_path):
-    from tests.conftest import free_port
-    res = CliRunner().invoke(cli, ["stream", f"synapse+redis://127.0.0.1:{free_port()}?server_name=x",
-                                   "--duration", "5s"], env={"DCPTOOL_PASSWORD": None})
+    from tests.support.ports import refused_port
+    with refused_port() as port:
+        res = CliRunner().invoke(cli, ["stream", f"synapse+redis://127.0.0.1:{port}?server_name=x",
+                                       "--duration", "5s"], env={"DCPTOOL_PASSWORD": None})
     assert res.exit_code == 3, res.stderr

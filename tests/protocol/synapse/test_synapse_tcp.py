@@ -4,11 +4,6 @@ over-long lines, ERROR from the server, SERVER name mismatch, connection refused
 
 from __future__ import annotations
 
-import json
-import pathlib
-import subprocess
-import sys
-
 import orjson
 import pytest
 from click.testing import CliRunner
@@ -17,43 +12,10 @@ from dcptool.cli import cli
 from dcptool.capture import synapse as synapse_capture
 from dcptool.protocol.synapse.server import generated_lines
 from dcptool.replay.store.reader import find_captures, read_capture_table
-from tests.conftest import free_port
+from tests.support.ports import refused_port
+from tests.support.synapse_serve import ServeSynapse
 
 pytestmark = pytest.mark.integration
-ROOT = pathlib.Path(__file__).resolve().parents[3]
-
-
-class Server:
-    def __init__(self, *args: str):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dcptool.cli", "serve", "synapse", "--port", "0", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
-        line = self.proc.stdout.readline()
-        assert line, self.proc.stderr.read().decode()
-        self.address = json.loads(line)["listening"]
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.proc.stdout.close()
-        self.proc.stderr.close()
-
-
-@pytest.fixture
-def serve():
-    started = []
-
-    def start(*args):
-        s = Server(*args)
-        started.append(s)
-        return s
-    yield start
-    for s in started:
-        s.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -236,7 +198,8 @@ def test_server_name_mismatch_exits_5(serve):
 
 
 def test_connection_refused_exits_3():
-    res = run("stream", f"synapse://127.0.0.1:{free_port()}", "--duration", "5s")
+    with refused_port() as port:
+        res = run("stream", f"synapse://127.0.0.1:{port}", "--duration", "5s")
     assert res.exit_code == 3
     assert "cannot connect" in res.stderr
 

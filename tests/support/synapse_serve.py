@@ -1,0 +1,40 @@
+"""`dcptool serve synapse --port 0` as a subprocess: the server binds port 0 itself and prints
+{"listening": "127.0.0.1:PORT"} first, which `ServeSynapse.address` holds (no port guessed
+beforehand). Usable as a context manager; `stop()` terminates it and closes its pipes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.support.paths import ROOT
+
+
+class ServeSynapse:
+    def __init__(self, *args: str):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dcptool.cli", "serve", "synapse", "--port", "0", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+        line = self.proc.stdout.readline()
+        if not line:
+            err = self.proc.stderr.read().decode()
+            self.stop()
+            raise AssertionError(f"serve synapse did not start: {err}")
+        self.address = json.loads(line)["listening"]
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
