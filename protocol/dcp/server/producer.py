@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire import sasl
-from dcptool.protocol.dcp.wire.constants import Feature, OpenFlag, Status, StreamEndReason, StreamRequestFlag
+from dcptool.protocol.dcp.wire.constants import Feature, OpenFlag, Opcode, Status, StreamEndReason, StreamRequestFlag
 from dcptool.protocol.dcp.wire.error_map import error_map
 from dcptool.protocol.dcp.wire.frames import FrameParser
 from dcptool.protocol.dcp.server.controls import control_status
@@ -39,6 +39,10 @@ GRANTED_FEATURES = (Feature.TCP_NODELAY, Feature.MUTATION_SEQNO, Feature.XATTR, 
                     Feature.CLUSTERMAP_CHANGE_NOTIFICATION, Feature.CLUSTERMAP_CHANGE_NOTIFICATION_BRIEF)
 STREAM_CHUNK = 64 * 1024          # bytes taken from one stream before moving to the next
 PULL_LIMIT = 1024 * 1024          # bytes handed to the transport per pull
+# the DCP requests refused (EINVAL) before DCP_OPEN
+NEEDS_DCP_OPEN = frozenset({Opcode.DCP_ADD_STREAM, Opcode.DCP_CLOSE_STREAM, Opcode.DCP_STREAM_REQ,
+                            Opcode.DCP_GET_FAILOVER_LOG, Opcode.DCP_NOOP, Opcode.DCP_BUFFER_ACK,
+                            Opcode.DCP_CONTROL})
 
 
 # --------------------------------------------------------------------------- connection
@@ -184,7 +188,7 @@ class ProducerConnection:
     def _handle(self, msg, now: float) -> None:
         t = type(msg)
         if msg.IS_RESPONSE:
-            if msg.op_code == 0x5C and self.noop_waiting == msg.opaque:
+            if msg.op_code == Opcode.DCP_NOOP and self.noop_waiting == msg.opaque:
                 self.noop_waiting = None
                 self.stats["noops_answered"] += 1
             return
@@ -208,7 +212,7 @@ class ProducerConnection:
             status, body = error_map(msg.version)
             self._reply_json(msg, status, body)
             return
-        if msg.op_code == 0xB5:         # GET_CLUSTER_CONFIG: likewise
+        if msg.op_code == Opcode.GET_CLUSTER_CONFIG:     # likewise
             self._cluster_config(msg)
             return
         if self.server.users and self.user is None:
@@ -225,7 +229,7 @@ class ProducerConnection:
         if t is m.DcpOpen:
             self._open(msg)
             return
-        if msg.op_code == 0xBA:         # GET_COLLECTIONS_MANIFEST
+        if msg.op_code == Opcode.GET_COLLECTIONS_MANIFEST:
             self._reply_json(msg, *pcol.manifest_reply(self.bucket))
             return
         if t is m.GetAllVbSeqnos:
@@ -235,7 +239,7 @@ class ProducerConnection:
                 self._reply(msg, cls=m.GetAllVbSeqnosResponse,
                             seqnos=tuple((vb.vbid, vb.high_seqno) for vb in self._vbuckets_in_state(msg.extras)))
             return
-        if msg.op_code in (0x51, 0x52, 0x53, 0x54, 0x5C, 0x5D, 0x5E) and not self.dcp_open:
+        if msg.op_code in NEEDS_DCP_OPEN and not self.dcp_open:
             self._reply(msg, Status.EINVAL)
             return
         if t is m.Control:
