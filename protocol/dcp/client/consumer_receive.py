@@ -109,7 +109,7 @@ class Receiver:
             sids = np.zeros(len(idx), dtype=np.int64)
             sids[ia] = _be(u8, offsets[idx[ia]] + 25, 2).astype(np.int64)
             in_range = (vbs < NUM_VB_SLOTS) & (sids <= self.max_sid)
-            vbs = vbs + NUM_VB_SLOTS * sids      # stream keys from here on
+            vbs = stream_key(vbs, sids)      # stream keys from here on
         else:
             # a vbucket id from the peer indexes nothing before it is checked: out-of-range ids
             # take the per-frame path, which reports them
@@ -180,7 +180,7 @@ class Receiver:
             elif max_sid and op in DATA_OPS and ln >= 35 and buf[off] == 0x08 and buf[off + 2] == 3 \
                     and buf[off + 24] == 0x22:
                 vb, opaque, sid, seq = _DATA_SID.unpack_from(buf, off)
-                k = vb + NUM_VB_SLOTS * sid
+                k = stream_key(vb, sid)
                 if vb < NUM_VB_SLOTS and sid <= max_sid and opaque == sopq[k] and seq > last[k]:
                     last[k] = seq
                     unacked += ln

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire import sasl
-from dcptool.protocol.dcp.wire.constants import Feature, OpenFlag, Opcode, Status, StreamEndReason, StreamRequestFlag
+from dcptool.protocol.dcp.wire.constants import (Feature, OpenFlag, Opcode, Status, StreamEndReason,
+                                                 StreamRequestFlag, stream_key)
 from dcptool.protocol.dcp.wire.error_map import error_map
 from dcptool.protocol.dcp.wire.frames import FrameParser
 from dcptool.protocol.dcp.server.controls import control_status
-from dcptool.protocol.dcp.server.bucket import Bucket, Item, VBucket, rollback_seqno
+from dcptool.protocol.dcp.server.bucket import Bucket, Item, VBucket, rollback_seqno  # noqa: F401
+from dcptool.protocol.dcp.server.stream_request import LIVE_RANGE, decide, requested
 from dcptool.protocol.dcp.server import manifest as pcol
 from dcptool.protocol.dcp.server.streams import Fixed, Stream, Var, encode_item
 from dcptool.protocol.dcp.server import stream_ids as producer_sid
@@ -70,7 +72,7 @@ class ProducerConnection:
         self.noop_due: float | None = None
         self.noop_waiting: int | None = None    # opaque of an unanswered noop
         self.noop_opaque = NOOP_OPAQUE_BASE
-        self.streams: dict[int, Stream] = {}    # by producer_sid.stream_key(vbucket, sid)
+        self.streams: dict[int, Stream] = {}    # by stream_key(vbucket, sid)
         self._order: list[int] = []
         self._rr = 0
         self._out: list[bytes] = []
@@ -259,7 +261,7 @@ class ProducerConnection:
             if (sid is not None) != self.stream_ids or sid == 0:
                 self._reply(msg, Status.DCP_STREAM_ID_INVALID)
                 return
-            key = producer_sid.stream_key(msg.vbucket, sid or 0)
+            key = stream_key(msg.vbucket, sid or 0)
             st = self.streams.pop(key, None)
             if st is None:
                 self._reply(msg, Status.KEY_ENOENT)
@@ -357,21 +359,16 @@ class ProducerConnection:
         if req.flags & (StreamRequestFlag.NO_VALUE | StreamRequestFlag.TAKEOVER | StreamRequestFlag.CACHE_TRANSFER):
             self._reply(req, Status.EINVAL)
             return
-        start, end, uuid = req.start_seqno, req.end_seqno, req.vbucket_uuid
-        snap_start, snap_end = req.snap_start, req.snap_end
         high = vb.high_seqno
-        if req.flags & StreamRequestFlag.FROM_LATEST:
-            start = snap_start = snap_end = high
-            if uuid == 0:
-                uuid = vb.uuid
-        if start > end or not snap_start <= start <= snap_end:
+        r = requested(req, high, vb.uuid)
+        if r is None:
             self._reply(req, Status.ERANGE)
             return
         sstatus, sid, value = producer_sid.split_sid(req.value, self.stream_ids)
         if sstatus != Status.SUCCESS:
             self._reply(req, sstatus)
             return
-        key = producer_sid.stream_key(req.vbucket, sid)
+        key = stream_key(req.vbucket, sid)
         if key in self.streams:
             self._reply(req, Status.KEY_EEXISTS)
             return
@@ -379,18 +376,16 @@ class ProducerConnection:
         if fstatus != Status.SUCCESS:
             self._reply_json(req, fstatus, fbody)
             return
-        rb = rollback_seqno(start=start, vb_uuid=uuid, snap_start=snap_start, snap_end=snap_end,
-                            failover_log=vb.failover_log, high_seqno=high, purge_seqno=vb.purge_seqno,
-                            strict=bool(req.flags & StreamRequestFlag.STRICT_VB_UUID))
-        if rb is not None:
+        d = decide(req, r, failover_log=vb.failover_log, high=high, purge_seqno=vb.purge_seqno,
+                   in_range=LIVE_RANGE)
+        if d.status == Status.ROLLBACK:
             self.stats["rollbacks"] += 1
-            self._reply(req, Status.ROLLBACK, cls=m.StreamRequestResponse, rollback_seqno=rb)
+            self._reply(req, Status.ROLLBACK, cls=m.StreamRequestResponse, rollback_seqno=d.rollback_seqno)
             return
-        if req.flags & StreamRequestFlag.TO_LATEST:
-            end = high
-        if start > end or start > high:
-            self._reply(req, Status.ERANGE)
+        if d.status != Status.SUCCESS:
+            self._reply(req, d.status)
             return
+        start, end, snap_start, snap_end = r.start, d.end, r.snap_start, r.snap_end
         self._reply(req, cls=m.StreamRequestResponse, failover_log=tuple(vb.failover_log))
         reason = None
         if req.vbucket < len(sc.end_reasons) and req.vbucket not in self.server.end_reason_done:

@@ -16,7 +16,7 @@ import json
 
 import numpy as np
 
-from dcptool.protocol.dcp.wire.constants import Status
+from dcptool.protocol.dcp.wire.constants import Status, stream_key  # noqa: F401 (the producer's stream key)
 from dcptool.protocol.dcp.server.streams import Fixed, Var
 
 SID_FRAME_LEN = 3
@@ -24,11 +24,6 @@ SID_FRAME_LEN = 3
 # expiration, system event, seqno advanced, OSO snapshot
 TAGGED_OPS = frozenset({0x55, 0x56, 0x57, 0x58, 0x59, 0x5F, 0x64, 0x65})
 MAX_SID = 0xFFFF
-
-
-def stream_key(vbid: int, sid: int) -> int:
-    """The producer's key of a stream: one per (vbucket, sid); sid 0 = no stream id."""
-    return vbid | sid << 16
 
 
 def split_sid(value: bytes, enabled: bool) -> tuple[int, int, bytes]:
