@@ -149,25 +149,60 @@ def test_the_store_never_imports_an_engine():
     assert _py("replay/store") and bad == []
 
 
-def test_cli_uses_no_private_name_of_another_package():
+def _private_reach_ins(source: str, me: str) -> list[str]:
+    """`from other_module import _name`, and `alias._name` where alias is a module or a name
+    imported from another of our modules (dunders are not private); `me` is the module."""
+    tree = ast.parse(source, me)
+    bad, aliases = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                and node.module.startswith("dcptool.") and node.module != me:
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    bad.append(f"from {node.module} import {a.name}")
+                aliases.add(a.asname or a.name)
+        elif isinstance(node, ast.Import):
+            aliases.update(a.asname or a.name.split(".")[0] for a in node.names
+                           if a.name.startswith("dcptool.") and a.name != me)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            bad.append(f"{node.value.id}.{node.attr}")
+    return bad
+
+
+# private names of another module used in cli/ or replay/ when issue 23 started (their
+# owners are reorganising those rooms); this list only shrinks
+KNOWN_REACH_INS: dict[str, list[str]] = {}
+
+
+def test_no_private_name_of_another_module_is_used():
+    found = {str(p.relative_to(ROOT)): bad for folder in ("cli", "protocol", "replay") for p in _py(folder)
+             if (bad := _private_reach_ins(p.read_text(), _module_name(p)))}
+    assert {k: v for k, v in found.items() if KNOWN_REACH_INS.get(k) != v} == {}
+    assert sorted(set(KNOWN_REACH_INS) - set(found)) == []
+
+
+def test_the_reach_in_check_sees_both_forms():
+    text = ("from dcptool.protocol.dcp.wire.constants import _secret, Opcode\n"
+            "from dcptool.protocol.dcp.wire import messages as m\n"
+            "import dcptool.protocol.errors as errors\n"
+            "x = m._generic(1) or Opcode._member_map_ or m.__name__ or errors._x or self._mine\n")
+    assert sorted(_private_reach_ins(text, "dcptool.protocol.probe")) == [
+        "Opcode._member_map_", "errors._x", "from dcptool.protocol.dcp.wire.constants import _secret", "m._generic"]
+    # a module's own names are its own
+    assert sorted(_private_reach_ins(text, "dcptool.protocol.dcp.wire.constants")) == ["errors._x", "m._generic"]
+
+
+def test_protocol_uses_no_private_attribute_of_another_object():
+    """In protocol/, `x._name` is only ever self's or cls's: another object's state is reached
+    through its public methods (no `conn._out`, `vb._encoded`, `proto._flush()`)."""
     bad = []
-    for path in _py("cli"):
-        tree = ast.parse(path.read_text(), str(path))
-        aliases = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dcptool.") \
-                    and not node.module.startswith("dcptool.cli"):
-                for a in node.names:
-                    if a.name.startswith("_"):
-                        bad.append(f"{path.name}: from {node.module} import {a.name}")
-                    aliases.add(a.asname or a.name)
-            elif isinstance(node, ast.Import):
-                aliases.update(a.asname or a.name.split(".")[0] for a in node.names
-                               if a.name.startswith("dcptool.") and not a.name.startswith("dcptool.cli"))
-        for node in ast.walk(tree):
+    for p in _py("protocol"):
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
             if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
-                    and isinstance(node.value, ast.Name) and node.value.id in aliases:
-                bad.append(f"{path.name}: {node.value.id}.{node.attr}")
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                bad.append(f"{p.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
     assert bad == []
 
 

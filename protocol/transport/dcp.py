@@ -92,7 +92,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         _tune_socket(transport, rcvbuf=4 * 1024 * 1024)
         now = time.monotonic()
         self.consumer.start(now)
-        self._flush()
+        self.flush()
         self._schedule_check()
 
     def get_buffer(self, sizehint: int):
@@ -136,10 +136,10 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             if self.tap is not None:
                 self.tap.on_received(chunk, offsets, lengths, time.time_ns(), time.monotonic_ns())
             events = self.consumer.receive(chunk, offsets, lengths, now)
-            self._flush()
+            self.flush()
             if events and self.on_events is not None:
                 self.on_events(events)
-                self._flush()       # what the handler asked of the consumer (cluster routing)
+                self.flush()       # what the handler asked of the consumer (cluster routing)
             if self.consumer.finished and not self.done.done():
                 self.done.set_result(None)
         if err is not None:
@@ -150,7 +150,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             self._partial_since = time.monotonic()
         self._maybe_pause()
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         self.consumer.stamp_sent(time.monotonic())
         frames = self.consumer.outgoing()
         if not frames or self.transport is None or self.transport.is_closing():
@@ -177,7 +177,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             return
         self._paused = False
         self.consumer.flush_acks(check_pause=False)   # we just asked: not paused
-        self._flush()
+        self.flush()
         self.transport.resume_reading()
 
     def _schedule_check(self) -> None:
@@ -192,7 +192,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
                 self._check_partial(now)
                 self.consumer.check(now)
                 self.consumer.flush_acks()   # an ack held back while paused
-                self._flush()
+                self.flush()
             else:
                 self.consumer.hold(now)
                 if self._partial_since is not None:
@@ -342,7 +342,7 @@ class Session:
         consumer = proto.consumer
         if consumer.phase == "streaming" and not consumer.finished:
             consumer.close_streams()
-            proto._flush()
+            proto.flush()
             try:
                 await asyncio.wait_for(asyncio.shield(proto.done), wait)
             except (asyncio.TimeoutError, TimeoutError, ConnectionLost, ProtocolError):

@@ -155,6 +155,11 @@ class ProducerConnection:
                 return
             self._handle(m.decode(fr, self.collections), now)
 
+    def push(self, frame: bytes) -> None:
+        """Queue a frame the server sends unasked (a cluster-map notification), before any
+        more stream data."""
+        self._out.append(frame)
+
     def _reply(self, req, status: int = Status.SUCCESS, value: bytes = b"", cls=None, **kw) -> None:
         if cls is not None:
             msg = cls(opaque=req.opaque, status=status, **kw)

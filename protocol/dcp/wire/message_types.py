@@ -221,7 +221,7 @@ class SnapshotMarker(Message):
 
 
 @_dc
-class _Item(Message):
+class ItemMessage(Message):
     vbucket: int = 0
     key: bytes = b""
     collection_id: int | None = None  # None: the key carries no collection prefix
@@ -229,7 +229,7 @@ class _Item(Message):
 
 
 @_dc
-class Mutation(_Item):
+class Mutation(ItemMessage):
     OPCODE: ClassVar[int] = Opcode.DCP_MUTATION
     by_seqno: int = 0
     rev_seqno: int = 0
@@ -241,7 +241,7 @@ class Mutation(_Item):
 
 
 @_dc
-class Deletion(_Item):
+class Deletion(ItemMessage):
     """delete_time None: the V1 layout (nmeta); otherwise V2 (delete time, unused byte)."""
     OPCODE: ClassVar[int] = Opcode.DCP_DELETION
     by_seqno: int = 0
@@ -252,7 +252,7 @@ class Deletion(_Item):
 
 
 @_dc
-class Expiration(_Item):
+class Expiration(ItemMessage):
     OPCODE: ClassVar[int] = Opcode.DCP_EXPIRATION
     by_seqno: int = 0
     rev_seqno: int = 0
@@ -299,7 +299,7 @@ class SystemEvent(Message):
 
 
 @_dc
-class Prepare(_Item):
+class Prepare(ItemMessage):
     OPCODE: ClassVar[int] = Opcode.DCP_PREPARE
     by_seqno: int = 0
     rev_seqno: int = 0
@@ -319,14 +319,14 @@ class SeqnoAcknowledged(Message):
 
 
 @_dc
-class Commit(_Item):
+class Commit(ItemMessage):
     OPCODE: ClassVar[int] = Opcode.DCP_COMMIT
     prepared_seqno: int = 0
     commit_seqno: int = 0
 
 
 @_dc
-class Abort(_Item):
+class Abort(ItemMessage):
     OPCODE: ClassVar[int] = Opcode.DCP_ABORT
     prepared_seqno: int = 0
     abort_seqno: int = 0
