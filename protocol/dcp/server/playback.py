@@ -30,15 +30,13 @@ import dataclasses
 import numpy as np
 
 from dcptool.protocol.dcp.wire import messages as m
-from dcptool.protocol.dcp.wire.constants import SEQNO_INFINITY, Status, StreamEndReason
+from dcptool.protocol.dcp.wire.constants import SEQNO_INFINITY, Opcode, Status, StreamEndReason
 from dcptool.protocol.dcp.wire.frames import FrameParser
 from dcptool.protocol.dcp.server.producer import PULL_LIMIT, STREAM_CHUNK, ProducerConnection, ServerModel
 from dcptool.protocol.dcp.server.stream_request import RECORDED_RANGE, decide, requested
 from dcptool.protocol.errors import ProtocolError
 
-OP_STREAM_END = 0x55
-OP_MARKER = 0x56
-ITEM_OPS = (0x57, 0x58, 0x59, 0x5F, 0x60, 0x62, 0x63, 0x64)   # frames that carry a by_seqno
+OP_MARKER = int(Opcode.DCP_SNAPSHOT_MARKER)
 DEFAULT_STALL = 5.0
 CORRUPT_MAGIC = 0x00   # neither a request nor a response magic: the consumer must refuse it
 
