@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from dcptool.protocol.dcp.wire.constants import NUM_VB_SLOTS, StreamEndReason, key_sid, key_vb, stream_key
-
-__all__ = ["NUM_VB_SLOTS", "key_sid", "key_vb", "stream_key"]   # the stream key lives in the wire (constants.py)
+# the stream key lives in the wire (constants.py); callers of the consumer name it from here too
+from dcptool.protocol.dcp.wire.constants import NUM_VB_SLOTS, StreamEndReason, key_sid, key_vb, stream_key  # noqa: F401
 
 DEFAULT_REOPEN = frozenset({StreamEndReason.STATE_CHANGED, StreamEndReason.DISCONNECTED,
                            StreamEndReason.TOO_SLOW, StreamEndReason.BACKFILL_FAIL,
