@@ -149,32 +149,134 @@ def test_the_store_never_imports_an_engine():
     assert _py("replay/store") and bad == []
 
 
-def test_cli_uses_no_private_name_of_another_package():
-    assert _private_reach_ins("cli") == []
-
-
-def _private_reach_ins(folder: str) -> list[str]:
-    """Private names (`_x`) of another package of ours that modules of `folder` use."""
-    bad = []
-    own = f"dcptool.{folder}"
-    for path in _py(folder):
-        tree = ast.parse(path.read_text(), str(path))
-        aliases = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dcptool.") \
-                    and not node.module.startswith(own):
-                for a in node.names:
-                    if a.name.startswith("_"):
-                        bad.append(f"{path.name}: from {node.module} import {a.name}")
-                    aliases.add(a.asname or a.name)
-            elif isinstance(node, ast.Import):
-                aliases.update(a.asname or a.name.split(".")[0] for a in node.names
-                               if a.name.startswith("dcptool.") and not a.name.startswith(own))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
-                    and isinstance(node.value, ast.Name) and node.value.id in aliases:
-                bad.append(f"{path.name}: {node.value.id}.{node.attr}")
+def _private_reach_ins(source: str, me: str) -> list[str]:
+    """`from other_module import _name`, and `alias._name` where alias is a module or a name
+    imported from another of our modules (dunders are not private); `me` is the module."""
+    tree = ast.parse(source, me)
+    bad, aliases = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                and node.module.startswith("dcptool.") and node.module != me:
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    bad.append(f"from {node.module} import {a.name}")
+                aliases.add(a.asname or a.name)
+        elif isinstance(node, ast.Import):
+            aliases.update(a.asname or a.name.split(".")[0] for a in node.names
+                           if a.name.startswith("dcptool.") and a.name != me)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            bad.append(f"{node.value.id}.{node.attr}")
     return bad
+
+
+# private names of another module used in cli/ or replay/ when issue 23 started (their
+# owners are reorganising those rooms); this list only shrinks
+KNOWN_REACH_INS: dict[str, list[str]] = {}
+
+
+def test_no_private_name_of_another_module_is_used():
+    found = {str(p.relative_to(ROOT)): bad for folder in ("cli", "capture", "protocol", "replay") for p in _py(folder)
+             if (bad := _private_reach_ins(p.read_text(), _module_name(p)))}
+    assert {k: v for k, v in found.items() if KNOWN_REACH_INS.get(k) != v} == {}
+    assert sorted(set(KNOWN_REACH_INS) - set(found)) == []
+
+
+def test_the_reach_in_check_sees_both_forms():
+    text = ("from dcptool.protocol.dcp.wire.constants import _secret, Opcode\n"
+            "from dcptool.protocol.dcp.wire import messages as m\n"
+            "import dcptool.protocol.errors as errors\n"
+            "x = m._generic(1) or Opcode._member_map_ or m.__name__ or errors._x or self._mine\n")
+    assert sorted(_private_reach_ins(text, "dcptool.protocol.probe")) == [
+        "Opcode._member_map_", "errors._x", "from dcptool.protocol.dcp.wire.constants import _secret", "m._generic"]
+    # a module's own names are its own
+    assert sorted(_private_reach_ins(text, "dcptool.protocol.dcp.wire.constants")) == ["errors._x", "m._generic"]
+
+
+def test_protocol_uses_no_private_attribute_of_another_object():
+    """In protocol/, `x._name` is only ever self's or cls's: another object's state is reached
+    through its public methods (no `conn._out`, `vb._encoded`, `proto._flush()`)."""
+    bad = []
+    for p in _py("protocol"):
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                bad.append(f"{p.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert bad == []
+
+
+# ---- one room, one job: no function over 100 lines
+
+MAX_FUNCTION_LINES = 100
+# functions outside protocol/ over the limit when issue 23 started: being split (by their
+# owners in cli/ and replay/); remove a name once its function is split, never add one
+BEING_SPLIT: set[str] = set()
+
+
+def _functions(path: pathlib.Path):
+    """(qualified name, node) of every function and method in path."""
+    def walk(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield prefix + child.name, child
+                yield from walk(child, prefix + child.name + ".")
+            elif isinstance(child, ast.ClassDef):
+                yield from walk(child, prefix + child.name + ".")
+            else:
+                yield from walk(child, prefix)
+    yield from walk(ast.parse(path.read_text(), str(path)), "")
+
+
+def test_no_function_is_over_100_lines():
+    long = {f"{p.relative_to(ROOT).as_posix()}:{name}": fn.end_lineno - fn.lineno + 1
+            for folder in ("cli", "capture", "protocol", "replay") for p in _py(folder)
+            for name, fn in _functions(p) if fn.end_lineno - fn.lineno + 1 > MAX_FUNCTION_LINES}
+    assert {k: n for k, n in long.items() if k not in BEING_SPLIT} == {}
+
+
+# ---- constants as data: opcodes are named (Opcode.X), not written as numbers
+
+def _named_op(node) -> bool:
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return "op" in name.lower().replace("opaque", "").replace("option", "")
+
+
+def _int_literals(node) -> list[int]:
+    elts = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return [e.value for e in elts if isinstance(e, ast.Constant) and type(e.value) is int]
+
+
+def _opcode_literal_comparisons(source: str, label: str) -> list[str]:
+    """Comparisons of an op / opcode name with an int literal (or a tuple of them) >= 0x01."""
+    found = []
+    for node in ast.walk(ast.parse(source, label)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(_named_op(s) for s in sides) and any(v >= 0x01 for s in sides for v in _int_literals(s)):
+                found.append(f"{label}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_few_opcode_comparisons_with_literals_remain_in_protocol():
+    found = [c for p in _py("protocol") for c in _opcode_literal_comparisons(p.read_text(), str(p.relative_to(ROOT)))]
+    assert len(found) <= 5, found
+
+
+def test_the_opcode_check_finds_a_literal_comparison():
+    probe = "def f(msg, op, opaque):\n    return msg.op_code == 0x5C or op in (0x62, 0x63) or op == Opcode.X or opaque == 7\n"
+    assert len(_opcode_literal_comparisons(probe, "probe")) == 2
+
+
+def test_message_classes_name_their_opcode():
+    path = ROOT / "protocol" / "dcp" / "wire" / "message_types.py"
+    literal = [f"line {n.lineno}" for n in ast.walk(ast.parse(path.read_text()))
+               if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.target.id == "OPCODE"
+               and isinstance(n.value, ast.Constant) and n.value.value != -1]
+    named = [n for n in ast.walk(ast.parse(path.read_text()))
+             if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.target.id == "OPCODE"
+             and isinstance(n.value, ast.Attribute)]
+    assert literal == [] and len(named) > 20
 
 
 # ---- capture/: the library under the CLI (capture a source into a directory, no click),
@@ -191,10 +293,6 @@ def test_nothing_below_the_cli_imports_capture():
     bad = [f"{p.relative_to(ROOT)} imports {m}" for folder in ("protocol", "replay") for p in _py(folder)
            for m in _imports(p) if m.startswith("dcptool.capture")]
     assert bad == []
-
-
-def test_capture_uses_no_private_name_of_another_package():
-    assert _private_reach_ins("capture") == []
 
 
 def _exception_classes():

@@ -95,7 +95,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         now = time.monotonic()
         try:
             self.consumer.start(now)
-            self._flush()
+            self.flush()
         except BaseException as exc:  # noqa: BLE001 - the tap's output failed (a closed pipe): handed to the session
             self._fail(exc)
             return
@@ -142,10 +142,10 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             if self.tap is not None:
                 self.tap.on_received(chunk, offsets, lengths, time.time_ns(), time.monotonic_ns())
             events = self.consumer.receive(chunk, offsets, lengths, now)
-            self._flush()
+            self.flush()
             if events and self.on_events is not None:
                 self.on_events(events)
-                self._flush()       # what the handler asked of the consumer (cluster routing)
+                self.flush()       # what the handler asked of the consumer (cluster routing)
             if self.consumer.finished and not self.done.done():
                 self.done.set_result(None)
         if err is not None:
@@ -156,7 +156,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             self._partial_since = time.monotonic()
         self._maybe_pause()
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         self.consumer.stamp_sent(time.monotonic())
         frames = self.consumer.outgoing()
         if not frames or self.transport is None or self.transport.is_closing():
@@ -183,7 +183,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             return
         self._paused = False
         self.consumer.flush_acks(check_pause=False)   # we just asked: not paused
-        self._flush()
+        self.flush()
         self.transport.resume_reading()
 
     def _schedule_check(self) -> None:
@@ -198,7 +198,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
                 self._check_partial(now)
                 self.consumer.check(now)
                 self.consumer.flush_acks()   # an ack held back while paused
-                self._flush()
+                self.flush()
             else:
                 self.consumer.hold(now)
                 if self._partial_since is not None:
@@ -348,7 +348,7 @@ class Session:
         consumer = proto.consumer
         if consumer.phase == "streaming" and not consumer.finished:
             consumer.close_streams()
-            proto._flush()
+            proto.flush()
             try:
                 await asyncio.wait_for(asyncio.shield(proto.done), wait)
             except (asyncio.TimeoutError, TimeoutError, ConnectionLost, ProtocolError):

@@ -66,11 +66,11 @@ class _LinkTap:
         self.s, self.link = session, link
 
     def on_received(self, buf, offsets, lengths, ts_ns: int, mono_ns: int) -> None:
-        self.s._switch(self.link)
+        self.s.switch_to(self.link)
         self.s.tap.on_received(buf, offsets, lengths, ts_ns, mono_ns)
 
     def on_sent(self, frame: bytes, ts_ns: int, mono_ns: int) -> None:
-        self.s._switch(self.link)
+        self.s.switch_to(self.link)
         self.s.tap.on_sent(frame, ts_ns, mono_ns)
 
 
@@ -260,7 +260,7 @@ class ClusterSession:
         return ClusterResult(states, dict(self.router.unserved))
 
     # ---- connections
-    def _switch(self, link: _Link) -> None:
+    def switch_to(self, link: _Link) -> None:
         if self._current is not link:
             self._current = link
             if self.tap is not None:
@@ -351,7 +351,7 @@ class ClusterSession:
             c = link.consumer
             if link.proto is not None and c.phase == "streaming" and not c.finished and not c.closing:
                 c.request_config()
-                link.proto._flush()
+                link.proto.flush()
                 return
         if self.opening or any(not lk.routed for lk in self.links.values()):
             return          # a connection on its way will bring a map
@@ -395,7 +395,7 @@ class ClusterSession:
             c = link.consumer
             if link.node == node and link.routed and c.phase == "streaming" and not c.finished and not c.closing:
                 c.add_vbuckets(states)
-                link.proto._flush()
+                link.proto.flush()
                 return
         for group in routing.split(list(states), self.conn_per_node):
             self._spawn(node, {vb: states[vb] for vb in group})
@@ -528,7 +528,7 @@ class ClusterSession:
                 continue
             if c.phase == "streaming" and not c.finished:
                 c.close_streams()
-                proto._flush()
+                proto.flush()
                 procs.append(proto)
             else:
                 proto.close()

@@ -247,6 +247,50 @@ async def run_redis(host: str, port: int, server_name: str, client: SynapseClien
         raise exc.exc from None
 
 
+async def _redis_subscribe(pubsub, channels, connect_timeout, clock, where: str) -> None:
+    """Subscribe and wait until every subscription is confirmed before REPLICATE, or the
+    POSITION answers could arrive before we listen (Synapse does the same). Refused
+    credentials are AuthRefused, other refusals ConnectFailed; connection errors propagate."""
+    import redis.exceptions as rexc
+    from dcptool.protocol.errors import AuthRefused
+    try:
+        await pubsub.subscribe(*channels)
+        confirmed = 0
+        t_end = clock() + connect_timeout
+        while confirmed < len(channels):
+            msg = await pubsub.get_message(timeout=max(0.01, t_end - clock()))
+            if msg is None and clock() > t_end:
+                raise rexc.TimeoutError("no SUBSCRIBE confirmation")
+            if msg and msg.get("type") == "subscribe":
+                confirmed += 1
+    except rexc.AuthenticationError as exc:
+        raise AuthRefused(f"Redis refused the credentials: {printable(str(exc))}") from None
+    except rexc.ResponseError as exc:
+        text = printable(str(exc))
+        if "NOAUTH" in text or "WRONGPASS" in text or "NOPERM" in text:
+            raise AuthRefused(f"Redis refused access: {text}") from None
+        raise ConnectFailed(f"Redis at {where}: {text}") from None
+
+
+def _redis_message(msg: dict, client, handler, conn_no: int, now: float) -> None:
+    """One published message: its lines to the client and the handler (recorded as received)."""
+    data = msg["data"]
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    channel = msg["channel"]
+    if isinstance(channel, bytes):
+        channel = channel.decode("utf-8", "replace")
+    ts, mono = _now()
+    lines = [data]
+    sp = split_lines(lines)
+    events = client.receive(lines, now, sp)
+    handler.lines("in", lines, sp, conn=conn_no, ts_ns=ts, mono_ns=mono, channel=channel)
+    if events:
+        handler.events(events)
+    if client.error is not None and client.error.code != ErrorCode.SERVER_ERROR:
+        raise client.error
+
+
 async def _run_redis(host, port, server_name, client, handler, *, db, password, username, tls,
                      ca_cert, insecure, connect_timeout, max_reconnects, tick_interval, clock,
                      backoff) -> None:
@@ -276,26 +320,7 @@ async def _run_redis(host, port, server_name, client, handler, *, db, password, 
         received = False
         try:
             try:
-                await pubsub.subscribe(*channels)
-                # wait until both subscriptions are confirmed before REPLICATE, or the
-                # POSITION answers could arrive before we listen (Synapse does the same)
-                confirmed = 0
-                t_end = clock() + connect_timeout
-                while confirmed < len(channels):
-                    msg = await pubsub.get_message(timeout=max(0.01, t_end - clock()))
-                    if msg is None and clock() > t_end:
-                        raise rexc.TimeoutError("no SUBSCRIBE confirmation")
-                    if msg and msg.get("type") == "subscribe":
-                        confirmed += 1
-            except rexc.AuthenticationError as exc:
-                from dcptool.protocol.errors import AuthRefused
-                raise AuthRefused(f"Redis refused the credentials: {printable(str(exc))}") from None
-            except rexc.ResponseError as exc:
-                text = printable(str(exc))
-                if "NOAUTH" in text or "WRONGPASS" in text or "NOPERM" in text:
-                    from dcptool.protocol.errors import AuthRefused
-                    raise AuthRefused(f"Redis refused access: {text}") from None
-                raise ConnectFailed(f"Redis at {host}:{port}: {text}") from None
+                await _redis_subscribe(pubsub, channels, connect_timeout, clock, f"{host}:{port}")
             except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
                 why = f"cannot connect to Redis at {host}:{port}: {printable(str(exc))}"
                 if not ever_connected:
@@ -317,23 +342,8 @@ async def _run_redis(host, port, server_name, client, handler, *, db, password, 
                                                timeout=max(0.0, next_tick - clock()))
                 now = clock()
                 if msg is not None and msg.get("type") in ("message", "pmessage"):
-                    data = msg["data"]
-                    if isinstance(data, str):
-                        data = data.encode("utf-8")
-                    channel = msg["channel"]
-                    if isinstance(channel, bytes):
-                        channel = channel.decode("utf-8", "replace")
                     received = True
-                    ts, mono = _now()
-                    lines = [data]
-                    sp = split_lines(lines)
-                    events = client.receive(lines, now, sp)
-                    handler.lines("in", lines, sp, conn=conn_no, ts_ns=ts, mono_ns=mono,
-                                  channel=channel)
-                    if events:
-                        handler.events(events)
-                    if client.error is not None and client.error.code != ErrorCode.SERVER_ERROR:
-                        raise client.error
+                    _redis_message(msg, client, handler, conn_no, now)
                 if now >= next_tick:
                     handler.tick()
                     next_tick = now + tick_interval

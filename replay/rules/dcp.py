@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dcptool.protocol.dcp.wire.constants import Status
+from dcptool.protocol.dcp.wire.constants import NUM_VB_SLOTS, Status, key_vb, stream_key
 from dcptool.replay.rules import tables as T
 from dcptool.replay.store.schema import capture_schema
 from dcptool.replay.rules.doc_state import DocumentStore, prepare_changes
@@ -318,7 +318,7 @@ class DcpState:
 
     def _vb_of(self, keys: np.ndarray) -> np.ndarray:
         """The vbuckets of snapshot keys (_stream_key)."""
-        return keys % SID_VB if self.with_sids else keys
+        return key_vb(keys) if self.with_sids else keys
 
     def _undone_table(self) -> pa.Table:
         """`undone`: each change a rollback undid, with the rollback, and whether the document's
@@ -466,7 +466,6 @@ class DcpState:
             "last_ts": ts_array(self.last_ts[vbs], self.last_ts[vbs] != INT64_MIN)}))
 
 
-SID_VB = 1024     # snapshots are tracked per (vbucket, stream id): key = vbucket + SID_VB x stream id
 
 
 def _stream_key(chunk: pa.Table, vb: np.ndarray) -> np.ndarray:
@@ -477,7 +476,7 @@ def _stream_key(chunk: pa.Table, vb: np.ndarray) -> np.ndarray:
     if "stream_id" not in chunk.column_names or chunk.column("stream_id").null_count == chunk.num_rows:
         return None
     sid = np.minimum(as_numpy(chunk.column("stream_id"), fill=0, dtype=np.int64), 63)
-    return np.where(vb < SID_VB, vb + SID_VB * sid, vb)
+    return np.where(vb < NUM_VB_SLOTS, stream_key(vb, sid), vb)
 
 
 def _last_per_vbucket(t: pa.Table) -> pa.Table:

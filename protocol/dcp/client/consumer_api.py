@@ -6,23 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from dcptool.protocol.dcp.wire.constants import StreamEndReason
-
-NUM_VB_SLOTS = 1024       # vbucket ids a bucket can have (0-1023); anything above is hostile
-
-
-def stream_key(vb: int, sid: int) -> int:
-    """The consumer's key of a stream: one per (vbucket, stream id); sid 0 = no stream id,
-    so without stream ids the key is the vbucket."""
-    return vb + NUM_VB_SLOTS * sid
-
-
-def key_vb(key: int) -> int:
-    return key % NUM_VB_SLOTS
-
-
-def key_sid(key: int) -> int:
-    return key // NUM_VB_SLOTS
+# the stream key lives in the wire (constants.py); callers of the consumer name it from here too
+from dcptool.protocol.dcp.wire.constants import NUM_VB_SLOTS, StreamEndReason, key_sid, key_vb, stream_key  # noqa: F401
 
 DEFAULT_REOPEN = frozenset({StreamEndReason.STATE_CHANGED, StreamEndReason.DISCONNECTED,
                            StreamEndReason.TOO_SLOW, StreamEndReason.BACKFILL_FAIL,

@@ -1,6 +1,7 @@
-"""The consumer's receive path, sans-IO: whole frames in, per-vbucket state and events out.
-A mixin of consumer.Consumer (it uses the consumer's per-vbucket arrays, output queue and
-stream handlers).
+"""The consumer's receive path, sans-IO: whole frames in, per-stream state and events out.
+A phase of consumer.Consumer, composed in: it updates the stream tables of streams.py
+(`last`, `sopq`, `oso`, through their public names and methods), answers through the shared
+Link (responses go to the handler of their request) and counts what it received.
 
 Hot path: data frames (mutation, deletion, expiration, system event, seqno advanced) are
 never decoded into messages: opcode, vbucket, opaque and by_seqno are read with one
@@ -23,28 +24,34 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+from typing import Callable
 
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire import snappy
 from dcptool.protocol.dcp.wire.columnar import be_uint as _be
-from dcptool.protocol.dcp.wire.constants import SERVER_OP_CLUSTERMAP_CHANGE_NOTIFICATION, SnapshotFlag, op_name
+from dcptool.protocol.dcp.wire.constants import (SERVER_OP_CLUSTERMAP_CHANGE_NOTIFICATION, Opcode, SnapshotFlag,
+                                                 op_name)
 from dcptool.protocol.dcp.client.consumer_api import NUM_VB_SLOTS, stream_key
+from dcptool.protocol.dcp.client.link import Link
+from dcptool.protocol.dcp.client.streams import Streams
 from dcptool.protocol.dcp.wire.frames import parse_frame
 from dcptool.protocol.errors import ErrorCode, RemoteError
 
 _DATA = struct.Struct(">BB4xH4xI8xQ")     # magic opcode . vbucket . opaque . by_seqno
 _DATA_SID = struct.Struct(">6xH4xI8xxHQ")  # alt framing: vbucket . opaque . 0x22 sid . by_seqno
-DATA_OPS = frozenset({0x57, 0x58, 0x59, 0x5F, 0x64})
+DATA_OPS = frozenset(int(o) for o in (Opcode.DCP_MUTATION, Opcode.DCP_DELETION, Opcode.DCP_EXPIRATION,
+                                      Opcode.DCP_SYSTEM_EVENT, Opcode.DCP_SEQNO_ADVANCED))
 _DATA_OPS_ARRAY = sorted(DATA_OPS)
 # DCP messages that belong to a vbucket's stream: one for a vbucket beyond NUM_VB_SLOTS makes
 # the stream meaningless
-STREAM_OPS = frozenset({0x55, 0x56, 0x57, 0x58, 0x59, 0x5B, 0x5F, 0x60, 0x62, 0x63, 0x64, 0x65})
+STREAM_OPS = DATA_OPS | {int(o) for o in (Opcode.DCP_STREAM_END, Opcode.DCP_SNAPSHOT_MARKER,
+                                           Opcode.DCP_SET_VBUCKET_STATE, Opcode.DCP_PREPARE, Opcode.DCP_COMMIT,
+                                           Opcode.DCP_ABORT, Opcode.DCP_OSO_SNAPSHOT)}
+_NOOP = int(Opcode.DCP_NOOP)
 _VECTOR_MIN = 48           # runs shorter than this take the per-frame loop
 # bytes a pushed config may have (a 1024-vbucket map of a large cluster is well under 1 MiB)
 MAX_PUSHED_CONFIG = 8 << 20
 _EPOCH_REV = struct.Struct(">qq")
-OSO_START, OSO_END = 0x01, 0x02
-OSO_HOLD = (1 << 63) - 1   # `_last` of a stream inside an OSO snapshot: no item passes the fast paths
 _SNAPPY = 0x02
 
 
@@ -69,23 +76,32 @@ class PushIgnored:
 
 
 class Receiver:
-    def receive(self, buf, offsets, lengths, now: float) -> list:
-        """Process the whole frames at offsets/lengths in buf. Returns the events.
+    def __init__(self, link: Link, streams: Streams, collections: Callable[[], bool], now: float):
+        self.link = link
+        self.streams = streams
+        self.collections = collections      # whether keys carry a collection prefix (HELLO)
+        self.max_sid = streams.max_sid
+        self.last_rx = now
+        self.unacked = 0          # bytes received that count for flow control, not yet acknowledged
+        self.frames_in = 0
+        self.data_frames = 0
+        self.noops_answered = 0
+
+    def receive(self, buf, offsets, lengths, now: float) -> None:
+        """Process the whole frames at offsets/lengths in buf.
 
         Long runs of data frames (a backfill) are applied column-wise: per vbucket the seqnos
         are checked to rise and the last one kept; every other frame, and any run that breaks
         a rule, goes through the per-frame path in wire order."""
         n = len(offsets)
         if n == 0:
-            return self.events()
-        self.last_rx = self._now = now
+            return
+        self.last_rx = self.link.now = now
         self.frames_in += n
         if n < _VECTOR_MIN or not hasattr(offsets, "dtype"):
             self._receive_frames(buf, _tolist(offsets), _tolist(lengths), now)
         else:
             self._receive_vectorised(buf, offsets, lengths, now)
-        self.flush_acks()
-        return self.events()
 
     def _receive_vectorised(self, buf, offsets, lengths, now: float) -> None:
         import numpy as np
@@ -109,12 +125,12 @@ class Receiver:
             sids = np.zeros(len(idx), dtype=np.int64)
             sids[ia] = _be(u8, offsets[idx[ia]] + 25, 2).astype(np.int64)
             in_range = (vbs < NUM_VB_SLOTS) & (sids <= self.max_sid)
-            vbs = vbs + NUM_VB_SLOTS * sids      # stream keys from here on
+            vbs = stream_key(vbs, sids)      # stream keys from here on
         else:
             # a vbucket id from the peer indexes nothing before it is checked: out-of-range ids
             # take the per-frame path, which reports them
             in_range = vbs < NUM_VB_SLOTS
-        ok = in_range & (opq == np.asarray(self._sopq, dtype=np.int64)[np.where(in_range, vbs, 0)])
+        ok = in_range & (opq == np.asarray(self.streams.sopq, dtype=np.int64)[np.where(in_range, vbs, 0)])
         # a run ends at every frame that is not a valid data frame
         stop = np.ones(n, dtype=bool)
         stop[idx[ok]] = False
@@ -142,25 +158,27 @@ class Receiver:
         v_sorted, q_sorted = v[order], q[order]
         first = np.ones(len(v_sorted), dtype=bool)
         first[1:] = v_sorted[1:] != v_sorted[:-1]
-        last = np.asarray(self._last, dtype=np.int64)
+        last = np.asarray(self.streams.last, dtype=np.int64)
         rising = np.where(first, q_sorted > last[v_sorted], np.r_[True, q_sorted[1:] > q_sorted[:-1]])
         if not rising.all() or (seqs[sel] >= 1 << 63).any():
             self._receive_frames(buf, offsets[a:b].tolist(), lengths[a:b].tolist(), now)
             return
         ends = np.r_[np.nonzero(first)[0][1:] - 1, len(v_sorted) - 1]
+        last = self.streams.last
         for vb, seq in zip(v_sorted[ends].tolist(), q_sorted[ends].tolist()):
-            self._last[vb] = seq
-        self._unacked += int(lengths[a:b].sum())
+            last[vb] = seq
+        self.unacked += int(lengths[a:b].sum())
         self.data_frames += b - a
 
     def _receive_frames(self, buf, offsets: list, lengths: list, now: float) -> None:
         unpack = _DATA.unpack_from
-        last = self._last
-        sopq = self._sopq
+        streams = self.streams
+        last = streams.last
+        sopq = streams.sopq
         unacked = 0
         data = 0
         max_sid = self.max_sid
-        oso = self._oso
+        oso = streams.oso
         for i in range(len(offsets)):
             off = offsets[i]
             ln = lengths[i]
@@ -173,43 +191,41 @@ class Receiver:
                     data += 1
                     continue
                 if oso and vb in oso and opaque == sopq[vb]:    # an OSO snapshot's item (key order)
-                    self._oso_item(vb, seq)
+                    streams.oso_item(vb, seq)
                     unacked += ln
                     data += 1
                     continue
             elif max_sid and op in DATA_OPS and ln >= 35 and buf[off] == 0x08 and buf[off + 2] == 3 \
                     and buf[off + 24] == 0x22:
                 vb, opaque, sid, seq = _DATA_SID.unpack_from(buf, off)
-                k = vb + NUM_VB_SLOTS * sid
+                k = stream_key(vb, sid)
                 if vb < NUM_VB_SLOTS and sid <= max_sid and opaque == sopq[k] and seq > last[k]:
                     last[k] = seq
                     unacked += ln
                     data += 1
                     continue
             magic = buf[off]
-            if (magic == 0x80 or magic == 0x08) and op != 0x5C:
+            if (magic == 0x80 or magic == 0x08) and op != _NOOP:
                 unacked += ln
-            self._unacked += unacked
+            self.unacked += unacked
             unacked = 0
             self._slow(parse_frame(buf, off, ln), now)
-        self._unacked += unacked
+        self.unacked += unacked
         self.data_frames += data
 
     def _slow(self, frame, now: float) -> None:
-        msg = m.decode(frame, self.collections)
+        link = self.link
+        msg = m.decode(frame, self.collections())
         if msg.IS_RESPONSE:
-            handler = self._pending.pop(msg.opaque, None)
-            self._sent_at.pop(msg.opaque, None)
-            if handler is not None:
-                handler(msg)
+            link.answered(msg)
             return
         op = msg.op_code
         if frame.magic == 0x82:   # server-initiated request (Duplex): acknowledge, then look
-            self._out.append(m.encode(m.Response(opcode=op, opaque=msg.opaque, magic=0x83)))
-            self._events.append(self._server_request(frame))
+            link.send(m.Response(opcode=op, opaque=msg.opaque, magic=0x83))
+            link.emit(self._server_request(frame))
             return
-        if op == 0x5C:
-            self._out.append(m.encode(m.Response(opcode=0x5C, opaque=msg.opaque)))
+        if op == _NOOP:
+            link.send(m.Response(opcode=_NOOP, opaque=msg.opaque))
             self.noops_answered += 1
             return
         vb = getattr(msg, "vbucket", None)
@@ -221,70 +237,34 @@ class Receiver:
         if vb is None or vb >= NUM_VB_SLOTS or sid > self.max_sid:
             return   # not a stream of ours (a stream id we did not ask for): ignore
         k = stream_key(vb, sid)
-        if msg.opaque != self._sopq[k]:
+        streams = self.streams
+        if msg.opaque != streams.sopq[k]:
             return   # a frame of a stream we no longer have (closed, replaced, not ours): ignore
         t = type(msg)
-        st = self.states[k]
         if t is m.SnapshotMarker:
-            self._leave_oso(k)      # a marker inside an OSO snapshot (verify flags it) ends it unfinished
-            st.last_seqno = self._last[k]
-            st.snap_start, st.snap_end = msg.snap_start, msg.snap_end
-            st.snapshot_complete = st.last_seqno >= st.snap_end
+            streams.snapshot(k, msg)
             if msg.snap_flags & SnapshotFlag.ACK:
-                self._out.append(m.encode(m.Response(opcode=0x56, opaque=msg.opaque)))
+                link.send(m.Response(opcode=Opcode.DCP_SNAPSHOT_MARKER, opaque=msg.opaque))
         elif t is m.StreamEnd:
-            self._stream_end(k, msg.reason)
+            streams.ended(k, msg.reason)
         elif t is m.SetVbucketState:
-            self._out.append(m.encode(m.Response(opcode=0x5B, opaque=msg.opaque)))
+            link.send(m.Response(opcode=Opcode.DCP_SET_VBUCKET_STATE, opaque=msg.opaque))
         elif t is m.OsoSnapshot:
-            self._oso_marker(k, msg.flags)
+            streams.oso_marker(k, msg.flags)
         elif op in DATA_OPS or t in (m.Prepare, m.Commit, m.Abort):
             seq = getattr(msg, "by_seqno", None)
             if seq is None:
                 seq = getattr(msg, "commit_seqno", None) or getattr(msg, "abort_seqno", None)
             if seq is not None:
-                if k in self._oso:      # inside an OSO snapshot: key order, held until its end
-                    self._oso_item(k, seq)
+                if k in streams.oso:      # inside an OSO snapshot: key order, held until its end
+                    streams.oso_item(k, seq)
                     return
-                if seq <= self._last[k]:
+                if seq <= streams.last[k]:
                     raise RemoteError(ErrorCode.UNEXPECTED_MESSAGE,
-                                      f"{self._name(k)}: seqno {seq} after {self._last[k]}")
-                self._last[k] = seq
+                                      f"{streams.name(k)}: seqno {seq} after {streams.last[k]}")
+                streams.last[k] = seq
         elif getattr(msg, "decode_error", None) and op in DATA_OPS:
             raise RemoteError(ErrorCode.BAD_EXTRAS, f"vbucket {vb}: {msg.decode_error}")
-
-    # ---- OSO snapshots (DCP_DIGEST §5.9, REPLAY.md): items in key order between a start and
-    # an end. The resume point stays at the seqno before the start (Y) until the end, then
-    # moves to the highest seqno received in it (X); meanwhile `_last` holds OSO_HOLD so that
-    # every item of the snapshot takes the per-frame path here.
-    def _oso_marker(self, k: int, flags: int) -> None:
-        if flags & OSO_START and k not in self._oso:
-            self._oso[k] = [self._last[k], self._last[k]]
-            self._last[k] = OSO_HOLD
-        elif flags & OSO_END and k in self._oso:
-            x = self._oso.pop(k)[1]
-            st = self.states[k]
-            st.last_seqno = st.snap_start = st.snap_end = self._last[k] = x
-            st.snapshot_complete = True
-
-    def _oso_item(self, k: int, seq: int) -> None:
-        held = self._oso[k]
-        if seq <= held[0]:
-            raise RemoteError(ErrorCode.UNEXPECTED_MESSAGE,
-                              f"{self._name(k)}: seqno {seq} in an OSO snapshot that started after {held[0]}")
-        if seq > held[1]:
-            held[1] = seq
-
-    def _leave_oso(self, k: int) -> None:
-        """The stream of `k` ends or restarts: an unfinished OSO snapshot counts for nothing."""
-        held = self._oso.pop(k, None)
-        if held is not None:
-            self._last[k] = held[0]
-
-    def _held_last(self, k: int) -> int:
-        """The resume point of `k`: inside an OSO snapshot, the seqno before its start."""
-        held = self._oso.get(k)
-        return self._last[k] if held is None else held[0]
 
     def _server_request(self, frame) -> ConfigPushed | PushIgnored:
         """What a server request means to us: every field is checked, nothing is fatal."""
@@ -293,9 +273,10 @@ class Receiver:
             return PushIgnored(op, f"server request 0x{op:02x} is not one we use")
         what = "cluster-map change notification"
         key = bytes(frame.key)
-        if key != self.cfg.bucket.encode():
+        bucket = self.link.cfg.bucket
+        if key != bucket.encode():
             return PushIgnored(op, f"{what} for bucket {key[:64].decode('utf-8', 'replace')!r}, "
-                                   f"not {self.cfg.bucket!r}")
+                                   f"not {bucket!r}")
         ex = bytes(frame.extras)
         if len(ex) == 16:
             epoch, rev = _EPOCH_REV.unpack(ex)

@@ -1,22 +1,60 @@
 """The consumer's handshake, sans-IO: HELLO, SASL (bounded rounds), SELECT_BUCKET,
-GET_ALL_VB_SEQNOS, DCP_OPEN and the DCP_CONTROLs, each answer handled by one method. A mixin of
-consumer.Consumer: it uses the consumer's request queue (`_request`), config and events, and
-hands over to the streams with `_start_streams()` once the last control is answered."""
+GET_ALL_VB_SEQNOS, DCP_OPEN and the DCP_CONTROLs, each answer handled by one method. A phase
+of consumer.Consumer, composed in: it owns its state (phase, features, controls, the
+collection filter), sends through the shared Link (link.py) and, once the last control is
+answered, calls `on_ready()` (the consumer starts its streams)."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire import sasl
-from dcptool.protocol.dcp.wire.constants import Feature, OpenFlag, Status, status_name
+from dcptool.protocol.dcp.wire.constants import Feature, OpenFlag, Opcode, Status, status_name
 from dcptool.protocol.dcp.client import manifest as dcp_collections
 from dcptool.protocol.dcp.client.consumer_api import (NUM_VB_SLOTS, ConfigReceived, ControlRefused, FilterResolved,
                                                FilterUnknown, HandshakeComplete, ServerVbuckets)
+from dcptool.protocol.dcp.client.link import Link
 from dcptool.protocol.errors import AuthRefused, ErrorCode, RemoteError
 
 
 class Handshake:
+    def __init__(self, link: Link, on_ready: Callable[[], None]):
+        self.link = link
+        self.on_ready = on_ready
+        self.phase = "hello"
+        self.features: tuple = ()
+        self.controls: dict[str, str] = {}
+        self.refused: dict[str, int] = {}
+        self.noop_active = False
+        self.buffer_active = False
+        self.filter: dict | None = None       # the collection filter, once resolved
+        cfg = link.cfg
+        # stream ids: each group's filter (sid 1..n)
+        self.sid_filters: dict[int, dict | None] = {}
+        if cfg.stream_ids and cfg.stream_filters is not None:
+            self.sid_filters = {i + 1: (dict(f) if f else None) for i, f in enumerate(cfg.stream_filters)}
+        self._sasl = None
+        self._mech = None
+        self._sasl_rounds = 0
+        self._controls_left = 0
+
+    @property
+    def cfg(self):
+        return self.link.cfg
+
+    def _request(self, msg, handler) -> int:
+        return self.link.request(msg, handler)
+
+    def _emit(self, event) -> None:
+        self.link.emit(event)
+
+    def start(self, features) -> None:
+        """Queue HELLO asking for `features`."""
+        self._request(m.Hello(agent=self.cfg.agent.encode(), features=tuple(int(f) for f in features)),
+                      self._on_hello)
+
     def _on_hello(self, rsp) -> None:
         if rsp.status != Status.SUCCESS:
             raise RemoteError(ErrorCode.STATUS, f"HELLO refused: {status_name(rsp.status)}", rsp.status)
@@ -73,41 +111,50 @@ class Handshake:
             raise RemoteError(ErrorCode.STATUS, f"SELECT_BUCKET {self.cfg.bucket!r} failed: {status_name(st)}", st)
         if self.cfg.fetch_config:
             self.phase = "config"
-            self._request(m.Request(opcode=0xB5), self._on_config)
+            self._request(m.Request(opcode=Opcode.GET_CLUSTER_CONFIG), self._on_config)
             return
-        self._after_select()
+        self.after_select()
 
     def request_config(self) -> None:
         """Ask GET_CLUSTER_CONFIG (a poll); the answer comes as ConfigReceived(bootstrap=False)."""
-        self._request(m.Request(opcode=0xB5), self._on_config)
+        self._request(m.Request(opcode=Opcode.GET_CLUSTER_CONFIG), self._on_config)
 
     def _on_config(self, rsp) -> None:
         body = bytes(getattr(rsp, "value", b"") or b"")
         boot = self.phase == "config"
         if boot:
             self.phase = "routing"     # route() continues the handshake
-        self._events.append(ConfigReceived(body, rsp.status, boot))
-
-    def route(self, vbuckets: list[int] | None, *, states: dict | None = None, check: bool = False,
-              handoff: bool = False) -> None:
-        """After ConfigReceived(bootstrap=True): stream these vbuckets (None: every vbucket the
-        server lists, as without a map) from `states` where given, and go on with DCP_OPEN."""
-        self.cfg = dataclasses.replace(self.cfg, vbuckets=None if vbuckets is None else list(vbuckets),
-                                       check_vbuckets=check, handoff=handoff, fetch_config=False)
-        for vb, st in (states or {}).items():
-            self.adopt(vb, st)
-        self._after_select()
+        self._emit(ConfigReceived(body, rsp.status, boot))
 
     # ---- collection filter: GET_COLLECTIONS_MANIFEST once, before the vbuckets and DCP_OPEN
     @property
     def stream_value(self) -> bytes:
         """The STREAM_REQ value: the collection filter JSON, or nothing."""
-        return dcp_collections.filter_value(getattr(self, "_filter", None) or self.cfg.stream_filter)
+        return dcp_collections.filter_value(self.filter or self.cfg.stream_filter)
+
+    def stream_value_of(self, sid: int) -> bytes:
+        """The STREAM_REQ value of stream id sid: its group's filter and the sid."""
+        if not sid:
+            return self.stream_value
+        flt = self.sid_filters.get(sid) if self.sid_filters else None
+        return dcp_collections.filter_value({**(flt or {}), "sid": sid})
+
+    def filters_by_sid(self) -> tuple:
+        """The filter of each stream id (1, 2, ...) for the FilterResolved event; () without."""
+        return tuple(self.sid_filters.get(sid) for sid in self.link.sids) if self.sid_filters else ()
+
+    def _resolve_filters(self, manifest) -> dict:
+        """The filter of --scope / --collection (raises UnknownNames); with stream ids, each
+        group's too (self.sid_filters)."""
+        cfg = self.cfg
+        if cfg.stream_ids and cfg.stream_groups:
+            self.sid_filters = {i + 1: dcp_collections.resolve(manifest, tuple(sc), tuple(co))
+                                for i, (sc, co) in enumerate(cfg.stream_groups)}
+        return dcp_collections.resolve(manifest, tuple(cfg.scopes), tuple(cfg.collection_names))
 
     def _wants_manifest(self) -> bool:
         cfg = self.cfg
-        return bool(cfg.scopes or cfg.collection_names) and cfg.stream_filter is None \
-            and getattr(self, "_filter", None) is None
+        return bool(cfg.scopes or cfg.collection_names) and cfg.stream_filter is None and self.filter is None
 
     def _on_manifest(self, rsp) -> None:
         if rsp.status != Status.SUCCESS:
@@ -116,22 +163,23 @@ class Handshake:
         raw = bytes(getattr(rsp, "value", b"") or b"")
         manifest = dcp_collections.parse_manifest(raw)
         try:
-            self._filter = self._resolve_filters(manifest)    # consumer.py: per stream id too
+            self.filter = self._resolve_filters(manifest)    # per stream id too
         except dcp_collections.UnknownNames as exc:
             self.phase = "manifest"        # stops here: the caller reports the names
-            self._events.append(FilterUnknown(str(exc)))
+            self._emit(FilterUnknown(str(exc)))
             return
-        self._events.append(FilterResolved(dict(self._filter), raw, self.sid_filters()))
-        self._after_select()
+        self._emit(FilterResolved(dict(self.filter), raw, self.filters_by_sid()))
+        self.after_select()
 
-    def _after_select(self) -> None:
+    def after_select(self) -> None:
+        """The bucket is selected (or routed, Consumer.route): the filter, the vbuckets, DCP_OPEN."""
         if self._wants_manifest():
             self.phase = "manifest"
-            self._request(m.Request(opcode=0xBA), self._on_manifest)
+            self._request(m.Request(opcode=Opcode.GET_COLLECTIONS_MANIFEST), self._on_manifest)
             return
-        if self.cfg.stream_filter is not None and getattr(self, "_filter", None) is None:
-            self._filter = dict(self.cfg.stream_filter)
-            self._events.append(FilterResolved(dict(self._filter), b"", self.sid_filters()))
+        if self.cfg.stream_filter is not None and self.filter is None:
+            self.filter = dict(self.cfg.stream_filter)
+            self._emit(FilterResolved(dict(self.filter), b"", self.filters_by_sid()))
         if self.cfg.vbuckets is None or self.cfg.check_vbuckets:
             self._request(m.GetAllVbSeqnos(), self._on_vb_seqnos)
         else:
@@ -140,7 +188,7 @@ class Handshake:
     def _on_vb_seqnos(self, rsp) -> None:
         if self.cfg.vbuckets is not None:   # given: the caller checks them against the server's
             if rsp.status == Status.SUCCESS and getattr(rsp, "seqnos", None):
-                self._events.append(ServerVbuckets(tuple(sorted({v for v, _ in rsp.seqnos}))))
+                self._emit(ServerVbuckets(tuple(sorted({v for v, _ in rsp.seqnos}))))
             self._open()
             return
         if rsp.status == Status.SUCCESS and getattr(rsp, "seqnos", None):
@@ -148,9 +196,9 @@ class Handshake:
             if vbs[-1] >= NUM_VB_SLOTS:
                 raise RemoteError(ErrorCode.BAD_VBUCKET, f"GET_ALL_VB_SEQNOS lists vbucket {vbs[-1]}: vbucket "
                                   f"ids go up to {NUM_VB_SLOTS - 1}; use --vbuckets to choose them")
-            self.cfg = dataclasses.replace(self.cfg, vbuckets=vbs)
+            self.link.cfg = dataclasses.replace(self.cfg, vbuckets=vbs)
         else:
-            self.cfg = dataclasses.replace(self.cfg, vbuckets=list(range(NUM_VB_SLOTS)))
+            self.link.cfg = dataclasses.replace(self.cfg, vbuckets=list(range(NUM_VB_SLOTS)))
         self._open()
 
     def _open(self) -> None:
@@ -214,11 +262,11 @@ class Handshake:
                 raise RemoteError(ErrorCode.UNSUPPORTED,
                                   f"DCP_CONTROL {key}={val} refused ({status_name(rsp.status)}); {why}",
                                   rsp.status)
-            self._events.append(ControlRefused(key, val, rsp.status))
+            self._emit(ControlRefused(key, val, rsp.status))
         self._controls_left -= 1
         if self._controls_left == 0:
             self.noop_active = self.controls.get("enable_noop") == "true"
             self.buffer_active = "connection_buffer_size" in self.controls
             self.phase = "streaming"
-            self._events.append(HandshakeComplete(self.features, dict(self.controls)))
-            self._start_streams()
+            self._emit(HandshakeComplete(self.features, dict(self.controls)))
+            self.on_ready()

@@ -91,7 +91,7 @@ class VBucket:
         self.checkpoint_items = checkpoint_items
         self.purge_seqno = 0
         self.durable_floor = 0                # last acknowledged durable write: never lost (kv.py)
-        self._encoded: dict[tuple, np.ndarray] = {}
+        self.encoded: dict[tuple, np.ndarray] = {}
 
     @property
     def high_seqno(self) -> int:
@@ -121,7 +121,7 @@ class VBucket:
     def disk_records(self, collections: bool, no_value: bool, json: bool) -> np.ndarray:
         """The pre-encoded disk mutations (opaque 0) for one connection variant."""
         variant = (collections, no_value, json)
-        recs = self._encoded.get(variant)
+        recs = self.encoded.get(variant)
         if recs is not None and len(recs) >= self.disk_high:
             return recs[:self.disk_high]
         n = self.disk_high
@@ -146,7 +146,7 @@ class VBucket:
             recs["key"] = np.ascontiguousarray(keys).view(f"V{kl}").reshape(n)
             if vl:
                 recs["value"] = np.ascontiguousarray(self.disk_values[:n]).view(f"V{vl}").reshape(n)
-        self._encoded[variant] = recs
+        self.encoded[variant] = recs
         return recs
 
     def fail_over(self, new_uuid: int, keep: int, rng: random.Random, now_cas: int) -> int:

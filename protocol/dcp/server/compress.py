@@ -16,7 +16,7 @@ def compressed_disk_frames(vb, collections: bool, no_value: bool, json: bool) ->
     """(blob, starts) of the vbucket's disk mutations with Snappy values (datatype | 0x02),
     opaque 0; frame i (seqno i + 1) is blob[starts[i]:starts[i + 1]]."""
     key = ("snappy", collections, no_value, json)
-    hit = vb._encoded.get(key)
+    hit = vb.encoded.get(key)
     if hit is not None and len(hit[1]) == vb.disk_high + 1:
         return hit
     recs = vb.disk_records(collections, no_value, json)
@@ -35,7 +35,7 @@ def compressed_disk_frames(vb, collections: bool, no_value: bool, json: bool) ->
         blob = b"".join(x for pair in zip((bytes(h) for h in heads), values) for x in pair)
         starts = np.zeros(n + 1, np.int64)
         np.cumsum(sizes + hb, out=starts[1:])
-    vb._encoded[key] = (blob, starts)
+    vb.encoded[key] = (blob, starts)
     return blob, starts
 
 

@@ -12,7 +12,7 @@ A stream request is answered from the recording, in this order of preference:
    recorded order, byte for byte except the opaque, ending as the recorded stream ended
    (stream end; a dropped connection, reproduced once every stream of the connection has
    sent all it had; or open when the recording stopped);
-2. otherwise the rollback decision of producer.rollback_seqno against the vbucket's last
+2. otherwise the stream-request decision of stream_request.py (RECORDED_RANGE) against the vbucket's last
    recorded failover log, and, without a rollback, the vbucket's recorded history (every
    successful stream of the recording, a later one cutting the history back to its start
    seqno) from the requested start seqno: a marker whose snapshot began at or before the
@@ -30,14 +30,13 @@ import dataclasses
 import numpy as np
 
 from dcptool.protocol.dcp.wire import messages as m
-from dcptool.protocol.dcp.wire.constants import SEQNO_INFINITY, Status, StreamEndReason, StreamRequestFlag
+from dcptool.protocol.dcp.wire.constants import SEQNO_INFINITY, Opcode, Status, StreamEndReason
 from dcptool.protocol.dcp.wire.frames import FrameParser
-from dcptool.protocol.dcp.server.producer import PULL_LIMIT, STREAM_CHUNK, ProducerConnection, ServerModel, rollback_seqno
+from dcptool.protocol.dcp.server.producer import PULL_LIMIT, STREAM_CHUNK, ProducerConnection, ServerModel
+from dcptool.protocol.dcp.server.stream_request import RECORDED_RANGE, decide, requested
 from dcptool.protocol.errors import ProtocolError
 
-OP_STREAM_END = 0x55
-OP_MARKER = 0x56
-ITEM_OPS = (0x57, 0x58, 0x59, 0x5F, 0x60, 0x62, 0x63, 0x64)   # frames that carry a by_seqno
+OP_MARKER = int(Opcode.DCP_SNAPSHOT_MARKER)
 DEFAULT_STALL = 5.0
 CORRUPT_MAGIC = 0x00   # neither a request nor a response magic: the consumer must refuse it
 
@@ -345,26 +344,19 @@ class PlaybackConnection:
         hist = model.history[vb]
         log = hist.failover_log or model.current_log.get(vb) or ()
         high = model.vb_seqnos(len(model.recording.vb_seqnos) or 1).get(vb, hist.high())
-        start, end, uuid = req.start_seqno, req.end_seqno, req.vbucket_uuid
-        snap_start, snap_end = req.snap_start, req.snap_end
-        if req.flags & StreamRequestFlag.FROM_LATEST:
-            start = snap_start = snap_end = high
-            uuid = uuid or (log[0][0] if log else 0)
-        if start > end or not snap_start <= start <= snap_end:
+        r = requested(req, high, log[0][0] if log else 0)
+        if r is None:
             self._reply(req, Status.ERANGE)
             return
-        rb = rollback_seqno(start=start, vb_uuid=uuid, snap_start=snap_start, snap_end=snap_end,
-                            failover_log=list(log), high_seqno=high,
-                            strict=bool(req.flags & StreamRequestFlag.STRICT_VB_UUID))
-        if rb is not None:
+        d = decide(req, r, failover_log=list(log), high=high, in_range=RECORDED_RANGE)
+        if d.status == Status.ROLLBACK:
             self.stats["rollbacks"] += 1
-            self._reply(req, Status.ROLLBACK, cls=m.StreamRequestResponse, rollback_seqno=rb)
+            self._reply(req, Status.ROLLBACK, cls=m.StreamRequestResponse, rollback_seqno=d.rollback_seqno)
             return
-        if req.flags & StreamRequestFlag.TO_LATEST:
-            end = high
-        if start > high and end != SEQNO_INFINITY:
-            self._reply(req, Status.ERANGE)
+        if d.status != Status.SUCCESS:
+            self._reply(req, d.status)
             return
+        start, end = r.start, d.end
         self._reply(req, cls=m.StreamRequestResponse, failover_log=tuple(log))
         pieces = []
         for s, a, b in hist.pieces:

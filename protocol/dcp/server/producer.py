@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire import sasl
-from dcptool.protocol.dcp.wire.constants import Feature, OpenFlag, Status, StreamEndReason, StreamRequestFlag
+from dcptool.protocol.dcp.wire.constants import (Feature, OpenFlag, Opcode, Status, StreamEndReason,
+                                                 StreamRequestFlag, stream_key)
 from dcptool.protocol.dcp.wire.error_map import error_map
 from dcptool.protocol.dcp.wire.frames import FrameParser
 from dcptool.protocol.dcp.server.controls import control_status
-from dcptool.protocol.dcp.server.bucket import Bucket, Item, VBucket, rollback_seqno
+from dcptool.protocol.dcp.server.bucket import Bucket, Item, VBucket, rollback_seqno  # noqa: F401
+from dcptool.protocol.dcp.server.stream_request import LIVE_RANGE, decide, requested
 from dcptool.protocol.dcp.server import manifest as pcol
 from dcptool.protocol.dcp.server.streams import Fixed, Stream, Var, encode_item
 from dcptool.protocol.dcp.server import stream_ids as producer_sid
@@ -40,6 +42,10 @@ GRANTED_FEATURES = (Feature.TCP_NODELAY, Feature.MUTATION_SEQNO, Feature.XATTR, 
                     Feature.CLUSTERMAP_CHANGE_NOTIFICATION, Feature.CLUSTERMAP_CHANGE_NOTIFICATION_BRIEF)
 STREAM_CHUNK = 64 * 1024          # bytes taken from one stream before moving to the next
 PULL_LIMIT = 1024 * 1024          # bytes handed to the transport per pull
+# the DCP requests refused (EINVAL) before DCP_OPEN
+NEEDS_DCP_OPEN = frozenset({Opcode.DCP_ADD_STREAM, Opcode.DCP_CLOSE_STREAM, Opcode.DCP_STREAM_REQ,
+                            Opcode.DCP_GET_FAILOVER_LOG, Opcode.DCP_NOOP, Opcode.DCP_BUFFER_ACK,
+                            Opcode.DCP_CONTROL})
 
 
 # --------------------------------------------------------------------------- connection
@@ -68,7 +74,7 @@ class ProducerConnection:
         self.noop_due: float | None = None
         self.noop_waiting: int | None = None    # opaque of an unanswered noop
         self.noop_opaque = NOOP_OPAQUE_BASE
-        self.streams: dict[int, Stream] = {}    # by producer_sid.stream_key(vbucket, sid)
+        self.streams: dict[int, Stream] = {}    # by stream_key(vbucket, sid)
         self._order: list[int] = []
         self._rr = 0
         self._out: list[bytes] = []
@@ -152,6 +158,11 @@ class ProducerConnection:
                 return
             self._handle(m.decode(fr, self.collections), now)
 
+    def push(self, frame: bytes) -> None:
+        """Queue a frame the server sends unasked (a cluster-map notification), before any
+        more stream data."""
+        self._out.append(frame)
+
     def _reply(self, req, status: int = Status.SUCCESS, value: bytes = b"", cls=None, **kw) -> None:
         if cls is not None:
             msg = cls(opaque=req.opaque, status=status, **kw)
@@ -187,7 +198,7 @@ class ProducerConnection:
     def _handle(self, msg, now: float) -> None:
         t = type(msg)
         if msg.IS_RESPONSE:
-            if msg.op_code == 0x5C and self.noop_waiting == msg.opaque:
+            if msg.op_code == Opcode.DCP_NOOP and self.noop_waiting == msg.opaque:
                 self.noop_waiting = None
                 self.stats["noops_answered"] += 1
             return
@@ -211,7 +222,7 @@ class ProducerConnection:
             status, body = error_map(msg.version)
             self._reply_json(msg, status, body)
             return
-        if msg.op_code == 0xB5:         # GET_CLUSTER_CONFIG: likewise
+        if msg.op_code == Opcode.GET_CLUSTER_CONFIG:     # likewise
             self._cluster_config(msg)
             return
         if self.server.users and self.user is None:
@@ -231,7 +242,7 @@ class ProducerConnection:
         if t is m.DcpOpen:
             self._open(msg)
             return
-        if msg.op_code == 0xBA:         # GET_COLLECTIONS_MANIFEST
+        if msg.op_code == Opcode.GET_COLLECTIONS_MANIFEST:
             self._reply_json(msg, *pcol.manifest_reply(self.bucket))
             return
         if t is m.GetAllVbSeqnos:
@@ -241,7 +252,7 @@ class ProducerConnection:
                 self._reply(msg, cls=m.GetAllVbSeqnosResponse,
                             seqnos=tuple((vb.vbid, vb.high_seqno) for vb in self._vbuckets_in_state(msg.extras)))
             return
-        if msg.op_code in (0x51, 0x52, 0x53, 0x54, 0x5C, 0x5D, 0x5E) and not self.dcp_open:
+        if msg.op_code in NEEDS_DCP_OPEN and not self.dcp_open:
             self._reply(msg, Status.EINVAL)
             return
         if t is m.Control:
@@ -261,7 +272,7 @@ class ProducerConnection:
             if (sid is not None) != self.stream_ids or sid == 0:
                 self._reply(msg, Status.DCP_STREAM_ID_INVALID)
                 return
-            key = producer_sid.stream_key(msg.vbucket, sid or 0)
+            key = stream_key(msg.vbucket, sid or 0)
             st = self.streams.pop(key, None)
             if st is None:
                 self._reply(msg, Status.KEY_ENOENT)
@@ -364,21 +375,16 @@ class ProducerConnection:
         if req.flags & (StreamRequestFlag.NO_VALUE | StreamRequestFlag.TAKEOVER | StreamRequestFlag.CACHE_TRANSFER):
             self._reply(req, Status.EINVAL)
             return
-        start, end, uuid = req.start_seqno, req.end_seqno, req.vbucket_uuid
-        snap_start, snap_end = req.snap_start, req.snap_end
         high = vb.high_seqno
-        if req.flags & StreamRequestFlag.FROM_LATEST:
-            start = snap_start = snap_end = high
-            if uuid == 0:
-                uuid = vb.uuid
-        if start > end or not snap_start <= start <= snap_end:
+        r = requested(req, high, vb.uuid)
+        if r is None:
             self._reply(req, Status.ERANGE)
             return
         sstatus, sid, value = producer_sid.split_sid(req.value, self.stream_ids)
         if sstatus != Status.SUCCESS:
             self._reply(req, sstatus)
             return
-        key = producer_sid.stream_key(req.vbucket, sid)
+        key = stream_key(req.vbucket, sid)
         if key in self.streams:
             self._reply(req, Status.KEY_EEXISTS)
             return
@@ -386,18 +392,16 @@ class ProducerConnection:
         if fstatus != Status.SUCCESS:
             self._reply_json(req, fstatus, fbody)
             return
-        rb = rollback_seqno(start=start, vb_uuid=uuid, snap_start=snap_start, snap_end=snap_end,
-                            failover_log=vb.failover_log, high_seqno=high, purge_seqno=vb.purge_seqno,
-                            strict=bool(req.flags & StreamRequestFlag.STRICT_VB_UUID))
-        if rb is not None:
+        d = decide(req, r, failover_log=vb.failover_log, high=high, purge_seqno=vb.purge_seqno,
+                   in_range=LIVE_RANGE)
+        if d.status == Status.ROLLBACK:
             self.stats["rollbacks"] += 1
-            self._reply(req, Status.ROLLBACK, cls=m.StreamRequestResponse, rollback_seqno=rb)
+            self._reply(req, Status.ROLLBACK, cls=m.StreamRequestResponse, rollback_seqno=d.rollback_seqno)
             return
-        if req.flags & StreamRequestFlag.TO_LATEST:
-            end = high
-        if start > end or start > high:
-            self._reply(req, Status.ERANGE)
+        if d.status != Status.SUCCESS:
+            self._reply(req, d.status)
             return
+        start, end, snap_start, snap_end = r.start, d.end, r.snap_start, r.snap_end
         self._reply(req, cls=m.StreamRequestResponse, failover_log=tuple(vb.failover_log))
         reason = None
         if req.vbucket < len(sc.end_reasons) and req.vbucket not in self.server.end_reason_done:

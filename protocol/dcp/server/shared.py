@@ -101,7 +101,7 @@ class ServerModel:
         owner; every connection to a failed node drops."""
         for conn, frame in notifications(self.cluster, sorted(self.connections, key=lambda c: c.conn_id)
                                          if changes else ()):
-            conn._out.append(frame)     # the new map first, then the stream ends and drops
+            conn.push(frame)     # the new map first, then the stream ends and drops
         for ch in changes:
             self.topology_changes += 1
             conns = sorted(self.connections, key=lambda c: c.conn_id)

@@ -16,19 +16,16 @@ import json
 
 import numpy as np
 
-from dcptool.protocol.dcp.wire.constants import Status
+from dcptool.protocol.dcp.wire.constants import Opcode, Status, stream_key  # noqa: F401 (the producer's stream key)
 from dcptool.protocol.dcp.server.streams import Fixed, Var
 
 SID_FRAME_LEN = 3
 # producer messages that carry the stream id: stream end, snapshot marker, mutation, deletion,
 # expiration, system event, seqno advanced, OSO snapshot
-TAGGED_OPS = frozenset({0x55, 0x56, 0x57, 0x58, 0x59, 0x5F, 0x64, 0x65})
+TAGGED_OPS = frozenset(int(o) for o in (Opcode.DCP_STREAM_END, Opcode.DCP_SNAPSHOT_MARKER, Opcode.DCP_MUTATION,
+                                        Opcode.DCP_DELETION, Opcode.DCP_EXPIRATION, Opcode.DCP_SYSTEM_EVENT,
+                                        Opcode.DCP_SEQNO_ADVANCED, Opcode.DCP_OSO_SNAPSHOT))
 MAX_SID = 0xFFFF
-
-
-def stream_key(vbid: int, sid: int) -> int:
-    """The producer's key of a stream: one per (vbucket, sid); sid 0 = no stream id."""
-    return vbid | sid << 16
 
 
 def split_sid(value: bytes, enabled: bool) -> tuple[int, int, bytes]:

@@ -16,7 +16,7 @@ import struct
 import numpy as np
 
 from dcptool.protocol.dcp.wire import messages
-from dcptool.protocol.dcp.wire.constants import ALL_MAGICS, DEFAULT_MAX_BODY, HEADER_LEN
+from dcptool.protocol.dcp.wire.constants import ALL_MAGICS, DEFAULT_MAX_BODY, HEADER_LEN, Opcode
 from dcptool.protocol.dcp.wire.frames import parse_frame
 from dcptool.protocol.errors import ErrorCode, RemoteError
 
@@ -220,9 +220,30 @@ class Batch:
 
 
 # opcode -> (expected extras length) for the vectorised path
-_FAST = {0x57: 31, 0x58: (18, 21), 0x59: 20, 0x56: 20, 0x64: 8, 0x5F: 13, 0x55: 4, 0x5C: 0}
-_ITEM_OPS = (0x57, 0x58, 0x59)
+_MUT, _DEL, _EXP = Opcode.DCP_MUTATION, Opcode.DCP_DELETION, Opcode.DCP_EXPIRATION
+_MARKER, _NOOP, _END = Opcode.DCP_SNAPSHOT_MARKER, Opcode.DCP_NOOP, Opcode.DCP_STREAM_END
+_ADVANCED, _EVENT = Opcode.DCP_SEQNO_ADVANCED, Opcode.DCP_SYSTEM_EVENT
+_FAST = {_MUT: 31, _DEL: (18, 21), _EXP: 20, _MARKER: 20, _ADVANCED: 8, _EVENT: 13, _END: 4, _NOOP: 0}
+_ITEM_OPS = (_MUT, _DEL, _EXP)
 _REQUEST_MAGICS = np.array([0x80, 0x82, 0x08], dtype=np.uint8)
+
+
+class _Layout:
+    """Where each frame's parts are: the header fields the two paths share."""
+
+    __slots__ = ("u8", "offsets", "lengths", "opcode", "vs", "el", "kl", "ex", "key_start", "key_len",
+                 "value_len", "key_valid")
+
+    def __init__(self, u8, offsets, lengths, h, fe, kl, el, bl):
+        self.u8, self.offsets, self.lengths = u8, offsets, lengths
+        self.opcode = h["opcode"].copy()
+        self.vs = h["vbucket_or_status"].astype(np.uint16)
+        self.el, self.kl = el, kl
+        self.ex = offsets + HEADER_LEN + fe
+        self.key_start = self.ex + el
+        self.key_len = kl.copy()
+        self.value_len = bl - fe - el - kl
+        self.key_valid = np.zeros(len(offsets), dtype=bool)
 
 
 def decode_batch(buf, offsets: np.ndarray, lengths: np.ndarray, *, collections: bool = False,
@@ -240,21 +261,25 @@ def decode_batch(buf, offsets: np.ndarray, lengths: np.ndarray, *, collections: 
         return b
     h = records(u8, offsets, HEADER)
     magic, flex, fe, kl, el, bl = _header(h)
-    opcode = h["opcode"].copy()
-    is_req = np.isin(magic, _REQUEST_MAGICS)
+    lay = _Layout(u8, offsets, lengths, h, fe, kl, el, bl)
     b.set_all("magic", magic)
-    b.set_all("opcode", opcode)
+    b.set_all("opcode", lay.opcode)
     b.set_all("datatype", h["datatype"])
-    vs = h["vbucket_or_status"].astype(np.uint16)
     b.set_all("opaque", h["opaque"])
     b.set_all("cas", h["cas"])
-    ex = offsets + HEADER_LEN + fe
-    key_start = ex + el
-    key_len = kl.copy()
-    value_len = bl - fe - el - kl
+    fast = _fast_frames(b, lay, np.isin(magic, _REQUEST_MAGICS), flex, fe, collections)
+    _fast_columns(b, lay, np.nonzero(fast)[0])
+    # everything else: one frame at a time through the message decoder, in frame order
+    _slow_columns(b, lay, np.nonzero(~fast)[0], collections, {} if opaque_vbuckets is None else opaque_vbuckets)
+    b.key = (lay.key_start, lay.key_len, lay.key_valid)
+    return b
 
-    # which frames the vectorised path can take
-    fast = np.zeros(n, dtype=bool)
+
+def _fast_frames(b: Batch, lay: _Layout, is_req, flex, fe, collections: bool) -> np.ndarray:
+    """Which frames the vectorised path can take (sets their stream ids and one-byte
+    collection prefixes on the way)."""
+    u8, offsets, opcode, el, kl = lay.u8, lay.offsets, lay.opcode, lay.el, lay.kl
+    fast = np.zeros(len(offsets), dtype=bool)
     for op, size in _FAST.items():
         m = opcode == op
         m &= np.isin(el, size) if isinstance(size, tuple) else (el == size)
@@ -267,25 +292,29 @@ def decode_batch(buf, offsets: np.ndarray, lengths: np.ndarray, *, collections: 
         fast[fx[~ok]] = False
         sid = fx[ok]
         b.set("stream_id", sid, be_uint(u8, offsets[sid] + HEADER_LEN + 1, 2))
-    snap_v1 = (opcode == 0x56) & fast
-    fast[snap_v1 & (value_len != 0)] = False
-    noop = (opcode == 0x5C) & fast
-    fast[noop & ((kl != 0) | (value_len != 0))] = False
+    snap_v1 = (opcode == _MARKER) & fast
+    fast[snap_v1 & (lay.value_len != 0)] = False
+    noop = (opcode == _NOOP) & fast
+    fast[noop & ((kl != 0) | (lay.value_len != 0))] = False
     # collection prefixes: the one-byte form inline, longer ones through the slow path
     if collections:
         items = np.nonzero(fast & np.isin(opcode, _ITEM_OPS))[0]
-        first = np.where(kl[items] > 0, u8[np.minimum(key_start[items], len(u8) - 1)], 0x80)
+        first = np.where(kl[items] > 0, u8[np.minimum(lay.key_start[items], len(u8) - 1)], 0x80)
         one = first < 0x80
         fast[items[~one]] = False
         it1 = items[one]
         b.set("collection_id", it1, first[one])
-        key_start[it1] += 1
-        key_len[it1] -= 1
+        lay.key_start[it1] += 1
+        lay.key_len[it1] -= 1
+    return fast
 
-    fidx = np.nonzero(fast)[0]
-    b.set("vbucket", fidx, vs[fidx])
-    fop = opcode[fidx]
-    fex = ex[fidx]
+
+def _fast_columns(b: Batch, lay: _Layout, fidx: np.ndarray) -> None:
+    """The columns of the frames of the vectorised path, gathered per layout."""
+    u8, value_len = lay.u8, lay.value_len
+    b.set("vbucket", fidx, lay.vs[fidx])
+    fop = lay.opcode[fidx]
+    fex = lay.ex[fidx]
 
     def sel(mask):
         return fidx[mask], fex[mask]
@@ -296,42 +325,41 @@ def decode_batch(buf, offsets: np.ndarray, lengths: np.ndarray, *, collections: 
         for name in dtype.names:
             b.set(name, idx, rec[name].astype(NUMERIC[name]))   # native first: a fast scatter
 
-    mut, mex = sel(fop == 0x57)
+    mut, mex = sel(fop == _MUT)
     set_fields(mut, mex, _MUTATION_EXTRAS)
-    dt, dex = sel(((fop == 0x58) & (el[fidx] == 21)) | (fop == 0x59))
+    dt, dex = sel(((fop == _DEL) & (lay.el[fidx] == 21)) | (fop == _EXP))
     set_fields(dt, dex, _DELETE_TIME_EXTRAS)
-    d18, d18ex = sel((fop == 0x58) & (el[fidx] != 21))
+    d18, d18ex = sel((fop == _DEL) & (lay.el[fidx] != 21))
     set_fields(d18, d18ex, _ITEM_EXTRAS)
     items = np.sort(np.concatenate([mut, dt, d18]))
     b.set("value_len", items, value_len[items])
-    sn, sex = sel(fop == 0x56)
+    sn, sex = sel(fop == _MARKER)
     set_fields(sn, sex, _SNAPSHOT_EXTRAS)
-    sa, saex = sel(fop == 0x64)
+    sa, saex = sel(fop == _ADVANCED)
     b.set("by_seqno", sa, be_uint(u8, saex, 8))
-    se, seex = sel(fop == 0x5F)
+    se, seex = sel(fop == _EVENT)
     set_fields(se, seex, _SYSTEM_EVENT_EXTRAS)
     b.set("value_len", se, value_len[se])
     if len(se):   # a collection event (create, drop, modify; value version 0/1): its collection id
         ce = np.isin(be_uint(u8, seex + 8, 4), (0, 1, 5)) & (u8[seex + 12] < 2) & (value_len[se] >= 16)
-        b.set("collection_id", se[ce], be_uint(u8, seex[ce] + 13 + key_len[se[ce]] + 12, 4))
-    en, enex = sel(fop == 0x55)
+        b.set("collection_id", se[ce], be_uint(u8, seex[ce] + 13 + lay.key_len[se[ce]] + 12, 4))
+    en, enex = sel(fop == _END)
     b.set("stream_end_reason", en, be_uint(u8, enex, 4))
-    key_valid = np.zeros(n, dtype=bool)
-    key_valid[items] = True
-    key_valid[se] = True
+    lay.key_valid[items] = True
+    lay.key_valid[se] = True
     if len(sn):
-        versions = b.objects["snap_version"] = [None] * n
+        versions = b.objects["snap_version"] = [None] * b.n
         for i in sn.tolist():
             versions[i] = "1"
 
-    # everything else: one frame at a time through the message decoder, in frame order
-    slow = np.nonzero(~fast)[0]
-    if opaque_vbuckets is None:
-        opaque_vbuckets = {}
-    raw_bytes = buf
+
+def _slow_columns(b: Batch, lay: _Layout, slow: np.ndarray, collections: bool, opaque_vbuckets: dict) -> None:
+    """The columns of every other frame, one frame at a time through the message decoder."""
+    raw_bytes = b.buf
+    key_start, key_len, kl = lay.key_start, lay.key_len, lay.kl
     for i in slow.tolist():
-        off = int(offsets[i])
-        frame = parse_frame(raw_bytes, off, int(lengths[i]))
+        off = int(lay.offsets[i])
+        frame = parse_frame(raw_bytes, off, int(lay.lengths[i]))
         msg = messages.decode(frame, collections)
         row = messages.to_row(msg)
         if frame.magic in (0x80, 0x82, 0x08):
@@ -352,14 +380,12 @@ def decode_batch(buf, offsets: np.ndarray, lengths: np.ndarray, *, collections: 
             elif name in OBJECT:
                 b.set_object(name, i, v)
             elif name == "key":
-                key_valid[i] = True
+                lay.key_valid[i] = True
                 # the key is a slice of the frame: its last len(key) bytes before the value
                 klen = len(v)
                 kend = int(key_start[i] + kl[i])
                 key_start[i] = kend - klen
                 key_len[i] = klen
-    b.key = (key_start, key_len, key_valid)
-    return b
 
 
 # capture column order of the per-frame columns (CAPTURE_FORMAT.md)

@@ -249,6 +249,25 @@ class FrameInfoId(enum.IntEnum):
     PRESERVE_TTL = 5
 
 
+# ---- the key of a stream: one per (vbucket, stream id); sid 0 = no stream id, so without
+# stream ids the key is the vbucket. Dense (vbucket + 1024 x sid), so per-stream state can be
+# a flat array; the consumer, the producer and the replay rules all key streams with it.
+# Works elementwise on numpy arrays too.
+NUM_VB_SLOTS = 1024       # vbucket ids a bucket can have (0-1023); anything above is hostile
+
+
+def stream_key(vb, sid):
+    return vb + NUM_VB_SLOTS * sid
+
+
+def key_vb(key):
+    return key % NUM_VB_SLOTS
+
+
+def key_sid(key):
+    return key // NUM_VB_SLOTS
+
+
 SEQNO_INFINITY = 0xFFFFFFFFFFFFFFFF
 HEADER_LEN = 24
 # The largest Couchbase item (value and xattrs together) is 20 MiB, so a frame is at most

@@ -1,5 +1,6 @@
 """The wire codec of the DCP messages (message_types.py): decode(frame) -> message,
-encode(message) -> bytes.
+encode(message) -> bytes. Both are tables: REQUEST_READERS / RESPONSE_READERS from Opcode to
+the reader of its layout, WRITERS from message class to its frame parts.
 
 encode(decode(b)) == b for every valid frame. A frame of a known opcode whose layout is
 wrong decodes to a generic Request or Response carrying `decode_error`; nothing raises on
@@ -8,9 +9,10 @@ bad input except framing errors."""
 from __future__ import annotations
 
 import struct
+from typing import Callable
 
 from dcptool.protocol.dcp.wire import leb128
-from dcptool.protocol.dcp.wire.constants import RESPONSE_MAGICS, Status, op_name
+from dcptool.protocol.dcp.wire.constants import RESPONSE_MAGICS, Opcode, Status, op_name
 from dcptool.protocol.dcp.wire.frames import Frame, encode_frame, encode_frame_infos, parse_frame, parse_frame_infos
 from dcptool.protocol.dcp.wire.message_types import (Message, Request, Response, Hello, HelloResponse,
                                                 SaslListMechs, SaslAuth, SaslStep, SelectBucket,
@@ -90,168 +92,281 @@ def _common(f: Frame) -> dict:
             "magic": None if f.magic == default else f.magic}
 
 
-def _req_decoder(f: Frame, c: dict, collections: bool):
-    op, ex, key, val, vb = f.opcode, f.extras, f.key, f.value, f.vbucket_or_status
-    if op == 0x57:
-        _need(ex, 31, "mutation")
-        by, rev, fl, exp, lock, nmeta, nru = _MUTATION.unpack(ex)
-        cid, k = _split_key(key, collections)
-        return Mutation(vbucket=vb, key=k, collection_id=cid, value=val, by_seqno=by, rev_seqno=rev,
-                        item_flags=fl, expiration=exp, lock_time=lock, nmeta=nmeta, nru=nru, **c)
-    if op == 0x56:
-        if len(ex) == 20:
-            if val:
-                raise _Bad(ErrorCode.BAD_LENGTHS, "snapshot marker V1 carries no value")
-            s, e, fl = _SNAP_V1.unpack(ex)
-            return SnapshotMarker(vbucket=vb, snap_version="1", snap_start=s, snap_end=e, snap_flags=fl, **c)
-        if len(ex) != 1:
-            raise _Bad(ErrorCode.BAD_EXTRAS, f"snapshot marker extras of {len(ex)} bytes (want 20 or 1)")
-        version = SNAPSHOT_VERSIONS.get(ex[0])
-        if version is None:
-            raise _Bad(ErrorCode.BAD_EXTRAS, f"snapshot marker version {ex[0]} unknown")
-        if version == "2.0":
-            if len(val) != 36:
-                raise _Bad(ErrorCode.BAD_LENGTHS, f"snapshot marker V2.0 value of {len(val)} bytes (want 36)")
-            s, e, fl, mvs, hcs = _SNAP_V20.unpack(val)
-            return SnapshotMarker(vbucket=vb, snap_version=version, snap_start=s, snap_end=e, snap_flags=fl,
-                                  max_visible_seqno=mvs, high_completed_seqno=hcs, **c)
-        if len(val) == 44:
-            s, e, fl, mvs, hcs, ps = _SNAP_V22.unpack(val)
-            hps = None
-        elif len(val) == 52:
-            s, e, fl, mvs, hcs, ps, hps = _SNAP_V22_HPS.unpack(val)
-        else:
-            raise _Bad(ErrorCode.BAD_LENGTHS, f"snapshot marker V2.2 value of {len(val)} bytes (want 44 or 52)")
-        return SnapshotMarker(vbucket=vb, snap_version=version, snap_start=s, snap_end=e, snap_flags=fl,
-                              max_visible_seqno=mvs, high_completed_seqno=hcs, purge_seqno=ps,
-                              high_prepared_seqno=hps, **c)
-    if op == 0x5C:
-        _need(ex, 0, "noop")
-        if key or val:
-            raise _Bad(ErrorCode.BAD_LENGTHS, "noop carries no key or value")
-        return Noop(vbucket=vb, **c)
-    if op == 0x58:
-        cid, k = _split_key(key, collections)
-        if len(ex) == 18:
-            by, rev, nmeta = _DELETION_V1.unpack(ex)
-            return Deletion(vbucket=vb, key=k, collection_id=cid, value=val, by_seqno=by, rev_seqno=rev,
-                            nmeta=nmeta, **c)
-        if len(ex) == 21:
-            by, rev, dt, unused = _DELETION_V2.unpack(ex)
-            return Deletion(vbucket=vb, key=k, collection_id=cid, value=val, by_seqno=by, rev_seqno=rev,
-                            delete_time=dt, unused=unused, **c)
-        raise _Bad(ErrorCode.BAD_EXTRAS, f"deletion needs 18 or 21 extras bytes, got {len(ex)}")
-    if op == 0x59:
-        _need(ex, 20, "expiration")
-        by, rev, dt = _EXPIRATION.unpack(ex)
-        cid, k = _split_key(key, collections)
-        return Expiration(vbucket=vb, key=k, collection_id=cid, value=val, by_seqno=by, rev_seqno=rev,
-                          delete_time=dt, **c)
-    if op == 0x55:
-        _need(ex, 4, "stream end")
-        return StreamEnd(vbucket=vb, reason=_U32.unpack(ex)[0], **c)
-    if op == 0x53:
-        _need(ex, 48, "stream request")
-        fl, res, st, en, uuid, ss, se = _STREAM_REQ.unpack(ex)
-        if key:
-            raise _Bad(ErrorCode.BAD_LENGTHS, "stream request carries no key")
-        return StreamRequest(vbucket=vb, flags=fl, reserved=res, start_seqno=st, end_seqno=en,
-                             vbucket_uuid=uuid, snap_start=ss, snap_end=se, value=val, **c)
-    if op == 0x5D:
-        _need(ex, 4, "buffer acknowledgement")
-        return BufferAck(vbucket=vb, bytes_acked=_U32.unpack(ex)[0], **c)
-    if op == 0x5F:
-        _need(ex, 13, "system event")
-        by, ev, ver = _SYSTEM_EVENT.unpack(ex)
-        return SystemEvent(vbucket=vb, by_seqno=by, event_id=ev, version=ver, key=key, value=val, **c)
-    if op == 0x64:
-        _need(ex, 8, "seqno advanced")
-        return SeqnoAdvanced(vbucket=vb, by_seqno=_U64.unpack(ex)[0], **c)
-    if op == 0x65:
-        _need(ex, 4, "oso snapshot")
-        return OsoSnapshot(vbucket=vb, flags=_U32.unpack(ex)[0], **c)
-    if op == 0x60:
-        _need(ex, 31, "prepare")
-        by, rev, fl, exp, lock, nru, deleted, dur = _PREPARE.unpack(ex)
-        cid, k = _split_key(key, collections)
-        return Prepare(vbucket=vb, key=k, collection_id=cid, value=val, by_seqno=by, rev_seqno=rev,
-                       item_flags=fl, expiration=exp, lock_time=lock, nru=nru, deleted=deleted,
-                       durability=dur, **c)
-    if op in (0x62, 0x63):
-        _need(ex, 16, op_name(op))
-        p, s = _TWO_SEQNOS.unpack(ex)
-        cid, k = _split_key(key, collections)
-        if op == 0x62:
-            return Commit(vbucket=vb, key=k, collection_id=cid, value=val, prepared_seqno=p, commit_seqno=s, **c)
-        return Abort(vbucket=vb, key=k, collection_id=cid, value=val, prepared_seqno=p, abort_seqno=s, **c)
-    if op == 0x61:
-        _need(ex, 8, "seqno acknowledged")
-        return SeqnoAcknowledged(vbucket=vb, prepared_seqno=_U64.unpack(ex)[0], **c)
-    if op == 0x5B:
-        _need(ex, 1, "set vbucket state")
-        return SetVbucketState(vbucket=vb, state=ex[0], **c)
-    if op == 0x5E:
-        _need(ex, 0, "control")
-        return Control(vbucket=vb, key=key, value=val, **c)
-    if op == 0x50:
-        _need(ex, 8, "open")
-        seq, fl = _OPEN.unpack(ex)
-        return DcpOpen(vbucket=vb, name=key, flags=fl, seqno=seq, value=val, **c)
-    if op == 0x51:
-        _need(ex, 4, "add stream")
-        return AddStream(vbucket=vb, flags=_U32.unpack(ex)[0], **c)
-    if op == 0x52 or op == 0x54 or op == 0x20:
-        _need(ex, 0, op_name(op))
-        if key or val:
-            raise _Bad(ErrorCode.BAD_LENGTHS, f"{op_name(op)} carries no key or value")
-        cls = {0x52: CloseStream, 0x54: GetFailoverLog, 0x20: SaslListMechs}[op]
-        return cls(vbucket=vb, **c)
-    if op == 0x1F:
-        _need(ex, 0, "hello")
-        if len(val) % 2:
-            raise _Bad(ErrorCode.BAD_LENGTHS, "hello features are not a list of u16")
-        return Hello(vbucket=vb, agent=key, features=tuple(x for (x,) in _U16.iter_unpack(val)), **c)
-    if op in (0x21, 0x22):
-        _need(ex, 0, op_name(op))
-        cls = SaslAuth if op == 0x21 else SaslStep
-        return cls(vbucket=vb, mechanism=key, data=val, **c)
-    if op == 0x89:
-        _need(ex, 0, "select bucket")
+def _mutation(f: Frame, c: dict, collections: bool):
+    ex = f.extras
+    _need(ex, 31, "mutation")
+    by, rev, fl, exp, lock, nmeta, nru = _MUTATION.unpack(ex)
+    cid, k = _split_key(f.key, collections)
+    return Mutation(vbucket=f.vbucket_or_status, key=k, collection_id=cid, value=f.value, by_seqno=by,
+                    rev_seqno=rev, item_flags=fl, expiration=exp, lock_time=lock, nmeta=nmeta, nru=nru, **c)
+
+
+def _snapshot_marker(f: Frame, c: dict, collections: bool):
+    ex, val, vb = f.extras, f.value, f.vbucket_or_status
+    if len(ex) == 20:
         if val:
-            raise _Bad(ErrorCode.BAD_LENGTHS, "select bucket carries no value")
-        return SelectBucket(vbucket=vb, bucket=key, **c)
-    if op == 0xFE:
-        if ex or key or len(val) != 2:
-            raise _Bad(ErrorCode.BAD_LENGTHS, "get error map carries a 2-byte version only")
-        return GetErrorMap(vbucket=vb, version=_U16.unpack(val)[0], **c)
-    if op == 0x48:
-        if key or val or len(ex) not in (0, 4, 8):
-            raise _Bad(ErrorCode.BAD_EXTRAS, "get all vb seqnos takes 0, 4 or 8 extras bytes only")
-        return GetAllVbSeqnos(vbucket=vb, extras=ex, **c)
-    return None
+            raise _Bad(ErrorCode.BAD_LENGTHS, "snapshot marker V1 carries no value")
+        s, e, fl = _SNAP_V1.unpack(ex)
+        return SnapshotMarker(vbucket=vb, snap_version="1", snap_start=s, snap_end=e, snap_flags=fl, **c)
+    if len(ex) != 1:
+        raise _Bad(ErrorCode.BAD_EXTRAS, f"snapshot marker extras of {len(ex)} bytes (want 20 or 1)")
+    version = SNAPSHOT_VERSIONS.get(ex[0])
+    if version is None:
+        raise _Bad(ErrorCode.BAD_EXTRAS, f"snapshot marker version {ex[0]} unknown")
+    if version == "2.0":
+        if len(val) != 36:
+            raise _Bad(ErrorCode.BAD_LENGTHS, f"snapshot marker V2.0 value of {len(val)} bytes (want 36)")
+        s, e, fl, mvs, hcs = _SNAP_V20.unpack(val)
+        return SnapshotMarker(vbucket=vb, snap_version=version, snap_start=s, snap_end=e, snap_flags=fl,
+                              max_visible_seqno=mvs, high_completed_seqno=hcs, **c)
+    if len(val) == 44:
+        s, e, fl, mvs, hcs, ps = _SNAP_V22.unpack(val)
+        hps = None
+    elif len(val) == 52:
+        s, e, fl, mvs, hcs, ps, hps = _SNAP_V22_HPS.unpack(val)
+    else:
+        raise _Bad(ErrorCode.BAD_LENGTHS, f"snapshot marker V2.2 value of {len(val)} bytes (want 44 or 52)")
+    return SnapshotMarker(vbucket=vb, snap_version=version, snap_start=s, snap_end=e, snap_flags=fl,
+                          max_visible_seqno=mvs, high_completed_seqno=hcs, purge_seqno=ps,
+                          high_prepared_seqno=hps, **c)
 
 
-def _rsp_decoder(f: Frame, c: dict):
-    op, st, ex, key, val = f.opcode, f.vbucket_or_status, f.extras, f.key, f.value
-    if op == 0x53 and not ex and not key:
-        if st == Status.SUCCESS:
-            return StreamRequestResponse(status=st, failover_log=_pairs(val, "failover log"), **c)
-        if st == Status.ROLLBACK:
-            if len(val) != 8:
-                raise _Bad(ErrorCode.BAD_LENGTHS, f"rollback answer of {len(val)} bytes (want 8)")
-            return StreamRequestResponse(status=st, rollback_seqno=_U64.unpack(val)[0], **c)
-        return StreamRequestResponse(status=st, value=val, **c)
-    if op == 0x54 and not ex and not key:
-        if st == Status.SUCCESS:
-            return FailoverLogResponse(status=st, failover_log=_pairs(val, "failover log"), **c)
-        return FailoverLogResponse(status=st, value=val, **c)
-    if op == 0x1F and st == Status.SUCCESS and not ex and not key and len(val) % 2 == 0:
-        return HelloResponse(status=st, features=tuple(x for (x,) in _U16.iter_unpack(val)), **c)
-    if op == 0x48 and st == Status.SUCCESS and not ex and not key:
-        if len(val) % 10:
-            raise _Bad(ErrorCode.BAD_LENGTHS, "vb seqnos are not a list of 10-byte entries")
-        return GetAllVbSeqnosResponse(status=st, seqnos=tuple(_VB_SEQNO.iter_unpack(val)), **c)
-    return None
+def _noop(f: Frame, c: dict, collections: bool):
+    _need(f.extras, 0, "noop")
+    if f.key or f.value:
+        raise _Bad(ErrorCode.BAD_LENGTHS, "noop carries no key or value")
+    return Noop(vbucket=f.vbucket_or_status, **c)
+
+
+def _deletion(f: Frame, c: dict, collections: bool):
+    ex, val, vb = f.extras, f.value, f.vbucket_or_status
+    cid, k = _split_key(f.key, collections)
+    if len(ex) == 18:
+        by, rev, nmeta = _DELETION_V1.unpack(ex)
+        return Deletion(vbucket=vb, key=k, collection_id=cid, value=val, by_seqno=by, rev_seqno=rev,
+                        nmeta=nmeta, **c)
+    if len(ex) == 21:
+        by, rev, dt, unused = _DELETION_V2.unpack(ex)
+        return Deletion(vbucket=vb, key=k, collection_id=cid, value=val, by_seqno=by, rev_seqno=rev,
+                        delete_time=dt, unused=unused, **c)
+    raise _Bad(ErrorCode.BAD_EXTRAS, f"deletion needs 18 or 21 extras bytes, got {len(ex)}")
+
+
+def _expiration(f: Frame, c: dict, collections: bool):
+    _need(f.extras, 20, "expiration")
+    by, rev, dt = _EXPIRATION.unpack(f.extras)
+    cid, k = _split_key(f.key, collections)
+    return Expiration(vbucket=f.vbucket_or_status, key=k, collection_id=cid, value=f.value, by_seqno=by,
+                      rev_seqno=rev, delete_time=dt, **c)
+
+
+def _stream_end(f: Frame, c: dict, collections: bool):
+    _need(f.extras, 4, "stream end")
+    return StreamEnd(vbucket=f.vbucket_or_status, reason=_U32.unpack(f.extras)[0], **c)
+
+
+def _stream_request(f: Frame, c: dict, collections: bool):
+    _need(f.extras, 48, "stream request")
+    fl, res, st, en, uuid, ss, se = _STREAM_REQ.unpack(f.extras)
+    if f.key:
+        raise _Bad(ErrorCode.BAD_LENGTHS, "stream request carries no key")
+    return StreamRequest(vbucket=f.vbucket_or_status, flags=fl, reserved=res, start_seqno=st, end_seqno=en,
+                         vbucket_uuid=uuid, snap_start=ss, snap_end=se, value=f.value, **c)
+
+
+def _buffer_ack(f: Frame, c: dict, collections: bool):
+    _need(f.extras, 4, "buffer acknowledgement")
+    return BufferAck(vbucket=f.vbucket_or_status, bytes_acked=_U32.unpack(f.extras)[0], **c)
+
+
+def _system_event(f: Frame, c: dict, collections: bool):
+    _need(f.extras, 13, "system event")
+    by, ev, ver = _SYSTEM_EVENT.unpack(f.extras)
+    return SystemEvent(vbucket=f.vbucket_or_status, by_seqno=by, event_id=ev, version=ver, key=f.key,
+                       value=f.value, **c)
+
+
+def _seqno_advanced(f: Frame, c: dict, collections: bool):
+    _need(f.extras, 8, "seqno advanced")
+    return SeqnoAdvanced(vbucket=f.vbucket_or_status, by_seqno=_U64.unpack(f.extras)[0], **c)
+
+
+def _oso_snapshot(f: Frame, c: dict, collections: bool):
+    _need(f.extras, 4, "oso snapshot")
+    return OsoSnapshot(vbucket=f.vbucket_or_status, flags=_U32.unpack(f.extras)[0], **c)
+
+
+def _prepare(f: Frame, c: dict, collections: bool):
+    _need(f.extras, 31, "prepare")
+    by, rev, fl, exp, lock, nru, deleted, dur = _PREPARE.unpack(f.extras)
+    cid, k = _split_key(f.key, collections)
+    return Prepare(vbucket=f.vbucket_or_status, key=k, collection_id=cid, value=f.value, by_seqno=by,
+                   rev_seqno=rev, item_flags=fl, expiration=exp, lock_time=lock, nru=nru, deleted=deleted,
+                   durability=dur, **c)
+
+
+def _commit(f: Frame, c: dict, collections: bool):
+    _need(f.extras, 16, op_name(f.opcode))
+    p, s = _TWO_SEQNOS.unpack(f.extras)
+    cid, k = _split_key(f.key, collections)
+    return Commit(vbucket=f.vbucket_or_status, key=k, collection_id=cid, value=f.value, prepared_seqno=p,
+                  commit_seqno=s, **c)
+
+
+def _abort(f: Frame, c: dict, collections: bool):
+    _need(f.extras, 16, op_name(f.opcode))
+    p, s = _TWO_SEQNOS.unpack(f.extras)
+    cid, k = _split_key(f.key, collections)
+    return Abort(vbucket=f.vbucket_or_status, key=k, collection_id=cid, value=f.value, prepared_seqno=p,
+                 abort_seqno=s, **c)
+
+
+def _seqno_acknowledged(f: Frame, c: dict, collections: bool):
+    _need(f.extras, 8, "seqno acknowledged")
+    return SeqnoAcknowledged(vbucket=f.vbucket_or_status, prepared_seqno=_U64.unpack(f.extras)[0], **c)
+
+
+def _set_vbucket_state(f: Frame, c: dict, collections: bool):
+    _need(f.extras, 1, "set vbucket state")
+    return SetVbucketState(vbucket=f.vbucket_or_status, state=f.extras[0], **c)
+
+
+def _control(f: Frame, c: dict, collections: bool):
+    _need(f.extras, 0, "control")
+    return Control(vbucket=f.vbucket_or_status, key=f.key, value=f.value, **c)
+
+
+def _open(f: Frame, c: dict, collections: bool):
+    _need(f.extras, 8, "open")
+    seq, fl = _OPEN.unpack(f.extras)
+    return DcpOpen(vbucket=f.vbucket_or_status, name=f.key, flags=fl, seqno=seq, value=f.value, **c)
+
+
+def _add_stream(f: Frame, c: dict, collections: bool):
+    _need(f.extras, 4, "add stream")
+    return AddStream(vbucket=f.vbucket_or_status, flags=_U32.unpack(f.extras)[0], **c)
+
+
+def _bare(cls):
+    """The reader of a request that carries nothing but its vbucket."""
+    def read(f: Frame, c: dict, collections: bool):
+        _need(f.extras, 0, op_name(f.opcode))
+        if f.key or f.value:
+            raise _Bad(ErrorCode.BAD_LENGTHS, f"{op_name(f.opcode)} carries no key or value")
+        return cls(vbucket=f.vbucket_or_status, **c)
+    return read
+
+
+def _hello(f: Frame, c: dict, collections: bool):
+    _need(f.extras, 0, "hello")
+    if len(f.value) % 2:
+        raise _Bad(ErrorCode.BAD_LENGTHS, "hello features are not a list of u16")
+    return Hello(vbucket=f.vbucket_or_status, agent=f.key,
+                 features=tuple(x for (x,) in _U16.iter_unpack(f.value)), **c)
+
+
+def _sasl(cls):
+    def read(f: Frame, c: dict, collections: bool):
+        _need(f.extras, 0, op_name(f.opcode))
+        return cls(vbucket=f.vbucket_or_status, mechanism=f.key, data=f.value, **c)
+    return read
+
+
+def _select_bucket(f: Frame, c: dict, collections: bool):
+    _need(f.extras, 0, "select bucket")
+    if f.value:
+        raise _Bad(ErrorCode.BAD_LENGTHS, "select bucket carries no value")
+    return SelectBucket(vbucket=f.vbucket_or_status, bucket=f.key, **c)
+
+
+def _get_error_map(f: Frame, c: dict, collections: bool):
+    if f.extras or f.key or len(f.value) != 2:
+        raise _Bad(ErrorCode.BAD_LENGTHS, "get error map carries a 2-byte version only")
+    return GetErrorMap(vbucket=f.vbucket_or_status, version=_U16.unpack(f.value)[0], **c)
+
+
+def _get_all_vb_seqnos(f: Frame, c: dict, collections: bool):
+    if f.key or f.value or len(f.extras) not in (0, 4, 8):
+        raise _Bad(ErrorCode.BAD_EXTRAS, "get all vb seqnos takes 0, 4 or 8 extras bytes only")
+    return GetAllVbSeqnos(vbucket=f.vbucket_or_status, extras=f.extras, **c)
+
+
+# opcode -> reader of a request (magic 0x80 / 0x82 / 0x08): reader(frame, common, collections)
+# gives the message, raises _Bad for a wrong layout; an opcode not here is a generic Request
+REQUEST_READERS: dict[int, Callable[[Frame, dict, bool], Message]] = {
+    Opcode.DCP_MUTATION: _mutation,
+    Opcode.DCP_SNAPSHOT_MARKER: _snapshot_marker,
+    Opcode.DCP_NOOP: _noop,
+    Opcode.DCP_DELETION: _deletion,
+    Opcode.DCP_EXPIRATION: _expiration,
+    Opcode.DCP_STREAM_END: _stream_end,
+    Opcode.DCP_STREAM_REQ: _stream_request,
+    Opcode.DCP_BUFFER_ACK: _buffer_ack,
+    Opcode.DCP_SYSTEM_EVENT: _system_event,
+    Opcode.DCP_SEQNO_ADVANCED: _seqno_advanced,
+    Opcode.DCP_OSO_SNAPSHOT: _oso_snapshot,
+    Opcode.DCP_PREPARE: _prepare,
+    Opcode.DCP_COMMIT: _commit,
+    Opcode.DCP_ABORT: _abort,
+    Opcode.DCP_SEQNO_ACK: _seqno_acknowledged,
+    Opcode.DCP_SET_VBUCKET_STATE: _set_vbucket_state,
+    Opcode.DCP_CONTROL: _control,
+    Opcode.DCP_OPEN: _open,
+    Opcode.DCP_ADD_STREAM: _add_stream,
+    Opcode.DCP_CLOSE_STREAM: _bare(CloseStream),
+    Opcode.DCP_GET_FAILOVER_LOG: _bare(GetFailoverLog),
+    Opcode.SASL_LIST_MECHS: _bare(SaslListMechs),
+    Opcode.HELLO: _hello,
+    Opcode.SASL_AUTH: _sasl(SaslAuth),
+    Opcode.SASL_STEP: _sasl(SaslStep),
+    Opcode.SELECT_BUCKET: _select_bucket,
+    Opcode.GET_ERROR_MAP: _get_error_map,
+    Opcode.GET_ALL_VB_SEQNOS: _get_all_vb_seqnos,
+}
+
+
+def _stream_request_response(f: Frame, c: dict):
+    st, val = f.vbucket_or_status, f.value
+    if f.extras or f.key:
+        return None
+    if st == Status.SUCCESS:
+        return StreamRequestResponse(status=st, failover_log=_pairs(val, "failover log"), **c)
+    if st == Status.ROLLBACK:
+        if len(val) != 8:
+            raise _Bad(ErrorCode.BAD_LENGTHS, f"rollback answer of {len(val)} bytes (want 8)")
+        return StreamRequestResponse(status=st, rollback_seqno=_U64.unpack(val)[0], **c)
+    return StreamRequestResponse(status=st, value=val, **c)
+
+
+def _failover_log_response(f: Frame, c: dict):
+    if f.extras or f.key:
+        return None
+    if f.vbucket_or_status == Status.SUCCESS:
+        return FailoverLogResponse(status=f.vbucket_or_status, failover_log=_pairs(f.value, "failover log"), **c)
+    return FailoverLogResponse(status=f.vbucket_or_status, value=f.value, **c)
+
+
+def _hello_response(f: Frame, c: dict):
+    if f.vbucket_or_status != Status.SUCCESS or f.extras or f.key or len(f.value) % 2:
+        return None
+    return HelloResponse(status=f.vbucket_or_status, features=tuple(x for (x,) in _U16.iter_unpack(f.value)), **c)
+
+
+def _vb_seqnos_response(f: Frame, c: dict):
+    if f.vbucket_or_status != Status.SUCCESS or f.extras or f.key:
+        return None
+    if len(f.value) % 10:
+        raise _Bad(ErrorCode.BAD_LENGTHS, "vb seqnos are not a list of 10-byte entries")
+    return GetAllVbSeqnosResponse(status=f.vbucket_or_status, seqnos=tuple(_VB_SEQNO.iter_unpack(f.value)), **c)
+
+
+# opcode -> reader of a response: the message, or None for the generic Response
+RESPONSE_READERS: dict[int, Callable[[Frame, dict], Message | None]] = {
+    Opcode.DCP_STREAM_REQ: _stream_request_response,
+    Opcode.DCP_GET_FAILOVER_LOG: _failover_log_response,
+    Opcode.HELLO: _hello_response,
+    Opcode.GET_ALL_VB_SEQNOS: _vb_seqnos_response,
+}
 
 
 def decode(frame: Frame, collections: bool = False) -> Message:
@@ -263,9 +378,11 @@ def decode(frame: Frame, collections: bool = False) -> Message:
         return _generic(frame, None, f"{exc.code.name.lower()}: {exc.message}")
     try:
         if frame.magic in RESPONSE_MAGICS:
-            msg = _rsp_decoder(frame, c)
+            read = RESPONSE_READERS.get(frame.opcode)
+            msg = None if read is None else read(frame, c)
         else:
-            msg = _req_decoder(frame, c, collections)
+            read = REQUEST_READERS.get(frame.opcode)
+            msg = None if read is None else read(frame, c, collections)
     except _Bad as bad:
         return _generic(frame, c, str(bad))
     return msg if msg is not None else _generic(frame, c, None)
@@ -291,89 +408,88 @@ def decode_bytes(data: bytes, collections: bool = False) -> Message:
 
 # --------------------------------------------------------------------------- encode
 
+def _snapshot_parts(m):
+    if m.snap_version == "1":
+        return m.vbucket, _SNAP_V1.pack(m.snap_start, m.snap_end, m.snap_flags), b"", b""
+    if m.snap_version == "2.0":
+        return m.vbucket, b"\x00", b"", _SNAP_V20.pack(m.snap_start, m.snap_end, m.snap_flags,
+                                                      m.max_visible_seqno or 0, m.high_completed_seqno or 0)
+    if m.snap_version == "2.2":
+        base = (m.snap_start, m.snap_end, m.snap_flags, m.max_visible_seqno or 0,
+                m.high_completed_seqno or 0, m.purge_seqno or 0)
+        if m.high_prepared_seqno is None:
+            return m.vbucket, b"\x02", b"", _SNAP_V22.pack(*base)
+        return m.vbucket, b"\x02", b"", _SNAP_V22_HPS.pack(*base, m.high_prepared_seqno)
+    raise ValueError(f"snapshot marker version {m.snap_version!r}")
+
+
+def _deletion_parts(m):
+    if m.delete_time is None:
+        ex = _DELETION_V1.pack(m.by_seqno, m.rev_seqno, m.nmeta)
+    else:
+        ex = _DELETION_V2.pack(m.by_seqno, m.rev_seqno, m.delete_time, m.unused)
+    return m.vbucket, ex, _join_key(m), m.value
+
+
+def _stream_response_parts(m):
+    if m.failover_log is not None:
+        return m.status, b"", b"", b"".join(_PAIR.pack(u, s) for u, s in m.failover_log)
+    if getattr(m, "rollback_seqno", None) is not None:
+        return m.status, b"", b"", _U64.pack(m.rollback_seqno)
+    return m.status, b"", b"", m.value
+
+
+def _bare_parts(m):
+    return m.vbucket, b"", b"", b""
+
+
+# message class -> (vbucket or status, extras, key, value) of its frame; the generic
+# Request / Response (and their subclasses) carry their parts as fields
+WRITERS: dict[type, Callable[[Message], tuple[int, bytes, bytes, bytes]]] = {
+    Mutation: lambda m: (m.vbucket, _MUTATION.pack(m.by_seqno, m.rev_seqno, m.item_flags, m.expiration,
+                                                   m.lock_time, m.nmeta, m.nru), _join_key(m), m.value),
+    SnapshotMarker: _snapshot_parts,
+    Deletion: _deletion_parts,
+    Expiration: lambda m: (m.vbucket, _EXPIRATION.pack(m.by_seqno, m.rev_seqno, m.delete_time), _join_key(m),
+                           m.value),
+    Noop: _bare_parts,
+    CloseStream: _bare_parts,
+    GetFailoverLog: _bare_parts,
+    SaslListMechs: _bare_parts,
+    StreamEnd: lambda m: (m.vbucket, _U32.pack(m.reason), b"", b""),
+    StreamRequest: lambda m: (m.vbucket, _STREAM_REQ.pack(m.flags, m.reserved, m.start_seqno, m.end_seqno,
+                                                          m.vbucket_uuid, m.snap_start, m.snap_end), b"", m.value),
+    StreamRequestResponse: _stream_response_parts,
+    FailoverLogResponse: _stream_response_parts,
+    BufferAck: lambda m: (m.vbucket, _U32.pack(m.bytes_acked), b"", b""),
+    Control: lambda m: (m.vbucket, b"", m.key, m.value),
+    SystemEvent: lambda m: (m.vbucket, _SYSTEM_EVENT.pack(m.by_seqno, m.event_id, m.version), m.key, m.value),
+    SeqnoAdvanced: lambda m: (m.vbucket, _U64.pack(m.by_seqno), b"", b""),
+    OsoSnapshot: lambda m: (m.vbucket, _U32.pack(m.flags), b"", b""),
+    Prepare: lambda m: (m.vbucket, _PREPARE.pack(m.by_seqno, m.rev_seqno, m.item_flags, m.expiration, m.lock_time,
+                                                 m.nru, m.deleted, m.durability), _join_key(m), m.value),
+    Commit: lambda m: (m.vbucket, _TWO_SEQNOS.pack(m.prepared_seqno, m.commit_seqno), _join_key(m), m.value),
+    Abort: lambda m: (m.vbucket, _TWO_SEQNOS.pack(m.prepared_seqno, m.abort_seqno), _join_key(m), m.value),
+    SeqnoAcknowledged: lambda m: (m.vbucket, _U64.pack(m.prepared_seqno), b"", b""),
+    SetVbucketState: lambda m: (m.vbucket, bytes([m.state]), b"", b""),
+    DcpOpen: lambda m: (m.vbucket, _OPEN.pack(m.seqno, m.flags), m.name, m.value),
+    AddStream: lambda m: (m.vbucket, _U32.pack(m.flags), b"", b""),
+    Hello: lambda m: (m.vbucket, b"", m.agent, b"".join(_U16.pack(x) for x in m.features)),
+    HelloResponse: lambda m: (m.status, b"", b"", b"".join(_U16.pack(x) for x in m.features)),
+    SaslAuth: lambda m: (m.vbucket, b"", m.mechanism, m.data),
+    SaslStep: lambda m: (m.vbucket, b"", m.mechanism, m.data),
+    SelectBucket: lambda m: (m.vbucket, b"", m.bucket, b""),
+    GetErrorMap: lambda m: (m.vbucket, b"", b"", _U16.pack(m.version)),
+    GetAllVbSeqnos: lambda m: (m.vbucket, m.extras, b"", b""),
+    GetAllVbSeqnosResponse: lambda m: (m.status, b"", b"", b"".join(_VB_SEQNO.pack(v, s) for v, s in m.seqnos)),
+}
+
+
 def _parts(m: Message) -> tuple[int, bytes, bytes, bytes]:
     """(vbucket or status, extras, key, value) of a message."""
-    t = type(m)
-    if t is Mutation:
-        return m.vbucket, _MUTATION.pack(m.by_seqno, m.rev_seqno, m.item_flags, m.expiration,
-                                         m.lock_time, m.nmeta, m.nru), _join_key(m), m.value
-    if t is SnapshotMarker:
-        if m.snap_version == "1":
-            return m.vbucket, _SNAP_V1.pack(m.snap_start, m.snap_end, m.snap_flags), b"", b""
-        if m.snap_version == "2.0":
-            return m.vbucket, b"\x00", b"", _SNAP_V20.pack(m.snap_start, m.snap_end, m.snap_flags,
-                                                          m.max_visible_seqno or 0, m.high_completed_seqno or 0)
-        if m.snap_version == "2.2":
-            base = (m.snap_start, m.snap_end, m.snap_flags, m.max_visible_seqno or 0,
-                    m.high_completed_seqno or 0, m.purge_seqno or 0)
-            if m.high_prepared_seqno is None:
-                return m.vbucket, b"\x02", b"", _SNAP_V22.pack(*base)
-            return m.vbucket, b"\x02", b"", _SNAP_V22_HPS.pack(*base, m.high_prepared_seqno)
-        raise ValueError(f"snapshot marker version {m.snap_version!r}")
-    if t is Deletion:
-        if m.delete_time is None:
-            ex = _DELETION_V1.pack(m.by_seqno, m.rev_seqno, m.nmeta)
-        else:
-            ex = _DELETION_V2.pack(m.by_seqno, m.rev_seqno, m.delete_time, m.unused)
-        return m.vbucket, ex, _join_key(m), m.value
-    if t is Expiration:
-        return m.vbucket, _EXPIRATION.pack(m.by_seqno, m.rev_seqno, m.delete_time), _join_key(m), m.value
-    if t is Noop or t is CloseStream or t is GetFailoverLog or t is SaslListMechs:
-        return m.vbucket, b"", b"", b""
-    if t is StreamEnd:
-        return m.vbucket, _U32.pack(m.reason), b"", b""
-    if t is StreamRequest:
-        return m.vbucket, _STREAM_REQ.pack(m.flags, m.reserved, m.start_seqno, m.end_seqno,
-                                           m.vbucket_uuid, m.snap_start, m.snap_end), b"", m.value
-    if t is StreamRequestResponse:
-        if m.failover_log is not None:
-            return m.status, b"", b"", b"".join(_PAIR.pack(u, s) for u, s in m.failover_log)
-        if m.rollback_seqno is not None:
-            return m.status, b"", b"", _U64.pack(m.rollback_seqno)
-        return m.status, b"", b"", m.value
-    if t is FailoverLogResponse:
-        if m.failover_log is not None:
-            return m.status, b"", b"", b"".join(_PAIR.pack(u, s) for u, s in m.failover_log)
-        return m.status, b"", b"", m.value
-    if t is BufferAck:
-        return m.vbucket, _U32.pack(m.bytes_acked), b"", b""
-    if t is Control:
-        return m.vbucket, b"", m.key, m.value
-    if t is SystemEvent:
-        return m.vbucket, _SYSTEM_EVENT.pack(m.by_seqno, m.event_id, m.version), m.key, m.value
-    if t is SeqnoAdvanced:
-        return m.vbucket, _U64.pack(m.by_seqno), b"", b""
-    if t is OsoSnapshot:
-        return m.vbucket, _U32.pack(m.flags), b"", b""
-    if t is Prepare:
-        return m.vbucket, _PREPARE.pack(m.by_seqno, m.rev_seqno, m.item_flags, m.expiration, m.lock_time,
-                                        m.nru, m.deleted, m.durability), _join_key(m), m.value
-    if t is Commit:
-        return m.vbucket, _TWO_SEQNOS.pack(m.prepared_seqno, m.commit_seqno), _join_key(m), m.value
-    if t is Abort:
-        return m.vbucket, _TWO_SEQNOS.pack(m.prepared_seqno, m.abort_seqno), _join_key(m), m.value
-    if t is SeqnoAcknowledged:
-        return m.vbucket, _U64.pack(m.prepared_seqno), b"", b""
-    if t is SetVbucketState:
-        return m.vbucket, bytes([m.state]), b"", b""
-    if t is DcpOpen:
-        return m.vbucket, _OPEN.pack(m.seqno, m.flags), m.name, m.value
-    if t is AddStream:
-        return m.vbucket, _U32.pack(m.flags), b"", b""
-    if t is Hello:
-        return m.vbucket, b"", m.agent, b"".join(_U16.pack(x) for x in m.features)
-    if t is HelloResponse:
-        return m.status, b"", b"", b"".join(_U16.pack(x) for x in m.features)
-    if t is SaslAuth or t is SaslStep:
-        return m.vbucket, b"", m.mechanism, m.data
-    if t is SelectBucket:
-        return m.vbucket, b"", m.bucket, b""
-    if t is GetErrorMap:
-        return m.vbucket, b"", b"", _U16.pack(m.version)
-    if t is GetAllVbSeqnos:
-        return m.vbucket, m.extras, b"", b""
-    if t is GetAllVbSeqnosResponse:
-        return m.status, b"", b"", b"".join(_VB_SEQNO.pack(v, s) for v, s in m.seqnos)
+    write = WRITERS.get(type(m))
+    if write is not None:
+        return write(m)
     if isinstance(m, Request):
         return m.vbucket, m.extras, m.key, m.value
     if isinstance(m, Response):

@@ -7,7 +7,7 @@ from dcptool.protocol.dcp.wire.constants import DatatypeBit, op_name
 from dcptool.protocol.dcp.wire.message_types import (Message, Request, Response, Hello, SaslAuth,
                                                 SaslStep, SelectBucket, DcpOpen, StreamRequest,
                                                 StreamRequestResponse, FailoverLogResponse,
-                                                StreamEnd, SnapshotMarker, _Item, Mutation,
+                                                StreamEnd, SnapshotMarker, ItemMessage, Mutation,
                                                 Deletion, Expiration, Control, SystemEvent,
                                                 Prepare, Commit, Abort, SeqnoAdvanced, OsoSnapshot)
 
@@ -73,7 +73,7 @@ def to_row(m: Message, raw: bytes | None = None, *, value: bool = False) -> dict
     if sid is not None:
         row["stream_id"] = sid
     t = type(m)
-    if isinstance(m, _Item):
+    if isinstance(m, ItemMessage):
         if m.collection_id is not None:
             row["collection_id"] = m.collection_id
         row["key"] = m.key
@@ -98,7 +98,7 @@ def to_row(m: Message, raw: bytes | None = None, *, value: bool = False) -> dict
     if err is not None:
         row["decode_error"] = err
     if value:
-        vattr = "value" if isinstance(m, _Item) else _VALUE_ATTR.get(t)
+        vattr = "value" if isinstance(m, ItemMessage) else _VALUE_ATTR.get(t)
         if vattr is not None:
             v = getattr(m, vattr)
             # SASL payloads carry credentials: shown as '*' bytes of the same length

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from dcptool.protocol.dcp.wire.constants import FrameInfoId
+from dcptool.protocol.dcp.wire.constants import FrameInfoId, Opcode
 
 _dc = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 
@@ -24,8 +24,11 @@ class Message:
     frame_infos: tuple = ()      # flexible-framing (id, payload) pairs, unknown ids kept
     magic: int | None = None     # None: 0x80 / 0x81, or 0x08 / 0x18 when frame_infos is set
 
-    OPCODE: ClassVar[int] = -1
+    OPCODE: ClassVar[int] = -1   # an Opcode member in each message class, kept as a plain int
     IS_RESPONSE: ClassVar[bool] = False
+
+    def __init_subclass__(cls):
+        cls.OPCODE = int(cls.OPCODE)    # rows and reprs show the number, as on the wire
 
     @property
     def op_code(self) -> int:
@@ -84,7 +87,7 @@ class Response(Message):
 
 @_dc
 class Hello(Message):
-    OPCODE: ClassVar[int] = 0x1F
+    OPCODE: ClassVar[int] = Opcode.HELLO
     vbucket: int = 0
     agent: bytes = b""
     features: tuple[int, ...] = ()
@@ -92,7 +95,7 @@ class Hello(Message):
 
 @_dc
 class HelloResponse(Message):
-    OPCODE: ClassVar[int] = 0x1F
+    OPCODE: ClassVar[int] = Opcode.HELLO
     IS_RESPONSE: ClassVar[bool] = True
     status: int = 0
     features: tuple[int, ...] = ()
@@ -100,13 +103,13 @@ class HelloResponse(Message):
 
 @_dc
 class SaslListMechs(Message):
-    OPCODE: ClassVar[int] = 0x20
+    OPCODE: ClassVar[int] = Opcode.SASL_LIST_MECHS
     vbucket: int = 0
 
 
 @_dc
 class SaslAuth(Message):
-    OPCODE: ClassVar[int] = 0x21
+    OPCODE: ClassVar[int] = Opcode.SASL_AUTH
     vbucket: int = 0
     mechanism: bytes = b""
     data: bytes = b""
@@ -114,26 +117,26 @@ class SaslAuth(Message):
 
 @_dc
 class SaslStep(SaslAuth):
-    OPCODE: ClassVar[int] = 0x22
+    OPCODE: ClassVar[int] = Opcode.SASL_STEP
 
 
 @_dc
 class SelectBucket(Message):
-    OPCODE: ClassVar[int] = 0x89
+    OPCODE: ClassVar[int] = Opcode.SELECT_BUCKET
     vbucket: int = 0
     bucket: bytes = b""
 
 
 @_dc
 class GetErrorMap(Message):
-    OPCODE: ClassVar[int] = 0xFE
+    OPCODE: ClassVar[int] = Opcode.GET_ERROR_MAP
     vbucket: int = 0
     version: int = 2
 
 
 @_dc
 class DcpOpen(Message):
-    OPCODE: ClassVar[int] = 0x50
+    OPCODE: ClassVar[int] = Opcode.DCP_OPEN
     vbucket: int = 0
     name: bytes = b""
     flags: int = 0
@@ -143,20 +146,20 @@ class DcpOpen(Message):
 
 @_dc
 class AddStream(Message):
-    OPCODE: ClassVar[int] = 0x51
+    OPCODE: ClassVar[int] = Opcode.DCP_ADD_STREAM
     vbucket: int = 0
     flags: int = 0
 
 
 @_dc
 class CloseStream(Message):
-    OPCODE: ClassVar[int] = 0x52
+    OPCODE: ClassVar[int] = Opcode.DCP_CLOSE_STREAM
     vbucket: int = 0
 
 
 @_dc
 class StreamRequest(Message):
-    OPCODE: ClassVar[int] = 0x53
+    OPCODE: ClassVar[int] = Opcode.DCP_STREAM_REQ
     vbucket: int = 0
     flags: int = 0
     reserved: int = 0
@@ -171,7 +174,7 @@ class StreamRequest(Message):
 @_dc
 class StreamRequestResponse(Message):
     """Success carries the failover log; ROLLBACK (0x23) the seqno to roll back to."""
-    OPCODE: ClassVar[int] = 0x53
+    OPCODE: ClassVar[int] = Opcode.DCP_STREAM_REQ
     IS_RESPONSE: ClassVar[bool] = True
     status: int = 0
     failover_log: tuple[tuple[int, int], ...] | None = None  # (vbucket_uuid, seqno), newest first
@@ -181,13 +184,13 @@ class StreamRequestResponse(Message):
 
 @_dc
 class GetFailoverLog(Message):
-    OPCODE: ClassVar[int] = 0x54
+    OPCODE: ClassVar[int] = Opcode.DCP_GET_FAILOVER_LOG
     vbucket: int = 0
 
 
 @_dc
 class FailoverLogResponse(Message):
-    OPCODE: ClassVar[int] = 0x54
+    OPCODE: ClassVar[int] = Opcode.DCP_GET_FAILOVER_LOG
     IS_RESPONSE: ClassVar[bool] = True
     status: int = 0
     failover_log: tuple[tuple[int, int], ...] | None = None
@@ -196,7 +199,7 @@ class FailoverLogResponse(Message):
 
 @_dc
 class StreamEnd(Message):
-    OPCODE: ClassVar[int] = 0x55
+    OPCODE: ClassVar[int] = Opcode.DCP_STREAM_END
     vbucket: int = 0
     reason: int = 0
 
@@ -205,7 +208,7 @@ class StreamEnd(Message):
 class SnapshotMarker(Message):
     """V1: 20-byte extras. V2.x: a 1-byte version extra and the fields in the value
     (V2.0 36 bytes; V2.2 44 bytes, or 52 with the high prepared seqno)."""
-    OPCODE: ClassVar[int] = 0x56
+    OPCODE: ClassVar[int] = Opcode.DCP_SNAPSHOT_MARKER
     vbucket: int = 0
     snap_version: str = "1"
     snap_start: int = 0
@@ -218,7 +221,7 @@ class SnapshotMarker(Message):
 
 
 @_dc
-class _Item(Message):
+class ItemMessage(Message):
     vbucket: int = 0
     key: bytes = b""
     collection_id: int | None = None  # None: the key carries no collection prefix
@@ -226,8 +229,8 @@ class _Item(Message):
 
 
 @_dc
-class Mutation(_Item):
-    OPCODE: ClassVar[int] = 0x57
+class Mutation(ItemMessage):
+    OPCODE: ClassVar[int] = Opcode.DCP_MUTATION
     by_seqno: int = 0
     rev_seqno: int = 0
     item_flags: int = 0
@@ -238,9 +241,9 @@ class Mutation(_Item):
 
 
 @_dc
-class Deletion(_Item):
+class Deletion(ItemMessage):
     """delete_time None: the V1 layout (nmeta); otherwise V2 (delete time, unused byte)."""
-    OPCODE: ClassVar[int] = 0x58
+    OPCODE: ClassVar[int] = Opcode.DCP_DELETION
     by_seqno: int = 0
     rev_seqno: int = 0
     delete_time: int | None = None
@@ -249,8 +252,8 @@ class Deletion(_Item):
 
 
 @_dc
-class Expiration(_Item):
-    OPCODE: ClassVar[int] = 0x59
+class Expiration(ItemMessage):
+    OPCODE: ClassVar[int] = Opcode.DCP_EXPIRATION
     by_seqno: int = 0
     rev_seqno: int = 0
     delete_time: int = 0
@@ -258,27 +261,27 @@ class Expiration(_Item):
 
 @_dc
 class SetVbucketState(Message):
-    OPCODE: ClassVar[int] = 0x5B
+    OPCODE: ClassVar[int] = Opcode.DCP_SET_VBUCKET_STATE
     vbucket: int = 0
     state: int = 0
 
 
 @_dc
 class Noop(Message):
-    OPCODE: ClassVar[int] = 0x5C
+    OPCODE: ClassVar[int] = Opcode.DCP_NOOP
     vbucket: int = 0
 
 
 @_dc
 class BufferAck(Message):
-    OPCODE: ClassVar[int] = 0x5D
+    OPCODE: ClassVar[int] = Opcode.DCP_BUFFER_ACK
     vbucket: int = 0
     bytes_acked: int = 0
 
 
 @_dc
 class Control(Message):
-    OPCODE: ClassVar[int] = 0x5E
+    OPCODE: ClassVar[int] = Opcode.DCP_CONTROL
     vbucket: int = 0
     key: bytes = b""
     value: bytes = b""
@@ -286,7 +289,7 @@ class Control(Message):
 
 @_dc
 class SystemEvent(Message):
-    OPCODE: ClassVar[int] = 0x5F
+    OPCODE: ClassVar[int] = Opcode.DCP_SYSTEM_EVENT
     vbucket: int = 0
     by_seqno: int = 0
     event_id: int = 0
@@ -296,8 +299,8 @@ class SystemEvent(Message):
 
 
 @_dc
-class Prepare(_Item):
-    OPCODE: ClassVar[int] = 0x60
+class Prepare(ItemMessage):
+    OPCODE: ClassVar[int] = Opcode.DCP_PREPARE
     by_seqno: int = 0
     rev_seqno: int = 0
     item_flags: int = 0
@@ -310,49 +313,49 @@ class Prepare(_Item):
 
 @_dc
 class SeqnoAcknowledged(Message):
-    OPCODE: ClassVar[int] = 0x61
+    OPCODE: ClassVar[int] = Opcode.DCP_SEQNO_ACK
     vbucket: int = 0
     prepared_seqno: int = 0
 
 
 @_dc
-class Commit(_Item):
-    OPCODE: ClassVar[int] = 0x62
+class Commit(ItemMessage):
+    OPCODE: ClassVar[int] = Opcode.DCP_COMMIT
     prepared_seqno: int = 0
     commit_seqno: int = 0
 
 
 @_dc
-class Abort(_Item):
-    OPCODE: ClassVar[int] = 0x63
+class Abort(ItemMessage):
+    OPCODE: ClassVar[int] = Opcode.DCP_ABORT
     prepared_seqno: int = 0
     abort_seqno: int = 0
 
 
 @_dc
 class SeqnoAdvanced(Message):
-    OPCODE: ClassVar[int] = 0x64
+    OPCODE: ClassVar[int] = Opcode.DCP_SEQNO_ADVANCED
     vbucket: int = 0
     by_seqno: int = 0
 
 
 @_dc
 class OsoSnapshot(Message):
-    OPCODE: ClassVar[int] = 0x65
+    OPCODE: ClassVar[int] = Opcode.DCP_OSO_SNAPSHOT
     vbucket: int = 0
     flags: int = 0
 
 
 @_dc
 class GetAllVbSeqnos(Message):
-    OPCODE: ClassVar[int] = 0x48
+    OPCODE: ClassVar[int] = Opcode.GET_ALL_VB_SEQNOS
     vbucket: int = 0
     extras: bytes = b""     # optional state (4) or state + collection (8)
 
 
 @_dc
 class GetAllVbSeqnosResponse(Message):
-    OPCODE: ClassVar[int] = 0x48
+    OPCODE: ClassVar[int] = Opcode.GET_ALL_VB_SEQNOS
     IS_RESPONSE: ClassVar[bool] = True
     status: int = 0
     seqnos: tuple[tuple[int, int], ...] = ()  # (vbucket, high seqno)

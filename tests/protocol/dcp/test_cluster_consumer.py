@@ -127,7 +127,7 @@ def test_consumer_asks_the_map_waits_for_route_then_hands_vbuckets_back():
     assert [e for e in ev if type(e) is ConfigReceived] == [ConfigReceived(body, 0, True)]
     assert c.phase == "streaming" and sorted(c.unfinished()) == [3, 4]
     assert c.states[3].last_seqno == 5                   # adopted state: resumes from it
-    ev = c.feed(m.encode(m.StreamEnd(vbucket=3, reason=2, opaque=c._sopq[3])), 2.0)
+    ev = c.feed(m.encode(m.StreamEnd(vbucket=3, reason=2, opaque=c.stream_opaque(3))), 2.0)
     assert Handoff(3, 2) in ev                           # "state changed": back to the session
     st = c.take_states([3])
     assert st[3].last_seqno == 5 and c.unfinished() == [4]

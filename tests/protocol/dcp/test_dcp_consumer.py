@@ -260,7 +260,7 @@ def test_stream_requests_in_flight_are_bounded():
 def test_snapshot_ack_and_set_vbucket_state_are_answered():
     srv = P.server_from_options(vbuckets=1, items=3)
     pair = Pair(srv, cfg(to="forever")).run(max_steps=50)
-    opaque = pair.cons._sopq[0]
+    opaque = pair.cons.stream_opaque(0)
     assert opaque > 0
     marker = m.encode(m.SnapshotMarker(vbucket=0, opaque=opaque, snap_start=4, snap_end=4,
                                        snap_flags=SnapshotFlag.MEMORY | SnapshotFlag.ACK))
@@ -274,7 +274,7 @@ def test_snapshot_ack_and_set_vbucket_state_are_answered():
 def test_seqno_regression_is_a_remote_error():
     srv = P.server_from_options(vbuckets=1, items=5)
     pair = Pair(srv, cfg(to="forever")).run(max_steps=50)
-    opaque = pair.cons._sopq[0]
+    opaque = pair.cons.stream_opaque(0)
     bad = m.encode(m.Mutation(vbucket=0, opaque=opaque, key=b"k", by_seqno=2, rev_seqno=1))
     with pytest.raises(RemoteError) as info:
         pair.cons.feed(bad, pair.now)

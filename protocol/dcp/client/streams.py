@@ -1,0 +1,397 @@
+"""The consumer's streams, sans-IO: one state per stream key (consumer_api.stream_key), the
+stream requests with a bounded number in flight, GET_FAILOVER_LOG for a start seqno, the
+rollback loop, stream ends and reopens, handoffs, OSO snapshots and the end condition of
+`--to`. A phase of consumer.Consumer, composed in: it owns the per-stream tables (public, for
+the receive path: `last`, `sopq`, `oso`, `states`) and sends through the shared Link.
+
+Each stream is in one phase of STREAM_PHASES (the `phase` table, by stream key): waiting for
+its turn (WAIT), asking the failover log of a start seqno (FLOG), asking the stream (REQ, again
+after each rollback), open (OPEN: its opaque in `sopq`), done (DONE: ended or failed). An end
+with a reopen reason, a handoff or NOT_MY_VBUCKET puts it back to WAIT.
+
+Streams are keyed by stream_key(vbucket, stream id): the vbucket itself without stream ids;
+with them (enable_stream_id) one stream per vbucket and group, sids 1..n, each with its own
+state, filter and opaque. What goes in and out (resume, adopt, take_states, resume_state,
+vb_states) stays per vbucket: a VbState whose `streams` holds the per-sid states."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from dcptool.protocol.dcp.wire import messages as m
+from dcptool.protocol.dcp.wire.constants import (SEQNO_INFINITY, FrameInfoId, Status, StreamEndReason,
+                                                 StreamRequestFlag, status_name)
+from dcptool.protocol.dcp.client.consumer_api import (NUM_VB_SLOTS, Finished, Handoff, NotMyVbucket, Rollback,
+                                                      StreamEnded, StreamFailed, StreamOpened, VbState, key_sid,
+                                                      key_vb, stream_key)
+from dcptool.protocol.dcp.client.link import Link
+from dcptool.protocol.errors import AuthRefused, ErrorCode, RemoteError
+
+# per-stream phase: waiting for its turn, asking the failover log, asking the stream, open, done
+WAIT, FLOG, REQ, OPEN, DONE = range(5)
+STREAM_PHASES = ("wait", "failover_log", "requested", "open", "done")
+OSO_START, OSO_END = 0x01, 0x02
+OSO_HOLD = (1 << 63) - 1   # `last` of a stream inside an OSO snapshot: no item passes the fast paths
+
+
+class Streams:
+    def __init__(self, link: Link, resume: dict[int, VbState] | None, stream_value: Callable[[int], bytes]):
+        self.link = link
+        self.stream_value = stream_value      # sid -> the STREAM_REQ value (handshake.py)
+        self.sids = link.sids
+        self.max_sid = self.sids[-1]
+        # per stream key; resume state comes from captures, which record whatever a server
+        # sent: a vbucket id beyond what a bucket can have is no stream to resume
+        self.states: dict[int, VbState] = {}
+        for vb, s in (resume or {}).items():
+            if 0 <= vb < NUM_VB_SLOTS:
+                self.states.update(self._expand(vb, s))
+        # per-stream arrays for the hot path, indexed by stream key
+        self.last = [0] * (NUM_VB_SLOTS * (self.max_sid + 1))
+        self.sopq = [-1] * (NUM_VB_SLOTS * (self.max_sid + 1))   # opaque of the open stream, -1 none
+        for k, st in self.states.items():
+            self.last[k] = st.last_seqno
+        self.oso: dict[int, list] = {}      # stream key -> [Y, X] inside an OSO snapshot
+        self.phase: dict[int, int] = {}
+        self.active = False                 # streaming: the handshake is complete
+        self.finished = False
+        self.closing = False
+        self._queue: list[int] = []
+        self._in_flight = 0
+        self._reopens: dict[int, int] = {}
+        self._rollbacks: dict[int, int] = {}
+        self._end_seqno: dict[int, int] = {}
+
+    @property
+    def cfg(self):
+        return self.link.cfg
+
+    def _move(self, k: int, to: int) -> None:
+        self.phase[k] = to
+
+    # ---- in and out, per vbucket
+    def resume_state(self) -> dict[int, VbState]:
+        for k, st in self.states.items():
+            st.last_seqno = self.held_last(k)
+            st.snapshot_complete = st.snapshot_complete or st.last_seqno >= st.snap_end
+        return {vb: copy_state(st) for vb, st in self.vb_states().items()}
+
+    def vb_states(self) -> dict[int, VbState]:
+        if self.sids == (0,):
+            return dict(self.states)
+        by_vb: dict[int, dict] = {}
+        for k, st in self.states.items():
+            by_vb.setdefault(key_vb(k), {})[key_sid(k)] = st
+        return {vb: summary(ss) for vb, ss in by_vb.items()}
+
+    def _expand(self, vb: int, state: VbState) -> dict[int, VbState]:
+        """A vbucket's state as the states of its streams (by stream key)."""
+        if self.sids == (0,):
+            return {vb: copy_state(state)}
+        out = {}
+        for sid in self.sids:
+            st = state.streams.get(sid)
+            if st is None:   # recorded without this stream: a new stream of it (same branch)
+                st = VbState(failover_log=list(state.failover_log)) if state.streams else state
+            out[stream_key(vb, sid)] = copy_state(st)
+        return out
+
+    def keys_of(self, vb: int) -> list[int]:
+        return [stream_key(vb, sid) for sid in self.sids]
+
+    def adopt(self, vb: int, state: VbState) -> None:
+        if not 0 <= vb < NUM_VB_SLOTS:
+            return      # resume state recorded from a hostile server: no stream to resume
+        for k, st in self._expand(vb, state).items():
+            self.states[k] = st
+            self.last[k] = st.last_seqno
+
+    def add(self, vb: int) -> None:
+        """Stream this (adopted) vbucket too, on a streaming connection."""
+        for k in self.keys_of(vb):
+            self._reopens.pop(k, None)
+            self.phase[k] = WAIT
+            self._queue.append(k)
+
+    def take(self, vb: int) -> VbState | None:
+        """Give up a vbucket: its state, current to the last seqno received, or None."""
+        mine = {}
+        for k in self.keys_of(vb):
+            st = self.states.pop(k, None)
+            if st is None:
+                continue
+            self.leave_oso(k)
+            st.last_seqno = self.last[k]
+            st.snapshot_complete = st.snapshot_complete or st.last_seqno >= st.snap_end
+            mine[key_sid(k)] = st
+            self.sopq[k] = -1
+            if self.phase.pop(k, None) in (FLOG, REQ):
+                self._in_flight -= 1     # its answer, when it comes, is ignored
+            if k in self._queue:
+                self._queue.remove(k)
+        if not mine:
+            return None
+        return mine[0] if self.sids == (0,) else summary(mine)
+
+    def unfinished(self) -> list[int]:
+        return sorted({key_vb(k) for k, p in self.phase.items() if p != DONE})
+
+    def close_all(self) -> None:
+        """Ask the producer to close every open stream."""
+        self.closing = True
+        for k, ph in self.phase.items():
+            if ph == OPEN:
+                self.link.request(m.CloseStream(vbucket=key_vb(k), frame_infos=sid_info(key_sid(k))),
+                                  lambda f: None)
+
+    def open_count(self) -> int:
+        return sum(1 for p in self.phase.values() if p == OPEN)
+
+    # ---- requests
+    def start(self) -> None:
+        """The handshake is complete: request every configured vbucket's streams."""
+        self.active = True
+        for vb in self.cfg.vbuckets or ():
+            for k in self.keys_of(vb):
+                st = self.states.get(k)
+                if st is not None and st.ended_reason is not None:
+                    continue
+                if st is None:
+                    self.states[k] = VbState()
+                self.phase[k] = WAIT
+                self._queue.append(k)
+        self.pump()
+        self.check_finished()
+
+    def pump(self) -> None:
+        while self._queue and self._in_flight < self.cfg.max_in_flight and not self.closing:
+            k = self._queue.pop(0)
+            self._in_flight += 1
+            self._send_stream_req(k)
+
+    def _fresh(self, k: int) -> bool:
+        st = self.states[k]
+        return not st.failover_log and st.last_seqno == 0
+
+    def name(self, k: int) -> str:
+        sid = key_sid(k)
+        return f"vbucket {key_vb(k)}" + (f" stream id {sid}" if sid else "")
+
+    def _send_stream_req(self, k: int) -> None:
+        st = self.states[k]
+        vb, sid = key_vb(k), key_sid(k)
+        cfg = self.cfg
+        flags = 0
+        if self._fresh(k):
+            if cfg.start == "now":
+                flags |= StreamRequestFlag.FROM_LATEST
+                start = uuid = ss = se = 0
+            elif cfg.start not in ("0", "") and int(cfg.start) > 0 and not st.failover_log:
+                self._move(k, FLOG)   # a start seqno needs the branch it belongs to
+                self.link.request(m.GetFailoverLog(vbucket=vb), lambda rsp, k=k: self._on_flog(k, rsp))
+                return
+            else:
+                start = uuid = ss = se = 0
+        else:
+            start, uuid, ss, se = st.request_seqnos()
+        if cfg.to == "now":
+            flags |= StreamRequestFlag.TO_LATEST
+            end = SEQNO_INFINITY
+        elif cfg.to == "forever":
+            end = SEQNO_INFINITY
+        else:
+            end = int(cfg.to)
+            if start >= end and not flags & StreamRequestFlag.FROM_LATEST:
+                self._in_flight -= 1
+                self.link.emit(StreamEnded(vb, StreamEndReason.OK, True, sid))
+                self._finish(k, StreamEndReason.OK)
+                return
+        self._move(k, REQ)
+        self._end_seqno[k] = end
+        req = m.StreamRequest(vbucket=vb, flags=int(flags), start_seqno=start, end_seqno=end,
+                              vbucket_uuid=uuid, snap_start=ss, snap_end=se, value=self.stream_value(sid))
+        self.link.request(req, lambda rsp, k=k, start=start: self._on_stream_rsp(k, start, rsp))
+
+    def _on_flog(self, k: int, rsp) -> None:
+        if k not in self.phase:
+            return      # given up meanwhile
+        st = self.states[k]
+        if rsp.status == Status.NOT_MY_VBUCKET and self.cfg.handoff:
+            self._in_flight -= 1
+            self._not_mine(k, rsp)
+            return
+        if rsp.status != Status.SUCCESS or not rsp.failover_log:
+            self._in_flight -= 1
+            self._failed(k, rsp.status)
+            self.pump()
+            return
+        want = int(self.cfg.start)
+        st.failover_log = list(rsp.failover_log)
+        st.last_seqno = self.last[k] = want
+        st.snap_start = st.snap_end = want
+        st.snapshot_complete = True
+        self._send_stream_req(k)
+
+    def _not_mine(self, k: int, rsp) -> None:
+        self.link.emit(NotMyVbucket(key_vb(k), bytes(getattr(rsp, "value", b"") or b"")))
+        self._move(k, WAIT)     # until the caller takes it (take_states)
+        self.pump()
+
+    def _on_stream_rsp(self, k: int, start: int, rsp) -> None:
+        if k not in self.phase:
+            return      # given up meanwhile
+        st = self.states[k]
+        vb, sid = key_vb(k), key_sid(k)
+        status = rsp.status
+        if status == Status.NOT_MY_VBUCKET and self.cfg.handoff:
+            self._in_flight -= 1
+            self._not_mine(k, rsp)
+            return
+        if status == Status.SUCCESS or status == Status.KEY_EEXISTS:
+            if rsp.failover_log is not None:
+                st.failover_log = list(rsp.failover_log)
+            self._in_flight -= 1
+            self._move(k, OPEN)
+            self.sopq[k] = rsp.opaque
+            self.oso.pop(k, None)
+            self.last[k] = st.last_seqno = start
+            self.link.emit(StreamOpened(vb, start, tuple(st.failover_log), sid))
+            self.pump()
+            return
+        if status == Status.ROLLBACK:
+            r = rsp.rollback_seqno or 0
+            n = self._rollbacks.get(k, 0) + 1
+            self._rollbacks[k] = n
+            if n > self.cfg.max_rollbacks:
+                raise RemoteError(ErrorCode.STATUS, f"{self.name(k)}: more than {self.cfg.max_rollbacks} rollbacks",
+                                  status)
+            self._rollback(k, r)
+            self.link.emit(Rollback(vb, r, sid))
+            self._send_stream_req(k)
+            return
+        if status in (Status.EACCESS, Status.AUTH_ERROR):
+            raise AuthRefused(f"stream request for {self.name(k)} denied: {status_name(status)}", status)
+        if status in (Status.NOT_SUPPORTED, Status.EINVAL, Status.DCP_STREAM_ID_INVALID):
+            raise RemoteError(ErrorCode.STATUS, f"stream request for {self.name(k)} refused: "
+                              f"{status_name(status)}", status)
+        self._in_flight -= 1
+        self._failed(k, status)
+        self.pump()
+
+    def _rollback(self, k: int, r: int) -> None:
+        st = self.states[k]
+        st.failover_log = [e for e in st.failover_log if e[1] <= r]
+        if r < self.last[k] or not st.failover_log:
+            self.last[k] = r
+        st.last_seqno = self.last[k] = min(self.last[k], r)
+        st.snap_start = st.snap_end = st.last_seqno
+        st.snapshot_complete = True
+
+    def _failed(self, k: int, status: int) -> None:
+        self._move(k, DONE)
+        self.link.emit(StreamFailed(key_vb(k), status, key_sid(k)))
+        self.check_finished()
+
+    def _finish(self, k: int, reason: int) -> None:
+        self._move(k, DONE)
+        self.sopq[k] = -1
+        st = self.states[k]
+        st.ended_reason = reason
+        st.last_seqno = self.last[k]
+        self.check_finished()
+
+    # ---- what the receive path reports
+    def snapshot(self, k: int, msg) -> None:
+        """A snapshot marker of stream k."""
+        st = self.states[k]
+        self.leave_oso(k)      # a marker inside an OSO snapshot (verify flags it) ends it unfinished
+        st.last_seqno = self.last[k]
+        st.snap_start, st.snap_end = msg.snap_start, msg.snap_end
+        st.snapshot_complete = st.last_seqno >= st.snap_end
+
+    def ended(self, k: int, reason: int) -> None:
+        """A stream end of stream k: reopened, handed off, or done."""
+        st = self.states[k]
+        vb, sid = key_vb(k), key_sid(k)
+        self.leave_oso(k)
+        st.last_seqno = self.last[k]
+        st.snapshot_complete = st.snapshot_complete or st.last_seqno >= st.snap_end
+        self.sopq[k] = -1
+        if self.cfg.handoff and reason == StreamEndReason.STATE_CHANGED and not self.closing:
+            self.link.emit(StreamEnded(vb, reason, False, sid))
+            self.link.emit(Handoff(vb, reason))
+            self._move(k, WAIT)     # until the caller takes it (take_states)
+            return
+        n = self._reopens.get(k, 0)
+        if reason in self.cfg.reopen_reasons and n < self.cfg.max_reopens and not self.closing:
+            self._reopens[k] = n + 1
+            self.link.emit(StreamEnded(vb, reason, False, sid))
+            self._move(k, WAIT)
+            self._queue.append(k)
+            self.pump()
+            return
+        self.link.emit(StreamEnded(vb, reason, True, sid))
+        self._finish(k, reason)
+
+    def check_finished(self) -> None:
+        if self.finished or not self.active:
+            return
+        if all(p == DONE for p in self.phase.values()):
+            self.finished = True
+            failed = sum(1 for k in self.phase if self.states[k].ended_reason is None)
+            self.link.emit(Finished(len(self.phase) - failed, failed))
+
+    # ---- OSO snapshots (DCP_DIGEST §5.9, REPLAY.md): items in key order between a start and
+    # an end. The resume point stays at the seqno before the start (Y) until the end, then
+    # moves to the highest seqno received in it (X); meanwhile `last` holds OSO_HOLD so that
+    # every item of the snapshot takes the per-frame path of the receive path.
+    def oso_marker(self, k: int, flags: int) -> None:
+        if flags & OSO_START and k not in self.oso:
+            self.oso[k] = [self.last[k], self.last[k]]
+            self.last[k] = OSO_HOLD
+        elif flags & OSO_END and k in self.oso:
+            x = self.oso.pop(k)[1]
+            st = self.states[k]
+            st.last_seqno = st.snap_start = st.snap_end = self.last[k] = x
+            st.snapshot_complete = True
+
+    def oso_item(self, k: int, seq: int) -> None:
+        held = self.oso[k]
+        if seq <= held[0]:
+            raise RemoteError(ErrorCode.UNEXPECTED_MESSAGE,
+                              f"{self.name(k)}: seqno {seq} in an OSO snapshot that started after {held[0]}")
+        if seq > held[1]:
+            held[1] = seq
+
+    def leave_oso(self, k: int) -> None:
+        """The stream of `k` ends or restarts: an unfinished OSO snapshot counts for nothing."""
+        held = self.oso.pop(k, None)
+        if held is not None:
+            self.last[k] = held[0]
+
+    def held_last(self, k: int) -> int:
+        """The resume point of `k`: inside an OSO snapshot, the seqno before its start."""
+        held = self.oso.get(k)
+        return self.last[k] if held is None else held[0]
+
+
+def copy_state(st: VbState) -> VbState:
+    return dataclasses.replace(st, failover_log=list(st.failover_log),
+                               streams={sid: copy_state(x) for sid, x in st.streams.items()})
+
+
+def summary(streams: dict[int, VbState]) -> VbState:
+    """A vbucket's state made of its streams' (stream ids): the lowest position, ended when
+    every stream ended; `streams` keeps each one."""
+    ss = list(streams.values())
+    low = min(ss, key=lambda x: x.last_seqno)
+    ended = None if any(x.ended_reason is None for x in ss) else ss[0].ended_reason
+    return VbState(failover_log=list(low.failover_log), last_seqno=low.last_seqno, snap_start=low.snap_start,
+                   snap_end=low.snap_end, snapshot_complete=low.snapshot_complete, ended_reason=ended,
+                   streams=dict(streams))
+
+
+def sid_info(sid: int) -> tuple:
+    """The frame info of a request for stream id sid (CLOSE_STREAM); () for no stream id."""
+    return ((FrameInfoId.DCP_STREAM_ID, sid.to_bytes(2, "big")),) if sid else ()
