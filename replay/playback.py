@@ -25,8 +25,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dcptool.protocol.dcp.wire import messages as m
+from dcptool.protocol.dcp.wire.constants import Opcode
 from dcptool.protocol.dcp.server.playback import DcpRecording, RecordedStream
-from dcptool.replay.store.reader import CaptureError, _schema_of, find_captures, iter_capture_tables, protocol_of
+from dcptool.replay.store.reader import CaptureError, schema_of, find_captures, iter_capture_tables, protocol_of
 from dcptool.protocol.errors import DcptoolError
 
 STREAM_OPCODES = (0x55, 0x56, 0x57, 0x58, 0x59, 0x5F, 0x60, 0x62, 0x63, 0x64, 0x65)
@@ -87,7 +88,7 @@ def _needs_raw(files) -> None:
     """Playback sends the recorded bytes: every file must have the `raw` column."""
     for f in files:
         try:
-            names = _schema_of(f.path, f.in_progress).names
+            names = schema_of(f.path, f.in_progress).names
         except (OSError, pa.ArrowException) as exc:
             raise PlaybackError(f"{f.path}: unreadable capture: {exc}") from None
         if "raw" not in names:
@@ -100,13 +101,27 @@ def load_dcp(paths: list[str]) -> DcpRecording:
     header or than their header says are left out and counted (`skipped`)."""
     files = open_capture(paths, "dcp")
     _needs_raw(files)
+    t, gconn = _frames_with_global_conns(files, paths)
+    incoming = _np(pc.equal(t.column("direction").cast(pa.string()), "in"), bool, False)
+    opcode = _np(t.column("opcode"), np.int64, 0)
+    streams, sessions, vb_seqnos, flogs = _controls(t, gconn, incoming, opcode)
+    skipped = _assign_frames(t, gconn, incoming, opcode, sessions)
+    _mark_ends(streams)
+    if not streams:
+        raise PlaybackError(f"{paths[0]}: the capture holds no stream request to play back")
+    return DcpRecording(bucket=_bucket_of(files), streams=streams, vb_seqnos=vb_seqnos, failover_logs=flogs,
+                        skipped=skipped)
+
+
+def _frames_with_global_conns(files, paths) -> tuple[pa.Table, np.ndarray]:
+    """Every frame of the captures, and its connection numbered over all captures: (capture,
+    conn) in order."""
     parts: list[pa.Table] = []
     conn_base, last_key = -1, None
     gconns = []
     for t in _tables(files, _DCP_COLUMNS):
         if t.num_rows == 0:
             continue
-        # connections numbered over all captures: (capture, conn) in order
         cap = t.column("capture_id").cast(pa.string()).to_numpy(zero_copy_only=False)
         conn = _np(t.column("conn"), np.int64, 0)
         change = np.ones(len(conn), bool)
@@ -119,15 +134,13 @@ def load_dcp(paths: list[str]) -> DcpRecording:
         parts.append(t.drop_columns(["capture_id"]))
     if not parts:
         raise PlaybackError(f"{paths[0]}: the capture has no frames")
-    t = pa.concat_tables(parts)
-    gconn = np.concatenate(gconns)
-    incoming = _np(pc.equal(t.column("direction").cast(pa.string()), "in"), bool, False)
-    magic = _np(t.column("magic"), np.int64, 0)
-    opcode = _np(t.column("opcode"), np.int64, 0)
-    vbucket = _np(t.column("vbucket").cast(pa.int32()), np.int64, -1)   # uint16: -1 needs a signed type
+    return pa.concat_tables(parts), np.concatenate(gconns)
 
-    # control rows (few): stream requests and answers, GET_ALL_VB_SEQNOS, failover logs
-    ctl = np.nonzero(np.isin(opcode, (0x53, 0x48, 0x54)))[0]
+
+def _controls(t: pa.Table, gconn, incoming, opcode):
+    """The control rows (few): stream requests and their answers (one RecordedStream each),
+    GET_ALL_VB_SEQNOS answers and failover logs."""
+    ctl = np.nonzero(np.isin(opcode, (Opcode.DCP_STREAM_REQ, Opcode.GET_ALL_VB_SEQNOS, Opcode.DCP_GET_FAILOVER_LOG)))[0]
     rows = t.take(pa.array(ctl)).to_pylist() if len(ctl) else []
     requests: dict[tuple[int, int], dict] = {}
     streams: dict[int, list[RecordedStream]] = {}
@@ -137,9 +150,9 @@ def load_dcp(paths: list[str]) -> DcpRecording:
     for idx, r in zip(ctl.tolist(), rows):
         g = int(gconn[idx])
         is_in = bool(incoming[idx])
-        if r["opcode"] == 0x53 and not is_in and r["magic"] in REQUEST_MAGICS:
+        if r["opcode"] == Opcode.DCP_STREAM_REQ and not is_in and r["magic"] in REQUEST_MAGICS:
             requests[(g, r["opaque"])] = r
-        elif r["opcode"] == 0x53 and is_in and r["magic"] in RESPONSE_MAGICS:
+        elif r["opcode"] == Opcode.DCP_STREAM_REQ and is_in and r["magic"] in RESPONSE_MAGICS:
             req = requests.pop((g, r["opaque"]), None)
             if req is None or req["vbucket"] is None:
                 continue
@@ -152,52 +165,60 @@ def load_dcp(paths: list[str]) -> DcpRecording:
                 resp_mono=r["mono_ns"] or 0)
             streams.setdefault(rs.vbucket, []).append(rs)
             sessions.append((g, idx, rs))
-        elif r["opcode"] == 0x48 and is_in and r["magic"] in RESPONSE_MAGICS and not r["status"]:
+        elif r["opcode"] == Opcode.GET_ALL_VB_SEQNOS and is_in and r["magic"] in RESPONSE_MAGICS \
+                and not r["status"]:
             try:
                 msg = m.decode_bytes(r["raw"])
                 vb_seqnos.append({int(v): int(s) for v, s in msg.seqnos})
             except Exception:  # noqa: BLE001 - a damaged answer is not served
                 pass
-        elif r["opcode"] == 0x54 and is_in and r["failover_log"] and r["vbucket"] is not None:
+        elif r["opcode"] == Opcode.DCP_GET_FAILOVER_LOG and is_in and r["failover_log"] and r["vbucket"] is not None:
             flogs.setdefault(r["vbucket"], tuple((e["vbucket_uuid"], e["seqno"]) for e in r["failover_log"]))
+    return streams, sessions, vb_seqnos, flogs
 
-    # stream frames -> the open stream of their (connection, vbucket)
+
+def _assign_frames(t: pa.Table, gconn, incoming, opcode, sessions) -> int:
+    """Each stream frame to the open stream of its (connection, vbucket); returns how many
+    were left out (raw shorter than a header or than it says)."""
+    magic = _np(t.column("magic"), np.int64, 0)
+    vbucket = _np(t.column("vbucket").cast(pa.int32()), np.int64, -1)   # uint16: -1 needs a signed type
     data_rows = np.nonzero(incoming & np.isin(magic, REQUEST_MAGICS) & np.isin(opcode, STREAM_OPCODES)
                            & (vbucket >= 0))[0]
     ok = [(g, i, rs) for g, i, rs in sessions if rs.status == 0]
     skipped = 0
-    if ok and len(data_rows):
-        skey = np.array([(g * 2048 + rs.vbucket) << 40 | i for g, i, rs in ok], np.int64)
-        sort = np.argsort(skey, kind="stable")
-        skey = skey[sort]
-        dkey = ((gconn[data_rows] * 2048 + vbucket[data_rows]) << 40) | data_rows
-        at = np.searchsorted(skey, dkey, side="right") - 1
-        valid = at >= 0
-        valid[valid] = (skey[at[valid]] >> 40) == (dkey[valid] >> 40)
-        data_rows, at = data_rows[valid], sort[at[valid]]
-        group = np.argsort(at, kind="stable")
-        data_rows, at = data_rows[group], at[group]
-        bounds = np.searchsorted(at, np.arange(len(ok) + 1))
-        mono = _np(t.column("mono_ns"), np.int64, 0)
-        seqno = _np(t.column("by_seqno"), np.int64, -1)
-        snap = _np(t.column("snap_start"), np.int64, -1)
-        raw = t.column("raw")
-        for k, (_, _, rs) in enumerate(ok):
-            sel = data_rows[bounds[k]:bounds[k + 1]]
-            if not len(sel):
-                continue
+    if not ok or not len(data_rows):
+        return skipped
+    skey = np.array([(g * 2048 + rs.vbucket) << 40 | i for g, i, rs in ok], np.int64)
+    sort = np.argsort(skey, kind="stable")
+    skey = skey[sort]
+    dkey = ((gconn[data_rows] * 2048 + vbucket[data_rows]) << 40) | data_rows
+    at = np.searchsorted(skey, dkey, side="right") - 1
+    valid = at >= 0
+    valid[valid] = (skey[at[valid]] >> 40) == (dkey[valid] >> 40)
+    data_rows, at = data_rows[valid], sort[at[valid]]
+    group = np.argsort(at, kind="stable")
+    data_rows, at = data_rows[group], at[group]
+    bounds = np.searchsorted(at, np.arange(len(ok) + 1))
+    mono = _np(t.column("mono_ns"), np.int64, 0)
+    seqno = _np(t.column("by_seqno"), np.int64, -1)
+    snap = _np(t.column("snap_start"), np.int64, -1)
+    raw = t.column("raw")
+    for k, (_, _, rs) in enumerate(ok):
+        sel = data_rows[bounds[k]:bounds[k + 1]]
+        if len(sel):
             skipped += _fill(rs, raw.take(pa.array(sel)), mono[sel], sel, opcode[sel], seqno[sel], snap[sel])
+    return skipped
+
+
+def _mark_ends(streams: dict[int, list[RecordedStream]]) -> None:
+    """How each recorded stream ended: a STREAM_END, or its connection was replaced."""
     last_conn_of_vb = {vb: max(rs.conn for rs in ss) for vb, ss in streams.items()}
     for vb, ss in streams.items():
         for rs in ss:
-            if rs.frames and rs.opcode[-1] == 0x55:
+            if rs.frames and rs.opcode[-1] == Opcode.DCP_STREAM_END:
                 rs.ended_by = "end"
             elif rs.conn < last_conn_of_vb[vb]:
                 rs.ended_by = "disconnect"
-    if not streams:
-        raise PlaybackError(f"{paths[0]}: the capture holds no stream request to play back")
-    return DcpRecording(bucket=_bucket_of(files), streams=streams, vb_seqnos=vb_seqnos, failover_logs=flogs,
-                        skipped=skipped)
 
 
 def _fill(rs: RecordedStream, raw: pa.ChunkedArray, mono, order, opcode, seqno, snap) -> int:

@@ -60,7 +60,7 @@ def _order_key(f: CaptureFile):
     return (parse_started(f.started_at), f.capture_id, f.segment)
 
 
-def _schema_of(path: str, in_progress: bool) -> pa.Schema:
+def schema_of(path: str, in_progress: bool) -> pa.Schema:
     if in_progress:
         with pa.OSFile(path, "rb") as fh:
             return ipc.open_stream(fh).schema
@@ -70,7 +70,7 @@ def _schema_of(path: str, in_progress: bool) -> pa.Schema:
 def _describe(path: str) -> CaptureFile:
     in_progress = path.endswith(IN_PROGRESS_SUFFIX)
     try:
-        schema = _schema_of(path, in_progress)
+        schema = schema_of(path, in_progress)
     except (OSError, pa.ArrowException) as exc:
         raise CaptureError(f"{path}: not a readable capture file ({exc})") from exc
     meta = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace")

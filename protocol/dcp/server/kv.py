@@ -24,7 +24,7 @@ import struct
 import cramjam
 
 from dcptool.protocol.dcp.wire import leb128
-from dcptool.protocol.dcp.wire.constants import DatatypeBit, Feature, Status
+from dcptool.protocol.dcp.wire.constants import DatatypeBit, Feature, Opcode, Status
 from dcptool.protocol.dcp.server.kv_store import KvStore, VbIndex, store_of
 from dcptool.protocol.errors import DcptoolError, ProtocolError
 
@@ -129,8 +129,8 @@ def _need_extras(req, *sizes: int) -> None:
 def _answer(conn, req, status: int = 0, *, extras: bytes = b"", value: bytes = b"", cas: int = 0,
             datatype: int = 0) -> None:
     """A response (magic 0x81): the header packed here, one per request (the hot path)."""
-    conn._out.append(_RSP.pack(0x81, req.opcode, 0, len(extras), datatype, status,
-                               len(extras) + len(value), req.opaque, cas) + extras + value)
+    conn.push(_RSP.pack(0x81, req.opcode, 0, len(extras), datatype, status,
+                        len(extras) + len(value), req.opaque, cas) + extras + value)
 
 
 def _error(conn, req, bad: BadRequest) -> None:
@@ -159,7 +159,7 @@ def _get(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
     it = ix.find(key, wall)
     if it is None:
         raise BadRequest(Status.KEY_ENOENT)
-    locked = req.opcode == 0x00 and ix.lock_of(key, wall) is not None
+    locked = req.opcode == Opcode.GET and ix.lock_of(key, wall) is not None
     _doc_answer(conn, req, it, LOCKED_CAS if locked else None)
 
 
@@ -227,13 +227,13 @@ def _store(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
     level = _durability(req)
     flags, expiry = _FLAGS_EXPIRY.unpack(req.extras)
     value, dt = _value(req)
-    if op == 0x02 and req.cas:
+    if op == Opcode.ADD and req.cas:
         raise BadRequest(Status.EINVAL, "insert takes no CAS")
     wall = st.wall(now)
     cur = _current(ix, key, wall, req.cas)
-    if op == 0x02 and cur is not None:
+    if op == Opcode.ADD and cur is not None:
         raise BadRequest(Status.KEY_EEXISTS)
-    if op == 0x03 and cur is None:
+    if op == Opcode.REPLACE and cur is None:
         raise BadRequest(Status.KEY_ENOENT)
     _write(conn, req, st, ix, key, level, value=value, dt=dt, flags=flags,
            expiry=st.absolute_expiry(expiry, now), wall=wall)
@@ -268,7 +268,7 @@ def _touch(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
     it = ix.append(key, "m", cur.value, cas=ix.next_cas(wall), rev=cur.rev + 1, flags=cur.flags, expiry=expiry,
                    datatype=cur.datatype)
     _written(conn, st)
-    if req.opcode == 0x1D:
+    if req.opcode == Opcode.GAT:
         _doc_answer(conn, req, it)
     else:
         _answer(conn, req, cas=it.cas)
@@ -381,7 +381,7 @@ def _counter(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
         if not text.isdigit() or len(text) > 20 or int(text) >= 1 << 64:
             raise BadRequest(Status.DELTA_BADVAL, "the value is not a number")
         count, flags, exp = int(text), cur.flags, cur.expiry
-        count = (count + delta) % (1 << 64) if req.opcode == 0x05 else max(0, count - delta)
+        count = (count + delta) % (1 << 64) if req.opcode == Opcode.INCREMENT else max(0, count - delta)
     it = ix.append(key, "m", b"%d" % count, cas=ix.next_cas(wall), rev=ix.rev_after(key), flags=flags,
                    expiry=exp, datatype=1)
     _written(conn, st)
@@ -398,7 +398,7 @@ def _concat(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
     cur = _current(ix, key, wall, req.cas, Status.NOT_STORED)
     if cur is None:
         raise BadRequest(Status.NOT_STORED)
-    joined = cur.value + value if req.opcode == 0x0E else value + cur.value
+    joined = cur.value + value if req.opcode == Opcode.APPEND else value + cur.value
     if len(joined) > MAX_VALUE:
         raise BadRequest(Status.E2BIG)
     it = ix.append(key, "m", joined, cas=ix.next_cas(wall), rev=ix.rev_after(key), flags=cur.flags,
@@ -407,17 +407,20 @@ def _concat(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
     _answer(conn, req, extras=_mutation_extras(conn, ix, it.seqno), cas=it.cas)
 
 
-DOCUMENT_COMMANDS = {0x00: _get, 0x83: _get, 0x01: _store, 0x02: _store, 0x03: _store, 0x04: _remove,
-                     0x1C: _touch, 0x1D: _touch, 0xA0: _get_meta, 0x05: _counter, 0x06: _counter,
-                     0x0E: _concat, 0x0F: _concat, 0x94: _get_locked, 0x95: _unlock}
-OPCODES = frozenset(DOCUMENT_COMMANDS) | {0x0A, 0xBB}
+DOCUMENT_COMMANDS = {
+    Opcode.GET: _get, Opcode.GET_REPLICA: _get, Opcode.GET_META: _get_meta,
+    Opcode.SET: _store, Opcode.ADD: _store, Opcode.REPLACE: _store, Opcode.DELETE: _remove,
+    Opcode.TOUCH: _touch, Opcode.GAT: _touch, Opcode.INCREMENT: _counter, Opcode.DECREMENT: _counter,
+    Opcode.APPEND: _concat, Opcode.PREPEND: _concat, Opcode.GET_LOCKED: _get_locked, Opcode.UNLOCK_KEY: _unlock,
+}
+OPCODES = frozenset(DOCUMENT_COMMANDS) | {Opcode.NOOP_CLIENT, Opcode.GET_COLLECTION_ID}
 
 
 def _serves(conn, req) -> bool:
     """The node holds the vbucket in the state the command needs: active, or a replica for
     GET_REPLICA (a single node is active for every vbucket and has no replicas)."""
-    if req.opcode != 0x83:
-        return conn._owned(req.vbucket)
+    if req.opcode != Opcode.GET_REPLICA:
+        return conn.owned(req.vbucket)
     cl = conn.server.cluster_for(conn.bucket)
     return cl is not None and conn.node in cl.vbmap[req.vbucket][1:]
 
@@ -426,20 +429,20 @@ def handle(conn, req, now: float) -> None:
     """Answer one KV request (req: a generic messages.Request, opcode in OPCODES)."""
     op = req.opcode
     try:
-        if op == 0x0A:                      # NOOP (an SDK's ping)
+        if op == Opcode.NOOP_CLIENT:                      # NOOP (an SDK's ping)
             _answer(conn, req)
             return
         if conn.bucket is None:
             _answer(conn, req, Status.NO_BUCKET)
             return
-        if op == 0xBB:
+        if op == Opcode.GET_COLLECTION_ID:
             _collection_id(conn, req)
             return
         if not hasattr(conn.bucket, "vbuckets"):   # a capture played back: read-only
             _answer(conn, req, Status.NOT_SUPPORTED)
             return
         if req.vbucket >= conn.bucket.num_vbuckets or not _serves(conn, req):
-            conn._not_my_vbucket(req)
+            conn.not_my_vbucket(req)
             return
         st = store_of(conn.bucket, conn.server)
         DOCUMENT_COMMANDS[op](conn, req, st, st.vb(req.vbucket), now)

@@ -159,8 +159,8 @@ class ProducerConnection:
             self._handle(m.decode(fr, self.collections), now)
 
     def push(self, frame: bytes) -> None:
-        """Queue a frame the server sends unasked (a cluster-map notification), before any
-        more stream data."""
+        """Queue a frame to send, before any more stream data: a KV answer (kv.py) or a frame
+        the server sends unasked (a cluster-map notification)."""
         self._out.append(frame)
 
     def _reply(self, req, status: int = Status.SUCCESS, value: bytes = b"", cls=None, **kw) -> None:
@@ -175,12 +175,12 @@ class ProducerConnection:
         self._out.append(m.encode(m.Response(opcode=req.op_code, opaque=req.opaque, status=status, value=body,
                                              datatype=dt)))
 
-    def _not_my_vbucket(self, req) -> None:
+    def not_my_vbucket(self, req) -> None:
         """NOT_MY_VBUCKET with this node's current config as the body, as Couchbase does."""
         cl = self.server.cluster_for(self.bucket)
         self._reply_json(req, Status.NOT_MY_VBUCKET, cl.render(self.node) if cl is not None else b"")
 
-    def _owned(self, vbid: int) -> bool:
+    def owned(self, vbid: int) -> bool:
         cl = self.server.cluster_for(self.bucket)
         return cl is None or cl.is_active(self.node, vbid)
 
@@ -263,8 +263,8 @@ class ProducerConnection:
             vb = self._vb(msg.vbucket)
             if vb is None:
                 self._reply(msg, Status.NOT_MY_VBUCKET)
-            elif not self._owned(msg.vbucket):
-                self._not_my_vbucket(msg)
+            elif not self.owned(msg.vbucket):
+                self.not_my_vbucket(msg)
             else:
                 self._reply(msg, cls=m.FailoverLogResponse, failover_log=tuple(vb.failover_log))
         elif t is m.CloseStream:
@@ -366,8 +366,8 @@ class ProducerConnection:
         if vb is None:
             self._reply(req, Status.NOT_MY_VBUCKET)
             return
-        if not self._owned(req.vbucket):
-            self._not_my_vbucket(req)
+        if not self.owned(req.vbucket):
+            self.not_my_vbucket(req)
             return
         if (self.collections or self.open_flags & OpenFlag.INCLUDE_XATTRS) and not self.noop_enabled:
             self._reply(req, Status.NOT_SUPPORTED)   # dcp_noop_mandatory_for_v5_features
