@@ -97,11 +97,38 @@ def _op_in(ops) -> ds.Expression:
     return pc.field("op").cast(pa.string()).isin(list(ops))
 
 
+def _key_hits(f, keys: pa.Array) -> list[dict]:
+    """The rows of one segment holding one of `keys`: the `key` column is read alone, row
+    group by row group, and the other columns only of the row groups with a hit (the
+    writer keeps no statistics on keys, which are spread over every row group anyway). An
+    in-progress segment is read whole."""
+    if f.in_progress:
+        return _rows([f], KEY_COLUMNS, pc.field("key").isin(keys))
+    import pyarrow.parquet as pq
+    full = reader.capture_schema(f.protocol)
+    out = []
+    try:
+        pf = pq.ParquetFile(f.path, pre_buffer=False)
+        present = [c for c in KEY_COLUMNS if c in pf.schema_arrow.names]
+        for rg in range(pf.metadata.num_row_groups):
+            hit = pc.is_in(pf.read_row_group(rg, columns=["key"]).column(0), value_set=keys)
+            if not pc.any(hit).as_py():
+                continue
+            t = pf.read_row_group(rg, columns=present).filter(hit)
+            t = reader.conform(t, pa.schema([full.field(c) for c in KEY_COLUMNS]))
+            t = t.set_column(t.column_names.index("ts"), "ts", t.column("ts").cast(pa.int64()))
+            out.extend(t.to_pylist())
+    except (OSError, pa.ArrowException) as exc:
+        raise reader.CaptureError(f"{f.path}: unreadable ({exc})") from exc
+    return out
+
+
 def key_rows(cap: Capture, keys: list[bytes]) -> list[dict]:
     """The `in` frames of the keys (changes, prepares, aborts), in capture order."""
-    expr = pc.field("key").isin(pa.array(keys, pa.binary())) & _op_in(KEY_OPS)
-    rows = [r for r in _rows(cap.files, KEY_COLUMNS, expr)
-            if r["direction"] == "in" and r["decode_error"] is None and r["vbucket"] is not None]
+    want = pa.array(keys, pa.binary())
+    rows = [r for f in cap.files for r in _key_hits(f, want)
+            if r["op"] in KEY_OPS and r["direction"] == "in" and r["decode_error"] is None
+            and r["vbucket"] is not None]
     rows.sort(key=cap.order)
     return rows
 
