@@ -395,19 +395,21 @@ class _Story:
         v["verdict"] = last.state
         text = f"{name!r}: {last.state} since its {r['op']} at seqno {r['by_seqno']} on vbucket {self.vb} " \
                f"at {_clock(r['ts'])}"
+        n = len(self.changes)
+        text += f" ({n} change{'s' if n != 1 else ''} received)"
         after = [c for c in undone if c.order < last.order]
         later = [c for c in undone if c.order > last.order]
         if after:
             rb = after[-1].undone_by
-            text += f", which restored it after {self._rollback_text(rb)} undid seqno {after[-1].row['by_seqno']}"
+            text += (f"; its change at seqno {after[-1].row['by_seqno']} was undone by {self._rollback_text(rb)}, "
+                     f"and restored by this one")
             v.update(rollback_seqno=rb["rollback_seqno"], restored=True)
         if later:
             rb = later[-1].undone_by
             text += (f"; its later change at seqno {later[-1].row['by_seqno']} was undone by "
                      f"{self._rollback_text(rb)}; not restored")
             v.update(rollback_seqno=rb["rollback_seqno"], restored=False)
-        n = len(self.changes)
-        v["explain"] = text + f" ({n} change{'s' if n != 1 else ''} received)"
+        v["explain"] = text
         return [v]
 
     def rows(self) -> list[dict]:
