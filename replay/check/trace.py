@@ -97,36 +97,49 @@ def _op_in(ops) -> ds.Expression:
     return pc.field("op").cast(pa.string()).isin(list(ops))
 
 
-def _key_hits(f, keys: pa.Array) -> list[dict]:
-    """The rows of one segment holding one of `keys`: the `key` column is read alone, row
-    group by row group, and the other columns only of the row groups with a hit (the
-    writer keeps no statistics on keys, which are spread over every row group anyway). An
-    in-progress segment is read whole."""
-    if f.in_progress:
-        return _rows([f], KEY_COLUMNS, pc.field("key").isin(keys))
-    import pyarrow.parquet as pq
+def _row_group_hits(f, columns: list[str], probe: list[str], mask) -> list[dict]:
+    """The rows of one segment where `mask(probe columns)` holds: the `probe` columns are
+    read first, row group by row group, and the other `columns` only of the row groups with
+    a hit. An in-progress segment is read whole."""
     full = reader.capture_schema(f.protocol)
+    schema = pa.schema([full.field(c) for c in columns])
+    if f.in_progress:
+        t = reader.read_file(f, columns)
+        parts = [t.filter(mask(t))]
+    else:
+        import pyarrow.parquet as pq
+        parts = []
+        try:
+            small = pq.ParquetFile(f.path, pre_buffer=False)
+            names = small.schema_arrow.names
+            present = [c for c in probe if c in names]
+            rest = [c for c in columns if c in names and c not in present]
+            for rg in range(small.metadata.num_row_groups):
+                t = reader.conform(small.read_row_group(rg, columns=present), pa.schema([full.field(c) for c in probe]))
+                hit = mask(t)
+                if not pc.any(hit).as_py():
+                    continue
+                more = pq.ParquetFile(f.path).read_row_group(rg, columns=rest)   # pre-buffered: one read
+                for c in rest:
+                    t = t.append_column(c, more.column(c))
+                parts.append(t.filter(hit))
+        except (OSError, pa.ArrowException) as exc:
+            raise reader.CaptureError(f"{f.path}: unreadable ({exc})") from exc
     out = []
-    try:
-        pf = pq.ParquetFile(f.path, pre_buffer=False)
-        present = [c for c in KEY_COLUMNS if c in pf.schema_arrow.names]
-        for rg in range(pf.metadata.num_row_groups):
-            hit = pc.is_in(pf.read_row_group(rg, columns=["key"]).column(0), value_set=keys)
-            if not pc.any(hit).as_py():
-                continue
-            t = pf.read_row_group(rg, columns=present).filter(hit)
-            t = reader.conform(t, pa.schema([full.field(c) for c in KEY_COLUMNS]))
-            t = t.set_column(t.column_names.index("ts"), "ts", t.column("ts").cast(pa.int64()))
-            out.extend(t.to_pylist())
-    except (OSError, pa.ArrowException) as exc:
-        raise reader.CaptureError(f"{f.path}: unreadable ({exc})") from exc
+    for t in parts:
+        t = reader.conform(t, schema)
+        t = t.set_column(t.column_names.index("ts"), "ts", t.column("ts").cast(pa.int64()))
+        out.extend(t.to_pylist())
     return out
 
 
 def key_rows(cap: Capture, keys: list[bytes]) -> list[dict]:
-    """The `in` frames of the keys (changes, prepares, aborts), in capture order."""
+    """The `in` frames of the keys (changes, prepares, aborts), in capture order. The `key`
+    column is read alone first (the writer keeps no statistics on keys, which are spread
+    over every row group anyway), the other columns only where it hits."""
     want = pa.array(keys, pa.binary())
-    rows = [r for f in cap.files for r in _key_hits(f, want)
+    rows = [r for f in cap.files
+            for r in _row_group_hits(f, KEY_COLUMNS, ["key"], lambda t: pc.is_in(t.column("key"), value_set=want))
             if r["op"] in KEY_OPS and r["direction"] == "in" and r["decode_error"] is None
             and r["vbucket"] is not None]
     rows.sort(key=cap.order)
@@ -137,8 +150,15 @@ def vbucket_rows(cap: Capture, vbuckets: set[int]) -> list[dict]:
     """The stream frames of the vbuckets (both directions), in capture order."""
     if not vbuckets:
         return []
-    expr = pc.field("vbucket").isin(pa.array(sorted(vbuckets), pa.uint16())) & _op_in(VB_OPS)
-    rows = [r for r in _rows(cap.files, VB_COLUMNS, expr) if r["decode_error"] is None]
+    vbs = pa.array(sorted(vbuckets), pa.uint16())
+    ops = pa.array(VB_OPS, pa.string())
+
+    def mask(t):
+        return pc.and_(pc.fill_null(pc.is_in(t.column("vbucket"), value_set=vbs), False),
+                       pc.fill_null(pc.is_in(t.column("op").cast(pa.string()), value_set=ops), False))
+
+    rows = [r for f in cap.files for r in _row_group_hits(f, VB_COLUMNS, ["vbucket", "op"], mask)
+            if r["decode_error"] is None]
     rows.sort(key=cap.order)
     return rows
 
