@@ -373,7 +373,6 @@ class _Story:
         """The rollback events (with what restored the change) and the verdict."""
         alive = [c for c in self.changes if c.undone_by is None]
         last = alive[-1] if alive else None
-        told = set()
         for c in self.changes:
             rb = c.undone_by
             if rb is None:
@@ -384,7 +383,6 @@ class _Story:
                      restored_seqno=last.row["by_seqno"] if restored else None,
                      detail=f"undid its change at seqno {c.row['by_seqno']} (frame {c.row['frame_no']})")
             self.add(self.cap.order(rb), e, 1)
-            told.add((rb["capture_id"], rb["frame_no"]))
         return self._verdict(last)
 
     def _rollback_text(self, rb: dict) -> str:
