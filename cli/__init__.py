@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("dcptool.cli.serve:serve", "Run a built-in DCP producer or Synapse replication server."),
     "diff": ("dcptool.cli.diff:diff", "Documents added, changed and removed between two captures or moments."),
     "verify": ("dcptool.cli.verify:verify", "Check captures for continuity and protocol correctness."),
+    "trace": ("dcptool.cli.trace_cmd:trace", "Explain DCP keys: every event that touched each, then a verdict."),
     "spark": ("dcptool.cli.spark_cmd:spark", "Start, stop or query a warm Spark Connect server for replay."),
 }
 
