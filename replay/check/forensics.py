@@ -29,7 +29,7 @@ _SCAN = ["capture_id", "frame_no", "direction", "vbucket", "op", "status", "deco
 _ITEM_OPS = tuple(DOC_STATES) + ("seqno_advanced",)
 
 
-def _key_fields(key: bytes | None) -> dict:
+def key_fields(key: bytes | None) -> dict:
     """The output contract's key: text, or key_base64 when it is not UTF-8."""
     if key is None:
         return {"key": None}
@@ -121,7 +121,7 @@ def explain_rollbacks(files: list, as_of: AsOf | None = None) -> list[dict]:
         docs: dict = {}
         for u in undone[(r["capture_id"], r["frame_no"])]:
             d = docs.setdefault((u["collection_id"], u["key"]), {
-                "collection_id": u["collection_id"], **_key_fields(u["key"]), "by_seqnos": [],
+                "collection_id": u["collection_id"], **key_fields(u["key"]), "by_seqnos": [],
                 "restored": u["restored"], "restored_seqno": u["restored_seqno"]})
             d["by_seqnos"].append(u["by_seqno"])
         for d in docs.values():

@@ -241,9 +241,9 @@ def _clock(ns: int | None) -> str:
 
 
 def _base(row: dict, event: str, key: bytes, cid) -> dict:
-    from dcptool.replay.check.forensics import _key_fields
+    from dcptool.replay.check.forensics import key_fields
     out = dict.fromkeys(TRACE_COLUMNS)
-    out.update(_key_fields(key))
+    out.update(key_fields(key))
     out.update(event=event, collection_id=cid, vbucket=row.get("vbucket"), capture_id=row.get("capture_id"),
                frame_no=row.get("frame_no"), ts=iso_ns(row.get("ts")), node=row.get("node"), conn=row.get("conn"),
                op=row.get("op"), stream_id=row.get("stream_id"))
@@ -437,10 +437,10 @@ class _Story:
 
 
 def _not_seen(cap: Capture, key: bytes, cid, vb: int | None, vrows: list[dict]) -> dict:
-    from dcptool.replay.check.forensics import _key_fields
+    from dcptool.replay.check.forensics import key_fields
     name = key.decode("utf-8", "replace")
     v = dict.fromkeys(TRACE_COLUMNS)
-    v.update(_key_fields(key))
+    v.update(key_fields(key))
     v.update(event="verdict", verdict="not_seen", collection_id=cid, vbucket=vb)
     if vb is None:
         v["explain"] = f"{name!r}: never received; the captures do not tell the bucket's vbucket count (give --vbucket)"
