@@ -21,6 +21,7 @@ from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.check import trace as T
 from dcptool.replay.local import engine as local
 from dcptool.replay.store.reader import find_captures, read_capture_table
+from tests.support.live_capture import data_on_disk
 from tests.support.cli_util import run
 
 pytestmark = pytest.mark.integration
@@ -154,11 +155,7 @@ def test_sigkill_then_resume_reads_the_in_progress_segment(tmp_path):
         url = f"couchbase://{srv.host}:{srv.port}/default"
         p = subprocess.Popen([DCPTOOL, "capture", url, "-o", str(out), "--to", "forever", "--quiet"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        from tests.cli.test_cluster_capture import written
-        import time
-        deadline = time.monotonic() + 60
-        while not written(out) and time.monotonic() < deadline:
-            time.sleep(0.05)     # polling for a file on disk, not an ordering wait
+        data_on_disk(out, proc=p, timeout=60)
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=30)
         killed = find_captures([str(out)])
