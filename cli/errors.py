@@ -40,8 +40,8 @@ def exit_code_for(exc: BaseException) -> int:
         return 128 + exc.signum
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED
-    if isinstance(exc, LateUsageError):
-        return EXIT_USAGE
+    if isinstance(exc, LateUsageError) or getattr(exc, "usage_error", False):
+        return EXIT_USAGE       # also a library error marked so (a capture format too new)
     if isinstance(exc, ConnectFailed):
         return EXIT_CONNECT
     if isinstance(exc, AuthRefused):

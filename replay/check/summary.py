@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 
 from dcptool.protocol.dcp.wire.constants import Status, stream_end_reason_name
 from dcptool.replay.store import reader
+from dcptool.replay.store.files import shown
 from dcptool.replay.timestamps import iso_ns
 
 _DCP_COLUMNS = ["frame_no", "capture_id", "node", "ts", "direction", "decode_error", "op", "status",
@@ -70,7 +71,7 @@ def summarize(paths) -> dict:
     from dcptool.replay.store.reader import CaptureError, find_captures
     files = find_captures(paths)
     if not files:
-        raise CaptureError(f"no capture files found in {', '.join(map(str, paths))}")
+        raise CaptureError(f"no capture files found in {', '.join(map(shown, paths))}")
     protocol = files[0].protocol
     s = _Summary(protocol)
     cols = _DCP_COLUMNS if protocol == "dcp" else _SYN_COLUMNS
@@ -135,7 +136,7 @@ class _Summary:
     # -- per segment ---------------------------------------------------------------------
 
     def file(self, f) -> None:
-        self.files.append({"path": f.path, "capture_id": f.capture_id, "segment": f.segment,
+        self.files.append({"path": shown(f.path), "capture_id": f.capture_id, "segment": f.segment,
                            "in_progress": f.in_progress, "started_at": _started(f.started_at), "rows": 0})
         cap = self.captures.setdefault(f.capture_id, {
             "capture_id": f.capture_id, "started_at": _started(f.started_at),

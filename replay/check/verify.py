@@ -25,7 +25,8 @@ import pyarrow.parquet as pq
 from dcptool.replay.store import reader
 from dcptool.replay.store.naming import IN_PROGRESS_SUFFIX, TMP_SUFFIX, segment_name
 from dcptool.replay.store.schema import capture_schema
-from dcptool.replay.store.segment import open_in_progress
+from dcptool.replay.store.files import arrow_source, shown
+from dcptool.replay.store.in_progress import DAMAGED_SUFFIX, InProgress, held_by_writer
 from dcptool.replay.check.findings import Finding, Findings, MixedProtocols, Report, VerifyError, Where
 
 FINISHED_SUFFIX = ".parquet"
@@ -37,8 +38,10 @@ BATCH_ROWS = 1 << 18
 _NAME_RE = re.compile(r"^(dcp|synapse)-(\d{8}T\d{6}\.\d{6}Z)-([0-9a-fA-F]{8})-(\d{6})\.(parquet|arrows)$")
 
 
-def _candidates(paths: list[str], out: Findings) -> list[str]:
-    found: list[str] = []
+def _candidates(paths: list[str], out: Findings) -> list[tuple[str, bool]]:
+    """(path, may skip) of every file to verify: may skip when it is in a directory and not
+    named as a segment (a foreign file there is skipped with a warning, as replay does)."""
+    found: list[tuple[str, bool]] = []
     for p in paths:
         if os.path.isdir(p):
             for name in sorted(os.listdir(p)):
@@ -46,40 +49,87 @@ def _candidates(paths: list[str], out: Findings) -> list[str]:
                 if name.startswith(".") or not os.path.isfile(full):
                     continue
                 if name.endswith((FINISHED_SUFFIX, IN_PROGRESS_SUFFIX)):
-                    found.append(full)
+                    found.append((full, not _NAME_RE.match(name)))
                 elif name.endswith(FINISHED_SUFFIX + TMP_SUFFIX):
                     done = full[:-len(TMP_SUFFIX)]
                     if os.path.exists(done):
                         out.add(Finding("file.leftover", f"temporary file left next to the finished segment "
-                                        f"{os.path.basename(done)}", file=full))
+                                        f"{shown(os.path.basename(done))}", file=shown(full)))
+                elif IN_PROGRESS_SUFFIX + DAMAGED_SUFFIX in name:
+                    _kept_aside(full, out)
         elif os.path.isfile(p):
-            found.append(p)
+            found.append((p, False))
         else:
-            raise VerifyError(f"{p}: no such file or directory")
+            raise VerifyError(f"{shown(p)}: no such file or directory")
     seen, unique = set(), []
-    for f in found:
+    for f, may_skip in found:
         real = os.path.realpath(f)
         if real not in seen:
             seen.add(real)
-            unique.append(f)
+            unique.append((f, may_skip))
     return unique
 
 
-def _describe_all(paths: list[str], out: Findings) -> tuple[list[reader.CaptureFile], int]:
-    """CaptureFiles of the readable candidates; unreadable ones are findings."""
+def _kept_aside(path: str, out: Findings) -> None:
+    """A damaged in-progress file `capture --resume` kept aside: what of it can be read."""
+    ip = InProgress(path)
+    for _ in ip:
+        pass
+    m = _NAME_RE.match(os.path.basename(path)[:-len(DAMAGED_SUFFIX)].split(DAMAGED_SUFFIX)[0])
+    out.add(Finding("file.damaged", f"damaged in-progress segment kept aside: {ip.rows:,} rows in "
+                    f"{ip.batches:,} whole batches readable (recovered into the segment's .parquet by "
+                    f"`capture --resume`), {ip.unread:,} bytes after byte {ip.good_end:,} not"
+                    + (f" ({ip.error})" if ip.error else ""),
+                    file=shown(path), segment=int(m.group(4)) if m else None))
+
+
+def _describe_all(paths: list[tuple[str, bool]], out: Findings) -> tuple[list[reader.CaptureFile], int]:
+    """CaptureFiles of the readable candidates; unreadable ones are findings, foreign files in
+    a directory are skipped with a warning."""
     files, bad = [], 0
-    for path in paths:
+    for path, may_skip in paths:
         if path.endswith(IN_PROGRESS_SUFFIX) and os.path.getsize(path) == 0:
-            out.add(Finding("file.in_progress", "in-progress segment with nothing written yet", file=path))
+            out.add(Finding("file.in_progress", "in-progress segment with nothing written yet", file=shown(path)))
             continue
+        m = _NAME_RE.match(os.path.basename(path))
         try:
-            files.extend(reader.find_captures([path]))
+            files.append(reader.describe(path))
+        except reader.UnsupportedFormat as exc:
+            bad += 1
+            out.add(Finding("file.unsupported_format", _one_line(exc), file=shown(path),
+                            segment=int(m.group(4)) if m else None))
+        except reader.NotACapture as exc:
+            if may_skip:
+                reader.warn(f"{shown(path)}: not a dcptool capture segment, skipped")
+                continue
+            bad += 1
+            out.add(Finding("file.unreadable", _one_line(exc), file=shown(path),
+                            segment=int(m.group(4)) if m else None))
         except (reader.CaptureError, OSError) as exc:
             bad += 1
-            m = _NAME_RE.match(os.path.basename(path))
-            out.add(Finding("file.unreadable", _one_line(exc), file=path,
+            out.add(Finding("file.unreadable", _one_line(exc), file=shown(path),
                             segment=int(m.group(4)) if m else None))
     return files, bad
+
+
+def _check_sources(captures: list[list[reader.CaptureFile]], out: Findings) -> None:
+    """A directory holds captures of one source: each capture of another source than the
+    first one of its directory is a finding."""
+    from dcptool.replay.store.resume import display_source, same_source
+    from dcptool.replay.store.schema import META_SOURCE
+    first: dict[str, tuple[str, reader.CaptureFile]] = {}
+    for segs in captures:
+        f = segs[0]
+        where = os.path.dirname(os.path.realpath(f.path))
+        source = f.metadata.get(META_SOURCE, "")
+        if where not in first:
+            first[where] = (source, f)
+            continue
+        source0, f0 = first[where]
+        if not same_source(source0, source):
+            out.add(Finding("file.mixed_sources", f"capture {f.capture_id} is of {display_source(source)}, "
+                            f"capture {f0.capture_id} in the same directory of {display_source(source0)}",
+                            file=shown(f.path), segment=f.segment, capture_id=f.capture_id))
 
 
 def _check_name(f: reader.CaptureFile, out: Findings) -> None:
@@ -157,7 +207,8 @@ def _parquet_chunks(f: reader.CaptureFile, cols: list[str], where: Where, out: F
     schema = capture_schema(f.protocol)
     want = pa.schema([schema.field(c) for c in cols])
     try:
-        pf = pq.ParquetFile(f.path, pre_buffer=False, page_checksum_verification=True)
+        pf = pq.ParquetFile(arrow_source(f.path), metadata=reader.footer(f.path), pre_buffer=False,
+                             page_checksum_verification=True)
         md = pf.metadata
     except (OSError, pa.ArrowException) as exc:
         out.add(Finding("file.damaged", f"cannot open: {_one_line(exc)}", file=f.path,
@@ -201,14 +252,18 @@ def _raw_loader(pf: pq.ParquetFile, rg: int, offset: int, n: int) -> Callable[[]
     return load
 
 
-def _arrows_chunks(f: reader.CaptureFile, cols: list[str], batch_rows: int) -> Iterator[Chunk]:
+def _arrows_chunks(f: reader.CaptureFile, cols: list[str], where: Where, out: Findings) -> Iterator[Chunk]:
     schema = capture_schema(f.protocol)
     want = pa.schema([schema.field(c) for c in cols])
-    _, batches = open_in_progress(f.path)
-    for batch in batches:
+    ip = InProgress(f.path)
+    for batch in ip:
         t = pa.Table.from_batches([batch])
         raw = t.column("raw").combine_chunks() if "raw" in t.column_names else pa.nulls(t.num_rows, pa.binary())
         yield reader.conform(t, want), (lambda raw=raw: raw)
+    damage = ip.damage()
+    if damage and not held_by_writer(f.path):
+        out.at(where, "file.damaged", f"in-progress segment: {damage}; `capture --resume` recovers the "
+               "whole batches and keeps the file aside")
 
 
 class _Frames:
@@ -277,6 +332,7 @@ def verify(paths: list[str], *, limit: int = 1000, batch_rows: int = BATCH_ROWS,
     for f in files:
         _check_name(f, out)
     captures = _group(files, out)
+    _check_sources(captures, out)
     report.captures = len(captures)
     checker = _checker(report.protocol)
     cols = checker.COLUMNS
@@ -297,7 +353,7 @@ def verify(paths: list[str], *, limit: int = 1000, batch_rows: int = BATCH_ROWS,
                 out.at(where, "file.in_progress", "unfinished segment (.arrows): the capture is "
                        "running or was killed; `capture --resume` into its directory finishes it")
             lost: list = []
-            chunks = (_arrows_chunks(f, cols, batch_rows) if f.in_progress
+            chunks = (_arrows_chunks(f, cols, where, out) if f.in_progress
                       else _parquet_chunks(f, cols, where, out, batch_rows, lost))
             seen_lost = 0
             for t, raw in chunks:

@@ -145,7 +145,7 @@ def _segment_candidates(f, cols: list[str], as_of) -> Iterable[pa.Table]:
         groups = [None]
     else:
         import pyarrow.parquet as pq
-        groups = list(range(pq.ParquetFile(f.path).metadata.num_row_groups))
+        groups = list(range(reader.footer(f.path).num_row_groups))
     for rg in groups:
         small = (reader.read_file(f, cols) if rg is None else
                  pa.concat_tables(list(reader.stream_file(f, cols, 1 << 20, False, [rg]))))

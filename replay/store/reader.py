@@ -20,8 +20,12 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from dcptool.replay.store.schema import (META_CAPTURE_ID, META_PROTOCOL, META_SEGMENT, META_STARTED_AT,
-                                   PROTOCOLS, capture_schema)
+from dcptool.protocol.text import printable
+from dcptool.replay.store.files import arrow_path, arrow_source, shown
+from dcptool.replay.store.in_progress import DAMAGED_SUFFIX, InProgress, held_by_writer
+from dcptool.replay.store.schema import (META_CAPTURE_ID, META_FORMAT, META_PROTOCOL, META_SEGMENT,
+                                         META_STARTED_AT, PROTOCOLS, READABLE_VERSIONS, capture_schema,
+                                         tool_version)
 from dcptool.replay.store.segment import dictionary_columns
 
 FINISHED_SUFFIX = ".parquet"
@@ -32,6 +36,17 @@ _NAME_RE = re.compile(r"^(dcp|synapse)-(\d{8}T\d{6}\.\d{6}Z)-([0-9a-fA-F]{1,8})-
 
 class CaptureError(Exception):
     """A path that is not a readable capture, or captures that cannot be replayed together."""
+
+
+class UnsupportedFormat(CaptureError):
+    """A segment whose `dcptool.format` this build cannot read (a newer one): refused, never
+    read as if it were known. A usage error (exit 2): the capture needs a newer dcptool."""
+
+    usage_error = True
+
+
+class NotACapture(CaptureError):
+    """A file that holds no dcptool capture (no dcptool.* metadata, or not Parquet/Arrow)."""
 
 
 @dataclass(frozen=True)
@@ -59,66 +74,137 @@ def _order_key(f: CaptureFile):
     return (parse_started(f.started_at), f.capture_id, f.segment)
 
 
-def _schema_of(path: str, in_progress: bool) -> pa.Schema:
+_FOOTERS: dict[tuple, "pq.FileMetaData"] = {}     # (path, size, mtime_ns) -> its footer, read once
+
+
+def footer(path: str) -> "pq.FileMetaData":
+    """The Parquet footer of a finished segment, read once per version of the file (every
+    later look at it, row counts, row groups, statistics, reuses it)."""
+    st = os.stat(path)
+    key = (path, st.st_size, st.st_mtime_ns)
+    md = _FOOTERS.get(key)
+    if md is None:
+        md = _FOOTERS[key] = pq.read_metadata(arrow_source(path))
+    return md
+
+
+def parquet_file(f: "CaptureFile", **kw) -> pq.ParquetFile:
+    """A finished segment opened for reading, with its footer as already read."""
+    return pq.ParquetFile(arrow_source(f.path), metadata=footer(f.path), **kw)
+
+
+def _metadata_of(path: str, in_progress: bool) -> dict[bytes, bytes]:
     if in_progress:
-        with pa.OSFile(path, "rb") as fh:
-            return ipc.open_stream(fh).schema
-    return pq.read_schema(path)
+        with pa.OSFile(arrow_path(path), "rb") as fh:
+            return ipc.open_stream(fh).schema.metadata or {}
+    return footer(path).metadata or {}
 
 
-def _describe(path: str) -> CaptureFile:
+def describe(path: str) -> CaptureFile:
+    """The CaptureFile of one file: NotACapture when it holds no dcptool capture,
+    UnsupportedFormat when its format is newer than this build reads."""
     in_progress = path.endswith(IN_PROGRESS_SUFFIX)
     try:
-        schema = _schema_of(path, in_progress)
-    except (OSError, pa.ArrowException) as exc:
-        raise CaptureError(f"{path}: not a readable capture file ({exc})") from exc
+        raw = _metadata_of(path, in_progress)
+    except (OSError, pa.ArrowException, EOFError) as exc:
+        raise NotACapture(f"{shown(path)}: not a readable capture file ({_first_line(exc)})") from exc
     meta = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace")
-            for k, v in (schema.metadata or {}).items() if k.startswith(b"dcptool.")}
+            for k, v in raw.items() if k.startswith(b"dcptool.")}
     protocol = meta.get(META_PROTOCOL)
     if protocol not in PROTOCOLS or META_CAPTURE_ID not in meta or META_STARTED_AT not in meta:
-        raise CaptureError(f"{path}: not a dcptool capture (dcptool.* metadata missing)")
+        raise NotACapture(f"{shown(path)}: not a dcptool capture (dcptool.* metadata missing)")
+    version = meta.get(META_FORMAT, READABLE_VERSIONS[0])
+    if version not in READABLE_VERSIONS:
+        raise UnsupportedFormat(f"{shown(path)}: capture format {version!r} is not one this dcptool "
+                                f"{tool_version()} reads ({', '.join(READABLE_VERSIONS)}): a newer "
+                                "dcptool wrote it")
     try:
         segment = int(meta.get(META_SEGMENT, "0"))
     except ValueError as exc:
-        raise CaptureError(f"{path}: bad dcptool.segment {meta.get(META_SEGMENT)!r}") from exc
+        raise CaptureError(f"{shown(path)}: bad dcptool.segment {meta.get(META_SEGMENT)!r}") from exc
     parse_started(meta[META_STARTED_AT])
     return CaptureFile(path=path, protocol=protocol, capture_id=meta[META_CAPTURE_ID],
                        segment=segment, started_at=meta[META_STARTED_AT],
                        in_progress=in_progress, metadata=meta)
 
 
+_describe = describe
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return shown(text.splitlines()[0])
+
+
+_WARNED: set[str] = set()
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr, once per message and process (files skipped in a capture
+    directory: a command may look at a directory more than once)."""
+    if message in _WARNED:
+        return
+    _WARNED.add(message)
+    import sys
+    try:
+        sys.stderr.write(f"dcptool: warning: {printable(message)}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _listed(directory: str) -> Iterator[tuple[str, bool]]:
+    """The capture files of a directory (not recursively), and whether each is named as a
+    segment; other files are skipped, with a warning for the ones that look like data."""
+    for name in sorted(os.listdir(directory)):
+        full = os.path.join(directory, name)
+        if name.startswith("."):
+            continue
+        if name.endswith((FINISHED_SUFFIX, IN_PROGRESS_SUFFIX)):
+            if os.path.isfile(full):
+                yield full, bool(_NAME_RE.match(name))
+        elif DAMAGED_SUFFIX in name and IN_PROGRESS_SUFFIX in name:
+            warn(f"{shown(full)}: a damaged in-progress segment kept aside (not read; "
+                 "`dcptool verify` tells what it holds)")
+
+
 def find_captures(paths: Iterable[str]) -> list[CaptureFile]:
     """Capture files named by `paths` (files, or directories whose *.parquet and *.arrows
-    are taken, not recursively), sorted by (started_at, capture_id, segment)."""
-    candidates: list[tuple[str, bool]] = []  # (path, found inside a directory)
+    are taken, not recursively), sorted by (started_at, capture_id, segment). A file inside
+    a directory that is no capture and is not named as a segment (an output written there,
+    any foreign `.parquet`) is skipped with a warning on stderr; a file named as a segment
+    that cannot be read, or any file given by name, is an error."""
+    candidates: list[tuple[str, bool, bool]] = []  # (path, found inside a directory, named as a segment)
     for p in paths:
         if os.path.isdir(p):
-            for name in sorted(os.listdir(p)):
-                if name.endswith((FINISHED_SUFFIX, IN_PROGRESS_SUFFIX)) and not name.startswith("."):
-                    full = os.path.join(p, name)
-                    if os.path.isfile(full):
-                        candidates.append((full, True))
+            candidates.extend((full, True, named) for full, named in _listed(p))
         elif os.path.isfile(p):
-            candidates.append((p, False))
+            candidates.append((p, False, True))
         else:
-            raise CaptureError(f"{p}: no such file or directory")
+            raise CaptureError(f"{shown(p)}: no such file or directory")
     seen: set[str] = set()
     by_segment: dict[tuple[str, int], CaptureFile] = {}
-    for path, in_dir in candidates:
+    for path, in_dir, named in candidates:
         real = os.path.realpath(path)
         if real in seen:
             continue
         seen.add(real)
         if in_dir and path.endswith(IN_PROGRESS_SUFFIX) and os.path.getsize(path) == 0:
             continue  # a writer that has just opened its segment: nothing to read yet
-        f = _describe(path)
+        try:
+            f = describe(path)
+        except NotACapture:
+            if in_dir and not named:
+                warn(f"{shown(path)}: not a dcptool capture segment, skipped")
+                continue
+            raise
         key = (f.capture_id, f.segment)
         old = by_segment.get(key)
         if old is None or (old.in_progress and not f.in_progress):
             by_segment[key] = f
         elif old.in_progress == f.in_progress:
-            raise CaptureError(f"{path}: segment {f.segment} of capture {f.capture_id} "
-                               f"also in {old.path}")
+            raise CaptureError(f"{shown(path)}: segment {f.segment} of capture {f.capture_id} "
+                               f"also in {shown(old.path)}")
     files = sorted(by_segment.values(), key=_order_key)
     protocols = {f.protocol for f in files}
     if len(protocols) > 1:
@@ -142,11 +228,14 @@ def protocol_of(files: list[CaptureFile]) -> str:
 
 def _read_in_progress(path: str) -> pa.Table:
     """Every complete record batch of an in-progress segment; a torn tail is ignored."""
-    from dcptool.replay.store.segment import open_in_progress
-    schema, batches = open_in_progress(path)
-    if schema is None:
-        raise CaptureError(f"{path}: unreadable in-progress segment (no schema written)")
-    return pa.Table.from_batches(list(batches), schema=schema)
+    ip = InProgress(path)
+    if ip.schema is None:
+        raise CaptureError(f"{shown(path)}: unreadable in-progress segment (no schema written)")
+    batches = ip.read_all()
+    damage = ip.damage()
+    if damage and not held_by_writer(path):
+        warn(f"{shown(path)}: {damage} (`dcptool verify` reports it; `capture --resume` keeps the file)")
+    return pa.Table.from_batches(batches, schema=ip.schema)
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -172,12 +261,13 @@ def read_file(f: CaptureFile, columns: list[str] | None = None) -> pa.Table:
             table = _read_in_progress(f.path)
             table = table.select([c for c in schema.names if c in table.column_names])
         else:
-            present = set(pq.read_schema(f.path).names)
-            table = pq.read_table(f.path, columns=[c for c in schema.names if c in present])
+            pf = parquet_file(f)
+            present = set(pf.schema_arrow.names)
+            table = pf.read(columns=[c for c in schema.names if c in present])
     except CaptureError:
         raise
     except (OSError, pa.ArrowException) as exc:
-        raise CaptureError(f"{f.path}: unreadable ({exc})") from exc
+        raise CaptureError(f"{shown(f.path)}: unreadable ({_first_line(exc)})") from exc
     table = conform(table, schema)
     if "frame_no" in table.column_names and table.num_rows > 1:
         fn = table.column("frame_no")
@@ -197,10 +287,10 @@ def frame_range(f: CaptureFile) -> tuple[int, int] | None:
     try:
         st = os.stat(f.path)
     except OSError as exc:
-        raise CaptureError(f"{f.path}: unreadable ({exc})") from exc
+        raise CaptureError(f"{shown(f.path)}: unreadable ({_first_line(exc)})") from exc
     key = (f.path, st.st_size, st.st_mtime_ns)
     if key not in _FRAME_RANGES:
-        pf = pq.ParquetFile(f.path, pre_buffer=False)
+        pf = parquet_file(f, pre_buffer=False)
         rng = None
         if "frame_no" in pf.schema_arrow.names:
             # batch by batch: the whole column of a long segment is 8 bytes a frame
@@ -226,7 +316,7 @@ def may_have_values(files: list[CaptureFile], column: str) -> bool:
     tell without reading data (a file without them, or in progress, is read)."""
     for f in files:
         if not f.in_progress:
-            md = pq.ParquetFile(f.path).metadata
+            md = footer(f.path)
             names = [md.schema.column(i).path for i in range(md.num_columns)]
             if column not in names:
                 continue
@@ -249,13 +339,13 @@ def stream_file(f: CaptureFile, cols, batch_rows: int, threads: bool = True,
         # no pre-buffering: its cache keeps every column chunk read until the file is closed, so
         # memory grew with the segment (measured 10M frames: +4 MB per 256k rows; also 30% more CPU)
         # buffered: column chunks are read a piece at a time, not whole (-18 MB a reader at 128k rows)
-        pf = pq.ParquetFile(f.path, pre_buffer=False, buffer_size=1 << 18)
+        pf = parquet_file(f, pre_buffer=False, buffer_size=1 << 18)
         present = set(pf.schema_arrow.names)
         for batch in pf.iter_batches(batch_size=batch_rows, row_groups=row_groups, use_threads=threads,
                                      columns=[c for c in schema.names if c in present]):
             yield conform(pa.Table.from_batches([batch]), schema)
     except (OSError, pa.ArrowException) as exc:
-        raise CaptureError(f"{f.path}: unreadable ({exc})") from exc
+        raise CaptureError(f"{shown(f.path)}: unreadable ({_first_line(exc)})") from exc
 
 
 def _capture_groups(files: list[CaptureFile]) -> Iterator[tuple[list[CaptureFile], bool]]:
@@ -318,7 +408,7 @@ def iter_capture_parts(files: list[CaptureFile], columns: list[str] | None = Non
     for group, streamable in _capture_groups(files):
         if streamable:
             for f in group:
-                md = pq.ParquetFile(f.path).metadata
+                md = footer(f.path)
                 for i in range(md.num_row_groups):
                     yield md.row_group(i).num_rows, functools.partial(stream_file, f, cols, batch_rows, False, [i])
         else:
@@ -361,7 +451,7 @@ def without_dictionary(paths: list[str], column: str) -> bool:
     capture writer never does for `cas`; files from other writers may): Spark can then read a
     uint64 column as the long of the same bits instead of as decimal(20,0)."""
     for path in paths:
-        meta = pq.read_metadata(path)
+        meta = pq.read_metadata(arrow_source(path))
         names = [meta.schema.column(i).path for i in range(meta.num_columns)]
         if column not in names:
             return False
