@@ -83,10 +83,10 @@ def _kept_aside(path: str, out: Findings) -> None:
                     file=shown(path), segment=int(m.group(4)) if m else None))
 
 
-def _describe_all(paths: list[tuple[str, bool]], out: Findings) -> tuple[list[reader.CaptureFile], int]:
-    """CaptureFiles of the readable candidates; unreadable ones are findings, foreign files in
-    a directory are skipped with a warning."""
-    files, bad = [], 0
+def _describe_all(paths: list[tuple[str, bool]], out: Findings) -> tuple[list[reader.CaptureFile], int, int]:
+    """CaptureFiles of the readable candidates, unreadable ones (findings) and foreign files in
+    a directory (skipped with a warning)."""
+    files, bad, skipped = [], 0, 0
     for path, may_skip in paths:
         if path.endswith(IN_PROGRESS_SUFFIX) and os.path.getsize(path) == 0:
             out.add(Finding("file.in_progress", "in-progress segment with nothing written yet", file=shown(path)))
@@ -101,6 +101,7 @@ def _describe_all(paths: list[tuple[str, bool]], out: Findings) -> tuple[list[re
         except reader.NotACapture as exc:
             if may_skip:
                 reader.warn(f"{shown(path)}: not a dcptool capture segment, skipped")
+                skipped += 1
                 continue
             bad += 1
             out.add(Finding("file.unreadable", _one_line(exc), file=shown(path),
@@ -109,7 +110,7 @@ def _describe_all(paths: list[tuple[str, bool]], out: Findings) -> tuple[list[re
             bad += 1
             out.add(Finding("file.unreadable", _one_line(exc), file=shown(path),
                             segment=int(m.group(4)) if m else None))
-    return files, bad
+    return files, bad, skipped
 
 
 def _check_sources(captures: list[list[reader.CaptureFile]], out: Findings) -> None:
@@ -319,12 +320,12 @@ def verify(paths: list[str], *, limit: int = 1000, batch_rows: int = BATCH_ROWS,
     candidates = _candidates(list(paths), out)
     if not candidates:
         raise VerifyError("no capture files found in " + ", ".join(paths))
-    files, bad = _describe_all(candidates, out)
+    files, bad, skipped = _describe_all(candidates, out)
     protocols = sorted({f.protocol for f in files})
     if len(protocols) > 1:
         raise MixedProtocols(f"captures of different protocols given together: {protocols}")
     report = Report(protocol=protocols[0] if protocols else None, findings=[], counts={},
-                    files=len(candidates), unreadable_files=bad)
+                    files=len(candidates) - skipped, unreadable_files=bad)
     if not files:
         report.findings, report.counts = out.ordered(), dict(out.counts)
         report.seconds = time.perf_counter() - t0
