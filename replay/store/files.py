@@ -89,11 +89,11 @@ def arrow_source(path: str, mode: str = "rb"):
 
 
 def shown(path) -> str:
-    """A path for messages and output: a name that is not UTF-8 keeps its bytes visible as
-    `\\xff` escapes instead of failing to print."""
+    """A path for messages and output: a name that did not decode (not UTF-8, or not ASCII
+    under a C locale) shows its bytes as ASCII `\\xff` escapes instead of failing to print."""
     text = os.fspath(path)
     try:
         text.encode("utf-8")
         return text
     except UnicodeEncodeError:
-        return os.fsencode(text).decode("utf-8", "backslashreplace")
+        return os.fsencode(text).decode("ascii", "backslashreplace")
