@@ -75,7 +75,9 @@ def summarize(paths) -> dict:
     protocol = files[0].protocol
     s = _Summary(protocol)
     cols = _DCP_COLUMNS if protocol == "dcp" else _SYN_COLUMNS
-    for f in files:
+    if protocol == "dcp":
+        _dcp_files(s, files, cols)
+    for f in files if protocol == "synapse" else ():
         s.file(f)
         last_conn = None
         for t in _chunks(f, cols):
@@ -88,6 +90,22 @@ def summarize(paths) -> dict:
     if protocol == "dcp":
         s.configs = _configs(files)
     return s.result()
+
+
+def _dcp_files(s: "_Summary", files, cols) -> None:
+    """DCP segments into the summary in replay order; a run of small finished segments of one
+    capture is read in one scan and counted per file by its footer (reader.runs)."""
+    for group, streamable in reader._capture_groups(files):
+        for run in (reader.runs(group, CHUNK_ROWS) if streamable else ([f] for f in group)):
+            if len(run) > 1:
+                for f in run:
+                    s.file(f)
+                    s.files[-1]["rows"] = reader.footer(f.path).num_rows
+                s.chunk(run[0], reader.read_segments(run, cols), per_file=False)
+                continue
+            s.file(run[0])
+            for t in _chunks(run[0], cols):
+                s.chunk(run[0], t)
 
 
 def _configs(files) -> list[dict]:
@@ -144,10 +162,12 @@ class _Summary:
             "segments": 0, "rows": 0})
         cap["segments"] += 1
 
-    def chunk(self, f, t) -> None:
-        """The next rows of the segment last passed to file()."""
+    def chunk(self, f, t, per_file: bool = True) -> None:
+        """The next rows of the segment last passed to file() (per_file False: rows of a run
+        of segments of f's capture, already counted per file)."""
         n = t.num_rows
-        self.files[-1]["rows"] += n
+        if per_file:
+            self.files[-1]["rows"] += n
         self.captures[f.capture_id]["rows"] += n
         self.rows += n
         if n == 0:

@@ -289,6 +289,10 @@ def frame_range(f: CaptureFile) -> tuple[int, int] | None:
     except OSError as exc:
         raise CaptureError(f"{shown(f.path)}: unreadable ({_first_line(exc)})") from exc
     key = (f.path, st.st_size, st.st_mtime_ns)
+    if key not in _FRAME_RANGES and footer(f.path).num_rows <= 1:
+        rng = _one_row_range(f)         # no data to read: the statistics say it
+        if rng is not None:
+            _FRAME_RANGES[key] = rng
     if key not in _FRAME_RANGES:
         pf = parquet_file(f, pre_buffer=False)
         rng = None
@@ -309,6 +313,23 @@ def frame_range(f: CaptureFile) -> tuple[int, int] | None:
                 rng = (first, last)
         _FRAME_RANGES[key] = rng
     return _FRAME_RANGES[key]
+
+
+def _one_row_range(f: CaptureFile) -> tuple[int, int] | None:
+    """frame_range of a segment of at most one row, from its footer's statistics (None
+    without them: the column is read)."""
+    md = footer(f.path)
+    if md.num_rows == 0:
+        return (-1, -1)
+    names = [md.schema.column(i).path for i in range(md.num_columns)]
+    if "frame_no" not in names:
+        return None
+    for r in range(md.num_row_groups):
+        if md.row_group(r).num_rows:
+            st = md.row_group(r).column(names.index("frame_no")).statistics
+            if st is not None and st.has_min_max and st.null_count == 0:
+                return (int(st.min), int(st.max))
+    return None
 
 
 def may_have_values(files: list[CaptureFile], column: str) -> bool:
@@ -381,17 +402,83 @@ def _read_sorted(group: list[CaptureFile], cols) -> pa.Table | None:
     return whole.take(pc.sort_indices(whole.column("frame_no")))
 
 
+# Many small segments (a short --rotate-interval, a quiet source) are read together: one
+# scan over a run of them, its files opened and decoded in parallel by pyarrow, instead of a
+# reader, a Python loop turn and a compute pass per file (issue 24.15: 5,000 one-row segments
+# took 50-100x the time of one file of the same rows).
+SMALL_SEGMENT_ROWS = 1 << 16
+RUN_FILES = 2048
+
+
+def small(f: CaptureFile) -> bool:
+    """A finished segment small enough to be read together with its neighbours."""
+    return not f.in_progress and footer(f.path).num_rows <= SMALL_SEGMENT_ROWS
+
+
+def runs(group: list[CaptureFile], batch_rows: int) -> Iterator[list[CaptureFile]]:
+    """`group` (a streamable capture's segments in order) cut into runs: consecutive small
+    segments together (at most `batch_rows` rows and RUN_FILES files a run), any other alone."""
+    run: list[CaptureFile] = []
+    rows = 0
+    for f in group:
+        if small(f):
+            n = footer(f.path).num_rows
+            if run and (rows + n > batch_rows or len(run) >= RUN_FILES):
+                yield run
+                run, rows = [], 0
+            run.append(f)
+            rows += n
+            continue
+        if run:
+            yield run
+            run, rows = [], 0
+        yield [f]
+    if run:
+        yield run
+
+
+def read_segments(files: list[CaptureFile], cols) -> pa.Table:
+    """The rows of finished segments of one protocol, in their order, as one table of
+    `cols` (None: all), read in one parallel scan (files named in bytes one by one)."""
+    import pyarrow.dataset as ds
+    full = capture_schema(files[0].protocol)
+    schema = full if cols is None else pa.schema([full.field(c) for c in cols])
+    if len(files) == 1 or any(not isinstance(arrow_path(f.path), str) for f in files):
+        tables = [read_file(f, None if cols is None else list(cols)) for f in files]
+        return pa.concat_tables(tables) if tables else schema.empty_table()
+    names = list(dict.fromkeys(["frame_no", *schema.names]))   # frame_no: to check the order
+    try:
+        table = ds.dataset([f.path for f in files], schema=full, format="parquet").to_table(
+            columns=names, use_threads=True)
+    except (OSError, pa.ArrowException) as exc:
+        raise CaptureError(f"unreadable segment among {shown(files[0].path)} .. "
+                           f"{shown(files[-1].path)} ({_first_line(exc)})") from exc
+    fn = table.column("frame_no")
+    if table.num_rows > 1 and not pc.all(pc.greater(fn.slice(1), fn.slice(0, len(fn) - 1))).as_py():
+        table = table.take(pc.sort_indices(fn))
+    return table.select(schema.names)
+
+
+def _read_run(run: list[CaptureFile], cols, batch_rows: int) -> Iterator[pa.Table]:
+    whole = read_segments(run, cols)
+    for start in range(0, whole.num_rows, batch_rows):
+        yield whole.slice(start, batch_rows)
+
+
 def iter_capture_tables(files: list[CaptureFile], columns: list[str] | None = None,
                         batch_rows: int = 1 << 20, threads: bool = True) -> Iterator[pa.Table]:
     """Every row of `files` in frame order, as a sequence of tables of `columns` (always
     with `frame_no`). Finished segments already in frame_no order (the normal case) are
-    streamed `batch_rows` at a time, so memory does not grow with the capture; anything
-    else is read whole and sorted, one capture at a time."""
+    streamed `batch_rows` at a time (runs of small ones read together), so memory does not
+    grow with the capture; anything else is read whole and sorted, one capture at a time."""
     cols = None if columns is None else list(dict.fromkeys(["frame_no", *columns]))
     for group, streamable in _capture_groups(files):
         if streamable:
-            for f in group:
-                yield from stream_file(f, cols, batch_rows, threads)
+            for run in runs(group, batch_rows):
+                if len(run) > 1:
+                    yield from _read_run(run, cols, batch_rows)
+                else:
+                    yield from stream_file(run[0], cols, batch_rows, threads)
         else:
             whole = _read_sorted(group, cols)
             if whole is not None:
@@ -403,11 +490,16 @@ def iter_capture_parts(files: list[CaptureFile], columns: list[str] | None = Non
     """The rows of iter_capture_tables as (row count, read) pairs, for reading on other
     threads: `read()` iterates the part's rows as tables of at most `batch_rows` rows, and
     may be called from any thread. Parts of streamable captures are their Parquet row
-    groups; anything else is read whole and sorted here, one capture at a time."""
+    groups (a run of small segments one part); anything else is read whole and sorted here,
+    one capture at a time."""
     cols = None if columns is None else list(dict.fromkeys(["frame_no", *columns]))
     for group, streamable in _capture_groups(files):
         if streamable:
-            for f in group:
+            for run in runs(group, batch_rows):
+                if len(run) > 1:
+                    yield sum(footer(f.path).num_rows for f in run), functools.partial(_read_run, run, cols, batch_rows)
+                    continue
+                f = run[0]
                 md = footer(f.path)
                 for i in range(md.num_row_groups):
                     yield md.row_group(i).num_rows, functools.partial(stream_file, f, cols, batch_rows, False, [i])

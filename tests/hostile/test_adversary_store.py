@@ -339,6 +339,7 @@ def test_5000_one_row_segments_read_the_same_rows_as_one_file(tmp_path):
     assert a.returncode == 0 and b.returncode == 0, b.stderr
     sa, sb = json.loads(a.stdout), json.loads(b.stdout)
     assert len(sb.pop("files")) == 5000 and len(sa.pop("files")) == 1
+    assert [c.pop("segments") for c in sa["captures"] + sb["captures"]] == [1, 5000]
     assert sa == sb and sb["rows"] == 5000
     a, b = run("replay", one, "--checksum"), run("replay", many, "--checksum")
     assert a.returncode == 0 and a.stdout == b.stdout and b.returncode == 0, b.stderr
