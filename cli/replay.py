@@ -419,11 +419,11 @@ def _output_outside_captures(out_dir, captures) -> None:
     import os
 
     from dcptool.replay.store.files import shown
-    from dcptool.replay.store.reader import _NAME_RE
+    from dcptool.replay.store.naming import is_segment_name
     real = os.path.realpath(out_dir)
     inputs = [c for c in captures if c != "-"]
     dirs = {os.path.realpath(c if os.path.isdir(c) else os.path.dirname(c) or ".") for c in inputs}
-    holds = os.path.isdir(real) and any(_NAME_RE.match(n) for n in os.listdir(real))
+    holds = os.path.isdir(real) and any(is_segment_name(n) for n in os.listdir(real))
     if real in dirs or holds:
         raise click.UsageError(f"-o {shown(out_dir)} is a capture directory: results never go into one "
                                "(they would be read as part of the capture); give another directory")

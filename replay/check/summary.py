@@ -95,7 +95,7 @@ def summarize(paths) -> dict:
 def _dcp_files(s: "_Summary", files, cols) -> None:
     """DCP segments into the summary in replay order; a run of small finished segments of one
     capture is read in one scan and counted per file by its footer (reader.runs)."""
-    for group, streamable in reader._capture_groups(files):
+    for group, streamable in reader.capture_groups(files):
         for run in (reader.runs(group, CHUNK_ROWS) if streamable else ([f] for f in group)):
             if len(run) > 1:
                 for f in run:

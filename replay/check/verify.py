@@ -13,6 +13,7 @@ grow with a capture that is wrong everywhere."""
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 import time
@@ -75,7 +76,7 @@ def _kept_aside(path: str, out: Findings) -> None:
     ip = InProgress(path)
     for _ in ip:
         pass
-    m = _NAME_RE.match(os.path.basename(path)[:-len(DAMAGED_SUFFIX)].split(DAMAGED_SUFFIX)[0])
+    m = _NAME_RE.match(os.path.basename(path).split(DAMAGED_SUFFIX)[0])
     out.add(Finding("file.damaged", f"damaged in-progress segment kept aside: {ip.rows:,} rows in "
                     f"{ip.batches:,} whole batches readable (recovered into the segment's .parquet by "
                     f"`capture --resume`), {ip.unread:,} bytes after byte {ip.good_end:,} not"
@@ -338,10 +339,23 @@ def verify(paths: list[str], *, limit: int = 1000, batch_rows: int = BATCH_ROWS,
     checker = _checker(report.protocol)
     cols = checker.COLUMNS
     for rank, segs in enumerate(captures):
-        frames = _Frames(out)
-        expected_seg = 0
-        for f in segs:
-            where = Where(f.path, f.segment, f.capture_id, rank)
+        _verify_capture(rank, segs, checker, out, report, batch_rows, progress)
+    checker.finish(out)
+    report.findings, report.counts = out.ordered(), dict(out.counts)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _verify_capture(rank: int, segs: list[reader.CaptureFile], checker, out: Findings, report: Report,
+                    batch_rows: int, progress) -> None:
+    """The segments of one capture, in order: file checks, then their rows through the frame
+    continuity check and the protocol checker; a run of small finished segments is read and
+    fed as one chunk (its findings still name the file each frame is in)."""
+    frames = _Frames(out)
+    expected_seg = 0
+    for run in _runs(segs, batch_rows):
+        wheres = [Where(f.path, f.segment, f.capture_id, rank) for f in run]
+        for f, where in zip(run, wheres):
             if f.segment != expected_seg:
                 missing = (f"segment {expected_seg}" if f.segment == expected_seg + 1
                            else f"segments {expected_seg}..{f.segment - 1}")
@@ -353,31 +367,95 @@ def verify(paths: list[str], *, limit: int = 1000, batch_rows: int = BATCH_ROWS,
             if f.in_progress:
                 out.at(where, "file.in_progress", "unfinished segment (.arrows): the capture is "
                        "running or was killed; `capture --resume` into its directory finishes it")
-            lost: list = []
-            chunks = (_arrows_chunks(f, cols, where, out) if f.in_progress
-                      else _parquet_chunks(f, cols, where, out, batch_rows, lost))
-            seen_lost = 0
-            for t, raw in chunks:
-                if len(lost) > seen_lost:      # a damaged row group before this chunk
-                    seen_lost = len(lost)
-                    rng = lost[-1]
-                    if rng is None:
-                        frames.unknown()
-                    else:
-                        frames.skip_to(rng[1] + 1)
-                    checker.resync()
-                report.rows += t.num_rows
-                fn = t.column("frame_no").to_numpy()
-                if not frames.feed(fn, where):
-                    checker.resync()
-                _check_capture_ids(t, where, out)
-                checker.feed(t, raw, where, out)
-                if progress is not None:
-                    progress(t.num_rows)
-    checker.finish(out)
-    report.findings, report.counts = out.ordered(), dict(out.counts)
-    report.seconds = time.perf_counter() - t0
-    return report
+        lost: list = []
+        run_out, chunks = out, None
+        if len(run) > 1:
+            try:
+                chunks, run_out = _run_chunks(run, wheres, checker.COLUMNS, out)
+            except reader.CaptureError:
+                chunks = None      # a damaged file among them: file by file, the damage found
+        if chunks is None:
+            chunks = _file_chunks(run, wheres, checker.COLUMNS, out, batch_rows, lost)
+        seen_lost = 0
+        frames.out = run_out
+        for t, raw, where in chunks:
+            if len(lost) > seen_lost:      # a damaged row group before this chunk
+                seen_lost = len(lost)
+                rng = lost[-1]
+                if rng is None:
+                    frames.unknown()
+                else:
+                    frames.skip_to(rng[1] + 1)
+                checker.resync()
+            report.rows += t.num_rows
+            fn = t.column("frame_no").to_numpy()
+            if not frames.feed(fn, where):
+                checker.resync()
+            _check_capture_ids(t, where, run_out)
+            checker.feed(t, raw, where, run_out)
+            if progress is not None:
+                progress(t.num_rows)
+        frames.out = out
+
+
+def _runs(segs: list[reader.CaptureFile], batch_rows: int) -> Iterator[list[reader.CaptureFile]]:
+    """Consecutive small finished segments (reader.small) with consecutive numbers together;
+    any other segment alone."""
+    run: list[reader.CaptureFile] = []
+    rows = 0
+    for f in segs:
+        ok = reader.small(f)
+        n = reader.footer(f.path).num_rows if ok else 0
+        if run and (not ok or f.segment != run[-1].segment + 1 or rows + n > batch_rows
+                    or len(run) >= reader.RUN_FILES):
+            yield run
+            run, rows = [], 0
+        if ok:
+            run.append(f)
+            rows += n
+        else:
+            yield [f]
+    if run:
+        yield run
+
+
+def _file_chunks(run, wheres, cols, out, batch_rows, lost) -> Iterator[tuple[pa.Table, Callable, Where]]:
+    for f, where in zip(run, wheres):
+        chunks = (_arrows_chunks(f, cols, where, out) if f.in_progress
+                  else _parquet_chunks(f, cols, where, out, batch_rows, lost))
+        for t, raw in chunks:
+            yield t, raw, where
+
+
+def _run_chunks(run, wheres, cols, out):
+    """A run of small segments as one chunk, and the findings collector that puts each
+    finding with a frame number on the file that frame is in."""
+    t = reader.read_segments(run, cols, sort=False)
+    sizes = [reader.footer(f.path).num_rows for f in run]
+    offsets = np.cumsum([0] + sizes[:-1])
+    fn = t.column("frame_no").to_numpy()
+    firsts = [int(fn[o]) if o < len(fn) else (1 << 62) for o in offsets]
+
+    def raw() -> pa.Array:
+        return reader.read_segments(run, ["raw"], sort=False).column("raw").combine_chunks()
+    return iter([(t, raw, wheres[0])]), _RunFindings(out, wheres, firsts)
+
+
+class _RunFindings:
+    """Findings about a run of segments read as one chunk: a finding at a frame goes to the
+    segment holding it (by the first frame of each), the rest as given."""
+
+    def __init__(self, out: Findings, wheres: list[Where], firsts: list[int]):
+        self._out, self._wheres, self._firsts = out, wheres, firsts
+
+    def at(self, where, check, message, frame_no=None, **loc) -> None:
+        if frame_no is not None and where is not None and where in self._wheres:
+            i = max(0, bisect.bisect_right(self._firsts, frame_no) - 1)
+            where = self._wheres[i]
+        self._out.at(where, check, message, frame_no=frame_no, **loc)
+
+    def __getattr__(self, name):
+        return getattr(self._out, name)
 
 
 def _check_capture_ids(t: pa.Table, where: Where, out: Findings) -> None:

@@ -187,7 +187,7 @@ def local_topology(files, ranks: dict[str, int] | None = None, as_of=None) -> pa
     ranks = reader.capture_ranks(files) if ranks is None else ranks
     cols = list(dict.fromkeys(FILTER_COLUMNS + (AS_OF_COLUMNS if as_of else [])))
     parts = []
-    for group, streamable in reader._capture_groups(files):   # runs of small segments in one scan
+    for group, streamable in reader.capture_groups(files):   # runs of small segments in one scan
         for run in (reader.runs(group, 1 << 20) if streamable else ([f] for f in group)):
             parts.extend(_run_candidates(run, cols, as_of or None) if len(run) > 1
                          else _segment_candidates(run[0], cols, as_of or None))

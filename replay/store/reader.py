@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from dcptool.protocol.text import printable
 from dcptool.replay.store.files import arrow_path, arrow_source, shown
 from dcptool.replay.store.in_progress import DAMAGED_SUFFIX, InProgress, held_by_writer
+from dcptool.replay.store.naming import SEGMENT_NAME_RE
 from dcptool.replay.store.schema import (META_CAPTURE_ID, META_FORMAT, META_PROTOCOL, META_SEGMENT,
                                          META_STARTED_AT, PROTOCOLS, READABLE_VERSIONS, capture_schema,
                                          tool_version)
@@ -31,7 +32,7 @@ from dcptool.replay.store.segment import dictionary_columns
 FINISHED_SUFFIX = ".parquet"
 IN_PROGRESS_SUFFIX = ".arrows"
 
-_NAME_RE = re.compile(r"^(dcp|synapse)-(\d{8}T\d{6}\.\d{6}Z)-([0-9a-fA-F]{1,8})-(\d{6})\.(parquet|arrows)$")
+_NAME_RE = SEGMENT_NAME_RE
 
 
 class CaptureError(Exception):
@@ -369,7 +370,7 @@ def stream_file(f: CaptureFile, cols, batch_rows: int, threads: bool = True,
         raise CaptureError(f"{shown(f.path)}: unreadable ({_first_line(exc)})") from exc
 
 
-def _capture_groups(files: list[CaptureFile]) -> Iterator[tuple[list[CaptureFile], bool]]:
+def capture_groups(files: list[CaptureFile]) -> Iterator[tuple[list[CaptureFile], bool]]:
     """The files of each capture, in replay order, and whether they can be streamed: finished
     segments whose frame numbers already increase across the whole capture."""
     files = sorted(files, key=_order_key)
@@ -437,26 +438,40 @@ def runs(group: list[CaptureFile], batch_rows: int) -> Iterator[list[CaptureFile
         yield run
 
 
-def read_segments(files: list[CaptureFile], cols) -> pa.Table:
+def read_segments(files: list[CaptureFile], cols, sort: bool = True) -> pa.Table:
     """The rows of finished segments of one protocol, in their order, as one table of
-    `cols` (None: all), read in one parallel scan (files named in bytes one by one)."""
+    `cols` (None: all), read in one parallel scan (files named in bytes one by one); with
+    sort, in frame_no order whatever the files hold (verify wants them as they are)."""
     import pyarrow.dataset as ds
     full = capture_schema(files[0].protocol)
     schema = full if cols is None else pa.schema([full.field(c) for c in cols])
     if len(files) == 1 or any(not isinstance(arrow_path(f.path), str) for f in files):
-        tables = [read_file(f, None if cols is None else list(cols)) for f in files]
+        tables = [_read_plain(f, schema) if not sort else read_file(f, None if cols is None else list(cols))
+                  for f in files]
         return pa.concat_tables(tables) if tables else schema.empty_table()
     names = list(dict.fromkeys(["frame_no", *schema.names]))   # frame_no: to check the order
     try:
-        table = ds.dataset([f.path for f in files], schema=full, format="parquet").to_table(
+        fmt = "parquet" if sort else ds.ParquetFileFormat(   # verify: page checksums as file by file
+            default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True))
+        table = ds.dataset([f.path for f in files], schema=full, format=fmt).to_table(
             columns=names, use_threads=True)
     except (OSError, pa.ArrowException) as exc:
         raise CaptureError(f"unreadable segment among {shown(files[0].path)} .. "
                            f"{shown(files[-1].path)} ({_first_line(exc)})") from exc
     fn = table.column("frame_no")
-    if table.num_rows > 1 and not pc.all(pc.greater(fn.slice(1), fn.slice(0, len(fn) - 1))).as_py():
+    if sort and table.num_rows > 1 and not pc.all(pc.greater(fn.slice(1), fn.slice(0, len(fn) - 1))).as_py():
         table = table.take(pc.sort_indices(fn))
     return table.select(schema.names)
+
+
+def _read_plain(f: CaptureFile, schema: pa.Schema) -> pa.Table:
+    """A finished segment's rows of `schema`, in file order."""
+    try:
+        pf = parquet_file(f)
+        present = set(pf.schema_arrow.names)
+        return conform(pf.read(columns=[c for c in schema.names if c in present]), schema)
+    except (OSError, pa.ArrowException) as exc:
+        raise CaptureError(f"{shown(f.path)}: unreadable ({_first_line(exc)})") from exc
 
 
 def _read_run(run: list[CaptureFile], cols, batch_rows: int) -> Iterator[pa.Table]:
@@ -472,7 +487,7 @@ def iter_capture_tables(files: list[CaptureFile], columns: list[str] | None = No
     streamed `batch_rows` at a time (runs of small ones read together), so memory does not
     grow with the capture; anything else is read whole and sorted, one capture at a time."""
     cols = None if columns is None else list(dict.fromkeys(["frame_no", *columns]))
-    for group, streamable in _capture_groups(files):
+    for group, streamable in capture_groups(files):
         if streamable:
             for run in runs(group, batch_rows):
                 if len(run) > 1:
@@ -493,7 +508,7 @@ def iter_capture_parts(files: list[CaptureFile], columns: list[str] | None = Non
     groups (a run of small segments one part); anything else is read whole and sorted here,
     one capture at a time."""
     cols = None if columns is None else list(dict.fromkeys(["frame_no", *columns]))
-    for group, streamable in _capture_groups(files):
+    for group, streamable in capture_groups(files):
         if streamable:
             for run in runs(group, batch_rows):
                 if len(run) > 1:
@@ -519,6 +534,9 @@ def read_capture_table(files: list[CaptureFile], columns: list[str] | None = Non
     if not tables:
         return schema.empty_table()
     return pa.concat_tables(tables)
+
+
+_capture_groups = capture_groups
 
 
 def parquet_paths(files: list[CaptureFile], tmpdir: str) -> list[str]:

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from dcptool.protocol.dcp.wire.constants import Status
 from dcptool.replay.store.reader import CaptureFile, find_captures, iter_capture_tables
-from dcptool.replay.store.naming import IN_PROGRESS_SUFFIX
+from dcptool.replay.store.naming import IN_PROGRESS_SUFFIX, SEGMENT_NAME_RE
 from dcptool.replay.store.segment import finish_in_progress
 
 # ops whose by_seqno is a position in the vbucket's history
@@ -361,7 +361,7 @@ def recorded_sources(directory) -> list[tuple[str, str, str]]:
     for name in sorted(os.listdir(directory)):
         if name.startswith(".") or not name.endswith((".parquet", IN_PROGRESS_SUFFIX)):
             continue
-        m = reader._NAME_RE.match(name)
+        m = SEGMENT_NAME_RE.match(name)
         key = f"{m.group(1)}-{m.group(2)}-{m.group(3)}" if m else name
         path = os.path.join(directory, name)
         if key in seen or not os.path.isfile(path) or os.path.getsize(path) == 0:
