@@ -75,18 +75,32 @@ def _order_key(f: CaptureFile):
     return (parse_started(f.started_at), f.capture_id, f.segment)
 
 
-_FOOTERS: dict[tuple, "pq.FileMetaData"] = {}     # (path, size, mtime_ns) -> its footer, read once
+_FOOTERS: dict[tuple, tuple] = {}     # (path, size, mtime_ns) -> (footer, dataset fragment or None)
+
+
+def _footer_entry(path: str) -> tuple:
+    st = os.stat(path)
+    key = (path, st.st_size, st.st_mtime_ns)
+    entry = _FOOTERS.get(key)
+    if entry is None:
+        if isinstance(arrow_path(path), str):
+            # a dataset fragment keeps the footer it parsed: scans of it (read_segments) reuse
+            # it instead of parsing it again, which is most of the cost of a small segment
+            import pyarrow.dataset as ds
+            import pyarrow.fs as pafs
+            frag = ds.ParquetFileFormat().make_fragment(path, filesystem=pafs.LocalFileSystem())
+            frag.ensure_complete_metadata()
+            entry = (frag.metadata, frag)
+        else:
+            entry = (pq.read_metadata(arrow_source(path)), None)
+        _FOOTERS[key] = entry
+    return entry
 
 
 def footer(path: str) -> "pq.FileMetaData":
     """The Parquet footer of a finished segment, read once per version of the file (every
-    later look at it, row counts, row groups, statistics, reuses it)."""
-    st = os.stat(path)
-    key = (path, st.st_size, st.st_mtime_ns)
-    md = _FOOTERS.get(key)
-    if md is None:
-        md = _FOOTERS[key] = pq.read_metadata(arrow_source(path))
-    return md
+    later look at it, row counts, row groups, statistics, scans, reuses it)."""
+    return _footer_entry(path)[0]
 
 
 def parquet_file(f: "CaptureFile", **kw) -> pq.ParquetFile:
@@ -451,9 +465,11 @@ def read_segments(files: list[CaptureFile], cols, sort: bool = True) -> pa.Table
         return pa.concat_tables(tables) if tables else schema.empty_table()
     names = list(dict.fromkeys(["frame_no", *schema.names]))   # frame_no: to check the order
     try:
-        fmt = "parquet" if sort else ds.ParquetFileFormat(   # verify: page checksums as file by file
+        import pyarrow.fs as pafs
+        fmt = ds.ParquetFileFormat() if sort else ds.ParquetFileFormat(   # verify: checksums as file by file
             default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True))
-        table = ds.dataset([f.path for f in files], schema=full, format=fmt).to_table(
+        frags = [_footer_entry(f.path)[1] for f in files]
+        table = ds.FileSystemDataset(frags, full, fmt, pafs.LocalFileSystem()).to_table(
             columns=names, use_threads=True)
     except (OSError, pa.ArrowException) as exc:
         raise CaptureError(f"unreadable segment among {shown(files[0].path)} .. "
