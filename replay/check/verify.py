@@ -434,23 +434,26 @@ def _run_chunks(run, wheres, cols, out):
     sizes = [reader.footer(f.path).num_rows for f in run]
     offsets = np.cumsum([0] + sizes[:-1])
     fn = t.column("frame_no").to_numpy()
-    firsts = [int(fn[o]) if o < len(fn) else (1 << 62) for o in offsets]
+    firsts = [int(fn[o]) if n else (1 << 62) for o, n in zip(offsets, sizes)]
+    lasts = [int(fn[o + n - 1]) if n else (1 << 62) for o, n in zip(offsets, sizes)]
 
     def raw() -> pa.Array:
         return reader.read_segments(run, ["raw"], sort=False).column("raw").combine_chunks()
-    return iter([(t, raw, wheres[0])]), _RunFindings(out, wheres, firsts)
+    return iter([(t, raw, wheres[0])]), _RunFindings(out, wheres, firsts, lasts)
 
 
 class _RunFindings:
     """Findings about a run of segments read as one chunk: a finding at a frame goes to the
     segment holding it (by the first frame of each), the rest as given."""
 
-    def __init__(self, out: Findings, wheres: list[Where], firsts: list[int]):
-        self._out, self._wheres, self._firsts = out, wheres, firsts
+    def __init__(self, out: Findings, wheres: list[Where], firsts: list[int], lasts: list[int]):
+        self._out, self._wheres, self._firsts, self._lasts = out, wheres, firsts, lasts
 
     def at(self, where, check, message, frame_no=None, **loc) -> None:
         if frame_no is not None and where is not None and where in self._wheres:
             i = max(0, bisect.bisect_right(self._firsts, frame_no) - 1)
+            if frame_no > self._lasts[i] and i + 1 < len(self._wheres):
+                i += 1          # a frame between two segments (a hole): the later one, as file by file
             where = self._wheres[i]
         self._out.at(where, check, message, frame_no=frame_no, **loc)
 

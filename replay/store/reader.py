@@ -183,6 +183,23 @@ def _listed(directory: str) -> Iterator[tuple[str, bool]]:
                  "`dcptool verify` tells what it holds)")
 
 
+def _prefetch_footers(paths: list[str]) -> None:
+    """Read the footers of many finished segments on a few threads (pyarrow parses them
+    without the GIL); errors are left for describe() to report."""
+    todo = [p for p in paths if p.endswith(FINISHED_SUFFIX)]
+    if len(todo) < 64:
+        return
+    import concurrent.futures
+
+    def one(path: str) -> None:
+        try:
+            _footer_entry(path)
+        except (OSError, pa.ArrowException, ValueError):
+            pass
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
+        list(pool.map(one, todo, chunksize=64))
+
+
 def find_captures(paths: Iterable[str]) -> list[CaptureFile]:
     """Capture files named by `paths` (files, or directories whose *.parquet and *.arrows
     are taken, not recursively), sorted by (started_at, capture_id, segment). A file inside
@@ -197,6 +214,7 @@ def find_captures(paths: Iterable[str]) -> list[CaptureFile]:
             candidates.append((p, False, True))
         else:
             raise CaptureError(f"{shown(p)}: no such file or directory")
+    _prefetch_footers([c[0] for c in candidates])
     seen: set[str] = set()
     by_segment: dict[tuple[str, int], CaptureFile] = {}
     for path, in_dir, named in candidates:
@@ -336,12 +354,16 @@ def _one_row_range(f: CaptureFile) -> tuple[int, int] | None:
     md = footer(f.path)
     if md.num_rows == 0:
         return (-1, -1)
-    names = [md.schema.column(i).path for i in range(md.num_columns)]
-    if "frame_no" not in names:
-        return None
+    if md.num_columns > 1 and md.schema.column(1).path == "frame_no":
+        col = 1             # where the capture schema has it
+    else:
+        names = [md.schema.column(i).path for i in range(md.num_columns)]
+        if "frame_no" not in names:
+            return None
+        col = names.index("frame_no")
     for r in range(md.num_row_groups):
         if md.row_group(r).num_rows:
-            st = md.row_group(r).column(names.index("frame_no")).statistics
+            st = md.row_group(r).column(col).statistics
             if st is not None and st.has_min_max and st.null_count == 0:
                 return (int(st.min), int(st.max))
     return None

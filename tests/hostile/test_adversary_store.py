@@ -346,3 +346,21 @@ def test_5000_one_row_segments_read_the_same_rows_as_one_file(tmp_path):
     a, b = run("verify", one, "--format", "jsonl"), run("verify", many, "--format", "jsonl")
     assert (a.returncode, b.returncode) == (0, 0), b.stdout[:2000]
     assert "verified 5,000 rows in 5000 file(s)" in b.stderr
+
+
+def test_findings_in_a_run_of_small_segments_name_the_segment_of_their_frame(tmp_path):
+    """Small segments are verified as one chunk; a finding still names the file it is in, as
+    when they are verified file by file."""
+    from dcptool.replay.check import verify as V
+    from tests.bench.bench_segments import rows, write_capture
+    t = rows(100)
+    fn = t["frame_no"].to_numpy().copy()
+    fn[60:] += 1                                     # frame 60 lost: a hole in segment 60
+    seq = t["by_seqno"].to_pylist()
+    seq[80] = seq[79]                                # and a seqno that does not increase
+    t = t.set_column(1, "frame_no", pa.array(fn)).set_column(
+        t.schema.get_field_index("by_seqno"), "by_seqno", pa.array(seq, pa.int64()))
+    write_capture(str(tmp_path), t, 1)
+    report = V.verify([str(tmp_path)])
+    got = {f.check: (f.segment, f.frame_no) for f in report.findings}
+    assert got == {"file.frames_missing": (60, 60), "dcp.seqno_not_increasing": (80, 81)}, got
