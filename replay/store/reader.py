@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from dcptool.protocol.text import printable
 from dcptool.replay.store.files import arrow_path, arrow_source, shown
+from dcptool.replay.store.footers import footer, footer_entry, leaf_index, prefetch_footers  # noqa: F401 (footer, leaf_index: also for the engines)
 from dcptool.replay.store.in_progress import DAMAGED_SUFFIX, InProgress, held_by_writer
 from dcptool.replay.store.naming import SEGMENT_NAME_RE
 from dcptool.replay.store.schema import (META_CAPTURE_ID, META_FORMAT, META_PROTOCOL, META_SEGMENT,
@@ -73,34 +74,6 @@ def parse_started(text: str) -> _dt.datetime:
 
 def _order_key(f: CaptureFile):
     return (parse_started(f.started_at), f.capture_id, f.segment)
-
-
-_FOOTERS: dict[tuple, tuple] = {}     # (path, size, mtime_ns) -> (footer, dataset fragment or None)
-
-
-def _footer_entry(path: str) -> tuple:
-    st = os.stat(path)
-    key = (path, st.st_size, st.st_mtime_ns)
-    entry = _FOOTERS.get(key)
-    if entry is None:
-        if isinstance(arrow_path(path), str):
-            # a dataset fragment keeps the footer it parsed: scans of it (read_segments) reuse
-            # it instead of parsing it again, which is most of the cost of a small segment
-            import pyarrow.dataset as ds
-            import pyarrow.fs as pafs
-            frag = ds.ParquetFileFormat().make_fragment(path, filesystem=pafs.LocalFileSystem())
-            frag.ensure_complete_metadata()
-            entry = (frag.metadata, frag)
-        else:
-            entry = (pq.read_metadata(arrow_source(path)), None)
-        _FOOTERS[key] = entry
-    return entry
-
-
-def footer(path: str) -> "pq.FileMetaData":
-    """The Parquet footer of a finished segment, read once per version of the file (every
-    later look at it, row counts, row groups, statistics, scans, reuses it)."""
-    return _footer_entry(path)[0]
 
 
 def parquet_file(f: "CaptureFile", **kw) -> pq.ParquetFile:
@@ -183,23 +156,6 @@ def _listed(directory: str) -> Iterator[tuple[str, bool]]:
                  "`dcptool verify` tells what it holds)")
 
 
-def _prefetch_footers(paths: list[str]) -> None:
-    """Read the footers of many finished segments on a few threads (pyarrow parses them
-    without the GIL); errors are left for describe() to report."""
-    todo = [p for p in paths if p.endswith(FINISHED_SUFFIX)]
-    if len(todo) < 64:
-        return
-    import concurrent.futures
-
-    def one(path: str) -> None:
-        try:
-            _footer_entry(path)
-        except (OSError, pa.ArrowException, ValueError):
-            pass
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
-        list(pool.map(one, todo, chunksize=64))
-
-
 def find_captures(paths: Iterable[str]) -> list[CaptureFile]:
     """Capture files named by `paths` (files, or directories whose *.parquet and *.arrows
     are taken, not recursively), sorted by (started_at, capture_id, segment). A file inside
@@ -214,7 +170,7 @@ def find_captures(paths: Iterable[str]) -> list[CaptureFile]:
             candidates.append((p, False, True))
         else:
             raise CaptureError(f"{shown(p)}: no such file or directory")
-    _prefetch_footers([c[0] for c in candidates])
+    prefetch_footers([c[0] for c in candidates if c[0].endswith(FINISHED_SUFFIX)])
     seen: set[str] = set()
     by_segment: dict[tuple[str, int], CaptureFile] = {}
     for path, in_dir, named in candidates:
@@ -354,13 +310,9 @@ def _one_row_range(f: CaptureFile) -> tuple[int, int] | None:
     md = footer(f.path)
     if md.num_rows == 0:
         return (-1, -1)
-    if md.num_columns > 1 and md.schema.column(1).path == "frame_no":
-        col = 1             # where the capture schema has it
-    else:
-        names = [md.schema.column(i).path for i in range(md.num_columns)]
-        if "frame_no" not in names:
-            return None
-        col = names.index("frame_no")
+    col = leaf_index(md, "frame_no")
+    if col is None:
+        return None
     for r in range(md.num_row_groups):
         if md.row_group(r).num_rows:
             st = md.row_group(r).column(col).statistics
@@ -375,10 +327,9 @@ def may_have_values(files: list[CaptureFile], column: str) -> bool:
     for f in files:
         if not f.in_progress:
             md = footer(f.path)
-            names = [md.schema.column(i).path for i in range(md.num_columns)]
-            if column not in names:
+            i = leaf_index(md, column)
+            if i is None:
                 continue
-            i = names.index(column)
             stats = [md.row_group(r).column(i).statistics for r in range(md.num_row_groups)]
             if all(st is not None and st.has_null_count
                    and st.null_count == md.row_group(r).num_rows for r, st in enumerate(stats)):
@@ -490,7 +441,7 @@ def read_segments(files: list[CaptureFile], cols, sort: bool = True) -> pa.Table
         import pyarrow.fs as pafs
         fmt = ds.ParquetFileFormat() if sort else ds.ParquetFileFormat(   # verify: checksums as file by file
             default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True))
-        frags = [_footer_entry(f.path)[1] for f in files]
+        frags = [footer_entry(f.path)[1] for f in files]
         table = ds.FileSystemDataset(frags, full, fmt, pafs.LocalFileSystem()).to_table(
             columns=names, use_threads=True)
     except (OSError, pa.ArrowException) as exc:
