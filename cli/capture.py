@@ -21,11 +21,14 @@ from dcptool.replay.store import COMPRESSIONS
               show_default=CaptureSettings.compression)
 @click.option("--resume", is_flag=True,
               help="Continue from the state recorded in the captures already in the output directory.")
+@click.option("--force-new", "force_new", is_flag=True,
+              help="Start a new capture even though the output directory holds a capture of another "
+                   "source (same protocol only).")
 @click.option("--quiet", is_flag=True, help="No live progress on stderr.")
 @click.option("--json", "json_summary", is_flag=True, help="Print the final summary as JSON on stdout.")
 @click.pass_context
-def capture(ctx, output, output_alias, rotate_size, rotate_interval, compression, resume, quiet, json_summary,
-            **kw):
+def capture(ctx, output, output_alias, rotate_size, rotate_interval, compression, resume, force_new, quiet,
+            json_summary, **kw):
     """Record SOURCE into timestamped Parquet captures under --output.
 
     \b
@@ -38,4 +41,24 @@ def capture(ctx, output, output_alias, rotate_size, rotate_interval, compression
                  rotate_size=parse_size(rotate_size, "--rotate-size") if rotate_size else None,
                  rotate_interval=parse_duration(rotate_interval, "--rotate-interval") if rotate_interval else None)
     settings = CaptureSettings(**{k: v for k, v in given.items() if v is not None})
+    if resume and force_new:
+        raise click.UsageError("--force-new starts a new capture: it does not combine with --resume")
+    _one_source(settings.output, opts.source, resume=resume, force_new=force_new)
     runner(opts.source.protocol, "capture")(opts, settings)
+
+
+def _one_source(directory: str, source, *, resume: bool, force_new: bool) -> None:
+    """A capture directory holds one protocol and one source (replay/store/resume.py): another
+    one is a usage error naming both, before anything connects. With --resume the in-progress
+    segments a killed run left are finished here first; a damaged one is kept aside and said."""
+    from dcptool.cli.console import err_console
+    from dcptool.cli.errors import LateUsageError
+    from dcptool.replay.store import resume as R
+    try:
+        R.check_source(directory, source.protocol, source.url, resume=resume, force_new=force_new)
+    except R.SourceMismatch as exc:
+        raise LateUsageError(str(exc)) from None
+    if resume:
+        done = R.recover_first(directory)
+        for note in done.damaged:
+            err_console().print(f"dcptool: warning: {note}", highlight=False, markup=False, soft_wrap=True)

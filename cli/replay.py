@@ -160,6 +160,8 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
       dcptool replay captures/ --as-of 2026-01-02T03:04:05Z --table documents
     """
     out_dir = output or output_alias
+    if out_dir:
+        _output_outside_captures(out_dir, captures)
     verbose = bool((ctx.find_root().obj or {}).get("verbose"))
     source = ctx.get_parameter_source("master")
     master_given = source is not None and source.name != "DEFAULT"
@@ -401,6 +403,23 @@ def _print_checksums(chosen, fmt):
         else:
             out.write(f"{digest}  {name}\n")
     out.flush()
+
+
+def _output_outside_captures(out_dir, captures) -> None:
+    """-o never writes into a capture directory (its results would be read as a foreign file
+    of the capture): the directory of a CAPTURE given, or one holding capture segments, is a
+    usage error. A directory below a capture directory is fine (captures are not recursive)."""
+    import os
+
+    from dcptool.replay.store.files import shown
+    from dcptool.replay.store.naming import is_segment_name
+    real = os.path.realpath(out_dir)
+    inputs = [c for c in captures if c != "-"]
+    dirs = {os.path.realpath(c if os.path.isdir(c) else os.path.dirname(c) or ".") for c in inputs}
+    holds = os.path.isdir(real) and any(is_segment_name(n) for n in os.listdir(real))
+    if real in dirs or holds:
+        raise click.UsageError(f"-o {shown(out_dir)} is a capture directory: results never go into one "
+                               "(they would be read as part of the capture); give another directory")
 
 
 def _write(out_dir, chosen, console):

@@ -7,18 +7,21 @@ from __future__ import annotations
 import dataclasses
 
 from dcptool.protocol.errors import DcptoolError
+from dcptool.replay.store.files import shown
 
 SEVERITIES = ("error", "warn", "info")
 FINDING_COLUMNS = ["check", "severity", "message", "file", "segment", "capture_id", "frame_no",
                    "vbucket", "stream_id", "stream", "instance", "seqno", "token"]
 # the order findings are printed in: damage first, then the other file checks, then rows
 DAMAGE, FILES, ROWS = 0, 1, 2
-DAMAGE_CHECKS = ("file.unreadable", "file.damaged")
+DAMAGE_CHECKS = ("file.unreadable", "file.damaged", "file.unsupported_format")
 
 # every check verify can report: id -> (severity, what it means); CLI.md lists them
 CHECKS: dict[str, tuple[str, str]] = {
     "file.unreadable": ("error", "a file that is not a readable capture file (nothing of it verified)"),
     "file.damaged": ("error", "a part of a segment that cannot be read (the rest is verified)"),
+    "file.unsupported_format": ("error", "a segment of a newer capture format than this dcptool reads (not read)"),
+    "file.mixed_sources": ("error", "captures of different sources in one directory"),
     "file.in_progress": ("warn", "an unfinished `.arrows` segment (verified as far as it is whole)"),
     "file.leftover": ("warn", "an `.arrows` or `.parquet.tmp` next to the finished segment it was turned into"),
     "file.duplicate_segment": ("error", "two files hold the same segment of a capture"),
@@ -82,6 +85,9 @@ class Finding:
     def to_row(self) -> dict:
         row = {k: getattr(self, k) for k in FINDING_COLUMNS if k != "severity"}
         row["severity"] = self.severity
+        for k in ("file", "message"):       # a path that is not UTF-8 prints as \xff escapes
+            if row[k] is not None:
+                row[k] = shown(row[k])
         return {k: row[k] for k in FINDING_COLUMNS}
 
 

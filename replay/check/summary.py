@@ -11,6 +11,7 @@ import pyarrow.compute as pc
 
 from dcptool.protocol.dcp.wire.constants import Status, stream_end_reason_name
 from dcptool.replay.store import reader
+from dcptool.replay.store.files import shown
 from dcptool.replay.timestamps import iso_ns
 
 _DCP_COLUMNS = ["frame_no", "capture_id", "node", "ts", "direction", "decode_error", "op", "status",
@@ -70,11 +71,13 @@ def summarize(paths) -> dict:
     from dcptool.replay.store.reader import CaptureError, find_captures
     files = find_captures(paths)
     if not files:
-        raise CaptureError(f"no capture files found in {', '.join(map(str, paths))}")
+        raise CaptureError(f"no capture files found in {', '.join(map(shown, paths))}")
     protocol = files[0].protocol
     s = _Summary(protocol)
     cols = _DCP_COLUMNS if protocol == "dcp" else _SYN_COLUMNS
-    for f in files:
+    if protocol == "dcp":
+        _dcp_files(s, files, cols)
+    for f in files if protocol == "synapse" else ():
         s.file(f)
         last_conn = None
         for t in _chunks(f, cols):
@@ -87,6 +90,22 @@ def summarize(paths) -> dict:
     if protocol == "dcp":
         s.configs = _configs(files)
     return s.result()
+
+
+def _dcp_files(s: "_Summary", files, cols) -> None:
+    """DCP segments into the summary in replay order; a run of small finished segments of one
+    capture is read in one scan and counted per file by its footer (reader.runs)."""
+    for group, streamable in reader.capture_groups(files):
+        for run in (reader.runs(group, CHUNK_ROWS) if streamable else ([f] for f in group)):
+            if len(run) > 1:
+                for f in run:
+                    s.file(f)
+                    s.files[-1]["rows"] = reader.footer(f.path).num_rows
+                s.chunk(run[0], reader.read_segments(run, cols), per_file=False)
+                continue
+            s.file(run[0])
+            for t in _chunks(run[0], cols):
+                s.chunk(run[0], t)
 
 
 def _configs(files) -> list[dict]:
@@ -135,7 +154,7 @@ class _Summary:
     # -- per segment ---------------------------------------------------------------------
 
     def file(self, f) -> None:
-        self.files.append({"path": f.path, "capture_id": f.capture_id, "segment": f.segment,
+        self.files.append({"path": shown(f.path), "capture_id": f.capture_id, "segment": f.segment,
                            "in_progress": f.in_progress, "started_at": _started(f.started_at), "rows": 0})
         cap = self.captures.setdefault(f.capture_id, {
             "capture_id": f.capture_id, "started_at": _started(f.started_at),
@@ -143,10 +162,12 @@ class _Summary:
             "segments": 0, "rows": 0})
         cap["segments"] += 1
 
-    def chunk(self, f, t) -> None:
-        """The next rows of the segment last passed to file()."""
+    def chunk(self, f, t, per_file: bool = True) -> None:
+        """The next rows of the segment last passed to file() (per_file False: rows of a run
+        of segments of f's capture, already counted per file)."""
         n = t.num_rows
-        self.files[-1]["rows"] += n
+        if per_file:
+            self.files[-1]["rows"] += n
         self.captures[f.capture_id]["rows"] += n
         self.rows += n
         if n == 0:

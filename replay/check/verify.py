@@ -13,6 +13,7 @@ grow with a capture that is wrong everywhere."""
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 import time
@@ -25,7 +26,8 @@ import pyarrow.parquet as pq
 from dcptool.replay.store import reader
 from dcptool.replay.store.naming import IN_PROGRESS_SUFFIX, TMP_SUFFIX, segment_name
 from dcptool.replay.store.schema import capture_schema
-from dcptool.replay.store.segment import open_in_progress
+from dcptool.replay.store.files import arrow_source, shown
+from dcptool.replay.store.in_progress import DAMAGED_SUFFIX, InProgress, held_by_writer
 from dcptool.replay.check.findings import Finding, Findings, MixedProtocols, Report, VerifyError, Where
 
 FINISHED_SUFFIX = ".parquet"
@@ -37,8 +39,10 @@ BATCH_ROWS = 1 << 18
 _NAME_RE = re.compile(r"^(dcp|synapse)-(\d{8}T\d{6}\.\d{6}Z)-([0-9a-fA-F]{8})-(\d{6})\.(parquet|arrows)$")
 
 
-def _candidates(paths: list[str], out: Findings) -> list[str]:
-    found: list[str] = []
+def _candidates(paths: list[str], out: Findings) -> list[tuple[str, bool]]:
+    """(path, may skip) of every file to verify: may skip when it is in a directory and not
+    named as a segment (a foreign file there is skipped with a warning, as replay does)."""
+    found: list[tuple[str, bool]] = []
     for p in paths:
         if os.path.isdir(p):
             for name in sorted(os.listdir(p)):
@@ -46,40 +50,88 @@ def _candidates(paths: list[str], out: Findings) -> list[str]:
                 if name.startswith(".") or not os.path.isfile(full):
                     continue
                 if name.endswith((FINISHED_SUFFIX, IN_PROGRESS_SUFFIX)):
-                    found.append(full)
+                    found.append((full, not _NAME_RE.match(name)))
                 elif name.endswith(FINISHED_SUFFIX + TMP_SUFFIX):
                     done = full[:-len(TMP_SUFFIX)]
                     if os.path.exists(done):
                         out.add(Finding("file.leftover", f"temporary file left next to the finished segment "
-                                        f"{os.path.basename(done)}", file=full))
+                                        f"{shown(os.path.basename(done))}", file=shown(full)))
+                elif IN_PROGRESS_SUFFIX + DAMAGED_SUFFIX in name:
+                    _kept_aside(full, out)
         elif os.path.isfile(p):
-            found.append(p)
+            found.append((p, False))
         else:
-            raise VerifyError(f"{p}: no such file or directory")
+            raise VerifyError(f"{shown(p)}: no such file or directory")
     seen, unique = set(), []
-    for f in found:
+    for f, may_skip in found:
         real = os.path.realpath(f)
         if real not in seen:
             seen.add(real)
-            unique.append(f)
+            unique.append((f, may_skip))
     return unique
 
 
-def _describe_all(paths: list[str], out: Findings) -> tuple[list[reader.CaptureFile], int]:
-    """CaptureFiles of the readable candidates; unreadable ones are findings."""
-    files, bad = [], 0
-    for path in paths:
+def _kept_aside(path: str, out: Findings) -> None:
+    """A damaged in-progress file `capture --resume` kept aside: what of it can be read."""
+    ip = InProgress(path)
+    for _ in ip:
+        pass
+    m = _NAME_RE.match(os.path.basename(path).split(DAMAGED_SUFFIX)[0])
+    out.add(Finding("file.damaged", f"damaged in-progress segment kept aside: {ip.rows:,} rows in "
+                    f"{ip.batches:,} whole batches readable (recovered into the segment's .parquet by "
+                    f"`capture --resume`), {ip.unread:,} bytes after byte {ip.good_end:,} not"
+                    + (f" ({ip.error})" if ip.error else ""),
+                    file=shown(path), segment=int(m.group(4)) if m else None))
+
+
+def _describe_all(paths: list[tuple[str, bool]], out: Findings) -> tuple[list[reader.CaptureFile], int, int]:
+    """CaptureFiles of the readable candidates, unreadable ones (findings) and foreign files in
+    a directory (skipped with a warning)."""
+    files, bad, skipped = [], 0, 0
+    for path, may_skip in paths:
         if path.endswith(IN_PROGRESS_SUFFIX) and os.path.getsize(path) == 0:
-            out.add(Finding("file.in_progress", "in-progress segment with nothing written yet", file=path))
+            out.add(Finding("file.in_progress", "in-progress segment with nothing written yet", file=shown(path)))
             continue
+        m = _NAME_RE.match(os.path.basename(path))
         try:
-            files.extend(reader.find_captures([path]))
+            files.append(reader.describe(path))
+        except reader.UnsupportedFormat as exc:
+            bad += 1
+            out.add(Finding("file.unsupported_format", _one_line(exc), file=shown(path),
+                            segment=int(m.group(4)) if m else None))
+        except reader.NotACapture as exc:
+            if may_skip:
+                reader.warn(f"{shown(path)}: not a dcptool capture segment, skipped")
+                skipped += 1
+                continue
+            bad += 1
+            out.add(Finding("file.unreadable", _one_line(exc), file=shown(path),
+                            segment=int(m.group(4)) if m else None))
         except (reader.CaptureError, OSError) as exc:
             bad += 1
-            m = _NAME_RE.match(os.path.basename(path))
-            out.add(Finding("file.unreadable", _one_line(exc), file=path,
+            out.add(Finding("file.unreadable", _one_line(exc), file=shown(path),
                             segment=int(m.group(4)) if m else None))
-    return files, bad
+    return files, bad, skipped
+
+
+def _check_sources(captures: list[list[reader.CaptureFile]], out: Findings) -> None:
+    """A directory holds captures of one source: each capture of another source than the
+    first one of its directory is a finding."""
+    from dcptool.replay.store.resume import display_source, same_source
+    from dcptool.replay.store.schema import META_SOURCE
+    first: dict[str, tuple[str, reader.CaptureFile]] = {}
+    for segs in captures:
+        f = segs[0]
+        where = os.path.dirname(os.path.realpath(f.path))
+        source = f.metadata.get(META_SOURCE, "")
+        if where not in first:
+            first[where] = (source, f)
+            continue
+        source0, f0 = first[where]
+        if not same_source(source0, source):
+            out.add(Finding("file.mixed_sources", f"capture {f.capture_id} is of {display_source(source)}, "
+                            f"capture {f0.capture_id} in the same directory of {display_source(source0)}",
+                            file=shown(f.path), segment=f.segment, capture_id=f.capture_id))
 
 
 def _check_name(f: reader.CaptureFile, out: Findings) -> None:
@@ -157,7 +209,8 @@ def _parquet_chunks(f: reader.CaptureFile, cols: list[str], where: Where, out: F
     schema = capture_schema(f.protocol)
     want = pa.schema([schema.field(c) for c in cols])
     try:
-        pf = pq.ParquetFile(f.path, pre_buffer=False, page_checksum_verification=True)
+        pf = pq.ParquetFile(arrow_source(f.path), metadata=reader.footer(f.path), pre_buffer=False,
+                             page_checksum_verification=True)
         md = pf.metadata
     except (OSError, pa.ArrowException) as exc:
         out.add(Finding("file.damaged", f"cannot open: {_one_line(exc)}", file=f.path,
@@ -201,14 +254,18 @@ def _raw_loader(pf: pq.ParquetFile, rg: int, offset: int, n: int) -> Callable[[]
     return load
 
 
-def _arrows_chunks(f: reader.CaptureFile, cols: list[str], batch_rows: int) -> Iterator[Chunk]:
+def _arrows_chunks(f: reader.CaptureFile, cols: list[str], where: Where, out: Findings) -> Iterator[Chunk]:
     schema = capture_schema(f.protocol)
     want = pa.schema([schema.field(c) for c in cols])
-    _, batches = open_in_progress(f.path)
-    for batch in batches:
+    ip = InProgress(f.path)
+    for batch in ip:
         t = pa.Table.from_batches([batch])
         raw = t.column("raw").combine_chunks() if "raw" in t.column_names else pa.nulls(t.num_rows, pa.binary())
         yield reader.conform(t, want), (lambda raw=raw: raw)
+    damage = ip.damage()
+    if damage and not held_by_writer(f.path):
+        out.at(where, "file.damaged", f"in-progress segment: {damage}; `capture --resume` recovers the "
+               "whole batches and keeps the file aside")
 
 
 class _Frames:
@@ -264,12 +321,12 @@ def verify(paths: list[str], *, limit: int = 1000, batch_rows: int = BATCH_ROWS,
     candidates = _candidates(list(paths), out)
     if not candidates:
         raise VerifyError("no capture files found in " + ", ".join(paths))
-    files, bad = _describe_all(candidates, out)
+    files, bad, skipped = _describe_all(candidates, out)
     protocols = sorted({f.protocol for f in files})
     if len(protocols) > 1:
         raise MixedProtocols(f"captures of different protocols given together: {protocols}")
     report = Report(protocol=protocols[0] if protocols else None, findings=[], counts={},
-                    files=len(candidates), unreadable_files=bad)
+                    files=len(candidates) - skipped, unreadable_files=bad)
     if not files:
         report.findings, report.counts = out.ordered(), dict(out.counts)
         report.seconds = time.perf_counter() - t0
@@ -277,14 +334,28 @@ def verify(paths: list[str], *, limit: int = 1000, batch_rows: int = BATCH_ROWS,
     for f in files:
         _check_name(f, out)
     captures = _group(files, out)
+    _check_sources(captures, out)
     report.captures = len(captures)
     checker = _checker(report.protocol)
     cols = checker.COLUMNS
     for rank, segs in enumerate(captures):
-        frames = _Frames(out)
-        expected_seg = 0
-        for f in segs:
-            where = Where(f.path, f.segment, f.capture_id, rank)
+        _verify_capture(rank, segs, checker, out, report, batch_rows, progress)
+    checker.finish(out)
+    report.findings, report.counts = out.ordered(), dict(out.counts)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _verify_capture(rank: int, segs: list[reader.CaptureFile], checker, out: Findings, report: Report,
+                    batch_rows: int, progress) -> None:
+    """The segments of one capture, in order: file checks, then their rows through the frame
+    continuity check and the protocol checker; a run of small finished segments is read and
+    fed as one chunk (its findings still name the file each frame is in)."""
+    frames = _Frames(out)
+    expected_seg = 0
+    for run in _runs(segs, batch_rows):
+        wheres = [Where(f.path, f.segment, f.capture_id, rank) for f in run]
+        for f, where in zip(run, wheres):
             if f.segment != expected_seg:
                 missing = (f"segment {expected_seg}" if f.segment == expected_seg + 1
                            else f"segments {expected_seg}..{f.segment - 1}")
@@ -296,31 +367,98 @@ def verify(paths: list[str], *, limit: int = 1000, batch_rows: int = BATCH_ROWS,
             if f.in_progress:
                 out.at(where, "file.in_progress", "unfinished segment (.arrows): the capture is "
                        "running or was killed; `capture --resume` into its directory finishes it")
-            lost: list = []
-            chunks = (_arrows_chunks(f, cols, batch_rows) if f.in_progress
-                      else _parquet_chunks(f, cols, where, out, batch_rows, lost))
-            seen_lost = 0
-            for t, raw in chunks:
-                if len(lost) > seen_lost:      # a damaged row group before this chunk
-                    seen_lost = len(lost)
-                    rng = lost[-1]
-                    if rng is None:
-                        frames.unknown()
-                    else:
-                        frames.skip_to(rng[1] + 1)
-                    checker.resync()
-                report.rows += t.num_rows
-                fn = t.column("frame_no").to_numpy()
-                if not frames.feed(fn, where):
-                    checker.resync()
-                _check_capture_ids(t, where, out)
-                checker.feed(t, raw, where, out)
-                if progress is not None:
-                    progress(t.num_rows)
-    checker.finish(out)
-    report.findings, report.counts = out.ordered(), dict(out.counts)
-    report.seconds = time.perf_counter() - t0
-    return report
+        lost: list = []
+        run_out, chunks = out, None
+        if len(run) > 1:
+            try:
+                chunks, run_out = _run_chunks(run, wheres, checker.COLUMNS, out)
+            except reader.CaptureError:
+                chunks = None      # a damaged file among them: file by file, the damage found
+        if chunks is None:
+            chunks = _file_chunks(run, wheres, checker.COLUMNS, out, batch_rows, lost)
+        seen_lost = 0
+        frames.out = run_out
+        for t, raw, where in chunks:
+            if len(lost) > seen_lost:      # a damaged row group before this chunk
+                seen_lost = len(lost)
+                rng = lost[-1]
+                if rng is None:
+                    frames.unknown()
+                else:
+                    frames.skip_to(rng[1] + 1)
+                checker.resync()
+            report.rows += t.num_rows
+            fn = t.column("frame_no").to_numpy()
+            if not frames.feed(fn, where):
+                checker.resync()
+            _check_capture_ids(t, where, run_out)
+            checker.feed(t, raw, where, run_out)
+            if progress is not None:
+                progress(t.num_rows)
+        frames.out = out
+
+
+def _runs(segs: list[reader.CaptureFile], batch_rows: int) -> Iterator[list[reader.CaptureFile]]:
+    """Consecutive small finished segments (reader.small) with consecutive numbers together;
+    any other segment alone."""
+    run: list[reader.CaptureFile] = []
+    rows = 0
+    for f in segs:
+        ok = reader.small(f)
+        n = reader.footer(f.path).num_rows if ok else 0
+        if run and (not ok or f.segment != run[-1].segment + 1 or rows + n > batch_rows
+                    or len(run) >= reader.RUN_FILES):
+            yield run
+            run, rows = [], 0
+        if ok:
+            run.append(f)
+            rows += n
+        else:
+            yield [f]
+    if run:
+        yield run
+
+
+def _file_chunks(run, wheres, cols, out, batch_rows, lost) -> Iterator[tuple[pa.Table, Callable, Where]]:
+    for f, where in zip(run, wheres):
+        chunks = (_arrows_chunks(f, cols, where, out) if f.in_progress
+                  else _parquet_chunks(f, cols, where, out, batch_rows, lost))
+        for t, raw in chunks:
+            yield t, raw, where
+
+
+def _run_chunks(run, wheres, cols, out):
+    """A run of small segments as one chunk, and the findings collector that puts each
+    finding with a frame number on the file that frame is in."""
+    t = reader.read_segments(run, cols, sort=False)
+    sizes = [reader.footer(f.path).num_rows for f in run]
+    offsets = np.cumsum([0] + sizes[:-1])
+    fn = t.column("frame_no").to_numpy()
+    firsts = [int(fn[o]) if n else (1 << 62) for o, n in zip(offsets, sizes)]
+    lasts = [int(fn[o + n - 1]) if n else (1 << 62) for o, n in zip(offsets, sizes)]
+
+    def raw() -> pa.Array:
+        return reader.read_segments(run, ["raw"], sort=False).column("raw").combine_chunks()
+    return iter([(t, raw, wheres[0])]), _RunFindings(out, wheres, firsts, lasts)
+
+
+class _RunFindings:
+    """Findings about a run of segments read as one chunk: a finding at a frame goes to the
+    segment holding it (by the first frame of each), the rest as given."""
+
+    def __init__(self, out: Findings, wheres: list[Where], firsts: list[int], lasts: list[int]):
+        self._out, self._wheres, self._firsts, self._lasts = out, wheres, firsts, lasts
+
+    def at(self, where, check, message, frame_no=None, **loc) -> None:
+        if frame_no is not None and where is not None and where in self._wheres:
+            i = max(0, bisect.bisect_right(self._firsts, frame_no) - 1)
+            if frame_no > self._lasts[i] and i + 1 < len(self._wheres):
+                i += 1          # a frame between two segments (a hole): the later one, as file by file
+            where = self._wheres[i]
+        self._out.at(where, check, message, frame_no=frame_no, **loc)
+
+    def __getattr__(self, name):
+        return getattr(self._out, name)
 
 
 def _check_capture_ids(t: pa.Table, where: Where, out: Findings) -> None:

@@ -299,7 +299,7 @@ def _dcp_pass(files, rollbacks: pa.Table, chunk_rows, as_of: AsOf | None, vbucke
 def _known_rows(files) -> int:
     """Rows of the capture by the Parquet footers (0: unknown, a segment is in progress)."""
     try:
-        return sum(pq.ParquetFile(f.path).metadata.num_rows for f in files if not f.in_progress) \
+        return sum(reader.footer(f.path).num_rows for f in files if not f.in_progress) \
             if not any(f.in_progress for f in files) else 0
     except (OSError, pa.ArrowException):
         return 0

@@ -145,7 +145,7 @@ def _segment_candidates(f, cols: list[str], as_of) -> Iterable[pa.Table]:
         groups = [None]
     else:
         import pyarrow.parquet as pq
-        groups = list(range(pq.ParquetFile(f.path).metadata.num_row_groups))
+        groups = list(range(reader.footer(f.path).num_row_groups))
     for rg in groups:
         small = (reader.read_file(f, cols) if rg is None else
                  pa.concat_tables(list(reader.stream_file(f, cols, 1 << 20, False, [rg]))))
@@ -164,12 +164,33 @@ def _segment_candidates(f, cols: list[str], as_of) -> Iterable[pa.Table]:
         yield t.select(CANDIDATE_COLUMNS)
 
 
+def _run_candidates(run, cols: list[str], as_of) -> Iterable[pa.Table]:
+    """The candidate frames of a run of small segments (reader.runs), read together."""
+    small = reader.read_segments(run, cols)
+    keep = candidate_mask(small)
+    if as_of is not None and keep.any():
+        keep &= as_of.mask(small)
+    if not keep.any():
+        return
+    rest = [c for c in CANDIDATE_COLUMNS if c not in cols]
+    more = reader.read_segments(run, rest) if rest else small
+    mask = pa.array(keep)
+    t = small.filter(mask)
+    for c in rest:
+        t = t.append_column(c, more.column(c).filter(mask))
+    yield t.select(CANDIDATE_COLUMNS)
+
+
 def local_topology(files, ranks: dict[str, int] | None = None, as_of=None) -> pa.Table:
     """`topology` of DCP captures, read in bounded memory (the in-process engine)."""
     from dcptool.replay.rules.as_of import AS_OF_COLUMNS
     ranks = reader.capture_ranks(files) if ranks is None else ranks
     cols = list(dict.fromkeys(FILTER_COLUMNS + (AS_OF_COLUMNS if as_of else [])))
-    parts = [t for f in files for t in _segment_candidates(f, cols, as_of or None)]
+    parts = []
+    for group, streamable in reader.capture_groups(files):   # runs of small segments in one scan
+        for run in (reader.runs(group, 1 << 20) if streamable else ([f] for f in group)):
+            parts.extend(_run_candidates(run, cols, as_of or None) if len(run) > 1
+                         else _segment_candidates(run[0], cols, as_of or None))
     cap = capture_schema("dcp")
     empty = pa.schema([cap.field(c) for c in CANDIDATE_COLUMNS]).empty_table()
     return topology_table(pa.concat_tables(parts) if parts else empty, ranks)

@@ -63,3 +63,37 @@ def remove_quiet(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+def arrow_path(path: str):
+    """`path` as pyarrow's OS files take it: the str itself when it is valid UTF-8 (pyarrow
+    encodes str paths as UTF-8), else its file-system bytes (os.fsencode): a name that is not
+    UTF-8, or a non-ASCII one under a C locale, arrives surrogate-escaped and pyarrow would
+    refuse it with "surrogates not allowed"."""
+    try:
+        path.encode("utf-8")
+        return path
+    except UnicodeEncodeError:
+        return os.fsencode(path)
+
+
+def arrow_source(path: str, mode: str = "rb"):
+    """What to hand a pyarrow reader or writer that takes a path or a file: the path when
+    pyarrow can encode it, else the file opened here as a pyarrow OS file (closed when it is
+    dropped, or by the caller)."""
+    where = arrow_path(path)
+    if isinstance(where, str):
+        return where
+    import pyarrow as pa
+    return pa.OSFile(where, mode)
+
+
+def shown(path) -> str:
+    """A path for messages and output: a name that did not decode (not UTF-8, or not ASCII
+    under a C locale) shows its bytes as ASCII `\\xff` escapes instead of failing to print."""
+    text = os.fspath(path)
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return os.fsencode(text).decode("ascii", "backslashreplace")

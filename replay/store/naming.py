@@ -4,6 +4,7 @@ its in-progress twin `.arrows` and the temporary `.parquet.tmp` (CAPTURE_FORMAT.
 from __future__ import annotations
 
 import datetime as _dt
+import re
 
 IN_PROGRESS_SUFFIX = ".arrows"
 TMP_SUFFIX = ".tmp"
@@ -30,3 +31,12 @@ def final_path(arrows_path: str) -> str:
     base = arrows_path[:-len(IN_PROGRESS_SUFFIX)] if arrows_path.endswith(IN_PROGRESS_SUFFIX) \
         else arrows_path
     return base + ".parquet"
+
+
+# a segment's file name as the writer makes it (readers accept up to 8 hex digits of the id)
+SEGMENT_NAME_RE = re.compile(r"^(dcp|synapse)-(\d{8}T\d{6}\.\d{6}Z)-([0-9a-fA-F]{1,8})-(\d{6})\.(parquet|arrows)$")
+
+
+def is_segment_name(name: str) -> bool:
+    """True for a name made like a capture segment's (`.parquet` or in-progress `.arrows`)."""
+    return SEGMENT_NAME_RE.match(name) is not None

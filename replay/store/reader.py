@@ -20,19 +20,34 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from dcptool.replay.store.schema import (META_CAPTURE_ID, META_PROTOCOL, META_SEGMENT, META_STARTED_AT,
-                                   PROTOCOLS, capture_schema)
+from dcptool.protocol.text import printable
+from dcptool.replay.store.files import arrow_path, arrow_source, shown
+from dcptool.replay.store.footers import footer, footer_entry, leaf_index, prefetch_footers  # noqa: F401 (footer, leaf_index: also for the engines)
+from dcptool.replay.store.in_progress import DAMAGED_SUFFIX, InProgress, held_by_writer
+from dcptool.replay.store.naming import SEGMENT_NAME_RE
+from dcptool.replay.store.schema import (META_CAPTURE_ID, META_FORMAT, META_PROTOCOL, META_SEGMENT,
+                                         META_STARTED_AT, PROTOCOLS, READABLE_VERSIONS, capture_schema,
+                                         tool_version)
 from dcptool.replay.store.segment import dictionary_columns
-from dcptool.protocol.errors import DcptoolError
+from dcptool.protocol.errors import DcptoolError, LateUsageError
 
 FINISHED_SUFFIX = ".parquet"
 IN_PROGRESS_SUFFIX = ".arrows"
 
-_NAME_RE = re.compile(r"^(dcp|synapse)-(\d{8}T\d{6}\.\d{6}Z)-([0-9a-fA-F]{1,8})-(\d{6})\.(parquet|arrows)$")
+_NAME_RE = SEGMENT_NAME_RE
 
 
 class CaptureError(DcptoolError):
     """A path that is not a readable capture, or captures that cannot be replayed together."""
+
+
+class UnsupportedFormat(CaptureError, LateUsageError):
+    """A segment whose `dcptool.format` this build cannot read (a newer one): refused, never
+    read as if it were known. A usage error (exit 2): the capture needs a newer dcptool."""
+
+
+class NotACapture(CaptureError):
+    """A file that holds no dcptool capture (no dcptool.* metadata, or not Parquet/Arrow)."""
 
 
 @dataclass(frozen=True)
@@ -61,40 +76,60 @@ def _order_key(f: CaptureFile):
 
 
 def schema_of(path: str, in_progress: bool) -> pa.Schema:
+    """The Arrow schema of one segment (its columns and metadata)."""
     if in_progress:
-        with pa.OSFile(path, "rb") as fh:
+        with pa.OSFile(arrow_path(path), "rb") as fh:
             return ipc.open_stream(fh).schema
-    return pq.read_schema(path)
+    return footer(path).schema.to_arrow_schema()
 
 
-def _describe(path: str) -> CaptureFile:
+def parquet_file(f: "CaptureFile", **kw) -> pq.ParquetFile:
+    """A finished segment opened for reading, with its footer as already read."""
+    return pq.ParquetFile(arrow_source(f.path), metadata=footer(f.path), **kw)
+
+
+def _metadata_of(path: str, in_progress: bool) -> dict[bytes, bytes]:
+    if in_progress:
+        with pa.OSFile(arrow_path(path), "rb") as fh:
+            return ipc.open_stream(fh).schema.metadata or {}
+    return footer(path).metadata or {}
+
+
+def describe(path: str) -> CaptureFile:
+    """The CaptureFile of one file: NotACapture when it holds no dcptool capture,
+    UnsupportedFormat when its format is newer than this build reads."""
     in_progress = path.endswith(IN_PROGRESS_SUFFIX)
     try:
-        schema = schema_of(path, in_progress)
-    except (OSError, pa.ArrowException) as exc:
-        raise CaptureError(f"{path}: not a readable capture file ({exc})") from exc
+        raw = _metadata_of(path, in_progress)
+    except (OSError, pa.ArrowException, EOFError) as exc:
+        raise NotACapture(f"{shown(path)}: not a readable capture file ({_first_line(exc)})") from exc
     meta = {k.decode("utf-8", "replace"): v.decode("utf-8", "replace")
-            for k, v in (schema.metadata or {}).items() if k.startswith(b"dcptool.")}
+            for k, v in raw.items() if k.startswith(b"dcptool.")}
     missing = [k for k in (META_PROTOCOL, META_CAPTURE_ID, META_STARTED_AT) if k not in meta]
     if missing:
-        raise CaptureError(f"{path}: not a dcptool capture (metadata {', '.join(missing)} missing)")
+        raise NotACapture(f"{shown(path)}: not a dcptool capture (metadata {', '.join(missing)} missing)")
     protocol = meta[META_PROTOCOL]
     if protocol not in PROTOCOLS:
-        raise CaptureError(f"{path}: invalid value of metadata {META_PROTOCOL}: {_quoted(protocol)} "
+        raise CaptureError(f"{shown(path)}: invalid value of metadata {META_PROTOCOL}: {_quoted(protocol)} "
                            f"(one of {', '.join(sorted(PROTOCOLS))})")
     if not meta[META_CAPTURE_ID].strip():
-        raise CaptureError(f"{path}: invalid value of metadata {META_CAPTURE_ID}: empty")
+        raise CaptureError(f"{shown(path)}: invalid value of metadata {META_CAPTURE_ID}: empty")
+    version = meta.get(META_FORMAT, READABLE_VERSIONS[0])
+    if version not in READABLE_VERSIONS:
+        raise UnsupportedFormat(f"{shown(path)}: capture format {version!r} is not one this dcptool "
+                                f"{tool_version()} reads ({', '.join(READABLE_VERSIONS)}): a newer "
+                                "dcptool wrote it")
     try:
         segment = int(meta.get(META_SEGMENT, "0"))
         if segment < 0:
             raise ValueError(segment)
     except ValueError as exc:
-        raise CaptureError(f"{path}: invalid value of metadata {META_SEGMENT}: "
+        raise CaptureError(f"{shown(path)}: invalid value of metadata {META_SEGMENT}: "
                            f"{_quoted(meta.get(META_SEGMENT))} (a segment number)") from exc
     try:
         parse_started(meta[META_STARTED_AT])
     except CaptureError:
-        raise CaptureError(f"{path}: invalid value of metadata {META_STARTED_AT}: "
+        raise CaptureError(f"{shown(path)}: invalid value of metadata {META_STARTED_AT}: "
                            f"{_quoted(meta[META_STARTED_AT])} (an RFC 3339 time)") from None
     return CaptureFile(path=path, protocol=protocol, capture_id=meta[META_CAPTURE_ID],
                        segment=segment, started_at=meta[META_STARTED_AT],
@@ -126,38 +161,84 @@ def _not_a_capture_path(p: str) -> str:
     return f"{kind}, not a capture file"
 
 
+_describe = describe
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return shown(text.splitlines()[0])
+
+
+_WARNED: set[str] = set()
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr, once per message and process (files skipped in a capture
+    directory: a command may look at a directory more than once)."""
+    if message in _WARNED:
+        return
+    _WARNED.add(message)
+    import sys
+    try:
+        sys.stderr.write(f"dcptool: warning: {printable(message)}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _listed(directory: str) -> Iterator[tuple[str, bool]]:
+    """The capture files of a directory (not recursively), and whether each is named as a
+    segment; other files are skipped, with a warning for the ones that look like data."""
+    for name in sorted(os.listdir(directory)):
+        full = os.path.join(directory, name)
+        if name.startswith("."):
+            continue
+        if name.endswith((FINISHED_SUFFIX, IN_PROGRESS_SUFFIX)):
+            if os.path.isfile(full):
+                yield full, bool(_NAME_RE.match(name))
+        elif DAMAGED_SUFFIX in name and IN_PROGRESS_SUFFIX in name:
+            warn(f"{shown(full)}: a damaged in-progress segment kept aside (not read; "
+                 "`dcptool verify` tells what it holds)")
+
+
 def find_captures(paths: Iterable[str]) -> list[CaptureFile]:
     """Capture files named by `paths` (files, or directories whose *.parquet and *.arrows
-    are taken, not recursively), sorted by (started_at, capture_id, segment)."""
-    candidates: list[tuple[str, bool]] = []  # (path, found inside a directory)
+    are taken, not recursively), sorted by (started_at, capture_id, segment). A file inside
+    a directory that is no capture and is not named as a segment (an output written there,
+    any foreign `.parquet`) is skipped with a warning on stderr; a file named as a segment
+    that cannot be read, or any file given by name, is an error."""
+    candidates: list[tuple[str, bool, bool]] = []  # (path, found inside a directory, named as a segment)
     for p in paths:
         if os.path.isdir(p):
-            for name in sorted(os.listdir(p)):
-                if name.endswith((FINISHED_SUFFIX, IN_PROGRESS_SUFFIX)) and not name.startswith("."):
-                    full = os.path.join(p, name)
-                    if os.path.isfile(full):
-                        candidates.append((full, True))
+            candidates.extend((full, True, named) for full, named in _listed(p))
         elif os.path.isfile(p):
-            candidates.append((p, False))
+            candidates.append((p, False, True))
         else:
-            raise CaptureError(f"{p}: {_not_a_capture_path(p)}")
+            raise CaptureError(f"{shown(p)}: {_not_a_capture_path(p)}")
+    prefetch_footers([c[0] for c in candidates if c[0].endswith(FINISHED_SUFFIX)])
     seen: set[str] = set()
     by_segment: dict[tuple[str, int], CaptureFile] = {}
-    for path, in_dir in candidates:
+    for path, in_dir, named in candidates:
         real = os.path.realpath(path)
         if real in seen:
             continue
         seen.add(real)
         if in_dir and path.endswith(IN_PROGRESS_SUFFIX) and os.path.getsize(path) == 0:
             continue  # a writer that has just opened its segment: nothing to read yet
-        f = _describe(path)
+        try:
+            f = describe(path)
+        except NotACapture:
+            if in_dir and not named:
+                warn(f"{shown(path)}: not a dcptool capture segment, skipped")
+                continue
+            raise
         key = (f.capture_id, f.segment)
         old = by_segment.get(key)
         if old is None or (old.in_progress and not f.in_progress):
             by_segment[key] = f
         elif old.in_progress == f.in_progress:
-            raise CaptureError(f"{path}: segment {f.segment} of capture {f.capture_id} "
-                               f"also in {old.path}")
+            raise CaptureError(f"{shown(path)}: segment {f.segment} of capture {f.capture_id} "
+                               f"also in {shown(old.path)}")
     files = sorted(by_segment.values(), key=_order_key)
     protocols = {f.protocol for f in files}
     if len(protocols) > 1:
@@ -181,11 +262,14 @@ def protocol_of(files: list[CaptureFile]) -> str:
 
 def _read_in_progress(path: str) -> pa.Table:
     """Every complete record batch of an in-progress segment; a torn tail is ignored."""
-    from dcptool.replay.store.segment import open_in_progress
-    schema, batches = open_in_progress(path)
-    if schema is None:
-        raise CaptureError(f"{path}: unreadable in-progress segment (no schema written)")
-    return pa.Table.from_batches(list(batches), schema=schema)
+    ip = InProgress(path)
+    if ip.schema is None:
+        raise CaptureError(f"{shown(path)}: unreadable in-progress segment (no schema written)")
+    batches = ip.read_all()
+    damage = ip.damage()
+    if damage and not held_by_writer(path):
+        warn(f"{shown(path)}: {damage} (`dcptool verify` reports it; `capture --resume` keeps the file)")
+    return pa.Table.from_batches(batches, schema=ip.schema)
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -211,12 +295,13 @@ def read_file(f: CaptureFile, columns: list[str] | None = None) -> pa.Table:
             table = _read_in_progress(f.path)
             table = table.select([c for c in schema.names if c in table.column_names])
         else:
-            present = set(pq.read_schema(f.path).names)
-            table = pq.read_table(f.path, columns=[c for c in schema.names if c in present])
+            pf = parquet_file(f)
+            present = set(pf.schema_arrow.names)
+            table = pf.read(columns=[c for c in schema.names if c in present])
     except CaptureError:
         raise
     except (OSError, pa.ArrowException) as exc:
-        raise CaptureError(f"{f.path}: unreadable ({exc})") from exc
+        raise CaptureError(f"{shown(f.path)}: unreadable ({_first_line(exc)})") from exc
     table = conform(table, schema)
     if "frame_no" in table.column_names and table.num_rows > 1:
         fn = table.column("frame_no")
@@ -236,10 +321,14 @@ def frame_range(f: CaptureFile) -> tuple[int, int] | None:
     try:
         st = os.stat(f.path)
     except OSError as exc:
-        raise CaptureError(f"{f.path}: unreadable ({exc})") from exc
+        raise CaptureError(f"{shown(f.path)}: unreadable ({_first_line(exc)})") from exc
     key = (f.path, st.st_size, st.st_mtime_ns)
+    if key not in _FRAME_RANGES and footer(f.path).num_rows <= 1:
+        rng = _one_row_range(f)         # no data to read: the statistics say it
+        if rng is not None:
+            _FRAME_RANGES[key] = rng
     if key not in _FRAME_RANGES:
-        pf = pq.ParquetFile(f.path, pre_buffer=False)
+        pf = parquet_file(f, pre_buffer=False)
         rng = None
         if "frame_no" in pf.schema_arrow.names:
             # batch by batch: the whole column of a long segment is 8 bytes a frame
@@ -260,16 +349,32 @@ def frame_range(f: CaptureFile) -> tuple[int, int] | None:
     return _FRAME_RANGES[key]
 
 
+def _one_row_range(f: CaptureFile) -> tuple[int, int] | None:
+    """frame_range of a segment of at most one row, from its footer's statistics (None
+    without them: the column is read)."""
+    md = footer(f.path)
+    if md.num_rows == 0:
+        return (-1, -1)
+    col = leaf_index(md, "frame_no")
+    if col is None:
+        return None
+    for r in range(md.num_row_groups):
+        if md.row_group(r).num_rows:
+            st = md.row_group(r).column(col).statistics
+            if st is not None and st.has_min_max and st.null_count == 0:
+                return (int(st.min), int(st.max))
+    return None
+
+
 def may_have_values(files: list[CaptureFile], column: str) -> bool:
     """False when `column` is null in every row of `files`, as far as the Parquet statistics
     tell without reading data (a file without them, or in progress, is read)."""
     for f in files:
         if not f.in_progress:
-            md = pq.ParquetFile(f.path).metadata
-            names = [md.schema.column(i).path for i in range(md.num_columns)]
-            if column not in names:
+            md = footer(f.path)
+            i = leaf_index(md, column)
+            if i is None:
                 continue
-            i = names.index(column)
             stats = [md.row_group(r).column(i).statistics for r in range(md.num_row_groups)]
             if all(st is not None and st.has_null_count
                    and st.null_count == md.row_group(r).num_rows for r, st in enumerate(stats)):
@@ -288,16 +393,16 @@ def stream_file(f: CaptureFile, cols, batch_rows: int, threads: bool = True,
         # no pre-buffering: its cache keeps every column chunk read until the file is closed, so
         # memory grew with the segment (measured 10M frames: +4 MB per 256k rows; also 30% more CPU)
         # buffered: column chunks are read a piece at a time, not whole (-18 MB a reader at 128k rows)
-        pf = pq.ParquetFile(f.path, pre_buffer=False, buffer_size=1 << 18)
+        pf = parquet_file(f, pre_buffer=False, buffer_size=1 << 18)
         present = set(pf.schema_arrow.names)
         for batch in pf.iter_batches(batch_size=batch_rows, row_groups=row_groups, use_threads=threads,
                                      columns=[c for c in schema.names if c in present]):
             yield conform(pa.Table.from_batches([batch]), schema)
     except (OSError, pa.ArrowException) as exc:
-        raise CaptureError(f"{f.path}: unreadable ({exc})") from exc
+        raise CaptureError(f"{shown(f.path)}: unreadable ({_first_line(exc)})") from exc
 
 
-def _capture_groups(files: list[CaptureFile]) -> Iterator[tuple[list[CaptureFile], bool]]:
+def capture_groups(files: list[CaptureFile]) -> Iterator[tuple[list[CaptureFile], bool]]:
     """The files of each capture, in replay order, and whether they can be streamed: finished
     segments whose frame numbers already increase across the whole capture."""
     files = sorted(files, key=_order_key)
@@ -330,17 +435,99 @@ def _read_sorted(group: list[CaptureFile], cols) -> pa.Table | None:
     return whole.take(pc.sort_indices(whole.column("frame_no")))
 
 
+# Many small segments (a short --rotate-interval, a quiet source) are read together: one
+# scan over a run of them, its files opened and decoded in parallel by pyarrow, instead of a
+# reader, a Python loop turn and a compute pass per file (issue 24.15: 5,000 one-row segments
+# took 50-100x the time of one file of the same rows).
+SMALL_SEGMENT_ROWS = 1 << 16
+RUN_FILES = 2048
+
+
+def small(f: CaptureFile) -> bool:
+    """A finished segment small enough to be read together with its neighbours."""
+    return not f.in_progress and footer(f.path).num_rows <= SMALL_SEGMENT_ROWS
+
+
+def runs(group: list[CaptureFile], batch_rows: int) -> Iterator[list[CaptureFile]]:
+    """`group` (a streamable capture's segments in order) cut into runs: consecutive small
+    segments together (at most `batch_rows` rows and RUN_FILES files a run), any other alone."""
+    run: list[CaptureFile] = []
+    rows = 0
+    for f in group:
+        if small(f):
+            n = footer(f.path).num_rows
+            if run and (rows + n > batch_rows or len(run) >= RUN_FILES):
+                yield run
+                run, rows = [], 0
+            run.append(f)
+            rows += n
+            continue
+        if run:
+            yield run
+            run, rows = [], 0
+        yield [f]
+    if run:
+        yield run
+
+
+def read_segments(files: list[CaptureFile], cols, sort: bool = True) -> pa.Table:
+    """The rows of finished segments of one protocol, in their order, as one table of
+    `cols` (None: all), read in one parallel scan (files named in bytes one by one); with
+    sort, in frame_no order whatever the files hold (verify wants them as they are)."""
+    import pyarrow.dataset as ds
+    full = capture_schema(files[0].protocol)
+    schema = full if cols is None else pa.schema([full.field(c) for c in cols])
+    if len(files) == 1 or any(not isinstance(arrow_path(f.path), str) for f in files):
+        tables = [_read_plain(f, schema) if not sort else read_file(f, None if cols is None else list(cols))
+                  for f in files]
+        return pa.concat_tables(tables) if tables else schema.empty_table()
+    names = list(dict.fromkeys(["frame_no", *schema.names]))   # frame_no: to check the order
+    try:
+        import pyarrow.fs as pafs
+        fmt = ds.ParquetFileFormat() if sort else ds.ParquetFileFormat(   # verify: checksums as file by file
+            default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True))
+        frags = [footer_entry(f.path)[1] for f in files]
+        table = ds.FileSystemDataset(frags, full, fmt, pafs.LocalFileSystem()).to_table(
+            columns=names, use_threads=True)
+    except (OSError, pa.ArrowException) as exc:
+        raise CaptureError(f"unreadable segment among {shown(files[0].path)} .. "
+                           f"{shown(files[-1].path)} ({_first_line(exc)})") from exc
+    fn = table.column("frame_no")
+    if sort and table.num_rows > 1 and not pc.all(pc.greater(fn.slice(1), fn.slice(0, len(fn) - 1))).as_py():
+        table = table.take(pc.sort_indices(fn))
+    return table.select(schema.names)
+
+
+def _read_plain(f: CaptureFile, schema: pa.Schema) -> pa.Table:
+    """A finished segment's rows of `schema`, in file order."""
+    try:
+        pf = parquet_file(f)
+        present = set(pf.schema_arrow.names)
+        return conform(pf.read(columns=[c for c in schema.names if c in present]), schema)
+    except (OSError, pa.ArrowException) as exc:
+        raise CaptureError(f"{shown(f.path)}: unreadable ({_first_line(exc)})") from exc
+
+
+def _read_run(run: list[CaptureFile], cols, batch_rows: int) -> Iterator[pa.Table]:
+    whole = read_segments(run, cols)
+    for start in range(0, whole.num_rows, batch_rows):
+        yield whole.slice(start, batch_rows)
+
+
 def iter_capture_tables(files: list[CaptureFile], columns: list[str] | None = None,
                         batch_rows: int = 1 << 20, threads: bool = True) -> Iterator[pa.Table]:
     """Every row of `files` in frame order, as a sequence of tables of `columns` (always
     with `frame_no`). Finished segments already in frame_no order (the normal case) are
-    streamed `batch_rows` at a time, so memory does not grow with the capture; anything
-    else is read whole and sorted, one capture at a time."""
+    streamed `batch_rows` at a time (runs of small ones read together), so memory does not
+    grow with the capture; anything else is read whole and sorted, one capture at a time."""
     cols = None if columns is None else list(dict.fromkeys(["frame_no", *columns]))
-    for group, streamable in _capture_groups(files):
+    for group, streamable in capture_groups(files):
         if streamable:
-            for f in group:
-                yield from stream_file(f, cols, batch_rows, threads)
+            for run in runs(group, batch_rows):
+                if len(run) > 1:
+                    yield from _read_run(run, cols, batch_rows)
+                else:
+                    yield from stream_file(run[0], cols, batch_rows, threads)
         else:
             whole = _read_sorted(group, cols)
             if whole is not None:
@@ -352,12 +539,17 @@ def iter_capture_parts(files: list[CaptureFile], columns: list[str] | None = Non
     """The rows of iter_capture_tables as (row count, read) pairs, for reading on other
     threads: `read()` iterates the part's rows as tables of at most `batch_rows` rows, and
     may be called from any thread. Parts of streamable captures are their Parquet row
-    groups; anything else is read whole and sorted here, one capture at a time."""
+    groups (a run of small segments one part); anything else is read whole and sorted here,
+    one capture at a time."""
     cols = None if columns is None else list(dict.fromkeys(["frame_no", *columns]))
-    for group, streamable in _capture_groups(files):
+    for group, streamable in capture_groups(files):
         if streamable:
-            for f in group:
-                md = pq.ParquetFile(f.path).metadata
+            for run in runs(group, batch_rows):
+                if len(run) > 1:
+                    yield sum(footer(f.path).num_rows for f in run), functools.partial(_read_run, run, cols, batch_rows)
+                    continue
+                f = run[0]
+                md = footer(f.path)
                 for i in range(md.num_row_groups):
                     yield md.row_group(i).num_rows, functools.partial(stream_file, f, cols, batch_rows, False, [i])
         else:
@@ -376,6 +568,9 @@ def read_capture_table(files: list[CaptureFile], columns: list[str] | None = Non
     if not tables:
         return schema.empty_table()
     return pa.concat_tables(tables)
+
+
+_capture_groups = capture_groups
 
 
 def parquet_paths(files: list[CaptureFile], tmpdir: str) -> list[str]:
@@ -400,7 +595,7 @@ def without_dictionary(paths: list[str], column: str) -> bool:
     capture writer never does for `cas`; files from other writers may): Spark can then read a
     uint64 column as the long of the same bits instead of as decimal(20,0)."""
     for path in paths:
-        meta = pq.read_metadata(path)
+        meta = pq.read_metadata(arrow_source(path))
         names = [meta.schema.column(i).path for i in range(meta.num_columns)]
         if column not in names:
             return False

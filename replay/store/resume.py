@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from dcptool.protocol.dcp.wire.constants import Status
 from dcptool.replay.store.reader import CaptureFile, find_captures, iter_capture_tables
-from dcptool.replay.store.naming import IN_PROGRESS_SUFFIX
+from dcptool.replay.store.naming import IN_PROGRESS_SUFFIX, SEGMENT_NAME_RE
 from dcptool.replay.store.segment import finish_in_progress
 
 # ops whose by_seqno is a position in the vbucket's history
@@ -77,18 +77,45 @@ class VbResume:
                 "snap_start": min(start, self.last_seqno), "snap_end": max(end, self.last_seqno)}
 
 
-def recover_in_progress(directory) -> list[str]:
+class Recovered(list):
+    """The paths of the segments `recover_in_progress` wrote, and in `damaged` one line per
+    in-progress file it could not read whole (kept aside as `.arrows.damaged`)."""
+
+    def __init__(self, paths=(), damaged=()):
+        super().__init__(paths)
+        self.damaged: list[str] = list(damaged)
+
+
+# a recovery done earlier in this process (capture's check before the protocol's resume
+# runs), handed to the next call for the same directory so that it is reported once, whole
+_EARLIER: dict[str, Recovered] = {}
+
+
+def recover_in_progress(directory) -> Recovered:
     """Turn every leftover `.arrows` segment in `directory` (not held by a live writer)
-    into a normal Parquet segment; the paths of the segments written."""
+    into a normal Parquet segment; the paths of the segments written. A file with bytes
+    that cannot be read gives its whole batches before them and is kept aside as
+    `.arrows.damaged` (`Recovered.damaged` says so), never deleted."""
     directory = os.fspath(directory)
+    done = _EARLIER.pop(os.path.realpath(directory), None) or Recovered()
     if not os.path.isdir(directory):
-        return []
-    done = []
+        return done
     for name in sorted(os.listdir(directory)):
         if name.endswith(IN_PROGRESS_SUFFIX) and not name.startswith("."):
             info = finish_in_progress(os.path.join(directory, name))
             if info is not None:
-                done.append(info["path"])
+                if info.get("path"):
+                    done.append(info["path"])
+                if info.get("note"):
+                    done.damaged.append(info["note"])
+    return done
+
+
+def recover_first(directory) -> Recovered:
+    """recover_in_progress now, its result handed again to the next call for `directory`
+    (the protocol's resume, which reports it)."""
+    done = recover_in_progress(directory)
+    _EARLIER[os.path.realpath(os.fspath(directory))] = done
     return done
 
 
@@ -263,3 +290,105 @@ def synapse_resume_state(files) -> dict[tuple[str, str], int]:
                 continue
             tokens[(stream, inst)] = tok if cmd == "RDATA" else new
     return tokens
+
+
+# ------------------------------------------------------------------ one source per directory
+
+class SourceMismatch(Exception):
+    """`capture` into a directory that holds a capture of another protocol or source (a
+    usage error: the CLI exits 2)."""
+
+
+_SECRET_WORDS = ("pass", "secret", "token", "key", "auth", "cred", "pwd")
+
+
+def display_source(url: str) -> str:
+    """A recorded source URL to show: no user name, no credential-looking query parameter."""
+    import urllib.parse
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return url.rpartition("@")[2] if "://" not in url else url.split("://", 1)[0] + "://?"
+    netloc = parts.netloc.rpartition("@")[2]
+    query = "&".join(kv for kv in parts.query.split("&")
+                     if kv and not any(w in kv.partition("=")[0].lower() for w in _SECRET_WORDS))
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def same_source(a: str, b: str) -> bool:
+    """Two source URLs name the same source: DCP the same bucket on a cluster they share a
+    seed host of (user, ports, seed order and couchbase/couchbases aside); Synapse the same
+    host, port, database and server name."""
+    import urllib.parse
+    try:
+        pa_, pb = urllib.parse.urlsplit(a), urllib.parse.urlsplit(b)
+    except ValueError:
+        return a == b
+    sa, sb = pa_.scheme.lower(), pb.scheme.lower()
+    if sa.startswith("couchbase") and sb.startswith("couchbase"):
+        return (urllib.parse.unquote(pa_.path.strip("/")) == urllib.parse.unquote(pb.path.strip("/"))
+                and bool(_hosts(pa_.netloc) & _hosts(pb.netloc)))
+    if sa != sb:
+        return False
+    qa, qb = urllib.parse.parse_qs(pa_.query), urllib.parse.parse_qs(pb.query)
+    return (_hosts(pa_.netloc) == _hosts(pb.netloc) and pa_.path.strip("/") == pb.path.strip("/")
+            and qa.get("server_name") == qb.get("server_name"))
+
+
+def _hosts(netloc: str) -> set[str]:
+    """host[:port] list of a netloc (user removed) -> {host} for DCP seeds, {host:port} else."""
+    out = set()
+    for part in netloc.rpartition("@")[2].split(","):
+        part = part.strip().lower()
+        if part.startswith("["):
+            out.add(part[1:].partition("]")[0])
+        else:
+            out.add(part.partition(":")[0])
+    return out
+
+
+def recorded_sources(directory) -> list[tuple[str, str, str]]:
+    """(protocol, source, capture_id) of each capture in `directory`, from one segment of
+    each (segments are named by capture: `{protocol}-{start}-{id8}-{segment}`); files that
+    are no capture are left out."""
+    from dcptool.replay.store import reader
+    from dcptool.replay.store.schema import META_SOURCE
+    directory = os.fspath(directory)
+    if not os.path.isdir(directory):
+        return []
+    seen: set[str] = set()
+    out = []
+    for name in sorted(os.listdir(directory)):
+        if name.startswith(".") or not name.endswith((".parquet", IN_PROGRESS_SUFFIX)):
+            continue
+        m = SEGMENT_NAME_RE.match(name)
+        key = f"{m.group(1)}-{m.group(2)}-{m.group(3)}" if m else name
+        path = os.path.join(directory, name)
+        if key in seen or not os.path.isfile(path) or os.path.getsize(path) == 0:
+            continue
+        try:
+            f = reader.describe(path)
+        except reader.UnsupportedFormat:
+            raise
+        except (reader.CaptureError, OSError):
+            continue
+        seen.add(key)
+        out.append((f.protocol, f.metadata.get(META_SOURCE, ""), f.capture_id))
+    return out
+
+
+def check_source(directory, protocol: str, source: str, *, resume: bool, force_new: bool) -> None:
+    """A capture directory belongs to one protocol and one source: raise SourceMismatch
+    (naming both, without credentials) when `directory` holds a capture of another protocol,
+    or of another source unless `force_new` (a new capture of another source next to it)."""
+    for proto, recorded, _cid in recorded_sources(directory):
+        where = os.fspath(directory)
+        if proto != protocol:
+            raise SourceMismatch(
+                f"{where} holds a {proto} capture ({display_source(recorded)}), not {protocol} "
+                f"({display_source(source)}): a capture directory holds one protocol; use another --output")
+        if not same_source(recorded, source) and not (force_new and not resume):
+            what = "--resume continues the capture of" if resume else "it holds a capture of"
+            raise SourceMismatch(
+                f"{where}: {what} {display_source(recorded)}, not {display_source(source)}; "
+                f"use another --output{'' if resume else ', or --force-new for a new capture of another source there'}")

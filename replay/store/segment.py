@@ -16,7 +16,9 @@ import pyarrow.parquet as pq
 
 from dcptool.replay.store import COMPRESSIONS
 from dcptool.replay.store.encoder import RowGroupEncoder
-from dcptool.replay.store.files import fsync_dir, fsync_path, one_line, remove_quiet, start_writeback, unlink_quiet
+from dcptool.replay.store.files import (arrow_path, arrow_source, fsync_dir, fsync_path, one_line, remove_quiet, shown,
+                                       start_writeback, unlink_quiet)
+from dcptool.replay.store.in_progress import InProgress, set_aside
 from dcptool.replay.store.naming import TMP_SUFFIX, final_path
 from dcptool.protocol.errors import DcptoolError
 
@@ -95,29 +97,10 @@ def dictionary_columns(schema: pa.Schema) -> list[str]:
 def open_in_progress(path: str) -> tuple[pa.Schema | None, Iterator[pa.RecordBatch]]:
     """Open an in-progress `.arrows` segment, possibly cut short by a crash or still being
     written: (schema or None when not even the schema made it to disk, iterator over every
-    whole batch; a torn batch at the end is left out, never returned in part)."""
-    source = pa.memory_map(path, "r") if os.path.getsize(path) else None
-    if source is None:
-        return None, iter(())
-    try:
-        reader = ipc.open_stream(source)
-    except (pa.ArrowInvalid, OSError, EOFError):
-        source.close()
-        return None, iter(())
-
-    def batches():
-        try:
-            while True:
-                try:
-                    yield reader.read_next_batch()
-                except StopIteration:
-                    return
-                except (pa.ArrowInvalid, OSError, EOFError):
-                    return  # torn tail: everything before it is whole
-        finally:
-            source.close()
-
-    return reader.schema, batches()
+    whole batch; a torn batch at the end is left out, never returned in part). What could
+    not be read is told by in_progress.InProgress, which this wraps."""
+    ip = InProgress(path)
+    return ip.schema, iter(ip)
 
 
 def _tail(batch):
@@ -218,6 +201,7 @@ class ParquetSegment:
         self._own_encoder = encoder is None
         self._compression = compression
         self._writer: pq.ParquetWriter | None = None   # opened by the first row group (column_compression)
+        self._sink = None      # the tmp file opened here when its name is not UTF-8
 
     def add(self, batch: pa.RecordBatch) -> None:
         self._batches.append(batch)
@@ -245,12 +229,28 @@ class ParquetSegment:
         try:
             table = pa.Table.from_batches(batches, schema=self.schema).unify_dictionaries()
             if self._writer is None:
-                self._writer = parquet_writer(self.tmp, self.schema, column_compression(table, self._compression))
+                self._writer = parquet_writer(self._sink_for_tmp(), self.schema,
+                                              column_compression(table, self._compression))
             self._writer.write_table(table, row_group_size=max(1, table.num_rows))
             start_writeback(self.tmp)
         except BaseException as exc:
             self._failed = exc
             raise
+
+    def _sink_for_tmp(self):
+        """The `.parquet.tmp` path, or (a name pyarrow cannot encode) the file opened here."""
+        where = arrow_source(self.tmp, "wb")
+        if not isinstance(where, str):
+            self._sink = where
+        return where
+
+    def _close_sink(self) -> None:
+        if self._sink is not None:
+            try:
+                self._sink.close()
+            except Exception:  # noqa: BLE001 - already written and closed, or failing anyway
+                pass
+            self._sink = None
 
     def _reap(self, block: bool) -> None:
         """Collect row groups the encoder is done with (all of them with block); the first
@@ -270,9 +270,10 @@ class ParquetSegment:
         finally:
             self._stop_encoder()
         if self._writer is None:     # not a row: an empty file, the schema alone
-            self._writer = parquet_writer(self.tmp, self.schema, self._compression)
+            self._writer = parquet_writer(self._sink_for_tmp(), self.schema, self._compression)
         self._writer.close()
         self._writer = None
+        self._close_sink()
         fsync_path(self.tmp)
         os.replace(self.tmp, self.final)
         fsync_dir(os.path.dirname(self.final) or ".")
@@ -292,6 +293,7 @@ class ParquetSegment:
             except Exception:  # noqa: BLE001 - already failing; the tmp file goes anyway
                 pass
             self._writer = None
+        self._close_sink()
         try:
             os.unlink(self.tmp)
         except OSError:
@@ -301,12 +303,18 @@ class ParquetSegment:
 def finish_in_progress(arrows_path: str, compression: str = "zstd") -> dict | None:
     """Turn a leftover in-progress segment into a normal Parquet segment.
 
-    Returns {"path", "rows", "bytes"} for a segment written now, or None when there was
-    nothing to do: the segment is still being written by a live process (its lock is
-    held), it was already renamed into place before the crash, or it held no whole row.
+    Returns {"path", "rows", "bytes", "damaged", "unread", "note"} for a segment written now
+    (or for a damaged file with no whole row: "path" None), or None when there was nothing
+    to do: the segment is still being written by a live process (its lock is held), it was
+    already renamed into place before the crash, or it held no byte beyond a schema.
+
+    Nothing recorded is deleted unless it was copied whole: every whole batch before the
+    first unreadable byte goes into the Parquet segment, and a file with bytes that could
+    not be read (torn or damaged) is kept aside as `<name>.arrows.damaged` ("damaged" is its
+    path, "unread" the bytes not read, "note" one line saying so).
     """
     try:
-        lock_fd = os.open(arrows_path, os.O_RDONLY)
+        lock_fd = os.open(arrow_path(arrows_path), os.O_RDONLY)
     except FileNotFoundError:
         return None
     try:
@@ -320,20 +328,22 @@ def finish_in_progress(arrows_path: str, compression: str = "zstd") -> dict | No
             unlink_quiet(final + TMP_SUFFIX)
             unlink_quiet(arrows_path)
             return None
-        schema, batches = open_in_progress(arrows_path)
-        if schema is None:
-            # killed before the first batch (the IPC stream writes its schema with it): no
-            # row, and whatever Parquet file was started for the segment is empty too
-            unlink_quiet(final + TMP_SUFFIX)
-            unlink_quiet(arrows_path)
-            return None
+        ip = InProgress(arrows_path)
+        unlink_quiet(final + TMP_SUFFIX)    # whatever Parquet file a killed run had started
+        if ip.schema is None:
+            if not ip.unread:   # an empty file: killed before its first write
+                unlink_quiet(arrows_path)
+                return None
+            return _kept_aside(arrows_path, ip, None)
         try:
-            seg = ParquetSegment(final, schema, parquet_compression(compression))
+            seg = ParquetSegment(final, ip.schema, parquet_compression(compression))
             try:
-                for batch in batches:
+                for batch in ip:
                     seg.add(batch)
                 if seg.rows == 0:
                     seg.abandon()
+                    if ip.unread:
+                        return _kept_aside(arrows_path, ip, None)
                     unlink_quiet(arrows_path)
                     return None
                 size = seg.finish()
@@ -341,11 +351,27 @@ def finish_in_progress(arrows_path: str, compression: str = "zstd") -> dict | No
                 seg.abandon()
                 raise
         except OSError as exc:
-            raise WriterError(f"cannot write capture segment {final}: {one_line(exc)}") from exc
+            raise WriterError(f"cannot write capture segment {shown(final)}: {one_line(exc)}") from exc
+        done = {"path": final, "rows": seg.rows, "bytes": size}
+        if ip.unread:
+            return _kept_aside(arrows_path, ip, done)
         unlink_quiet(arrows_path)
-        return {"path": final, "rows": seg.rows, "bytes": size}
+        return dict(done, damaged=None, unread=0, note=None)
     finally:
         os.close(lock_fd)
+
+
+def _kept_aside(arrows_path: str, ip: InProgress, done: dict | None) -> dict:
+    """The result of finishing a damaged in-progress file: renamed aside, never deleted."""
+    aside = set_aside(arrows_path)
+    fsync_dir(os.path.dirname(aside) or ".")
+    into = f" into {os.path.basename(shown(done['path']))}" if done else ""
+    note = (f"{os.path.basename(shown(arrows_path))}: recovered {ip.rows:,} rows in {ip.batches:,} whole "
+            f"batches{into}; {ip.unread:,} bytes after byte {ip.good_end:,} could not be read"
+            f"{' (' + ip.error + ')' if ip.error else ''}; the file is kept as "
+            f"{os.path.basename(shown(aside))}")
+    base = done or {"path": None, "rows": 0, "bytes": 0}
+    return dict(base, damaged=aside, unread=ip.unread, note=note)
 
 
 def finish_from_memory(arrows: str, compression: str) -> tuple[dict | None, int]:

@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from dcptool.replay.store import schema as S
-from dcptool.replay.store.files import one_line, remove_quiet, unlink_quiet
+from dcptool.replay.store.files import arrow_path, one_line, remove_quiet, shown, unlink_quiet
 import concurrent.futures
 
 from dcptool.replay.store.encoder import RowGroupEncoder
@@ -374,7 +374,7 @@ class CaptureWriter:
             # Append mode: the file was just created empty, and opening it again with O_TRUNC
             # would make ext4 (auto_da_alloc) start writing it back to the disk on close, tens
             # of ms for a file that is about to be deleted.
-            sink = pa.OSFile(arrows, "ab")
+            sink = pa.OSFile(arrow_path(arrows), "ab")
             writer = ipc.new_stream(sink, schema, options=ipc.IpcWriteOptions(compression=codec))
             if self._encoder is None:
                 self._encoder = RowGroupEncoder()
@@ -533,9 +533,12 @@ class CaptureWriter:
         remove_quiet(final + TMP_SUFFIX)
         if done is None:
             return None     # it held no whole row: finish_in_progress removed it
-        self.segments.append(done)
+        if done.get("path") is None:
+            return done.get("note")     # damaged, no whole row: kept aside
+        self.segments.append({k: done[k] for k in ("path", "rows", "bytes")})
         self.segments.sort(key=lambda seg: seg["path"])
-        return f"finished {os.path.basename(done['path'])} ({done['rows']} rows)"
+        text = f"finished {os.path.basename(shown(done['path']))} ({done['rows']} rows)"
+        return f"{text}; {done['note']}" if done.get("note") else text
 
     def _stop_finisher(self) -> None:
         if self._finisher is not None:
