@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dcptool.protocol.errors import LateUsageError
 from dcptool.protocol.dcp.wire.constants import Status
 from dcptool.replay.store.reader import CaptureFile, find_captures, iter_capture_tables
 from dcptool.replay.store.naming import IN_PROGRESS_SUFFIX, SEGMENT_NAME_RE
@@ -294,7 +295,7 @@ def synapse_resume_state(files) -> dict[tuple[str, str], int]:
 
 # ------------------------------------------------------------------ one source per directory
 
-class SourceMismatch(Exception):
+class SourceMismatch(LateUsageError):
     """`capture` into a directory that holds a capture of another protocol or source (a
     usage error: the CLI exits 2)."""
 
