@@ -180,7 +180,8 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
     a connection that leaves a noop unanswered for one interval is dropped. With --nodes N
     it serves a cluster: GET_CLUSTER_CONFIG returns the map, a vbucket asked of the wrong
     node gets NOT_MY_VBUCKET with the map. The first stdout line is
-    {"listening": "HOST:PORT", "nodes": ["HOST:PORT", ...]} (listening = node 0).
+    {"listening": "HOST:PORT", "nodes": ["HOST:PORT", ...]} (listening = node 0); with
+    --chaos SEED or --schedule FILE a random topology schedule runs and is printed first.
 
     \b
     Example:
