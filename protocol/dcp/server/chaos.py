@@ -250,5 +250,16 @@ def install(model, schedule: Schedule, seed: int = 0, loss_bound: int | None = N
     bucket = next(iter(model.buckets.values()))
     cl = Cluster(bucket, schedule.nodes, schedule.replicas, seed, schedule.spares, events=schedule.events)
     cl.loss_bound = loss_bound
+    cl.checker = _Checker()
+    cl.on_broken = _raise
     model.cluster = cl
     return cl
+
+
+class _Checker:
+    snapshot = staticmethod(snapshot)
+    check = staticmethod(check)
+
+
+def _raise(message: str):
+    raise InvariantBroken(message)
