@@ -279,3 +279,18 @@ def test_the_schedule_line_replays_the_same_run(tmp_path):
     b, _ = run_sans_io(3, chaos.draw(3, 3, 1, 2400, LOSS))
     assert final_state(a) == final_state(b)
     assert [dataclasses.astuple(c) for c in a.cluster.changes] == [dataclasses.astuple(c) for c in b.cluster.changes]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--chaos", "1", "--rebalance-at", "100"], "replace --rebalance-at"),
+    (["--chaos", "1", "--schedule", "SCHED"], "go alone"),
+    (["--schedule", "BAD"], "kind must be one of"),
+])
+def test_chaos_usage_errors_are_one_line_exit_2(tmp_path, args, says):
+    (tmp_path / "s.json").write_text(chaos.draw(1, 3, 1, 1000).to_json())
+    (tmp_path / "b.json").write_text('{"nodes": 3, "events": [{"at": 1, "kind": "meteor"}]}')
+    args = [str(tmp_path / "s.json") if a == "SCHED" else str(tmp_path / "b.json") if a == "BAD" else a
+            for a in args]
+    res = subprocess.run([DCPTOOL, "serve", "dcp", "--port", "0", "--nodes", "3", "--replicas", "1", *args],
+                         capture_output=True, text=True, timeout=BOUND)
+    assert res.returncode == 2 and says in res.stderr and "Traceback" not in res.stderr
