@@ -42,7 +42,9 @@ def one(seed: int):
         return seed, time.monotonic() - t, [c.kind for c in model.cluster.changes], None
     except BaseException as exc:  # noqa: BLE001 - a failure is a result here
         text = str(exc).strip().splitlines()
-        return seed, time.monotonic() - t, [], f"{type(exc).__name__}: {text[0] if text else ''}"
+        said = [ln for ln in text if ln.startswith("dcptool:")]     # the capture's error line
+        line = said[-1] if said else text[0] if text else ""
+        return seed, time.monotonic() - t, [], f"{type(exc).__name__}: {line[:300]}"
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
