@@ -46,6 +46,28 @@ def _topology(failover_at, rebalance_at, add_node_at, nodes):
     return failover_all, tuple(events)
 
 
+def _schedule(chaos_seed, schedule_file, nodes, replicas, items, failover_loss, events):
+    """The random topology schedule of --chaos SEED or --schedule FILE (chaos.py), or None."""
+    if chaos_seed is None and schedule_file is None:
+        return None
+    from dcptool.protocol.dcp.server import chaos
+    if chaos_seed is not None and schedule_file is not None:
+        raise click.UsageError("--chaos and --schedule go alone: a schedule is drawn or read")
+    if events:
+        raise click.UsageError("--chaos / --schedule replace --rebalance-at, --failover-at N:NODE and --add-node-at")
+    if chaos_seed is not None:
+        return chaos.draw(chaos_seed, nodes, replicas, max(items, 1000), failover_loss)
+    try:
+        with open(schedule_file, encoding="utf-8") as f:
+            sched = chaos.from_json(f.readline())
+    except (OSError, UnicodeDecodeError, chaos.ScheduleError) as exc:
+        raise click.BadParameter(f"{schedule_file}: {exc}", param_hint="--schedule") from None
+    if (sched.nodes, sched.replicas) != (nodes, replicas):
+        raise click.BadParameter(f"{schedule_file} was drawn for --nodes {sched.nodes} --replicas {sched.replicas}, "
+                                 f"not --nodes {nodes} --replicas {replicas}", param_hint="--schedule")
+    return sched
+
+
 def _manifest(scopes, per_scope, create_at, drop_at):
     """The bucket's collections manifest (protocol/dcp/server/manifest.py)."""
     from dcptool.protocol.dcp.server.manifest import Manifest, parse_events
@@ -142,12 +164,19 @@ def _manifest(scopes, per_scope, create_at, drop_at):
 @click.option("--expiry-pager", default="10s", show_default=True, metavar="DURATION",
               help="KV: how often the expiry pager deletes expired documents (an expiration each); a "
                    "read finds an expired document gone at once whatever this says.")
+@click.option("--chaos", "chaos_seed", type=int, default=None, metavar="SEED",
+              help="Random topology schedule drawn from SEED (rebalances in, out, swap and stopped half "
+                   "way, graceful and hard failovers, recoveries, a node that stops answering, a restart "
+                   "that lost its memory, revEpoch changes), printed as the first stdout line "
+                   "(docs/SERVE.md).")
+@click.option("--schedule", "schedule_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              metavar="FILE", help="Replay a schedule (the JSON line --chaos printed).")
 @playback_options
 def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, checkpoint_items, users, tls_cert,
               tls_key, handshake_timeout, failover_at, failover_loss, disconnect_after, end_reasons, slow, slow_frames, silent,
               refuse_controls, sync_write_ratio, corrupt_value_at, nodes, replicas, rebalance_at, add_node_at, from_capture, pace, disconnect_at, stall_at, corrupt_at,
               scopes, collections_per_scope, create_collection_at, drop_collection_at, history_collections,
-              expiry_pager):
+              expiry_pager, chaos_seed=None, schedule_file=None):
     """Serve DCP for one generated bucket on BIND:PORT.
 
     Speaks HELLO, SASL (SCRAM-SHA512/256/SHA1, PLAIN), SELECT_BUCKET, DCP_OPEN,
@@ -160,7 +189,8 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
     a connection that leaves a noop unanswered for one interval is dropped. With --nodes N
     it serves a cluster: GET_CLUSTER_CONFIG returns the map, a vbucket asked of the wrong
     node gets NOT_MY_VBUCKET with the map. The first stdout line is
-    {"listening": "HOST:PORT", "nodes": ["HOST:PORT", ...]} (listening = node 0).
+    {"listening": "HOST:PORT", "nodes": ["HOST:PORT", ...]} (listening = node 0); with
+    --chaos SEED or --schedule FILE a random topology schedule runs and is printed first.
 
     \b
     Example:
@@ -179,6 +209,7 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
     if bool(tls_cert) != bool(tls_key):
         raise click.UsageError("--tls-cert and --tls-key go together")
     failover_all, events = _topology(failover_at, rebalance_at, add_node_at, nodes)
+    schedule = _schedule(chaos_seed, schedule_file, nodes, replicas, items, failover_loss, events)
     scenarios = Scenarios(failover_at=failover_all, failover_loss=failover_loss, disconnect_after=disconnect_after,
                           end_reasons=_reasons(end_reasons), slow=parse_duration(slow, "--slow") if slow else 0.0,
                           slow_frames=slow_frames, silent=silent, refuse_controls=tuple(refuse_controls),
@@ -214,8 +245,16 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
     if model.expiry_pager <= 0:
         raise click.BadParameter("must be more than 0", param_hint="--expiry-pager")
 
+    broken: list[str] = []
+    if schedule is not None:
+        from dcptool.protocol.dcp.server.chaos import install
+        install(model, schedule, seed, failover_loss)
+        sys.stdout.write(schedule.to_json() + "\n")
+
     async def main():
         stop = server_stop_event()
+        if schedule is not None:    # a broken invariant stops the server loudly
+            model.cluster.on_broken = lambda msg: (broken.append(msg), stop.set())
         server = ProducerServer(model, rate=rate, handshake_timeout=handshake)
         host, p = await server.start(bind, port, tls)
         sys.stdout.write(json.dumps({"listening": f"{host}:{p}",
@@ -229,3 +268,6 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
     except OSError as exc:
         from dcptool.protocol.errors import ConnectFailed
         raise ConnectFailed(f"cannot listen on {bind}:{port}: {exc.strerror or exc}") from None
+    if broken:
+        from dcptool.protocol.dcp.server.chaos import InvariantBroken
+        raise InvariantBroken(broken[0])

@@ -380,6 +380,8 @@ class _ServerProtocol(asyncio.Protocol):
         self.task = asyncio.get_running_loop().create_task(self._writer())
 
     def data_received(self, data: bytes) -> None:
+        if self.server.muted(self.node):    # a node that stopped answering (chaos "hang")
+            return
         self.conn.receive(data, time.monotonic())
         self.wake.set()
 
@@ -402,6 +404,10 @@ class _ServerProtocol(asyncio.Protocol):
         conn = self.conn
         try:
             while True:
+                if self.server.muted(self.node):   # silent, the socket left open
+                    self.wake.clear()
+                    await self.wake.wait()
+                    continue
                 now = time.monotonic()
                 conn.tick(now)
                 chunks = conn.pull(now)
@@ -479,6 +485,10 @@ class ProducerServer:
     def _protocol(self, node: int) -> _ServerProtocol:
         self.reaper.accepted += 1
         return _ServerProtocol(self, node)
+
+    def muted(self, node: int) -> bool:
+        cluster = getattr(self.model, "cluster", None)
+        return cluster is not None and node in cluster.muted
 
     def wake_on_topology_change(self) -> None:
         """After a topology event every connection has something to do (stream ends, drops)."""

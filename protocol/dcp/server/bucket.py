@@ -164,6 +164,8 @@ class VBucket:
             self.mem = []
         else:
             self.mem = self.mem[: r - self.disk_high]
+        # kv_engine FailoverTable::createEntry: branches diverged from (entries above R) go
+        self.failover_log = [e for e in self.failover_log if e[1] <= r]
         self.failover_log.insert(0, (new_uuid, r))
         del self.failover_log[25:]
         for key, cid in lost:

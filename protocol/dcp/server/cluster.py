@@ -57,17 +57,21 @@ class Move:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Change:
-    kind: str                     # "rebalance", "failover", "add-node"
+    kind: str                     # "rebalance", "failover", "add-node", or a chaos kind (chaos.py)
     rev: int
     moves: tuple[Move, ...] = ()
     node: int | None = None       # failed or added node
+    drop: tuple[int, ...] = ()    # nodes whose open connections close (left, restarted, failed)
+    loss: int = 0                 # seqnos each moved or warmed-up vbucket lost (hard failover, restart)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Event:
     at: int                       # stream frames served cluster-wide
-    kind: str                     # "rebalance", "failover", "add-node"
-    node: int | None = None       # failover target
+    kind: str                     # "rebalance", "failover", "add-node", or a chaos kind (chaos.py)
+    node: int | None = None       # failover target (chaos: the node the event is about)
+    loss: int | None = None       # chaos: seqnos lost (hard failover, hang, restart)
+    other: int | None = None      # chaos swap: the spare node that comes in
 
 
 class Cluster:
@@ -98,6 +102,11 @@ class Cluster:
         self._config: ClusterConfig | None = None
         self._rendered: dict[tuple[int, int], bytes] = {}
         self.pushes = 0               # cluster-map change notifications sent
+        self.muted: set[int] = set()  # nodes that stopped answering (sockets kept open, chaos "hang")
+        self.loss_bound: int | None = None   # chaos: the most a failover or restart may lose
+        self.broken: str | None = None       # the first broken invariant (chaos.check)
+        self.on_broken = None                # called with it (chaos.install: raise InvariantBroken)
+        self.checker = None                  # chaos.install: snapshot() before, check() after an event
 
     # ---- queries
     def serving_nodes(self) -> list[ClusterNode]:
@@ -155,10 +164,10 @@ class Cluster:
         self._config = None
         self._rendered.clear()
 
-    def _bump(self, change_kind: str, moves=(), node=None) -> Change:
+    def _bump(self, change_kind: str, moves=(), node=None, drop=(), loss=0) -> Change:
         self.rev += 1
         self._dirty()
-        ch = Change(change_kind, self.rev, tuple(moves), node)
+        ch = Change(change_kind, self.rev, tuple(moves), node, tuple(drop), loss)
         self.changes.append(ch)
         return ch
 
@@ -177,7 +186,23 @@ class Cluster:
                 out.append(self.fail_over(ev.node, loss))
             elif ev.kind == "add-node":
                 out.append(self.add_node())
+            elif ev.kind in CHAOS_METHODS:
+                out.append(self._chaos(ev))
         return out
+
+    def _chaos(self, ev: Event) -> Change:
+        """One event of a random schedule (chaos.py), then the invariants kv_engine and
+        ns_server keep (`checker`); the first broken one goes to on_broken (stop loudly)."""
+        chk = self.checker
+        before = chk.snapshot(self) if chk is not None else None
+        name, args = CHAOS_METHODS[ev.kind]
+        ch = getattr(self, name)(*[getattr(ev, a) for a in args])
+        problems = chk.check(self, ch, before) if chk is not None else []
+        if problems and self.broken is None:
+            self.broken = f"chaos: after {ev.kind} at frame {ev.at} (rev {ch.rev}): {problems[0]}"
+            if self.on_broken is not None:
+                self.on_broken(self.broken)
+        return ch
 
     # ---- topology events
     def rebalance(self, share: float | None = None) -> Change:
@@ -258,12 +283,195 @@ class Cluster:
         self.bucket.generation += 1
         return self._bump("failover", moves, node)
 
+    # ---- chaos events (chaos.py draws them; docs/SERVE.md "Break it with a schedule")
+    def _members(self) -> list[int]:
+        return [n.index for n in self.serving_nodes()]
+
+    def _takeover(self, vb: int, new: int, moves: list) -> None:
+        """vbucket `vb` turns active on `new` with its data (a failover entry at its high seqno)."""
+        old = self.vbmap[vb][0]
+        v = self.bucket.vbuckets[vb]
+        v.turn_active(self.rng.randrange(1, 1 << 48))
+        self.vbmap[vb] = self._row(new, [old] + self.vbmap[vb][1:])
+        moves.append(Move(vb, old, new, v.high_seqno))
+
+    def _fill(self, moves: list, limit: int | None = None) -> None:
+        """Takeovers from the most to the least loaded serving nodes until each has its
+        share (`limit`: stop after that many, a rebalance stopped half way)."""
+        members = self._members()
+        count = {i: 0 for i in members}
+        for row in self.vbmap:
+            if row[0] in count:
+                count[row[0]] += 1
+        ideal = len(self.vbmap) // len(members)
+        order = list(range(len(self.vbmap)))
+        self.rng.shuffle(order)
+        for vb in order:
+            if limit is not None and len(moves) >= limit:
+                break
+            owner = self.vbmap[vb][0]
+            low = min(members, key=lambda i: (count[i], i))
+            if count[low] >= ideal:
+                break
+            if owner in count and count[owner] > ideal:
+                count[owner] -= 1
+                count[low] += 1
+                self._takeover(vb, low, moves)
+
+    def _top_up(self) -> None:
+        """A rebalance rebuilds every vbucket's replicas on serving nodes (no stream moves)."""
+        for vb, row in enumerate(self.vbmap):
+            if row[0] >= 0:
+                self.vbmap[vb] = self._row(row[0], row[1:])
+
+    def _move_off(self, node: int, moves: list, to: int | None = None) -> None:
+        """Every vbucket active on `node` moves by takeover: to `to`, else to its first
+        serving replica, else to the least loaded serving node."""
+        members = [i for i in self._members() if i != node]
+        count = {i: len(self.active_vbuckets(i)) for i in members}
+        for vb in self.active_vbuckets(node):
+            target = to
+            if target is None:
+                target = next((r for r in self.vbmap[vb][1:] if r in count), None)
+            if target is None:
+                target = min(members, key=lambda i: (count[i], i))
+            count[target] = count.get(target, 0) + 1
+            self._takeover(vb, target, moves)
+
+    def rebalance_in(self, node: int) -> Change:
+        """A spare (or ejected) node joins and a rebalance gives it its share of actives."""
+        n = self.nodes[node]
+        n.joined = n.alive = True
+        self.muted.discard(node)
+        moves: list[Move] = []
+        self._fill(moves)
+        self._top_up()
+        return self._bump("rebalance-in", moves, node)
+
+    def rebalance_out(self, node: int) -> Change:
+        """The node's actives move away by takeover, then it leaves the cluster (ejected)."""
+        moves: list[Move] = []
+        members = [i for i in self._members() if i != node]
+        count = {i: len(self.active_vbuckets(i)) for i in members}
+        for vb in self.active_vbuckets(node):
+            target = min(members, key=lambda i: (count[i], i))
+            count[target] += 1
+            self._takeover(vb, target, moves)
+        self.nodes[node].joined = self.nodes[node].alive = False
+        self._top_up()
+        return self._bump("rebalance-out", moves, node, drop=(node,))
+
+    def swap(self, out: int, into: int) -> Change:
+        """Swap rebalance: `into` joins and takes over exactly what `out` had; `out` leaves."""
+        n = self.nodes[into]
+        n.joined = n.alive = True
+        self.muted.discard(into)
+        moves: list[Move] = []
+        self._move_off(out, moves, to=into)
+        self.vbmap = [[row[0]] + [(-1 if row[0] == into else into) if r == out else r for r in row[1:]]
+                      for row in self.vbmap]
+        self.nodes[out].joined = self.nodes[out].alive = False
+        self._top_up()
+        return self._bump("swap", moves, out, drop=(out,))
+
+    def rebalance_stop(self) -> Change:
+        """A rebalance stopped half way: half of the takeovers it planned are done (and
+        stay done), the map says so; the rest never happen."""
+        moves: list[Move] = []
+        members = self._members()
+        if len(members) > 1:
+            planned = max(1, round(len(self.vbmap) * self.rebalance_share))
+            order = list(range(len(self.vbmap)))
+            self.rng.shuffle(order)
+            for vb in sorted(order[:max(1, planned // 2)]):
+                row = self.vbmap[vb]
+                if row[0] not in members:
+                    continue
+                others = [i for i in members if i != row[0]]
+                target = next((r for r in row[1:] if r in others), others[0])
+                self._takeover(vb, target, moves)
+        return self._bump("rebalance-stop", moves)
+
+    def graceful_failover(self, node: int) -> Change:
+        """Each active vbucket of the node is promoted on a replica by takeover (nothing is
+        lost); the node stays failed over (out of the map) until a recovery adds it back."""
+        moves: list[Move] = []
+        self._move_off(node, moves)
+        self.nodes[node].alive = False
+        self.vbmap = [[row[0]] + [-1 if r == node else r for r in row[1:]] for row in self.vbmap]
+        return self._bump("graceful-failover", moves, node, drop=(node,))
+
+    def hard_failover(self, node: int, loss: int) -> Change:
+        return self._relabel(self.fail_over(node, loss), kind="hard-failover", drop=(node,), loss=loss)
+
+    def _relabel(self, ch: Change, **kw) -> Change:
+        new = dataclasses.replace(ch, **kw)
+        self.changes[-1] = new
+        return new
+
+    def recover(self, node: int, delta: bool = True) -> Change:
+        """Add back a failed-over node (delta: with its data, full: emptied and rebuilt;
+        both look the same on a DCP stream) and rebalance actives onto it by takeover."""
+        n = self.nodes[node]
+        n.joined = n.alive = True
+        self.muted.discard(node)
+        moves: list[Move] = []
+        self._fill(moves)
+        self._top_up()
+        return self._bump("delta-recovery" if delta else "full-recovery", moves, node, drop=(node,))
+
+    def full_recovery(self, node: int) -> Change:
+        return self.recover(node, delta=False)
+
+    def hang(self, node: int, loss: int) -> Change:
+        """The node stops answering without closing its sockets (the transport neither
+        reads nor writes them, new connections are accepted and ignored); auto-failover
+        then promotes its vbuckets as a hard failover (losing `loss`)."""
+        self.muted.add(node)
+        return self._relabel(self.fail_over(node, loss), kind="hang", loss=loss)
+
+    def restart(self, node: int, loss: int) -> Change:
+        """The node restarts having lost its memory: warm-up from disk, each of its active
+        vbuckets `loss` seqnos behind, with a new failover entry there (consumers that saw
+        more roll back); its connections drop; the map is unchanged."""
+        moves = []
+        for vb in self.active_vbuckets(node):
+            v = self.bucket.vbuckets[vb]
+            seqno = v.fail_over(self.rng.randrange(1, 1 << 48), v.high_seqno - loss, self.rng,
+                                self.bucket.next_cas())
+            moves.append(Move(vb, node, node, seqno))
+        self.bucket.generation += 1
+        return self._bump("restart", moves, node, drop=(node,), loss=loss)
+
+    def bump_rev_epoch(self) -> Change:
+        """A new revEpoch (as after a quorum-loss recovery): rev starts again at 1 and a
+        client must order configs by (revEpoch, rev)."""
+        self.rev_epoch += 1
+        self.rev = 0
+        return self._bump("rev-epoch")
+
     def add_node(self) -> Change:
         spare = next((n for n in self.nodes if not n.joined), None)
         if spare is None:
             return self._bump("add-node")
         spare.joined = True
         return self._bump("add-node", (), spare.index)
+
+
+# chaos kind -> (method, the Event fields it takes)
+CHAOS_METHODS = {
+    "rebalance-in": ("rebalance_in", ("node",)),
+    "rebalance-out": ("rebalance_out", ("node",)),
+    "swap": ("swap", ("node", "other")),
+    "rebalance-stop": ("rebalance_stop", ()),
+    "graceful-failover": ("graceful_failover", ("node",)),
+    "hard-failover": ("hard_failover", ("node", "loss")),
+    "delta-recovery": ("recover", ("node",)),
+    "full-recovery": ("full_recovery", ("node",)),
+    "hang": ("hang", ("node", "loss")),
+    "restart": ("restart", ("node", "loss")),
+    "rev-epoch": ("bump_rev_epoch", ()),
+}
 
 
 # --------------------------------------------------------------------------- notifications

@@ -110,6 +110,10 @@ class ServerModel:
                     if conn.node == ch.node:
                         conn.close(f"node {ch.node} failed over")
                 continue
+            for node in ch.drop:     # chaos (cluster.py): a node left, restarted or failed
+                for conn in conns:
+                    if conn.node == node:
+                        conn.close(f"node {node}: {ch.kind}")
             for mv in ch.moves:
                 for conn in conns:
                     if conn.node == mv.old and self.cluster_for(conn.bucket) is not None:

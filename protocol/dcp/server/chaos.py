@@ -1,0 +1,266 @@
+"""Random topology schedules for `serve dcp --chaos SEED`, sans-IO: a seeded draw of what
+Couchbase clusters go through (docs/SERVE.md "Break it with a schedule"), its JSON form
+(`--schedule FILE` replays one), and the invariants the producer checks after every event
+(cluster.Cluster._chaos calls `snapshot` before and `check` after).
+
+Node 0 is the seed clients bootstrap from: it may restart but never leaves, fails or hangs.
+The draw follows the cluster's node states so that every event can happen: a failover only
+while every vbucket has a replica (the last rebalance rebuilt them), a recovery only of a
+node failed over, a rebalance in or a swap only with a spare (or ejected) node, and at least
+two serving nodes left after a rebalance out or a failover.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+
+from dcptool.protocol.dcp.server.cluster import Event
+from dcptool.protocol.errors import DcptoolError
+
+KINDS = ("rebalance-in", "rebalance-out", "swap", "rebalance-stop", "graceful-failover", "hard-failover",
+         "delta-recovery", "full-recovery", "hang", "restart", "rev-epoch")
+LOSSY = ("hard-failover", "hang", "restart")       # a new branch below the high seqno
+DEFAULT_SPARES = 2
+MAX_LOG = 25                                      # kv_engine's max_failover_entries
+
+
+class InvariantBroken(DcptoolError):
+    """The producer broke one of its own invariants after a chaos event (exit 1)."""
+
+
+class ScheduleError(ValueError):
+    """A schedule file that is not one (its message names what is wrong)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Schedule:
+    seed: int | None
+    nodes: int
+    replicas: int
+    spares: int
+    events: tuple[Event, ...]
+
+    def to_json(self) -> str:
+        evs = []
+        for e in self.events:
+            d = {"at": e.at, "kind": e.kind}
+            for f in ("node", "other", "loss"):
+                if getattr(e, f) is not None:
+                    d[f] = getattr(e, f)
+            evs.append(d)
+        return json.dumps({"seed": self.seed, "nodes": self.nodes, "replicas": self.replicas,
+                           "spares": self.spares, "events": evs}, separators=(",", ":"))
+
+
+def from_json(text: str) -> Schedule:
+    """Parse what to_json wrote; ScheduleError (one line) when it is not a schedule."""
+    try:
+        d = json.loads(text)
+    except ValueError as exc:
+        raise ScheduleError(f"not JSON: {exc}") from None
+    if not isinstance(d, dict) or not isinstance(d.get("events"), list):
+        raise ScheduleError('not a schedule: an object with "events" (a list) is expected')
+
+    def integer(obj, key, default=None, low=0):
+        v = obj.get(key, default)
+        if v is None and default is None and key in ("node", "other", "loss", "seed"):
+            return None
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            raise ScheduleError(f"{key!r} must be an integer >= {low}, not {v!r}")
+        return v
+
+    nodes = integer(d, "nodes", low=1)
+    spares = integer(d, "spares", 0)
+    replicas = integer(d, "replicas", 0)
+    total = nodes + spares
+    events = []
+    for i, e in enumerate(d["events"]):
+        if not isinstance(e, dict) or e.get("kind") not in KINDS:
+            raise ScheduleError(f"event {i}: kind must be one of {', '.join(KINDS)}, not "
+                                f"{e.get('kind') if isinstance(e, dict) else e!r}")
+        ev = Event(integer(e, "at", low=1), e["kind"], integer(e, "node"), integer(e, "loss"), integer(e, "other"))
+        need = _params(ev.kind)
+        for f in ("node", "other", "loss"):
+            if (f in need) != (getattr(ev, f) is not None):
+                raise ScheduleError(f"event {i} ({ev.kind}): {f!r} is {'required' if f in need else 'not taken'}")
+        for f in ("node", "other"):
+            if getattr(ev, f) is not None and getattr(ev, f) >= total:
+                raise ScheduleError(f"event {i} ({ev.kind}): node {getattr(ev, f)} does not exist "
+                                    f"(nodes 0..{total - 1} with the spares)")
+        events.append(ev)
+    seed = d.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise ScheduleError(f"'seed' must be an integer or null, not {seed!r}")
+    return Schedule(seed, nodes, replicas, spares, tuple(sorted(events, key=lambda e: e.at)))
+
+
+def _params(kind: str) -> tuple[str, ...]:
+    from dcptool.protocol.dcp.server.cluster import CHAOS_METHODS
+    return CHAOS_METHODS[kind][1]
+
+
+# --------------------------------------------------------------------------- drawing
+
+def draw(seed: int, nodes: int, replicas: int, frames: int, max_loss: int = 10,
+         spares: int = DEFAULT_SPARES, count: int | None = None) -> Schedule:
+    """A seeded schedule of `count` events (3..7 when None) at stream-frame counts spread
+    over [frames/20, frames*9/10] (`frames`: about what a consumer will be sent, e.g. the
+    bucket's items). Same arguments, same schedule."""
+    rng = random.Random(f"chaos:{seed}")
+    if count is None:
+        count = rng.randint(3, 7)
+    lo = max(1, frames // 20)
+    hi = max(lo + count, frames * 9 // 10)
+    ats = sorted(rng.sample(range(lo, hi + 1), count))
+    state = {i: "in" for i in range(nodes)}
+    state.update({nodes + i: "spare" for i in range(spares)})
+    degraded = False        # some vbucket lacks a replica (after a failover, until a rebalance)
+    events = []
+    for at in ats:
+        options = _eligible(state, replicas, degraded)
+        kind = rng.choice(sorted(options))
+        node = rng.choice(options[kind]) if options[kind] else None
+        other = loss = None
+        if kind == "swap":
+            node, other = node
+        if kind in LOSSY:
+            loss = rng.randint(0, max_loss)
+        events.append(Event(at, kind, node, loss, other))
+        degraded = _advance(state, kind, node, other, degraded)
+    return Schedule(seed, nodes, replicas, spares, tuple(events))
+
+
+def _eligible(state: dict[int, str], replicas: int, degraded: bool) -> dict[str, list]:
+    members = [n for n, s in state.items() if s == "in"]
+    movable = [n for n in members if n != 0]
+    free = [n for n, s in state.items() if s in ("spare", "out")]
+    failed = [n for n, s in state.items() if s == "failed"]
+    out: dict[str, list] = {"rev-epoch": [], "restart": members}
+    if len(members) >= 2:
+        out["rebalance-stop"] = []
+    if free:
+        out["rebalance-in"] = free
+        if movable:
+            out["swap"] = [(a, b) for a in movable for b in free]
+    if len(members) > 2 and movable:
+        out["rebalance-out"] = movable
+    if replicas and not degraded and len(members) > 2 and movable:
+        out["graceful-failover"] = movable
+        out["hard-failover"] = movable
+        out["hang"] = movable
+    if failed:
+        out["delta-recovery"] = failed
+        out["full-recovery"] = failed
+    return out
+
+
+def _advance(state: dict[int, str], kind: str, node, other, degraded: bool) -> bool:
+    if kind in ("rebalance-in", "delta-recovery", "full-recovery"):
+        state[node] = "in"
+        return False
+    if kind == "rebalance-out":
+        state[node] = "out"
+        return False
+    if kind == "swap":
+        state[node], state[other] = "out", "in"
+        return False
+    if kind in ("graceful-failover", "hard-failover", "hang"):
+        state[node] = "failed"
+        return True
+    return degraded
+
+
+# --------------------------------------------------------------------------- invariants
+
+def snapshot(cluster) -> dict:
+    """What `check` compares against: each vbucket's high seqno and failover log."""
+    return {"high": [v.high_seqno for v in cluster.bucket.vbuckets],
+            "logs": [list(v.failover_log) for v in cluster.bucket.vbuckets]}
+
+
+def check(cluster, change, before: dict) -> list[str]:
+    """The invariants after one event; a list of what is broken (empty: all hold)."""
+    problems = _map_problems(cluster)
+    moved = {}
+    for mv in change.moves:
+        if mv.new >= 0:
+            moved[mv.vb] = mv
+    bound = cluster.loss_bound
+    if change.loss and bound is not None and change.loss > bound:
+        problems.append(f"{change.kind} lost {change.loss} seqnos, above the loss bound {bound} (--failover-loss)")
+    for v in cluster.bucket.vbuckets:
+        log, old_log, old_high = v.failover_log, before["logs"][v.vbid], before["high"][v.vbid]
+        problems += _log_problems(v.vbid, log, v.high_seqno)
+        mv = moved.get(v.vbid)
+        if mv is None:
+            if log != old_log:
+                problems.append(f"vbucket {v.vbid}: its failover log changed but it did not move")
+            continue
+        if log[0][0] in {u for u, _ in old_log} or log[0][1] != mv.seqno:
+            problems.append(f"vbucket {v.vbid}: no new failover entry at {mv.seqno} after {change.kind} "
+                            f"(newest is {log[0]})")
+        lost = old_high - mv.seqno
+        if change.kind not in LOSSY and change.kind != "failover" and lost:
+            problems.append(f"vbucket {v.vbid}: {change.kind} lost {lost} seqnos (a takeover loses none)")
+        elif bound is not None and lost > bound:
+            problems.append(f"vbucket {v.vbid}: the promoted copy was {lost} seqnos behind, above the loss "
+                            f"bound {bound} (--failover-loss)")
+    return problems
+
+
+def _map_problems(cluster) -> list[str]:
+    out = []
+    for node in cluster.muted:
+        if cluster.nodes[node].serving:
+            out.append(f"node {node} stopped answering but is still in the map")
+    for vb, row in enumerate(cluster.vbmap):
+        if len(row) != cluster.replicas + 1:
+            out.append(f"vbucket {vb}: map row {row} is not 1 active + {cluster.replicas} replicas")
+            continue
+        active, reps = row[0], [r for r in row[1:] if r >= 0]
+        if active < 0 or not cluster.nodes[active].serving:
+            out.append(f"vbucket {vb}: no serving active node (map row {row})")
+        if len(set(reps)) != len(reps) or active in reps:
+            out.append(f"vbucket {vb}: a node holds two copies (map row {row})")
+        if any(not cluster.nodes[r].serving for r in reps):
+            out.append(f"vbucket {vb}: a replica on a node that is not serving (map row {row})")
+    return out
+
+
+def _log_problems(vb: int, log, high: int) -> list[str]:
+    if not log or len(log) > MAX_LOG:
+        return [f"vbucket {vb}: {len(log)} failover entries (1..{MAX_LOG})"]
+    out = []
+    if any(log[i][1] < log[i + 1][1] for i in range(len(log) - 1)):
+        out.append(f"vbucket {vb}: failover log seqnos fall toward the newest entry: {log}")
+    if log[0][1] > high:
+        out.append(f"vbucket {vb}: newest failover entry at {log[0][1]}, above the high seqno {high}")
+    if len({u for u, _ in log}) != len(log):
+        out.append(f"vbucket {vb}: a uuid twice in the failover log")
+    return out
+
+
+# --------------------------------------------------------------------------- a server
+
+def install(model, schedule: Schedule, seed: int = 0, loss_bound: int | None = None):
+    """Give `model` (shared.server_from_options with schedule.nodes, no events) the
+    schedule's cluster: its nodes plus spares, the events, the loss bound checked."""
+    from dcptool.protocol.dcp.server.cluster import Cluster
+    bucket = next(iter(model.buckets.values()))
+    cl = Cluster(bucket, schedule.nodes, schedule.replicas, seed, schedule.spares, events=schedule.events)
+    cl.loss_bound = loss_bound
+    cl.checker = _Checker()
+    cl.on_broken = _raise
+    model.cluster = cl
+    return cl
+
+
+class _Checker:
+    snapshot = staticmethod(snapshot)
+    check = staticmethod(check)
+
+
+def _raise(message: str):
+    raise InvariantBroken(message)

@@ -1,0 +1,80 @@
+"""Soak: random topology schedules (`serve dcp --chaos SEED`) against `dcptool capture`,
+each capture SIGKILLed and resumed at a seeded point, the replayed `documents` compared with
+the producer's final bucket (tests/protocol/dcp/test_chaos.py's property, smaller runs).
+Prints the schedules run, the kinds of event that fired, the time per schedule, and every
+failure with its seed and schedule line (replay one: `serve dcp ... --schedule FILE`).
+
+    .venv/bin/python tests/bench/bench_chaos.py                   # 200 schedules, seeds 1000..1199
+    BENCH_COUNT=20 BENCH_FIRST=0 .venv/bin/python tests/bench/bench_chaos.py
+    BENCH_ITEMS=600 BENCH_VBUCKETS=16 BENCH_JOBS=2 .venv/bin/python tests/bench/bench_chaos.py
+
+Exit 0 when every schedule passed, 1 otherwise."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from dcptool.protocol.dcp.server import chaos  # noqa: E402
+from tests.protocol.dcp.test_chaos import LOSS, run_schedule  # noqa: E402
+
+COUNT = int(os.environ.get("BENCH_COUNT", "200"))
+FIRST = int(os.environ.get("BENCH_FIRST", "1000"))
+ITEMS = int(os.environ.get("BENCH_ITEMS", "800"))
+VBUCKETS = int(os.environ.get("BENCH_VBUCKETS", "16"))
+JOBS = int(os.environ.get("BENCH_JOBS", "1"))
+
+
+def one(seed: int):
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f"chaos{seed}-"))
+    t = time.monotonic()
+    try:
+        model, _ = run_schedule(tmp, seed, items=ITEMS, vbuckets=VBUCKETS)
+        return seed, time.monotonic() - t, [c.kind for c in model.cluster.changes], None
+    except BaseException as exc:  # noqa: BLE001 - a failure is a result here
+        text = str(exc).strip().splitlines()
+        said = [ln for ln in text if ln.startswith("dcptool:")]     # the capture's error line
+        line = said[-1] if said else text[0] if text else ""
+        return seed, time.monotonic() - t, [], f"{type(exc).__name__}: {line[:300]}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main() -> int:
+    seeds = list(range(FIRST, FIRST + COUNT))
+    fired, times, failures = Counter(), [], []
+    started = time.monotonic()
+    with ThreadPoolExecutor(JOBS) as pool:
+        for seed, took, kinds, err in pool.map(one, seeds):
+            times.append(took)
+            fired.update(kinds)
+            mark = "FAIL" if err else "ok"
+            print(f"seed {seed}: {mark} {took:.1f}s {','.join(kinds) or '-'}", flush=True)
+            if err:
+                sched = chaos.draw(seed, 3, 1, ITEMS * 6 // 5, LOSS)
+                failures.append((seed, sched.to_json(), err))
+    times.sort()
+    print(f"\nschedules run: {len(seeds)} ({ITEMS} items, {VBUCKETS} vbuckets, 3 nodes, 1 replica) "
+          f"in {time.monotonic() - started:.0f} s; per schedule p50 {times[len(times) // 2]:.1f} s, "
+          f"max {times[-1]:.1f} s")
+    print("events fired: " + ", ".join(f"{k} {n}" for k, n in sorted(fired.items())))
+    missing = set(chaos.KINDS) - set(fired)
+    if missing:
+        print("kinds never fired: " + ", ".join(sorted(missing)))
+    print(f"failures: {len(failures)}")
+    for seed, line, err in failures:
+        print(f"  seed {seed}: {err}\n    schedule: {line}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
