@@ -30,7 +30,7 @@ class InvariantBroken(DcptoolError):
     """The producer broke one of its own invariants after a chaos event (exit 1)."""
 
 
-class ScheduleError(ValueError):
+class ScheduleError(DcptoolError, ValueError):
     """A schedule file that is not one (its message names what is wrong)."""
 
 
