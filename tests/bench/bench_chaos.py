@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from dcptool.protocol.dcp.server import chaos  # noqa: E402
-from tests.protocol.dcp.test_chaos import LOSS, run_schedule  # noqa: E402
+from tests.support.chaos_run import LOSS, run_schedule  # noqa: E402
 
 COUNT = int(os.environ.get("BENCH_COUNT", "200"))
 FIRST = int(os.environ.get("BENCH_FIRST", "1000"))
