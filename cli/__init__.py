@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("dcptool.cli.serve:serve", "Run a built-in DCP producer or Synapse replication server."),
     "diff": ("dcptool.cli.diff:diff", "Documents added, changed and removed between two captures or moments."),
     "verify": ("dcptool.cli.verify:verify", "Check captures for continuity and protocol correctness."),
+    "import": ("dcptool.cli.import_cmd:import_cmd", "Turn a tcpdump file (pcap, pcapng) into a capture."),
+    "export": ("dcptool.cli.export_cmd:export_cmd", "Write captures as TCP packets for Wireshark (pcapng, pcap)."),
     "spark": ("dcptool.cli.spark_cmd:spark", "Start, stop or query a warm Spark Connect server for replay."),
 }
 
