@@ -1,0 +1,154 @@
+"""What a reassembled TCP byte stream carries, and its frames (sans-IO).
+
+`detect` names a connection's protocol from its server port and its first bytes: TLS (a
+ClientHello 0x16 0x03, or ports 11207 / 6380 / 18091), memcached/DCP (11210 or a --port,
+or a plausible 24-byte header), Redis RESP (6379, or `*N\\r\\n`), Synapse replication
+lines (an upper-case command word). `DcpFramer` and `LineFramer` cut one direction into
+frames or lines and hand them to a sink with the time of the packet that completed them;
+after bytes the capture lost (or at a mid-stream start) they skip to the next whole frame
+(DCP: a plausible header, followed by another or by the end of the data; lines: the next
+newline) and hand the bytes around the hole to the sink as flagged fragments."""
+
+from __future__ import annotations
+
+import re
+import struct
+
+from dcptool.protocol.dcp.wire import columnar
+from dcptool.protocol.dcp.wire.constants import DEFAULT_MAX_BODY
+
+DCP_PORTS = frozenset({11210, 11209, 11211})
+TLS_PORTS = frozenset({11207, 6380, 18091, 18092, 443})
+REDIS_PORTS = frozenset({6379})
+MAGICS = frozenset({0x80, 0x81, 0x08, 0x18})
+_MAGIC_RE = re.compile(b"[\x80\x81\x08\x18]")
+_SYNAPSE_RE = re.compile(rb"[A-Z][A-Z_]{1,20}( |\r?\n)")
+_RESP_RE = re.compile(rb"\*[0-9]{1,3}\r\n\$")
+MIDSTREAM = "capture began mid-stream"
+RESYNC_LIMIT = 1 << 20     # bytes searched for a header before they are given up as one fragment
+
+
+def plausible_header(buf, i: int, max_body: int = DEFAULT_MAX_BODY) -> bool:
+    """A memcached header could start at buf[i] (and, when the data holds it, so could the
+    one right after its frame)."""
+    if len(buf) - i < 24 or buf[i] not in MAGICS:
+        return False
+    magic = buf[i]
+    if magic in (0x08, 0x18):
+        framing, keylen = buf[i + 2], buf[i + 3]
+    else:
+        framing, keylen = 0, struct.unpack_from(">H", buf, i + 2)[0]
+    extlen, datatype = buf[i + 4], buf[i + 5]
+    body = struct.unpack_from(">I", buf, i + 8)[0]
+    if datatype > 0x07 or body > max_body or framing + extlen + keylen > body:
+        return False
+    nxt = i + 24 + body
+    return nxt + 24 > len(buf) or buf[nxt] in MAGICS
+
+
+def detect(server_port: int, chunk: bytes, dcp_ports) -> str:
+    """'tls', 'dcp', 'redis', 'synapse' or 'other' for a connection to server_port whose
+    first bytes (either direction) are chunk."""
+    if chunk[:2] == b"\x16\x03" or server_port in TLS_PORTS:
+        return "tls"
+    if server_port in dcp_ports:
+        return "dcp"
+    if server_port in REDIS_PORTS or _RESP_RE.match(chunk):
+        return "redis"
+    if plausible_header(chunk, 0):
+        return "dcp"
+    if _SYNAPSE_RE.match(chunk):
+        return "synapse"
+    return "other"
+
+
+class DcpFramer:
+    """One direction of a memcached connection: frames out as whole frames."""
+
+    def __init__(self, sink, conn, out: bool, midstream: bool):
+        self.sink, self.conn, self.out = sink, conn, out
+        self.buf = bytearray()
+        self.resync = MIDSTREAM if midstream else None
+
+    def data(self, chunk: bytes, ts: int) -> None:
+        self.buf += chunk
+        while True:
+            if self.resync is not None and not self._find_header(ts):
+                return
+            offsets, lengths, consumed, err = columnar.scan(self.buf)
+            if len(offsets):
+                self.sink.frames(self.conn, self.out, bytes(self.buf[:consumed]), offsets, lengths, ts)
+                del self.buf[:consumed]
+            if err is None:
+                return
+            self.resync = f"not a frame header ({err})"
+
+    def _find_header(self, ts: int) -> bool:
+        buf = self.buf
+        for m in _MAGIC_RE.finditer(buf):
+            i = m.start()
+            if len(buf) - i < 24:
+                break
+            if plausible_header(buf, i):
+                if i:
+                    self.sink.fragment(self.conn, self.out, bytes(buf[:i]), ts,
+                                       f"{self.resync}: {i} bytes before the first whole frame skipped")
+                    del buf[:i]
+                self.resync = None
+                return True
+        if len(buf) > RESYNC_LIMIT:
+            keep = len(buf) - 23
+            self.sink.fragment(self.conn, self.out, bytes(buf[:keep]), ts,
+                               f"{self.resync}: {keep} bytes with no frame header skipped")
+            del buf[:keep]
+        return False
+
+    def gap(self, n: int, ts: int) -> None:
+        if self.buf:
+            self.sink.fragment(self.conn, self.out, bytes(self.buf), ts,
+                               f"frame cut short: {n} bytes after it were lost by the capture")
+            self.buf.clear()
+        self.resync = f"{n} bytes lost by the capture"
+
+    def end(self, ts: int, why: str) -> None:
+        if self.buf:
+            self.sink.fragment(self.conn, self.out, bytes(self.buf), ts, f"{why} inside this frame")
+            self.buf.clear()
+
+
+class LineFramer:
+    """One direction of a Synapse replication connection: lines out without newline."""
+
+    def __init__(self, sink, conn, out: bool, midstream: bool):
+        self.sink, self.conn, self.out = sink, conn, out
+        self.buf = b""
+        self.resync = MIDSTREAM if midstream else None
+
+    def data(self, chunk: bytes, ts: int) -> None:
+        buf = self.buf + chunk if self.buf else chunk
+        if self.resync is not None:
+            nl = buf.find(b"\n")
+            if nl < 0:
+                self.buf = buf
+                return
+            if nl:
+                self.sink.fragment(self.conn, self.out, buf[:nl], ts, f"{self.resync}: the rest of a line")
+            buf, self.resync = buf[nl + 1:], None
+        end = buf.rfind(b"\n")
+        if end < 0:
+            self.buf = buf
+            return
+        self.sink.lines(self.conn, self.out, buf[:end].split(b"\n"), ts)
+        self.buf = buf[end + 1:]
+
+    def gap(self, n: int, ts: int) -> None:
+        if self.buf:
+            self.sink.fragment(self.conn, self.out, self.buf, ts,
+                               f"line cut short: {n} bytes after it were lost by the capture")
+            self.buf = b""
+        self.resync = f"{n} bytes lost by the capture"
+
+    def end(self, ts: int, why: str) -> None:
+        if self.buf:
+            self.sink.fragment(self.conn, self.out, self.buf, ts, f"{why} inside this line (no newline)")
+            self.buf = b""
