@@ -85,17 +85,21 @@ class DcpFramer:
 
     def _find_header(self, ts: int) -> bool:
         buf = self.buf
-        for m in _MAGIC_RE.finditer(buf):
+        found = None
+        for m in _MAGIC_RE.finditer(bytes(buf)):
             i = m.start()
             if len(buf) - i < 24:
                 break
             if plausible_header(buf, i):
-                if i:
-                    self.sink.fragment(self.conn, self.out, bytes(buf[:i]), ts,
-                                       f"{self.resync}: {i} bytes before the first whole frame skipped")
-                    del buf[:i]
-                self.resync = None
-                return True
+                found = i
+                break
+        if found is not None:
+            if found:
+                self.sink.fragment(self.conn, self.out, bytes(buf[:found]), ts,
+                                   f"{self.resync}: {found} bytes before the first whole frame skipped")
+                del buf[:found]
+            self.resync = None
+            return True
         if len(buf) > RESYNC_LIMIT:
             keep = len(buf) - 23
             self.sink.fragment(self.conn, self.out, bytes(buf[:keep]), ts,
