@@ -27,7 +27,7 @@ def import_cmd(file, output, ports):
     Example:
       tcpdump -i lo -w dcp.pcap port 11210 ... && dcptool import dcp.pcap -o ./imported
     """
-    from dcptool.capture.pcap import import_pcap
+    from dcptool.capture.pcap.importer import import_pcap
     from dcptool.cli.errors import error_line
 
     def note(text: str) -> None:

@@ -13,7 +13,8 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from dcptool.capture.pcap import flows, tcp
+import dcptool.capture.pcap.flows as flows
+import dcptool.capture.pcap.tcp as tcp
 from dcptool.capture.pcap.errors import UndecodablePcap
 from dcptool.capture.pcap.fileformat import Truncated, read_packets
 from dcptool.capture.pcap.packets import ACK, FIN, RST, SYN, parse
