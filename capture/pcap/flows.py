@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 import struct
 
+import numpy as np
+
 from dcptool.protocol.dcp.wire import columnar
 from dcptool.protocol.dcp.wire.constants import DEFAULT_MAX_BODY
 
@@ -62,28 +64,54 @@ def detect(server_port: int, chunk: bytes, dcp_ports) -> str:
     return "other"
 
 
+SCAN_BYTES = 256 * 2**10   # a direction's bytes are cut into frames this many at a time
+BEFORE, FRAMES, AFTER = 0, 1, 2   # where a fragment sorts among the frames of its packet
+
+
 class DcpFramer:
-    """One direction of a memcached connection: frames out as whole frames."""
+    """One direction of a memcached connection: frames out as whole frames. Bytes are
+    held until SCAN_BYTES arrived (or the sink asks: `scan`), then cut in one pass; each
+    frame gets the time and number of the packet that completed it (`marks`)."""
 
     def __init__(self, sink, conn, out: bool, midstream: bool):
         self.sink, self.conn, self.out = sink, conn, out
         self.buf = bytearray()
+        self.marks: list[tuple[int, int, int]] = []   # (end offset in buf, ts, packet number)
         self.resync = MIDSTREAM if midstream else None
 
-    def data(self, chunk: bytes, ts: int) -> None:
+    def data(self, chunk: bytes, ts: int, pkt: int) -> None:
         self.buf += chunk
-        while True:
-            if self.resync is not None and not self._find_header(ts):
+        self.marks.append((len(self.buf), ts, pkt))
+        if self.resync is not None or len(self.buf) >= SCAN_BYTES:
+            self.scan()
+
+    def scan(self) -> None:
+        while self.buf:
+            if self.resync is not None and not self._find_header():
                 return
             offsets, lengths, consumed, err = columnar.scan(self.buf)
             if len(offsets):
-                self.sink.frames(self.conn, self.out, bytes(self.buf[:consumed]), offsets, lengths, ts)
-                del self.buf[:consumed]
+                marks = np.array(self.marks, dtype=np.int64)
+                at = np.searchsorted(marks[:, 0], offsets + lengths, side="left")
+                self.sink.frames(self.conn, self.out, bytes(self.buf[:consumed]), offsets, lengths,
+                                 marks[at, 1], marks[at, 2])
+                self._cut(consumed)
             if err is None:
                 return
             self.resync = f"not a frame header ({err})"
 
-    def _find_header(self, ts: int) -> bool:
+    def _cut(self, n: int) -> None:
+        del self.buf[:n]
+        self.marks = [(end - n, ts, pkt) for end, ts, pkt in self.marks if end > n]
+
+    def _fragment(self, n: int, why: str, where: int = BEFORE, at: tuple | None = None) -> None:
+        """buf[:n] as one flagged row, at the packet that brought its last byte (or `at`)."""
+        if at is None:
+            at = next(((ts, pkt) for end, ts, pkt in self.marks if end >= n), (0, 0))
+        self.sink.fragment(self.conn, self.out, bytes(self.buf[:n]), at[0], why, at[1], where)
+        self._cut(n)
+
+    def _find_header(self) -> bool:
         buf = self.buf
         found = None
         for m in _MAGIC_RE.finditer(bytes(buf)):
@@ -95,29 +123,26 @@ class DcpFramer:
                 break
         if found is not None:
             if found:
-                self.sink.fragment(self.conn, self.out, bytes(buf[:found]), ts,
-                                   f"{self.resync}: {found} bytes before the first whole frame skipped")
-                del buf[:found]
+                self._fragment(found, f"{self.resync}: {found} bytes before the first whole frame skipped")
             self.resync = None
             return True
         if len(buf) > RESYNC_LIMIT:
             keep = len(buf) - 23
-            self.sink.fragment(self.conn, self.out, bytes(buf[:keep]), ts,
-                               f"{self.resync}: {keep} bytes with no frame header skipped")
-            del buf[:keep]
+            self._fragment(keep, f"{self.resync}: {keep} bytes with no frame header skipped")
         return False
 
-    def gap(self, n: int, ts: int) -> None:
+    def gap(self, n: int, ts: int, pkt: int) -> None:
+        self.scan()
         if self.buf:
-            self.sink.fragment(self.conn, self.out, bytes(self.buf), ts,
-                               f"frame cut short: {n} bytes after it were lost by the capture")
-            self.buf.clear()
+            self._fragment(len(self.buf), f"frame cut short: {n} bytes after it were lost by the capture",
+                           at=(ts, pkt))
+        self.marks = []
         self.resync = f"{n} bytes lost by the capture"
 
     def end(self, ts: int, why: str) -> None:
+        self.scan()
         if self.buf:
-            self.sink.fragment(self.conn, self.out, bytes(self.buf), ts, f"{why} inside this frame")
-            self.buf.clear()
+            self._fragment(len(self.buf), f"{why} inside this frame", AFTER)
 
 
 class LineFramer:
@@ -128,7 +153,7 @@ class LineFramer:
         self.buf = b""
         self.resync = MIDSTREAM if midstream else None
 
-    def data(self, chunk: bytes, ts: int) -> None:
+    def data(self, chunk: bytes, ts: int, pkt: int = 0) -> None:
         buf = self.buf + chunk if self.buf else chunk
         if self.resync is not None:
             nl = buf.find(b"\n")
@@ -145,7 +170,10 @@ class LineFramer:
         self.sink.lines(self.conn, self.out, buf[:end].split(b"\n"), ts)
         self.buf = buf[end + 1:]
 
-    def gap(self, n: int, ts: int) -> None:
+    def scan(self) -> None:
+        pass
+
+    def gap(self, n: int, ts: int, pkt: int = 0) -> None:
         if self.buf:
             self.sink.fragment(self.conn, self.out, self.buf, ts,
                                f"line cut short: {n} bytes after it were lost by the capture")

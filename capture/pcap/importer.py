@@ -18,7 +18,7 @@ import dcptool.capture.pcap.tcp as tcp
 from dcptool.capture.pcap.errors import UndecodablePcap
 from dcptool.capture.pcap.fileformat import Truncated, read_packets
 from dcptool.capture.pcap.packets import ACK, FIN, RST, SYN, parse
-from dcptool.capture.pcap.sinks import DcpSink, SynapseSink
+from dcptool.capture.pcap.sinks import FLUSH_BYTES, DcpSink, SynapseSink
 
 META_IMPORTED_FROM = "dcptool.imported_from"
 KNOWN_PORTS = flows.DCP_PORTS | flows.TLS_PORTS | flows.REDIS_PORTS
@@ -82,6 +82,8 @@ class Importer:
         self.info = {"file": os.path.basename(path), "format": ""}
         self.sinks = {"dcp": DcpSink(self._make_writer), "synapse": SynapseSink(self._make_writer)}
         self.skipped: dict[str, int] = {}
+        self.pkt = 0           # packet number: frames are ordered by the packet that completed them
+        self.since_flush = 0
 
     def _make_writer(self, protocol: str):
         out = self.output if not self.res.outputs else os.path.join(self.output, protocol)
@@ -112,6 +114,10 @@ class Importer:
         seg = parse(linktype, data)
         if seg is None:
             return
+        self.pkt += 1
+        self.since_flush += len(data)
+        if self.since_flush >= FLUSH_BYTES:
+            self.flush()
         self.res.tcp_packets += 1
         f = self._flow_for(seg)
         f.last_ts = ts
@@ -147,9 +153,9 @@ class Importer:
             return
         for kind, x in items:
             if kind == tcp.DATA:
-                framer.data(x, ts)
+                framer.data(x, ts, self.pkt)
             else:
-                framer.gap(x, ts)
+                framer.gap(x, ts, self.pkt)
 
     def _start(self, f: _Flow, first: bytes) -> None:
         f.proto = flows.detect(_port(f.server), first, self.dcp_ports)
@@ -184,6 +190,15 @@ class Importer:
         for key in ((f.client, f.server), (f.server, f.client)):
             if self.flows.get(key) is f:
                 del self.flows[key]
+
+    def flush(self) -> None:
+        """Every open connection cuts what it holds into frames, then the rows are written."""
+        self.since_flush = 0
+        for f in {id(f): f for f in self.flows.values()}.values():
+            for framer in f.framers.values():
+                framer.scan()
+        for sink in self.sinks.values():
+            sink.flush()
 
     def run(self) -> ImportResult:
         state = Truncated()

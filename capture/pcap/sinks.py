@@ -35,23 +35,28 @@ class Sink:
         self.conns: dict[int, _Conn] = {}
         self.fragments = 0
         self.rows = 0
+        self.written = 0
 
     def conn(self, node: str) -> _Conn:
         c = _Conn(len(self.conns) + 1, node)
         self.conns[c.no] = c
         return c
 
+    auto_flush = True
+
     def _add(self, piece, nbytes: int, n: int) -> None:
         self.pieces.append(piece)
         self.frame_no += n
         self.rows += n
         self.held += nbytes
-        if self.held >= FLUSH_BYTES:
+        if self.auto_flush and self.held >= FLUSH_BYTES:
             self.flush()
 
-    def fragment(self, conn: _Conn, out: bool, raw: bytes, ts: int, why: str) -> None:
+    def fragment(self, conn: _Conn, out: bool, raw: bytes, ts: int, why: str, pkt: int = 0, where: int = 0) -> None:
+        """A flagged row of bytes that are no whole frame. DCP orders it by (packet, where)."""
         self.fragments += 1
-        self._add(("err", conn, out, raw, self.frame_no, ts, why), len(raw), 1)
+        order = self.frame_no if self.auto_flush else pkt * 4 + where
+        self._add(("err", conn, out, raw, order, ts, why), len(raw), 1)
 
     def flush(self) -> None:
         if not self.pieces:
@@ -80,13 +85,35 @@ def _groups(pieces, kinds):
 
 
 class DcpSink(Sink):
-    protocol = "dcp"
+    """Frames arrive per direction in bulk (flows.DcpFramer), each with the number of the
+    packet that completed it; the importer flushes (after every framer cut what it held),
+    and the flush orders the rows by packet and numbers them."""
 
-    def frames(self, conn: _Conn, out: bool, buf: bytes, offsets, lengths, ts: int) -> None:
+    protocol = "dcp"
+    auto_flush = False
+
+    def frames(self, conn: _Conn, out: bool, buf: bytes, offsets, lengths, ts, pkt) -> None:
         n = len(offsets)
         if not out:
             self._hello(conn, buf, offsets)
-        self._add(("dcp", conn, out, buf, offsets, lengths, self.frame_no, ts, conn.collections), len(buf), n)
+        self._add(("dcp", conn, out, buf, offsets, lengths, pkt * 4 + 1, ts, conn.collections), len(buf), n)
+
+    def flush(self) -> None:
+        if not self.pieces:
+            return
+        if self.writer is None:
+            self.writer = self.make_writer(self.protocol)
+        pieces, self.pieces, self.held = self.pieces, [], 0
+        tables = self._build(pieces)
+        t = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        order = t.column("frame_no").to_numpy()
+        if len(tables) > 1 or (len(order) > 1 and (np.diff(order) < 0).any()):
+            t = t.take(pa.array(np.argsort(order, kind="stable")))
+        n = t.num_rows
+        t = t.set_column(t.schema.get_field_index("frame_no"), "frame_no",
+                         pa.array(np.arange(self.written, self.written + n, dtype=np.int64)))
+        self.written += n
+        self.writer.write(t)
 
     @staticmethod
     def _hello(conn: _Conn, buf: bytes, offsets) -> None:
@@ -111,12 +138,12 @@ class DcpSink(Sink):
             conn, is_out, collections = group[0][1], group[0][2], group[0][-1]
             bufs, offs, lens, fnos, tss = [], [], [], [], []
             base = 0
-            for _, _, _, buf, o, l, fno, ts, _ in group:
+            for _, _, _, buf, o, l, order, ts, _ in group:
                 bufs.append(buf)
                 offs.append(o + base)
                 lens.append(l)
-                fnos.append(np.arange(fno, fno + len(o), dtype=np.int64))
-                tss.append(np.full(len(o), ts, dtype=np.int64))
+                fnos.append(order)
+                tss.append(ts)
                 base += len(buf)
             buf = b"".join(bufs)
             o, l = np.concatenate(offs), np.concatenate(lens)
