@@ -1,8 +1,9 @@
 """A capture as IPv4/TCP packets (`dcptool export`): one TCP connection per `conn` of each
 capture, client 127.0.0.1:(40000 + conn), server the `node` the connection went to (or
 127.0.0.1:--port). Each connection opens with SYN / SYN-ACK / ACK at its first frame's
-time, every frame or line goes in its direction as one or more segments of at most `mss`
-bytes stamped with the row's `ts`, every segment acknowledging what the peer sent so far,
+time, every frame or line goes in its direction stamped with the row's `ts` (consecutive rows of
+one connection and direction with the same `ts`, one read on the wire, share segments of at
+most `mss` bytes), every segment acknowledging what the peer sent so far,
 and FIN / FIN-ACK / ACK close it at its last frame's time. Rows are read a batch at a time.
 
 Synapse TCP lines get their newline back; a Redis capture's rows (those with a `channel`)
@@ -74,6 +75,7 @@ class Exporter:
         self.conns: dict[tuple, _Conn] = {}
         self.frames = 0
         self.bytes = 0
+        self._run: list | None = None    # rows waiting to share segments
 
     def _packet(self, c: _Conn, from_client: bool, ts: int, flags: int, payload: bytes = b"") -> None:
         seq = c.seq[from_client]
@@ -97,14 +99,33 @@ class Exporter:
         return c
 
     def frame(self, key, node, ts: int, from_client: bool, data: bytes, default_port: int) -> None:
-        c = self.conns.get(key) or self._open(key, node, ts, default_port)
-        c.last_ts = ts
-        for i in range(0, len(data), self.mss):
-            self._packet(c, from_client, ts, PSH | ACK, data[i:i + self.mss])
+        """Rows of one connection and direction with the same ts arrived (or left) in one
+        read: they share segments, as they did on the wire."""
         self.frames += 1
         self.bytes += len(data)
+        run = self._run
+        if run is not None and run[0] == key and run[2] == ts and run[3] == from_client:
+            run[4].append(data)
+            run[5] += len(data)
+            if run[5] >= self.mss:
+                self._end_run()
+            return
+        self._end_run()
+        self._run = [key, node, ts, from_client, [data], len(data), default_port]
+
+    def _end_run(self) -> None:
+        run, self._run = self._run, None
+        if run is None:
+            return
+        key, node, ts, from_client, parts, _, default_port = run
+        c = self.conns.get(key) or self._open(key, node, ts, default_port)
+        c.last_ts = ts
+        data = b"".join(parts)
+        for i in range(0, len(data), self.mss):
+            self._packet(c, from_client, ts, PSH | ACK, data[i:i + self.mss])
 
     def close_all(self) -> None:
+        self._end_run()
         for c in self.conns.values():
             self._packet(c, True, c.last_ts, FIN | ACK)
             self._packet(c, False, c.last_ts, FIN | ACK)

@@ -70,7 +70,20 @@ def _ip_offset(linktype: int, data: bytes) -> int | None:
     return None
 
 
+_ADDRS: dict = {}
+
+
 def _addr(raw: bytes, port: int) -> str:
+    key = (raw, port)
+    text = _ADDRS.get(key)
+    if text is None:
+        if len(_ADDRS) > 65536:
+            _ADDRS.clear()
+        text = _ADDRS[key] = _addr_text(raw, port)
+    return text
+
+
+def _addr_text(raw: bytes, port: int) -> str:
     if len(raw) == 4:
         return f"{socket.inet_ntop(socket.AF_INET, raw)}:{port}"
     return f"[{socket.inet_ntop(socket.AF_INET6, raw)}]:{port}"

@@ -18,7 +18,7 @@ from dcptool.replay.store.reader import find_captures, read_capture_table
 from tests.support import capgen
 from tests.support.cli_util import error_line, run
 from tests.support.pcap_session import ACK, FIN, PSH, Server, Tcpdump, handshake, require_tcpdump, write_flow
-from tests.support.tshark_util import require_tshark
+from tests.support.tshark_util import _flat, require_tshark
 
 COLS = ["conn", "direction", "raw", "ts"]
 PROVENANCE = ("capture_id", "ts")    # a capture's own id, and when each side saw the bytes
@@ -88,21 +88,25 @@ def test_tshark_decodes_every_exported_frame_as_one_couchbase_pdu(tmp_path, dcp_
     d, port = dcp_session
     assert run("export", str(d / "own"), "-o", str(tmp_path / "x.pcapng"), "--mss", "1400").returncode == 0
     out = subprocess.run([exe, "-r", str(tmp_path / "x.pcapng"), "-d", f"tcp.port=={port},couchbase",
-                          "-o", "tcp.desegment_tcp_streams:TRUE", "-Y", "couchbase", "-T", "fields",
-                          "-e", "couchbase.magic", "-e", "couchbase.opcode", "-e", "couchbase.vbucket",
-                          "-e", "couchbase.extras.by_seqno"], capture_output=True, text=True, timeout=120, check=True)
-    pdus = [line.split("\t") for line in out.stdout.splitlines()]
+                          "-o", "tcp.desegment_tcp_streams:TRUE", "-T", "json", "--no-duplicate-keys",
+                          "-J", "couchbase"], capture_output=True, timeout=300, check=True)
+    pdus = []
+    for pkt in json.loads(out.stdout):
+        layer = pkt["_source"]["layers"].get("couchbase")
+        if layer is not None:      # several PDUs of one packet come as a list
+            pdus += [_flat(one, {}) for one in (layer if isinstance(layer, list) else [layer])]
     frames = rows(d / "own", ["raw"])
     assert len(pdus) == len(frames)
     seqnos = 0
-    for (magic, opcode, vbucket, seqno), f in zip(pdus, frames):
-        assert "," not in magic + opcode     # one PDU per packet that ends a frame
+    for pdu, f in zip(pdus, frames):
         row = M.to_row(M.decode_bytes(f["raw"]))
-        assert int(magic, 16) == f["raw"][0] and int(opcode, 16) == row["opcode"]
+        assert int(pdu["couchbase.magic"], 16) == f["raw"][0]
+        assert int(pdu["couchbase.opcode"], 16) == row["opcode"]
+        assert int(pdu["couchbase.total_bodylength"]) == len(f["raw"]) - 24
         if f["raw"][0] == 0x80:
-            assert int(vbucket) == row["vbucket"]
+            assert int(pdu["couchbase.vbucket"]) == row["vbucket"]
         if row.get("by_seqno") is not None:
-            assert int(seqno) == row["by_seqno"]
+            assert int(pdu.get("couchbase.extras.by_seqno", -1)) == row["by_seqno"], (row["op"], {k: v for k, v in pdu.items() if "extras" in k})
             seqnos += 1
     assert seqnos >= 3000
 
