@@ -12,7 +12,9 @@ import click
               help="Directory to write the capture to (Synapse beside DCP goes to DIR/synapse).")
 @click.option("--port", "ports", type=click.IntRange(1, 65535), multiple=True,
               help="A server port that carries memcached/DCP besides 11210 (repeatable).")
-def import_cmd(file, output, ports):
+@click.option("--compression", type=click.Choice(["zstd", "lz4", "snappy", "none"]), default="zstd",
+              show_default=True, help="Parquet codec of the capture written (as `capture --compression`).")
+def import_cmd(file, output, ports, compression):
     """Turn a packet capture (tcpdump's pcap or pcapng) into dcptool captures.
 
     Every TCP connection is reassembled in both directions (retransmitted, out-of-order
@@ -33,7 +35,7 @@ def import_cmd(file, output, ports):
     def note(text: str) -> None:
         error_line(text) if text.startswith("warning") else click.echo(f"dcptool: {text}", err=True)
 
-    res = import_pcap(file, output, ports=ports, note=note)
+    res = import_pcap(file, output, ports=ports, note=note, compression=compression)
     for proto, rows in sorted(res.rows.items()):
         click.echo(f"imported {rows:,} {'frames' if proto == 'dcp' else 'lines'} of "
                    f"{res.connections.get(proto, 0)} {proto} connection(s) from {res.packets:,} packets "

@@ -74,8 +74,8 @@ def _port(addr: str) -> int:
 
 
 class Importer:
-    def __init__(self, path: str, output: str, dcp_ports, note):
-        self.path, self.output, self.note = path, output, note
+    def __init__(self, path: str, output: str, dcp_ports, note, compression: str = "zstd"):
+        self.path, self.output, self.note, self.compression = path, output, note, compression
         self.dcp_ports = frozenset(dcp_ports)
         self.flows: dict[tuple[str, str], _Flow] = {}
         self.res = ImportResult(path=path)
@@ -90,7 +90,8 @@ class Importer:
         self.res.outputs[protocol] = out
         meta = json.dumps(self.info, sort_keys=True, separators=(",", ":"))
         return _writer_class()(out, protocol, source=f"pcap:{os.path.basename(self.path)}",
-                               options={"imported_from": self.info}, imported_from=meta)
+                               options={"imported_from": self.info}, imported_from=meta,
+                               compression=self.compression)
 
     # -- flows
     def _flow_for(self, seg) -> _Flow:
@@ -217,12 +218,12 @@ class Importer:
         return self.res
 
 
-def import_pcap(path: str, output: str, *, ports=(), note=None) -> ImportResult:
+def import_pcap(path: str, output: str, *, ports=(), note=None, compression: str = "zstd") -> ImportResult:
     """Import the packet file at `path` into captures under `output`. `ports`: more server
     ports that carry memcached/DCP. `note(text)` hears one line per skipped or mid-stream
     connection. Raises NotAPacketFile (not pcap/pcapng) or UndecodablePcap (nothing in it
     could be decoded)."""
-    imp = Importer(path, output, flows.DCP_PORTS | set(ports), note or (lambda text: None))
+    imp = Importer(path, output, flows.DCP_PORTS | set(ports), note or (lambda text: None), compression)
     res = imp.run()
     if not res.rows:
         skipped = ", ".join(f"{n} {k}" for k, n in sorted(imp.skipped.items()))
