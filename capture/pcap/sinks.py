@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-FLUSH_BYTES = 32 * 2**20
+FLUSH_BYTES = 16 * 2**20
 FEATURE_COLLECTIONS = 0x12
 
 

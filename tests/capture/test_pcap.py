@@ -291,3 +291,51 @@ def test_replay_an_imported_capture_checksums_like_its_documents(imported):
     res = run("replay", str(imported), "--table", "documents", "--checksum")
     assert res.returncode == 0, res.stderr
     assert res.stdout.split()[1] == "documents" and len(res.stdout.split()[0]) == 64
+
+
+# -- reassembly, property-based
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from dcptool.capture.pcap import tcp  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.binary(min_size=1, max_size=3000), st.integers(0, 2**32 - 1), st.randoms(use_true_random=False))
+def test_reassembly_gives_the_stream_back_whatever_the_segment_order(data, isn, rnd):
+    """Segments cut anywhere, overlapping, duplicated and shuffled (sequence numbers
+    wrapping around 2^32) give the stream back in order, nothing lost or doubled."""
+    cuts = sorted(rnd.sample(range(1, len(data)), min(len(data) - 1, rnd.randint(0, 12)))) if len(data) > 1 else []
+    bounds = [0, *cuts, len(data)]
+    segs = []
+    for a, b in zip(bounds, bounds[1:]):
+        a2 = max(0, a - rnd.randint(0, 5))      # overlapping the segment before
+        segs.append((a2, data[a2:b]))
+    segs += rnd.sample(segs, min(len(segs), 3))  # retransmissions
+    first = segs[0]
+    rest = segs[1:]
+    rnd.shuffle(rest)
+    d = tcp.Direction()
+    d.syn((isn - 1) & 0xFFFFFFFF)
+    out: list = []
+    for off, payload in [first, *rest]:
+        d.segment((isn + off) & 0xFFFFFFFF, payload, out)
+    d.finish(out)
+    assert all(kind == tcp.DATA for kind, _ in out)
+    assert b"".join(x for _, x in out) == data
+    assert d.gaps == 0
+
+
+def test_a_hole_acknowledged_by_the_peer_is_lost_at_once():
+    d = tcp.Direction()
+    d.syn(99)
+    out: list = []
+    d.segment(100, b"abc", out)
+    d.segment(110, b"klm", out)          # 103..110 never captured
+    assert out == [(tcp.DATA, b"abc")]
+    d.acked(113, out)                    # the receiver got everything: the hole is lost
+    assert out[1:] == [(tcp.GAP, 7), (tcp.DATA, b"klm")]
+    d.fin(113, 0)
+    d.acked(114, out)                    # the FIN's own sequence number is no hole
+    assert len(out) == 3 and d.lost_bytes == 7
