@@ -19,7 +19,7 @@ def import_cmd(file, output, ports, compression):
 
     Every TCP connection is reassembled in both directions (retransmitted, out-of-order
     and overlapping segments handled), its protocol found by port and content (DCP,
-    Synapse replication lines), and its frames or lines written as a live capture
+    Synapse replication lines, Synapse's Redis pub/sub), and its frames or lines written as a live capture
     would: packet times as `ts`, one `conn` per connection, `node` the server. TLS
     connections are skipped with one line each. Bytes the capture lost leave the frames
     around them as rows with `decode_error` and a warning (exit 0); a file that is not

@@ -184,3 +184,95 @@ class LineFramer:
         if self.buf:
             self.sink.fragment(self.conn, self.out, self.buf, ts, f"{why} inside this line (no newline)")
             self.buf = b""
+
+
+class RespFramer:
+    """One direction of a Redis connection carrying Synapse's replication (RESP2 pub/sub):
+    from the server, `message` / `pmessage` pushes become `in` lines with their channel;
+    from the client, `PUBLISH channel line` commands become `out` lines. Every other
+    command and reply (SUBSCRIBE, AUTH, PING, confirmations, integers) is not recorded,
+    so credentials never reach a capture. Bytes that are no RESP stop this direction,
+    the rest of it one flagged row."""
+
+    def __init__(self, sink, conn, out: bool, midstream: bool):
+        self.sink, self.conn, self.out = sink, conn, out
+        self.buf = b""
+        self.broken: str | None = MIDSTREAM if midstream else None
+        self.resync = self.broken
+
+    def data(self, chunk: bytes, ts: int, pkt: int = 0) -> None:
+        buf = self.buf + chunk if self.buf else chunk
+        if self.resync is not None:       # a mid-stream start: from the first array header on
+            m = _RESP_RE.search(buf) or re.compile(rb"\*[0-9]{1,3}\r\n").search(buf)
+            if m is None:
+                self.buf = buf[-16:]
+                return
+            if m.start():
+                self.sink.fragment(self.conn, self.out, buf[:m.start()], ts, f"{self.resync}: not a whole RESP value")
+            buf, self.resync = buf[m.start():], None
+        pos, lines = 0, []
+        while True:
+            got = _resp_value(buf, pos)
+            if got is None:
+                break
+            value, pos = got
+            self._take(value, lines)
+        self.buf = buf[pos:]
+        for channel, line in lines:
+            self.sink.lines(self.conn, self.out, [line], ts, channel=channel)
+
+    def _take(self, value, lines: list) -> None:
+        if not isinstance(value, list) or not value or not all(isinstance(v, bytes) for v in value):
+            return
+        word = value[0].lower()
+        if self.out and word == b"publish" and len(value) == 3:
+            lines.append((value[1].decode("utf-8", "replace"), value[2]))
+        elif not self.out and word == b"message" and len(value) == 3:
+            lines.append((value[1].decode("utf-8", "replace"), value[2]))
+        elif not self.out and word == b"pmessage" and len(value) == 4:
+            lines.append((value[2].decode("utf-8", "replace"), value[3]))
+
+    def scan(self) -> None:
+        pass
+
+    def gap(self, n: int, ts: int, pkt: int = 0) -> None:
+        if self.buf:
+            self.sink.fragment(self.conn, self.out, self.buf, ts,
+                               f"RESP value cut short: {n} bytes after it were lost by the capture")
+            self.buf = b""
+        self.resync = f"{n} bytes lost by the capture"
+
+    def end(self, ts: int, why: str) -> None:
+        if self.buf:
+            self.sink.fragment(self.conn, self.out, self.buf, ts, f"{why} inside this RESP value")
+            self.buf = b""
+
+
+def _resp_value(buf: bytes, pos: int, depth: int = 0):
+    """(value, end) of the RESP2 value at buf[pos], or None when it is not whole yet.
+    Arrays are lists, bulk strings bytes, anything else None (it is not recorded)."""
+    nl = buf.find(b"\r\n", pos)
+    if nl < 0 or depth > 4:
+        return None
+    kind, head = buf[pos:pos + 1], buf[pos + 1:nl]
+    if kind in (b"+", b"-", b":", b"_", b",", b"#", b"("):
+        return None, nl + 2
+    try:
+        n = int(head)
+    except ValueError:
+        return None
+    if kind in (b"$", b"=", b"!"):
+        if n < 0:
+            return None, nl + 2
+        end = nl + 2 + n
+        return (buf[nl + 2:end], end + 2) if len(buf) >= end + 2 else None
+    if kind in (b"*", b">", b"~", b"%"):
+        items, at = [], nl + 2
+        for _ in range(max(n, 0) * (2 if kind == b"%" else 1)):
+            got = _resp_value(buf, at, depth + 1)
+            if got is None:
+                return None
+            items.append(got[0])
+            at = got[1]
+        return items, at
+    return None

@@ -160,21 +160,20 @@ class Importer:
 
     def _start(self, f: _Flow, first: bytes) -> None:
         f.proto = flows.detect(_port(f.server), first, self.dcp_ports)
-        if f.proto in ("dcp", "synapse"):
-            sink = self.sinks[f.proto]
+        if f.proto in ("dcp", "synapse", "redis"):
+            sink = self.sinks["synapse" if f.proto == "redis" else f.proto]
             conn = sink.conn(f.server)
             midstream = not (f.dirs[True].saw_syn or f.dirs[False].saw_syn)
             self.res.midstream += midstream
-            make = flows.DcpFramer if f.proto == "dcp" else flows.LineFramer
+            make = {"dcp": flows.DcpFramer, "synapse": flows.LineFramer, "redis": flows.RespFramer}[f.proto]
             f.framers = {True: make(sink, conn, True, midstream), False: make(sink, conn, False, midstream)}
-            self.res.connections[f.proto] = self.res.connections.get(f.proto, 0) + 1
+            self.res.connections[sink.protocol] = self.res.connections.get(sink.protocol, 0) + 1
             if midstream:
                 self.note(f"warning: {f.client} -> {f.server} ({f.proto}) began before the capture; "
                           "decoded from the first whole frame, the bytes before it flagged")
             return
         self.skipped[f.proto] = self.skipped.get(f.proto, 0) + 1
-        what = {"tls": "a TLS connection (encrypted)", "redis": "a Redis connection (RESP import is not supported)",
-                "other": "a connection of an unknown protocol"}[f.proto]
+        what = {"tls": "a TLS connection (encrypted)", "other": "a connection of an unknown protocol"}[f.proto]
         self.note(f"skipped {what}: {f.client} -> {f.server}")
 
     def _close(self, f: _Flow, why: str) -> None:
@@ -229,6 +228,6 @@ def import_pcap(path: str, output: str, *, ports=(), note=None, compression: str
         skipped = ", ".join(f"{n} {k}" for k, n in sorted(imp.skipped.items()))
         raise UndecodablePcap(
             f"{path}: nothing to import: {res.packets} packets, {res.tcp_packets} TCP"
-            + (f", connections skipped: {skipped}" if skipped else ", no DCP or Synapse connection")
+            + (f", connections skipped: {skipped}" if skipped else ", no DCP, Synapse or Redis connection")
             + (" (the file is cut short)" if res.truncated else ""))
     return res

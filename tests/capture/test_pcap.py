@@ -339,3 +339,36 @@ def test_a_hole_acknowledged_by_the_peer_is_lost_at_once():
     d.fin(113, 0)
     d.acked(114, out)                    # the FIN's own sequence number is no hole
     assert len(out) == 3 and d.lost_bytes == 7
+
+
+def _resp(*parts: bytes) -> bytes:
+    return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+
+
+def test_redis_pub_sub_of_synapse_imports_as_lines_with_their_channel_and_no_credentials(tmp_path):
+    secret = b"pw-never-in-a-capture"
+    ts = 1_700_000_000_000_000_000
+    client = [_resp(b"AUTH", b"bob", secret), _resp(b"SUBSCRIBE", b"hs", b"hs/USER_IP"),
+              _resp(b"PUBLISH", b"hs", b"NAME worker1"), _resp(b"PUBLISH", b"hs", b"REPLICATE")]
+    server = [b"+OK\r\n", b"+PONG\r\n", b"*3\r\n$9\r\nsubscribe\r\n$2\r\nhs\r\n:1\r\n",
+              b":1\r\n", _resp(b"message", b"hs", b"POSITION events master 5 5"),
+              _resp(b"message", b"hs", b"RDATA events master 6 " + b'["e", {"k": 1}]')]
+    pkts, off_c, off_s = handshake(ts), 1, 1
+    for i, (c, s) in enumerate(zip(client + [b""] * 2, server)):
+        if c:
+            pkts.append((ts + 2 * i, True, off_c, PSH | ACK, c))
+            off_c += len(c)
+        # the server's last message is split over two segments
+        for part in ([s[:20], s[20:]] if i == len(server) - 1 else [s]):
+            pkts.append((ts + 2 * i + 1, False, off_s, PSH | ACK, part))
+            off_s += len(part)
+    write_flow(str(tmp_path / "r.pcap"), pkts, port=6379)
+    res = run("import", str(tmp_path / "r.pcap"), "-o", str(tmp_path / "imp"))
+    assert res.returncode == 0, res.stderr
+    got = rows(tmp_path / "imp", ["direction", "raw", "channel", "decode_error", "command"])
+    assert [(r["direction"], r["channel"], r["raw"]) for r in got] == [
+        ("out", "hs", b"NAME worker1"), ("out", "hs", b"REPLICATE"),
+        ("in", "hs", b"POSITION events master 5 5"), ("in", "hs", b'RDATA events master 6 ["e", {"k": 1}]')]
+    assert [r["command"] for r in got] == ["NAME", "REPLICATE", "POSITION", "RDATA"]
+    for name in os.listdir(tmp_path / "imp"):
+        assert secret not in (tmp_path / "imp" / name).read_bytes()

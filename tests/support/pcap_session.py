@@ -94,9 +94,9 @@ class Tcpdump:
         self.proc.stderr.close()
 
 
-def write_flow(path: str, packets, kind: str = "pcap") -> None:
+def write_flow(path: str, packets, kind: str = "pcap", port: int = 11210) -> None:
     """packets: [(ts_ns, from_client, seq_offset, flags, payload)] of one connection
-    127.0.0.1:40001 -> 127.0.0.1:11210 whose ISNs are 1000 (client) and 5000 (server);
+    127.0.0.1:40001 -> 127.0.0.1:`port` whose ISNs are 1000 (client) and 5000 (server);
     each packet acknowledges every byte the peer sent before it in the list. flags None:
     a packet the capture lost (not written, but acknowledged by the peer)."""
     w = PacketWriter(path, kind)
@@ -104,7 +104,7 @@ def write_flow(path: str, packets, kind: str = "pcap") -> None:
     try:
         for ts, from_client, off, flags, payload in packets:
             isn, peer_isn = (1000, 5000) if from_client else (5000, 1000)
-            src, sport, dport = LO, (40001 if from_client else 11210), (11210 if from_client else 40001)
+            src, sport, dport = LO, (40001 if from_client else port), (port if from_client else 40001)
             if flags is not None:
                 w.write(ts, tcp_packet(src, sport, LO, dport, isn + off, peer_isn + 1 + sent[not from_client],
                                        flags, payload))
