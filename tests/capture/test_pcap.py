@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
 import subprocess
+import sys
+import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -17,6 +20,7 @@ from dcptool.protocol.dcp.wire import messages as M
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from tests.support import capgen
 from tests.support.cli_util import error_line, run
+from tests.support.synapse_env import RedisServer
 from tests.support.pcap_session import ACK, FIN, PSH, Server, Tcpdump, handshake, require_tcpdump, write_flow
 from tests.support.tshark_util import _flat, require_tshark
 
@@ -298,7 +302,7 @@ def test_replay_an_imported_capture_checksums_like_its_documents(imported):
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from dcptool.capture.pcap import tcp  # noqa: E402
+from dcptool.capture.pcap import tcp  # noqa: E402,I001
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
@@ -372,3 +376,42 @@ def test_redis_pub_sub_of_synapse_imports_as_lines_with_their_channel_and_no_cre
     assert [r["command"] for r in got] == ["NAME", "REPLICATE", "POSITION", "RDATA"]
     for name in os.listdir(tmp_path / "imp"):
         assert secret not in (tmp_path / "imp" / name).read_bytes()
+
+
+def test_tcpdump_of_a_redis_session_imports_to_the_same_rows(tmp_path):
+    require_tcpdump()
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (run scripts/setup.sh --test)")
+    redis_srv = RedisServer(tmp_path)
+    try:
+        dump = Tcpdump(str(tmp_path / "r.pcap"), redis_srv.port)
+        cap = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "dcptool"), "capture",
+                                f"synapse+redis://127.0.0.1:{redis_srv.port}?server_name=hs", "-o",
+                                str(tmp_path / "own"), "--quiet", "--duration", "6"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        pub = redis_srv.client()
+        deadline = time.monotonic() + 30
+        while pub.pubsub_numsub("hs")[0][1] < 1 and time.monotonic() < deadline:   # bounded wait: subscribed
+            time.sleep(0.05)
+        pub.publish("hs", "SERVER hs")
+        pub.publish("hs", "POSITION events master 1 1")
+        for tok in range(2, 52):
+            pub.publish("hs", f'RDATA events master {tok} ["ev", {{"k": {tok}}}]')
+        pub.close()
+        assert cap.wait(60) == 0, cap.stderr.read().decode()
+        cap.stderr.close()
+        dump.stop_after_close(connections=3)
+    finally:
+        redis_srv.stop()
+    res = run("import", str(tmp_path / "r.pcap"), "-o", str(tmp_path / "imp"))
+    assert res.returncode == 0 and "warning" not in res.stderr, res.stderr
+    cols = ["direction", "raw", "channel"]
+    own, imp = rows(tmp_path / "own", cols), rows(tmp_path / "imp", cols)
+    assert [r for r in imp if r["direction"] == "in"] == [r for r in own if r["direction"] == "in"]
+    # the 52 lines published, and the client's own lines echoed back on the channel
+    assert sum(r["raw"].startswith(b"RDATA ") for r in own if r["direction"] == "in") == 50
+    # the client's own PUBLISHes are there (and the test's, from its own connection)
+    mine = [r for r in own if r["direction"] == "out"]
+    assert mine and all(r in [x for x in imp if x["direction"] == "out"] for r in mine)
+    for name in ("rows", "positions"):
+        assert _table(tmp_path / "imp", name) == _table(tmp_path / "own", name), name
