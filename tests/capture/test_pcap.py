@@ -415,3 +415,10 @@ def test_tcpdump_of_a_redis_session_imports_to_the_same_rows(tmp_path):
     assert mine and all(r in [x for x in imp if x["direction"] == "out"] for r in mine)
     for name in ("rows", "positions"):
         assert _table(tmp_path / "imp", name) == _table(tmp_path / "own", name), name
+
+
+def test_diff_of_dcptools_own_capture_and_the_tcpdump_import_finds_nothing(imported, dcp_session):
+    d, _port = dcp_session
+    res = run("diff", str(d / "own"), str(imported))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "0 added, 0 changed, 0 removed (3000 -> 3000 documents)" in res.stdout + res.stderr
