@@ -25,7 +25,8 @@ from tests.support.pcap_session import ACK, FIN, PSH, Server, Tcpdump, handshake
 from tests.support.tshark_util import _flat, require_tshark
 
 COLS = ["conn", "direction", "raw", "ts"]
-PROVENANCE = ("capture_id", "ts")    # a capture's own id, and when each side saw the bytes
+PROVENANCE = ("capture_id", "ts")
+SECRET = "pw-Zq8!in-the-packets-never-in-a-capture"    # a capture's own id, and when each side saw the bytes
 
 
 def rows(path, cols=COLS):
@@ -43,13 +44,22 @@ def dcp_session(tmp_path_factory):
     """A real session: tcpdump on lo around `dcptool capture` of `serve dcp`."""
     require_tcpdump()
     d = tmp_path_factory.mktemp("dcp")
-    srv = Server("dcp", "--items", "3000", "--vbuckets", "8", "--seed", "7")
+    old = os.environ.get("DCPTOOL_PASSWORD")
+    os.environ["DCPTOOL_PASSWORD"] = SECRET      # the server's and the client's (never in argv)
     try:
-        dump = Tcpdump(str(d / "session.pcap"), srv.port)
-        res = run("capture", f"couchbase://{srv.address}/default", "-o", str(d / "own"), "--quiet")
-        dump.stop_after_close()
+        srv = Server("dcp", "--items", "3000", "--vbuckets", "8", "--seed", "7", "--user", "alice")
+        try:
+            dump = Tcpdump(str(d / "session.pcap"), srv.port)
+            res = run("capture", f"couchbase://{srv.address}/default", "-o", str(d / "own"), "--quiet",
+                      "--user", "alice", "--sasl-plain")
+            dump.stop_after_close()
+        finally:
+            srv.stop()
     finally:
-        srv.stop()
+        if old is None:
+            os.environ.pop("DCPTOOL_PASSWORD", None)
+        else:
+            os.environ["DCPTOOL_PASSWORD"] = old
     assert res.returncode == 0, res.stderr
     return d, srv.port
 
@@ -276,6 +286,20 @@ def imported(dcp_session, tmp_path_factory):
     res = run("import", str(d / "session.pcap"), "-o", str(out))
     assert res.returncode == 0, res.stderr
     return out
+
+
+def test_a_sasl_plain_password_on_the_wire_is_masked_in_the_import(tmp_path):
+    auth = _frame(0x21, 0, b"PLAIN", b"\x00alice\x00" + SECRET.encode())
+    ts = 1_700_000_000_000_000_000
+    pkts = handshake(ts) + [(ts + 1, True, 1, PSH | ACK, auth), (ts + 2, True, 1 + len(auth), PSH | ACK, FRAMES[0])]
+    write_flow(str(tmp_path / "sasl.pcap"), pkts)
+    assert SECRET.encode() in (tmp_path / "sasl.pcap").read_bytes()      # it crossed the wire
+    res = run("import", str(tmp_path / "sasl.pcap"), "-o", str(tmp_path / "imp"))
+    assert res.returncode == 0, res.stderr
+    for name in os.listdir(tmp_path / "imp"):
+        assert SECRET.encode() not in (tmp_path / "imp" / name).read_bytes()
+    got = rows(tmp_path / "imp", ["op", "raw"])
+    assert got[0]["op"] == "sasl_auth" and got[1]["raw"] == FRAMES[0] and len(got) == 2
 
 
 def test_inspect_an_imported_capture(imported):
