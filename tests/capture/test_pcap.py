@@ -446,3 +446,40 @@ def test_diff_of_dcptools_own_capture_and_the_tcpdump_import_finds_nothing(impor
     res = run("diff", str(d / "own"), str(imported))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "0 added, 0 changed, 0 removed (3000 -> 3000 documents)" in res.stdout + res.stderr
+
+
+def test_tcpdumps_pcap_converted_to_pcapng_by_editcap_imports_the_same(tmp_path, dcp_session):
+    exe = shutil.which("editcap")
+    if exe is None:
+        pytest.skip("editcap is not installed (Debian package wireshark-common, with tshark)")
+    d, _port = dcp_session
+    subprocess.run([exe, "-F", "pcapng", str(d / "session.pcap"), str(tmp_path / "s.pcapng")], check=True, timeout=60)
+    res = run("import", str(tmp_path / "s.pcapng"), "-o", str(tmp_path / "imp"))
+    assert res.returncode == 0, res.stderr
+    assert documents(tmp_path / "imp") == documents(d / "own")
+    assert [(r["direction"], r["raw"]) for r in rows(tmp_path / "imp")] == \
+        [(r["direction"], r["raw"]) for r in rows(d / "own")]
+
+
+@pytest.mark.parametrize("link", ["ethernet", "vlan", "sll", "sll2", "null", "raw6"])
+def test_tcp_segments_are_found_under_every_link_type_tcpdump_writes(link):
+    from dcptool.capture.pcap.packets import parse, tcp_packet
+    ip4 = tcp_packet(bytes([10, 0, 0, 1]), 40001, bytes([10, 0, 0, 2]), 11210, 7, 9, PSH | ACK, b"payload")
+    tcp_part = ip4[20:]
+    ip6 = (bytes([0x60, 0, 0, 0]) + struct.pack(">HBB", len(tcp_part), 6, 64) + bytes(15) + b"\x01"
+           + bytes(15) + b"\x02" + tcp_part)
+    frames = {
+        "ethernet": (1, bytes(12) + b"\x08\x00" + ip4 + b"\x00" * 6),     # with Ethernet padding
+        "vlan": (1, bytes(12) + b"\x81\x00\x00\x05\x08\x00" + ip4),
+        "sll": (113, bytes(14) + b"\x08\x00" + ip4),
+        "sll2": (276, b"\x08\x00" + bytes(18) + ip4),
+        "null": (0, struct.pack("=I", 2) + ip4),
+        "raw6": (101, ip6),
+    }
+    linktype, data = frames[link]
+    seg = parse(linktype, data)
+    assert seg is not None and seg.payload == b"payload" and (seg.seq, seg.ack) == (7, 9)
+    if link == "raw6":
+        assert (seg.src, seg.dst) == ("[::1]:40001", "[::2]:11210")
+    else:
+        assert (seg.src, seg.dst) == ("10.0.0.1:40001", "10.0.0.2:11210")
