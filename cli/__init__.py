@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "diff": ("dcptool.cli.diff:diff", "Documents added, changed and removed between two captures or moments."),
     "verify": ("dcptool.cli.verify:verify", "Check captures for continuity and protocol correctness."),
     "trace": ("dcptool.cli.trace_cmd:trace", "Explain DCP keys: every event that touched each, then a verdict."),
+    "import": ("dcptool.cli.import_cmd:import_cmd", "Turn a tcpdump file (pcap, pcapng) into a capture."),
+    "export": ("dcptool.cli.export_cmd:export_cmd", "Write captures as TCP packets for Wireshark (pcapng, pcap)."),
     "spark": ("dcptool.cli.spark_cmd:spark", "Start, stop or query a warm Spark Connect server for replay."),
 }
 

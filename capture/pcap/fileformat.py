@@ -1,0 +1,214 @@
+"""pcap and pcapng files through dpkt: the file header, pcapng's section and interface
+blocks and the writers are dpkt's. The packet records are walked here, over chunked reads
+(the file is streamed, never loaded whole), because dpkt's readers hand timestamps out as
+float seconds, which loses the nanoseconds a capture records (`ts` round trips exactly).
+
+`read_packets(path)` yields (ts_ns, linktype, data, wire_len); `PacketWriter` writes raw
+IPv4 packets (LINKTYPE_RAW) with nanosecond timestamps."""
+
+from __future__ import annotations
+
+import struct
+from decimal import Decimal
+from typing import Iterator
+
+import dpkt
+import dpkt.pcap
+import dpkt.pcapng as ng
+
+from dcptool.capture.pcap.errors import NotAPacketFile
+
+LINKTYPE_RAW = 101          # IPv4/IPv6 with no link header (the pcap LINKTYPE_ value)
+CHUNK = 4 * 2**20
+SNAPLEN = 262144
+_PCAP_MAGICS = {0xA1B2C3D4: 1_000, 0xA1B23C4D: 1}   # magic -> ns per fraction unit
+_NG_SHB = 0x0A0D0D0A
+
+
+class Truncated:
+    """Set when the file ended inside a record (a capture cut short)."""
+
+    def __init__(self):
+        self.truncated = False
+        self.packets = 0
+        self.format = "?"
+
+
+def sniff(path: str) -> str:
+    """'pcap' or 'pcapng' from the first bytes; NotAPacketFile otherwise."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except IsADirectoryError:
+        raise NotAPacketFile(f"{path}: a directory, not a pcap or pcapng file") from None
+    if len(head) == 4:
+        if struct.unpack("<I", head)[0] == _NG_SHB:
+            return "pcapng"
+        if struct.unpack("<I", head)[0] in _PCAP_MAGICS or struct.unpack(">I", head)[0] in _PCAP_MAGICS:
+            return "pcap"
+    raise NotAPacketFile(f"{path}: not a pcap or pcapng file (first bytes {head.hex() or 'none'})")
+
+
+class _Chunks:
+    """A file read CHUNK bytes at a time, taken in records."""
+
+    def __init__(self, fh):
+        self.fh = fh
+        self.buf = b""
+        self.pos = 0
+
+    def take(self, n: int) -> bytes | None:
+        """The next n bytes, or None when the file ends first (what was there is dropped)."""
+        if self.pos + n > len(self.buf):
+            rest = self.buf[self.pos:]
+            more = self.fh.read(max(CHUNK, n - len(rest)))
+            self.buf = rest + more
+            self.pos = 0
+            if n > len(self.buf):
+                self.pos = len(self.buf)
+                return None
+        out = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+    def at_end(self) -> bool:
+        if self.pos < len(self.buf):
+            return False
+        self.buf, self.pos = self.fh.read(CHUNK), 0
+        return not self.buf
+
+
+def _pcap_records(fh, state: Truncated) -> Iterator[tuple[int, int, bytes, int]]:
+    head = fh.read(24)
+    try:
+        fhdr = dpkt.pcap.FileHdr(head)
+        if fhdr.magic not in _PCAP_MAGICS:
+            fhdr = dpkt.pcap.LEFileHdr(head)
+    except dpkt.NeedData:
+        raise NotAPacketFile("the pcap file header is cut short") from None
+    unit = _PCAP_MAGICS.get(fhdr.magic)
+    if unit is None:
+        raise NotAPacketFile("not a pcap or pcapng file")
+    rec = struct.Struct(("<" if isinstance(fhdr, dpkt.pcap.LEFileHdr) else ">") + "IIII")
+    linktype = fhdr.linktype & 0x0FFFFFFF
+    chunks = _Chunks(fh)
+    while not chunks.at_end():
+        hdr = chunks.take(16)
+        if hdr is None:
+            state.truncated = True
+            return
+        sec, frac, caplen, wire = rec.unpack(hdr)
+        data = chunks.take(caplen) if caplen <= SNAPLEN * 4 else None
+        if data is None:
+            state.truncated = True
+            return
+        state.packets += 1
+        yield sec * 1_000_000_000 + frac * unit, linktype, data, wire
+
+
+def _ng_interface(buf: bytes, le: bool) -> tuple[int, int, int]:
+    """(linktype, ns per timestamp unit numerator/denominator as (mul, div)) of an IDB."""
+    idb = ng.InterfaceDescriptionBlockLE(buf) if le else ng.InterfaceDescriptionBlock(buf)
+    mul, div, offset = 1_000, 1, 0     # default resolution: microseconds
+    for opt in idb.opts:
+        if opt.code == ng.PCAPNG_OPT_IF_TSRESOL and opt.data:
+            v = opt.data[0]
+            if v & 0x80:
+                mul, div = 1_000_000_000, 2 ** (v & 0x7F)
+            else:
+                exp = v & 0x7F
+                mul, div = (10 ** (9 - exp), 1) if exp <= 9 else (1, 10 ** (exp - 9))
+        elif opt.code == ng.PCAPNG_OPT_IF_TSOFFSET and len(opt.data) >= 8:
+            offset = struct.unpack("<q" if le else ">q", opt.data[:8])[0]
+    return idb.linktype, (mul, div, offset)
+
+
+def _pcapng_records(fh, state: Truncated) -> Iterator[tuple[int, int, bytes, int]]:
+    chunks = _Chunks(fh)
+    le = True
+    ifaces: list[tuple[int, tuple[int, int, int]]] = []
+    while not chunks.at_end():
+        head = chunks.take(8)
+        if head is None:
+            state.truncated = True
+            return
+        btype, blen = struct.unpack("<II" if le else ">II", head)
+        if btype == _NG_SHB:
+            bom = chunks.take(4)
+            if bom is None:
+                state.truncated = True
+                return
+            le = bom == b"\x4d\x3c\x2b\x1a"
+            blen = struct.unpack("<I" if le else ">I", head[4:])[0]
+            rest = chunks.take(blen - 12) if blen >= 28 else None
+            if rest is None:
+                if state.packets == 0 and not ifaces:
+                    raise NotAPacketFile("the pcapng section header is cut short or broken")
+                state.truncated = True
+                return
+            ifaces = []          # interface ids are per section
+            continue
+        if blen < 12 or blen % 4:
+            state.truncated = True     # a broken block length: nothing after it can be trusted
+            return
+        body = chunks.take(blen - 8)
+        if body is None:
+            state.truncated = True
+            return
+        if btype == ng.PCAPNG_BT_IDB:
+            ifaces.append(_ng_interface(head + body, le))
+        elif btype == ng.PCAPNG_BT_EPB:
+            iface, hi, lo, caplen, wire = struct.unpack_from("<IIIII" if le else ">IIIII", body)
+            if iface >= len(ifaces):
+                continue
+            linktype, (mul, div, offset) = ifaces[iface]
+            ticks = (hi << 32) | lo
+            ts = ticks * mul // div + offset * 1_000_000_000
+            state.packets += 1
+            yield ts, linktype, body[20:20 + caplen], wire
+        elif btype == ng.PCAPNG_BT_SPB and ifaces:
+            wire = struct.unpack_from("<I" if le else ">I", body)[0]
+            state.packets += 1
+            yield 0, ifaces[0][0], body[4:4 + min(wire, blen - 16)], wire
+
+
+def read_packets(path: str, state: Truncated) -> Iterator[tuple[int, int, bytes, int]]:
+    """(ts_ns, linktype, captured bytes, length on the wire) of every packet, in file
+    order. A file cut inside a record ends the iteration with state.truncated set."""
+    kind = sniff(path)
+    state.format = kind
+    with open(path, "rb") as fh:
+        yield from (_pcap_records(fh, state) if kind == "pcap" else _pcapng_records(fh, state))
+
+
+class PacketWriter:
+    """Raw IPv4 packets into a pcap (nanosecond magic) or pcapng (if_tsresol 9) file."""
+
+    def __init__(self, path: str, kind: str):
+        self.fh = open(path, "wb")
+        self.kind = kind
+        self.packets = 0
+        if kind == "pcapng":
+            idb = ng.InterfaceDescriptionBlockLE(
+                snaplen=SNAPLEN, linktype=LINKTYPE_RAW,
+                opts=[ng.PcapngOptionLE(code=ng.PCAPNG_OPT_IF_TSRESOL, data=b"\x09"),
+                      ng.PcapngOptionLE(code=ng.PCAPNG_OPT_ENDOFOPT)])
+            ng.Writer(self.fh, snaplen=SNAPLEN, linktype=LINKTYPE_RAW, idb=idb)
+            self._write = self._epb
+        else:
+            self._pcap = dpkt.pcap.Writer(self.fh, snaplen=SNAPLEN, linktype=LINKTYPE_RAW, nano=True)
+            self._write = self._pcap_record
+
+    def _epb(self, ts_ns: int, pkt: bytes) -> None:
+        self.fh.write(bytes(ng.EnhancedPacketBlockLE(ts_high=ts_ns >> 32, ts_low=ts_ns & 0xFFFFFFFF,
+                                                      caplen=len(pkt), pkt_len=len(pkt), pkt_data=pkt)))
+
+    def _pcap_record(self, ts_ns: int, pkt: bytes) -> None:
+        self._pcap.writepkt_time(pkt, Decimal(ts_ns).scaleb(-9))
+
+    def write(self, ts_ns: int, pkt: bytes) -> None:
+        self._write(ts_ns, pkt)
+        self.packets += 1
+
+    def close(self) -> None:
+        self.fh.close()

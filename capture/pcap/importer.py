@@ -1,0 +1,233 @@
+"""A tcpdump file -> captures (`dcptool import`): the packets are streamed from the file
+(fileformat.py), each TCP connection reassembled in both directions (tcp.py), its protocol
+found (flows.py) and its frames or lines written through the capture writer in the format
+of a live capture (sinks.py): packet times as `ts`, one `conn` per TCP connection, `node`
+the server's address, and `dcptool.imported_from` metadata naming the file.
+
+DCP goes to the output directory; when the file also holds Synapse connections they go to
+DIR/synapse (and the other way round), since a directory holds captures of one protocol."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+import dcptool.capture.pcap.flows as flows
+import dcptool.capture.pcap.tcp as tcp
+from dcptool.capture.pcap.errors import UndecodablePcap
+from dcptool.capture.pcap.fileformat import Truncated, read_packets
+from dcptool.capture.pcap.packets import ACK, FIN, RST, SYN, parse
+from dcptool.capture.pcap.sinks import FLUSH_BYTES, DcpSink, SynapseSink
+
+META_IMPORTED_FROM = "dcptool.imported_from"
+KNOWN_PORTS = flows.DCP_PORTS | flows.TLS_PORTS | flows.REDIS_PORTS
+
+
+@dataclass
+class ImportResult:
+    path: str
+    format: str = ""
+    packets: int = 0
+    tcp_packets: int = 0
+    connections: dict = field(default_factory=dict)   # protocol -> count
+    rows: dict = field(default_factory=dict)          # protocol -> rows written
+    outputs: dict = field(default_factory=dict)       # protocol -> directory
+    files: list = field(default_factory=list)
+    gaps: int = 0
+    lost_bytes: int = 0
+    retransmitted: int = 0
+    midstream: int = 0
+    fragments: int = 0
+    truncated: bool = False
+
+
+def _writer_class():
+    from dcptool.replay.store.writer import CaptureWriter
+
+    class ImportWriter(CaptureWriter):
+        """The capture writer with the import's metadata key on every segment."""
+
+        def __init__(self, *a, imported_from: str, **kw):
+            super().__init__(*a, **kw)
+            self.imported_from = imported_from
+
+        def _segment_metadata(self, segment: int) -> dict[str, str]:
+            md = super()._segment_metadata(segment)
+            md[META_IMPORTED_FROM] = self.imported_from
+            return md
+    return ImportWriter
+
+
+class _Flow:
+    def __init__(self, client: str, server: str):
+        self.client, self.server = client, server
+        self.dirs = {True: tcp.Direction(), False: tcp.Direction()}
+        self.proto: str | None = None
+        self.framers: dict = {}
+        self.fins = set()
+        self.last_ts = 0
+
+
+def _port(addr: str) -> int:
+    return int(addr.rpartition(":")[2])
+
+
+class Importer:
+    def __init__(self, path: str, output: str, dcp_ports, note, compression: str = "zstd"):
+        self.path, self.output, self.note, self.compression = path, output, note, compression
+        self.dcp_ports = frozenset(dcp_ports)
+        self.flows: dict[tuple[str, str], _Flow] = {}
+        self.res = ImportResult(path=path)
+        self.info = {"file": os.path.basename(path), "format": ""}
+        self.sinks = {"dcp": DcpSink(self._make_writer), "synapse": SynapseSink(self._make_writer)}
+        self.skipped: dict[str, int] = {}
+        self.pkt = 0           # packet number: frames are ordered by the packet that completed them
+        self.since_flush = 0
+
+    def _make_writer(self, protocol: str):
+        out = self.output if not self.res.outputs else os.path.join(self.output, protocol)
+        self.res.outputs[protocol] = out
+        meta = json.dumps(self.info, sort_keys=True, separators=(",", ":"))
+        return _writer_class()(out, protocol, source=f"pcap:{os.path.basename(self.path)}",
+                               options={"imported_from": self.info}, imported_from=meta,
+                               compression=self.compression)
+
+    # -- flows
+    def _flow_for(self, seg) -> _Flow:
+        f = self.flows.get((seg.src, seg.dst))
+        if f is not None and not (seg.flags & SYN and not seg.flags & ACK and f.dirs[True].next is not None):
+            return f
+        if f is not None:
+            self._close(f, "the connection was reused")
+        if seg.flags & SYN:
+            client, server = (seg.src, seg.dst) if not seg.flags & ACK else (seg.dst, seg.src)
+        elif _port(seg.dst) in KNOWN_PORTS | self.dcp_ports or (
+                _port(seg.src) not in KNOWN_PORTS | self.dcp_ports and _port(seg.dst) < _port(seg.src)):
+            client, server = seg.src, seg.dst
+        else:
+            client, server = seg.dst, seg.src
+        f = _Flow(client, server)
+        self.flows[(client, server)] = self.flows[(server, client)] = f
+        return f
+
+    def packet(self, ts: int, linktype: int, data: bytes) -> None:
+        seg = parse(linktype, data)
+        if seg is None:
+            return
+        self.pkt += 1
+        self.since_flush += len(data)
+        if self.since_flush >= FLUSH_BYTES:
+            self.flush()
+        self.res.tcp_packets += 1
+        f = self._flow_for(seg)
+        f.last_ts = ts
+        from_client = seg.src == f.client
+        d, peer = f.dirs[from_client], f.dirs[not from_client]
+        seq = seg.seq
+        if seg.flags & SYN:
+            d.syn(seq)
+            seq += 1
+        if seg.flags & ACK:
+            items: list = []
+            peer.acked(seg.ack, items)
+            self._deliver(f, not from_client, items, ts)
+        items = []
+        d.segment(seq, seg.payload, items)
+        self._deliver(f, from_client, items, ts)
+        if seg.flags & FIN:
+            d.fin(seq, len(seg.payload))
+            f.fins.add(from_client)
+        if seg.flags & RST or len(f.fins) == 2:
+            self._close(f, "the connection closed")
+
+    def _deliver(self, f: _Flow, from_client: bool, items: list, ts: int) -> None:
+        if not items:
+            return
+        if f.proto is None:
+            first = next((x[1] for x in items if x[0] == tcp.DATA), None)
+            if first is None:
+                return
+            self._start(f, first)
+        framer = f.framers.get(from_client)
+        if framer is None:
+            return
+        for kind, x in items:
+            if kind == tcp.DATA:
+                framer.data(x, ts, self.pkt)
+            else:
+                framer.gap(x, ts, self.pkt)
+
+    def _start(self, f: _Flow, first: bytes) -> None:
+        f.proto = flows.detect(_port(f.server), first, self.dcp_ports)
+        if f.proto in ("dcp", "synapse", "redis"):
+            sink = self.sinks["synapse" if f.proto == "redis" else f.proto]
+            conn = sink.conn(f.server)
+            midstream = not (f.dirs[True].saw_syn or f.dirs[False].saw_syn)
+            self.res.midstream += midstream
+            make = {"dcp": flows.DcpFramer, "synapse": flows.LineFramer, "redis": flows.RespFramer}[f.proto]
+            f.framers = {True: make(sink, conn, True, midstream), False: make(sink, conn, False, midstream)}
+            self.res.connections[sink.protocol] = self.res.connections.get(sink.protocol, 0) + 1
+            if midstream:
+                self.note(f"warning: {f.client} -> {f.server} ({f.proto}) began before the capture; "
+                          "decoded from the first whole frame, the bytes before it flagged")
+            return
+        self.skipped[f.proto] = self.skipped.get(f.proto, 0) + 1
+        what = {"tls": "a TLS connection (encrypted)", "other": "a connection of an unknown protocol"}[f.proto]
+        self.note(f"skipped {what}: {f.client} -> {f.server}")
+
+    def _close(self, f: _Flow, why: str) -> None:
+        for from_client in (True, False):
+            d = f.dirs[from_client]
+            items: list = []
+            d.finish(items)
+            self._deliver(f, from_client, items, f.last_ts)
+            if from_client in f.framers:
+                f.framers[from_client].end(f.last_ts, why)
+            self.res.gaps += d.gaps
+            self.res.lost_bytes += d.lost_bytes
+            self.res.retransmitted += d.retransmitted
+        for key in ((f.client, f.server), (f.server, f.client)):
+            if self.flows.get(key) is f:
+                del self.flows[key]
+
+    def flush(self) -> None:
+        """Every open connection cuts what it holds into frames, then the rows are written."""
+        self.since_flush = 0
+        for f in {id(f): f for f in self.flows.values()}.values():
+            for framer in f.framers.values():
+                framer.scan()
+        for sink in self.sinks.values():
+            sink.flush()
+
+    def run(self) -> ImportResult:
+        state = Truncated()
+        for ts, linktype, data, _wire in read_packets(self.path, state):
+            if not self.info["format"]:
+                self.info["format"] = state.format
+            self.packet(ts, linktype, data)
+        self.res.format, self.res.packets, self.res.truncated = state.format, state.packets, state.truncated
+        for f in list({id(f): f for f in self.flows.values()}.values()):
+            self._close(f, "the capture ended")
+        for sink in self.sinks.values():
+            self.res.files += sink.close()
+            self.res.fragments += sink.fragments
+            if sink.rows:
+                self.res.rows[sink.protocol] = sink.rows
+        return self.res
+
+
+def import_pcap(path: str, output: str, *, ports=(), note=None, compression: str = "zstd") -> ImportResult:
+    """Import the packet file at `path` into captures under `output`. `ports`: more server
+    ports that carry memcached/DCP. `note(text)` hears one line per skipped or mid-stream
+    connection. Raises NotAPacketFile (not pcap/pcapng) or UndecodablePcap (nothing in it
+    could be decoded)."""
+    imp = Importer(path, output, flows.DCP_PORTS | set(ports), note or (lambda text: None), compression)
+    res = imp.run()
+    if not res.rows:
+        skipped = ", ".join(f"{n} {k}" for k, n in sorted(imp.skipped.items()))
+        raise UndecodablePcap(
+            f"{path}: nothing to import: {res.packets} packets, {res.tcp_packets} TCP"
+            + (f", connections skipped: {skipped}" if skipped else ", no DCP, Synapse or Redis connection")
+            + (" (the file is cut short)" if res.truncated else ""))
+    return res

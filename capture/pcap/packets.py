@@ -1,0 +1,121 @@
+"""IPv4/TCP packets: built for export (checksums computed, so no tool flags them), and
+taken apart for import from the link types tcpdump writes (Ethernet, Linux cooked v1/v2,
+BSD loopback, raw IP), IPv4 and IPv6. Fragments and non-TCP packets are skipped."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import NamedTuple
+
+import numpy as np
+
+FIN, SYN, RST, PSH, ACK = 0x01, 0x02, 0x04, 0x08, 0x10
+_IP = struct.Struct(">BBHHHBBH4s4s")
+_TCP = struct.Struct(">HHIIBBHHH")
+_TCP_HEAD = struct.Struct(">HHIIBB")
+
+
+def _checksum(data: bytes) -> bytes:
+    """The Internet checksum of data, as the two bytes to store."""
+    if len(data) % 2:
+        data += b"\x00"
+    s = int(np.frombuffer(data, dtype=">u2").sum(dtype=np.uint64))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return struct.pack(">H", ~s & 0xFFFF)
+
+
+def tcp_packet(src: bytes, sport: int, dst: bytes, dport: int, seq: int, ack: int, flags: int,
+               payload: bytes = b"", ident: int = 0) -> bytes:
+    """One IPv4 packet (src/dst: 4-byte addresses) carrying one TCP segment."""
+    tcp = _TCP.pack(sport, dport, seq & 0xFFFFFFFF, ack & 0xFFFFFFFF, 5 << 4, flags, 65535, 0, 0)
+    pseudo = src + dst + struct.pack(">BBH", 0, 6, len(tcp) + len(payload))
+    csum = _checksum(pseudo + tcp + payload)
+    tcp = tcp[:16] + csum + tcp[18:]
+    total = 20 + len(tcp) + len(payload)
+    ip = _IP.pack(0x45, 0, total, ident & 0xFFFF, 0x4000, 64, 6, 0, src, dst)
+    ip = ip[:10] + _checksum(ip) + ip[12:]
+    return ip + tcp + payload
+
+
+class Segment(NamedTuple):
+    src: str          # "host:port"
+    dst: str
+    seq: int
+    ack: int
+    flags: int
+    payload: bytes
+
+
+def _ip_offset(linktype: int, data: bytes) -> int | None:
+    """Where the IP header starts under this link type, or None (not IP)."""
+    if linktype == 1:                          # Ethernet, with VLAN tags
+        off, etype = 12, None
+        while len(data) >= off + 2:
+            etype = int.from_bytes(data[off:off + 2], "big")
+            if etype in (0x8100, 0x88A8):
+                off += 4
+                continue
+            break
+        return off + 2 if etype in (0x0800, 0x86DD) else None
+    if linktype in (101, 12, 14, 228, 229):    # raw IP (and its old DLT numbers)
+        return 0
+    if linktype == 113:                        # Linux cooked capture v1
+        return 16 if data[14:16] in (b"\x08\x00", b"\x86\xdd") else None
+    if linktype == 276:                        # Linux cooked capture v2
+        return 20 if data[0:2] in (b"\x08\x00", b"\x86\xdd") else None
+    if linktype in (0, 108):                   # BSD loopback: a 4-byte address family
+        return 4
+    return None
+
+
+_ADDRS: dict = {}
+
+
+def _addr(raw: bytes, port: int) -> str:
+    key = (raw, port)
+    text = _ADDRS.get(key)
+    if text is None:
+        if len(_ADDRS) > 65536:
+            _ADDRS.clear()
+        text = _ADDRS[key] = _addr_text(raw, port)
+    return text
+
+
+def _addr_text(raw: bytes, port: int) -> str:
+    if len(raw) == 4:
+        return f"{socket.inet_ntop(socket.AF_INET, raw)}:{port}"
+    return f"[{socket.inet_ntop(socket.AF_INET6, raw)}]:{port}"
+
+
+def parse(linktype: int, data: bytes) -> Segment | None:
+    """The TCP segment in a captured packet, or None (not IPv4/IPv6 TCP, a fragment, cut
+    before the TCP header). The payload is what was captured of it (snaplen may cut it)."""
+    off = _ip_offset(linktype, data)
+    if off is None or len(data) < off + 20:
+        return None
+    v = data[off] >> 4
+    if v == 4:
+        ihl = (data[off] & 0x0F) * 4
+        total = int.from_bytes(data[off + 2:off + 4], "big")
+        frag = int.from_bytes(data[off + 6:off + 8], "big")
+        if data[off + 9] != 6 or frag & 0x3FFF or ihl < 20:
+            return None
+        src, dst = data[off + 12:off + 16], data[off + 16:off + 20]
+        t = off + ihl
+        end = off + total if total else len(data)
+    elif v == 6:
+        if len(data) < off + 40 or data[off + 6] != 6:
+            return None
+        plen = int.from_bytes(data[off + 4:off + 6], "big")
+        src, dst = data[off + 8:off + 24], data[off + 24:off + 40]
+        t = off + 40
+        end = t + plen
+    else:
+        return None
+    if len(data) < t + 20:
+        return None
+    sport, dport, seq, ack, doff, flags = _TCP_HEAD.unpack_from(data, t)
+    start = t + (doff >> 4) * 4
+    return Segment(_addr(src, sport), _addr(dst, dport), seq, ack, flags, data[start:min(end, len(data))])

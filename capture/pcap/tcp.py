@@ -1,0 +1,105 @@
+"""TCP reassembly of one direction of a connection (sans-IO): segments in capture order go
+in, the byte stream comes out in order, with explicit gaps where the capture lost bytes.
+
+Sequence numbers are unwrapped to 64-bit stream offsets. A segment wholly before what was
+delivered is a retransmission (dropped); one that overlaps it gives only its new bytes; one
+after a hole waits. A hole is declared lost, never guessed, when the peer acknowledges
+bytes beyond it (the endpoint got them, the capture did not), when the connection ends,
+or when more than `max_pending` bytes wait behind it."""
+
+from __future__ import annotations
+
+DATA, GAP = 0, 1
+MAX_PENDING = 16 * 2**20
+
+
+class Direction:
+    def __init__(self, max_pending: int = MAX_PENDING):
+        self.next: int | None = None      # the stream offset expected next (unwrapped)
+        self.base = 0                     # the raw sequence number of offset `next` at start
+        self.pending: dict[int, bytes] = {}
+        self.pending_bytes = 0
+        self.max_pending = max_pending
+        self.saw_syn = False
+        self.retransmitted = 0
+        self.lost_bytes = 0
+        self.gaps = 0
+        self.fin_at: int | None = None    # the offset of this direction's FIN (it takes one number)
+
+    def _offset(self, seq: int) -> int:
+        """seq unwrapped to the offset nearest to `next`."""
+        cur = (self.base + self.next) & 0xFFFFFFFF
+        d = ((seq - cur + 0x80000000) & 0xFFFFFFFF) - 0x80000000
+        return self.next + d
+
+    def syn(self, seq: int) -> None:
+        if self.next is None:
+            self.saw_syn = True
+            self.base, self.next = (seq + 1) & 0xFFFFFFFF, 0
+
+    def segment(self, seq: int, payload: bytes, out: list) -> None:
+        """Add a segment's payload; appends (DATA, bytes) and (GAP, n) items to out."""
+        if not payload:
+            return
+        if self.next is None:          # first data without its SYN: the stream starts here
+            self.base, self.next = seq, 0
+        start = self._offset(seq)
+        end = start + len(payload)
+        if end <= self.next:
+            self.retransmitted += 1
+            return
+        if start > self.next:
+            old = self.pending.get(start)
+            if old is None or len(old) < len(payload):
+                self.pending_bytes += len(payload) - (len(old) if old else 0)
+                self.pending[start] = payload
+            if self.pending_bytes > self.max_pending:
+                self._skip_to(min(self.pending), out)
+            return
+        out.append((DATA, payload[self.next - start:] if start < self.next else payload))
+        self.next = end
+        self._drain(out)
+
+    def _drain(self, out: list) -> None:
+        while self.pending:
+            start = min(self.pending)
+            if start > self.next:
+                return
+            data = self.pending.pop(start)
+            self.pending_bytes -= len(data)
+            end = start + len(data)
+            if end > self.next:
+                out.append((DATA, data[self.next - start:]))
+                self.next = end
+
+    def _skip_to(self, offset: int, out: list) -> None:
+        if offset > self.next:
+            n = offset - self.next
+            out.append((GAP, n))
+            self.gaps += 1
+            self.lost_bytes += n
+            self.next = offset
+        self._drain(out)
+
+    def fin(self, seq: int, length: int) -> None:
+        if self.next is not None and self.fin_at is None:
+            self.fin_at = self._offset(seq) + length
+
+    def acked(self, ack: int, out: list) -> None:
+        """The peer acknowledged up to `ack`: a hole below it will never be filled."""
+        if self.next is None:
+            return
+        off = self._offset(ack)
+        if self.fin_at is not None:
+            off = min(off, self.fin_at)
+        if off <= self.next:
+            return
+        if self.pending:
+            self._skip_to(min(min(self.pending), off), out)
+        else:
+            self._skip_to(off, out)
+
+    def finish(self, out: list) -> None:
+        """The connection ended: every hole left is lost."""
+        while self.pending:
+            self._skip_to(min(self.pending), out)
