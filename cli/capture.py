@@ -51,7 +51,7 @@ def _one_source(directory: str, source, *, resume: bool, force_new: bool) -> Non
     """A capture directory holds one protocol and one source (replay/store/resume.py): another
     one is a usage error naming both, before anything connects. With --resume the in-progress
     segments a killed run left are finished here first; a damaged one is kept aside and said."""
-    from dcptool.cli.console import err_console
+    from dcptool.cli.view.console import err_console
     from dcptool.cli.errors import LateUsageError
     from dcptool.replay.store import resume as R
     try:

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from dcptool.cli.output import VALUE_COLUMNS, FORMATS, Sink, bulk_rows, default_format, with_key_base64
+from dcptool.cli.view.output import VALUE_COLUMNS, FORMATS, Sink, bulk_rows, default_format, with_key_base64
 
 CHUNK = 4 * 1024 * 1024
 # what a person wants to see per frame; JSON lines carry every column

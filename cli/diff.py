@@ -7,7 +7,7 @@ from __future__ import annotations
 import click
 
 from dcptool.cli import errors
-from dcptool.cli.output import Sink, default_format
+from dcptool.cli.view.output import Sink, default_format
 
 
 def _documents(path: str, at: str | None):
@@ -61,7 +61,7 @@ def diff(ctx, captures, at, fmt):
             raise click.UsageError("give two captures (CAPTURE_A CAPTURE_B), or one capture and --at twice")
         pairs = [(captures[0], None), (captures[1], None)]
 
-    from dcptool.cli.console import err_console
+    from dcptool.cli.view.console import err_console
     from dcptool.replay.check import diff as D
     console = err_console()
     with console.status("replaying", spinner="dots"):
@@ -76,7 +76,7 @@ def diff(ctx, captures, at, fmt):
 
 
 def _print(result, fmt):
-    from dcptool.cli.output import dcp_display, with_key_base64
+    from dcptool.cli.view.output import dcp_display, with_key_base64
     fmt = default_format(fmt)
     columns = with_key_base64(result.column_names)
     sink = Sink(fmt, columns=columns, title=f"diff ({result.num_rows} documents)")

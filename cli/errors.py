@@ -64,7 +64,7 @@ def error_line(message: str) -> None:
     """One clear line on stderr (the message is text, never rich markup)."""
     from rich.markup import escape
 
-    from dcptool.cli.console import err_console
+    from dcptool.cli.view.console import err_console
     err_console().print(f"[bold red]dcptool:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 

@@ -10,7 +10,7 @@ import sys
 
 import click
 
-from dcptool.cli.console import data_console
+from dcptool.cli.view.console import data_console
 
 _LEFT = ("file", "op", "command", "stream", "instance", "reason", "error", "capture_id", "started_at",
          "node", "from node", "via", "active", "ts")
@@ -23,7 +23,7 @@ def render(summary: dict, console) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from dcptool.cli.output import printable
+    from dcptool.cli.view.output import printable
 
     class _Table(Table):
         def add_row(self, *cells, **kw):

@@ -1,5 +1,5 @@
 """Options shared by `stream` and `capture`, and the dispatch to the protocol runners
-(cli/dcp_live.py, cli/synapse_live.py)."""
+(cli/runners/dcp_live.py, cli/runners/synapse_live.py)."""
 
 from __future__ import annotations
 
@@ -197,10 +197,10 @@ def check_ca_cert(path: str) -> None:
 # (protocol, command) -> "module:function" of the runner; imported only when it runs, so a
 # DCP command never loads the Synapse code and the reverse
 RUNNERS = {
-    ("dcp", "stream"): "dcptool.cli.dcp_live:run_stream",
-    ("dcp", "capture"): "dcptool.cli.dcp_capture:run_capture",
-    ("synapse", "stream"): "dcptool.cli.synapse_live:run_stream",
-    ("synapse", "capture"): "dcptool.cli.synapse_live:run_capture",
+    ("dcp", "stream"): "dcptool.cli.runners.dcp_live:run_stream",
+    ("dcp", "capture"): "dcptool.cli.runners.dcp_capture:run_capture",
+    ("synapse", "stream"): "dcptool.cli.runners.synapse_live:run_stream",
+    ("synapse", "capture"): "dcptool.cli.runners.synapse_live:run_capture",
 }
 
 

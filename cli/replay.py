@@ -12,7 +12,7 @@ import time
 import click
 
 from dcptool.cli.live import output_dir_option
-from dcptool.cli.output import Sink, default_format
+from dcptool.cli.view.output import Sink, default_format
 from dcptool.cli.sources import capture_paths
 from dcptool.capture.process import tune_for_replay
 
@@ -41,7 +41,7 @@ def _rows(table, chunk: int = 4096):
     binary `value` as the output contract says (cli.output.dcp_display)."""
     import pyarrow as pa
 
-    from dcptool.cli.output import dcp_display, iso_ns
+    from dcptool.cli.view.output import dcp_display, iso_ns
     schema = table.schema
     ts = {f.name: _TS_FACTOR[f.type.unit] for f in schema if pa.types.is_timestamp(f.type)}
     binary = {f.name for f in schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)}
@@ -66,7 +66,7 @@ def _display_columns(table) -> list[str]:
     """Table columns as printed: key_base64 after key, value_base64 / value_error after value."""
     import pyarrow as pa
 
-    from dcptool.cli.output import VALUE_COLUMNS, with_key_base64
+    from dcptool.cli.view.output import VALUE_COLUMNS, with_key_base64
     cols = list(table.column_names)
     binary = {f.name for f in table.schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)}
     if "key" in binary:
@@ -81,7 +81,7 @@ def _display_columns(table) -> list[str]:
 def _spark_progress(session, label: str):
     """A status line on stderr with Spark's stage progress while a job runs (a Connect
     session has no status tracker in this process: the line says `working`)."""
-    from dcptool.cli.console import err_console
+    from dcptool.cli.view.console import err_console
     from dcptool.replay.spark import engine as spark_engine
     console = err_console()
     if spark_engine.is_connect(session):
@@ -174,7 +174,7 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
     if sql and not use_spark:
         raise click.UsageError("--sql runs on Spark: add --spark")
     tune_for_replay(in_process=not (use_spark or apply_spec))
-    from dcptool.cli.console import err_console
+    from dcptool.cli.view.console import err_console
     from dcptool.replay import apply
     from dcptool.replay.store import reader
 
@@ -445,13 +445,13 @@ def _print_tables(chosen, fmt):
             for rows in _rows(table):
                 sink.write_many(rows)
             if table.num_rows == 0:
-                from dcptool.cli.console import err_console
+                from dcptool.cli.view.console import err_console
                 err_console().print(f"{name}: no rows", highlight=False)
         sink.close()
 
 
 def _emit(ctx, chosen, fmt, out_dir):
-    from dcptool.cli.console import err_console
+    from dcptool.cli.view.console import err_console
     if out_dir:
         _write(out_dir, chosen, err_console())
         if fmt is None:

@@ -12,7 +12,7 @@ from dcptool.cli.sources import parse_duration
 
 
 def _console():
-    from dcptool.cli.console import err_console
+    from dcptool.cli.view.console import err_console
     return err_console()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from dcptool.cli.live import build_options, connection_options, runner
-from dcptool.cli.output import FORMATS
+from dcptool.cli.view.output import FORMATS
 
 
 @click.command()

@@ -8,7 +8,7 @@ import os
 
 import click
 
-from dcptool.cli.output import Sink, default_format
+from dcptool.cli.view.output import Sink, default_format
 
 
 def _split(args: tuple) -> tuple[list[str], list[str]]:

@@ -9,7 +9,7 @@ import json
 import click
 
 from dcptool.cli import errors
-from dcptool.cli.output import Sink, default_format
+from dcptool.cli.view.output import Sink, default_format
 
 
 @click.command("verify")
@@ -49,8 +49,8 @@ def verify(ctx, captures, fmt, limit, summary_json, explain):
       dcptool verify monday/ tuesday/ --summary-json verify.json
       dcptool verify captures/ --explain --format jsonl | jq -c 'select(.rollback_seqno)'
     """
-    from dcptool.cli.console import err_console
-    from dcptool.cli.output import printable
+    from dcptool.cli.view.console import err_console
+    from dcptool.cli.view.output import printable
     from dcptool.cli.sources import capture_paths
     from dcptool.replay.check import verify as V
     from dcptool.replay.check.findings import FINDING_COLUMNS

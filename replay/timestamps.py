@@ -1,6 +1,6 @@
 """The one timestamp format of every output (docs/CLI.md "Output contract"): nanoseconds since
 the epoch as RFC 3339 UTC with exactly nine fraction digits and `Z`. The CLI prints it
-(cli/output.py), the capture summary (replay/check/summary.py) reports it."""
+(cli/view/output.py), the capture summary (replay/check/summary.py) reports it."""
 
 from __future__ import annotations
 

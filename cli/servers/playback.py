@@ -109,7 +109,7 @@ def serve_dcp_capture(paths, *, bind: str, port: int, users: dict, tls, pace: st
     except NotPlayable as exc:
         raise LateUsageError(str(exc)) from None
     if recording.skipped:
-        from dcptool.cli.console import err_console
+        from dcptool.cli.view.console import err_console
         err_console().print(f"[yellow]dcptool:[/] warning: {recording.skipped:,} recorded stream frame(s) shorter "
                             "than a header or than their header says are left out of the playback",
                             highlight=False, markup=True, soft_wrap=True)

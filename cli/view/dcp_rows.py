@@ -2,7 +2,7 @@
 (protocol/dcp/wire/columnar.py, the one DCP decoder of the project) turns a batch of whole
 frames into columns with the capture format's names; this adds the value bytes when asked
 for, masks SASL credentials in `raw` with the store's one masker, applies the output
-contract (cli/output.py: keys as text, values as JSON) and makes one dict per frame with
+contract (cli/view/output.py: keys as text, values as JSON) and makes one dict per frame with
 every column of the row set (absent fields None). All of it column by column: a row is
 built once, by one dict(zip(...)), which keeps `stream --format jsonl` near the speed of
 writing the JSON itself."""
@@ -13,8 +13,8 @@ import base64
 
 import orjson
 
-# (snapshot flags by name live in cli/output.py, which dcp_display shares)
-from dcptool.cli.output import OSO_FLAG_NAMES, json_default, snap_flag_names, value_fields
+# (snapshot flags by name live in cli/view/output.py, which dcp_display shares)
+from dcptool.cli.view.output import OSO_FLAG_NAMES, json_default, snap_flag_names, value_fields
 from dcptool.protocol.dcp.wire import columnar
 from dcptool.replay.store.redact import mask_sasl_credentials
 

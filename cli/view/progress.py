@@ -65,7 +65,7 @@ class CaptureProgress(NullProgress):
     def __init__(self, protocol: str, *, console=None, refresh_per_second: float = 4,
                  clock: Callable[[], float] = time.monotonic, start: bool = True):
         if console is None:
-            from dcptool.cli.console import err_console
+            from dcptool.cli.view.console import err_console
             console = err_console()
         self.console = console
         self.protocol = protocol
@@ -168,7 +168,7 @@ class CaptureProgress(NullProgress):
 def make_progress(protocol: str, *, quiet: bool = False, console=None):
     """A live display on stderr, or a no-op one for --quiet or when stderr is no terminal."""
     if console is None:
-        from dcptool.cli.console import err_console
+        from dcptool.cli.view.console import err_console
         console = err_console()
     if quiet or not console.is_terminal:
         return NullProgress()
@@ -193,7 +193,7 @@ def print_summary(files: list[dict], *, json_summary: bool = False, quiet: bool 
     if not quiet:
         from rich.table import Table
         if console is None:
-            from dcptool.cli.console import err_console
+            from dcptool.cli.view.console import err_console
             console = err_console()
         table = Table(title="capture written", title_justify="left", show_footer=True)
         table.add_column("file", footer="total")
@@ -203,7 +203,7 @@ def print_summary(files: list[dict], *, json_summary: bool = False, quiet: bool 
             table.add_row(str(f.get("path")), f"{int(f.get('rows', 0)):,}",
                           _size(int(f.get("bytes", 0))))
         console.print(table)
-        from dcptool.cli.output import printable
+        from dcptool.cli.view.output import printable
         for key, value in (extra or {}).items():
             if value is not None and not isinstance(value, (dict, list)):
                 console.print(f"{key}: {printable(value)}", highlight=False, markup=False)

@@ -72,8 +72,8 @@ def print_stream_summary(summary: dict, opts=None) -> None:
     import json
     import sys
 
-    from dcptool.cli.console import err_console
-    from dcptool.cli.output import printable
+    from dcptool.cli.view.console import err_console
+    from dcptool.cli.view.output import printable
     if opts is not None and getattr(opts, "json_summary", False):
         text = json.dumps(summary, default=str) + "\n"
         out = sys.stderr if opts.fmt else sys.stdout

@@ -1,4 +1,4 @@
-"""Tables for people, rendered row by row as plain fixed-width text (cli/output.py Sink).
+"""Tables for people, rendered row by row as plain fixed-width text (cli/view/output.py Sink).
 
 A rich Table lays out every row before it prints the first, which made a 10k-row table
 take 25 times as long as its JSON lines; this renderer formats each batch as it comes, in

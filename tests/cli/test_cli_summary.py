@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from dcptool.cli import cli
-from dcptool.cli import dcp_live
+from dcptool.cli.runners import dcp_live
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.transport.dcp import ThreadedServer
 from tests.support.synapse_serve import ServeSynapse

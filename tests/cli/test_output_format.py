@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from dcptool.cli import cli
-from dcptool.cli.output import Sink, dcp_display, iso_ns, printable, value_fields
+from dcptool.cli.view.output import Sink, dcp_display, iso_ns, printable, value_fields
 from dcptool.cli.view.table import TextTable
 from dcptool.protocol.dcp.wire import messages as M
 
@@ -245,7 +245,7 @@ def test_table_columns_appear_later_with_a_new_header():
 
 
 def test_inspect_render_escapes_and_keeps_names_whole():
-    from dcptool.cli.console import data_console
+    from dcptool.cli.view.console import data_console
     from dcptool.cli.inspect_cmd import render
     a, b, _ = _synapse_rows()
     pos = [{"stream": s, "instance": "master\x1b[31m", "token": 5, "rows": 1, "batches": 0, "positions": 1,

@@ -11,8 +11,8 @@ import re
 
 import pytest
 
-from dcptool.cli.dcp_live import TABLE_COLUMNS
-from dcptool.cli.output import Sink, display_columns
+from dcptool.cli.runners.dcp_live import TABLE_COLUMNS
+from dcptool.cli.view.output import Sink, display_columns
 from dcptool.cli.view.table import MARK, TextTable
 
 COLUMNS = display_columns(TABLE_COLUMNS, values=True)

@@ -14,11 +14,11 @@ import numpy as np
 from dcptool.capture.dcp import DcpEvents, every_stream_failed, finish_reason, make_session, run_session
 from dcptool.capture.options import LiveOptions
 from dcptool.capture.run import MAX_MESSAGES, RunStats, StopSignals, unserved_error, unserved_fields
-from dcptool.cli.console import err_console
+from dcptool.cli.view.console import err_console
 from dcptool.cli.errors import Interrupted
-from dcptool.cli.output import Sink, default_format, display_columns, iso_ns, markup_safe
+from dcptool.cli.view.output import Sink, default_format, display_columns, iso_ns, markup_safe
 from dcptool.cli.view.dcp_rows import frame_columns, jsonl_of, rows_of
-from dcptool.cli.output import OutputStalled, note_stop_signals, run_deadline
+from dcptool.cli.view.output import OutputStalled, note_stop_signals, run_deadline
 from dcptool.cli.view.run_summary import add_rates, print_stream_summary, run_and_close, stream_sink
 from dcptool.protocol.dcp.client import consumer as dcp_consumer
 from dcptool.protocol.dcp.client import manifest as dcp_collections

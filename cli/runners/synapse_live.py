@@ -9,8 +9,8 @@ import time
 from dcptool.capture import synapse as synapse_capture
 from dcptool.capture.options import CaptureSettings, LiveOptions
 from dcptool.capture.run import END, MAX_MESSAGES, StopSignals
-from dcptool.cli.console import err_console
-from dcptool.cli.output import iso_ns, markup_safe, note_stop_signals, run_deadline
+from dcptool.cli.view.console import err_console
+from dcptool.cli.view.output import iso_ns, markup_safe, note_stop_signals, run_deadline
 from dcptool.cli.view.run_summary import add_rates, print_stream_summary, run_and_close, stream_sink
 from dcptool.protocol.synapse.client import Gap
 
@@ -112,7 +112,7 @@ class _StreamHandler(synapse_capture.SynapseRun):
 
 
 def run_stream(opts: LiveOptions) -> None:
-    from dcptool.cli.output import Sink, default_format
+    from dcptool.cli.view.output import Sink, default_format
     fmt = default_format(opts.fmt)
     sink = stream_sink(opts, lambda: Sink(fmt, columns=TABLE_COLUMNS if fmt != "jsonl" else None))
     handler = _StreamHandler(opts, sink)

@@ -166,7 +166,7 @@ def bulk_rows():
 def default_format(requested: str | None) -> str:
     if requested:
         return requested
-    from dcptool.cli.console import stdout_is_tty
+    from dcptool.cli.view.console import stdout_is_tty
     return "table" if stdout_is_tty() else "jsonl"
 
 
