@@ -1,0 +1,273 @@
+"""The numbers behind `dcptool report` (replay/check/report.py draws them). One pass over the
+capture columns in batches of about a million rows, aggregated with numpy / pyarrow as they
+go: counts per second (frames, bytes), the highest seqno (DCP) or token (Synapse) per
+vbucket or stream per second, the marks (rollbacks, stream ends, cluster map changes,
+reconnects, errors) up to MAX_MARKS per kind, snapshot kinds, and the change count per key
+(partial group-bys merged in Arrow, never a Python dict per key). Nothing here keeps one
+value per frame, so memory stays bounded by the number of seconds, series and keys."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from dcptool.protocol.dcp.wire.constants import Status, stream_end_reason_name
+from dcptool.replay.store import reader
+
+MAX_MARKS = 500            # marks kept per kind (all are counted)
+KEY_COMPACT_ROWS = 2_000_000
+PROGRESS_COMPACT = 4_000_000
+CHANGE_OPS = ["mutation", "deletion", "expiration", "commit"]
+SEQNO_OPS = CHANGE_OPS + ["prepare", "abort", "system_event", "seqno_advanced"]
+DCP_COLUMNS = ["ts", "conn", "direction", "op", "status", "vbucket", "by_seqno", "snap_flags",
+               "stream_end_reason", "rollback_seqno", "key", "collection_id", "raw"]
+SYNAPSE_COLUMNS = ["ts", "conn", "direction", "command", "stream", "instance", "token", "args", "raw"]
+NS = 1_000_000_000
+
+
+@dataclass
+class Segment:
+    name: str
+    bytes: int
+    rows: int | None
+
+
+@dataclass
+class ReportData:
+    protocol: str
+    segments: list[Segment]
+    frames: int = 0
+    bytes: int = 0
+    seconds: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # epoch seconds
+    frames_per_s: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    bytes_per_s: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    progress: dict = field(default_factory=dict)       # series name -> (epoch seconds, highest value)
+    progress_series: int = 0                            # series seen (only the busiest are kept)
+    marks: dict = field(default_factory=dict)           # kind -> [(ts ns, text)]
+    mark_counts: dict = field(default_factory=dict)     # kind -> count
+    kinds: dict = field(default_factory=dict)           # snapshot kind (DCP) / stream (Synapse) -> count
+    top_keys: list = field(default_factory=list)        # (key text, collection id, changes)
+
+
+class _Acc:
+    """Running aggregates of one report."""
+
+    def __init__(self, protocol: str):
+        self.protocol = protocol
+        self.per_sec: dict[int, list[int]] = {}
+        self.prog_keys: list[np.ndarray] = []
+        self.prog_vals: list[np.ndarray] = []
+        self.prog_rows = 0
+        self.series_changes: dict[int, int] = {}
+        self.series_names: dict[str, int] = {}
+        self.marks: dict[str, list] = {}
+        self.mark_counts: dict[str, int] = {}
+        self.kinds: dict[str, int] = {}
+        self.key_parts: list[pa.Table] = []
+        self.key_rows = 0
+        self.last_conn: int | None = None
+        self.frames = 0
+        self.bytes = 0
+
+    # -------------------------------------------------------------- common
+    def rate(self, ts: np.ndarray, nbytes: np.ndarray) -> None:
+        sec = ts // NS
+        u, inv = np.unique(sec, return_inverse=True)
+        f = np.bincount(inv, minlength=len(u))
+        b = np.bincount(inv, weights=nbytes, minlength=len(u))
+        for s, fi, bi in zip(u.tolist(), f.tolist(), b.tolist()):
+            slot = self.per_sec.setdefault(s, [0, 0])
+            slot[0] += fi
+            slot[1] += int(bi)
+        self.frames += len(ts)
+        self.bytes += int(nbytes.sum())
+
+    def mark(self, kind: str, ts_ns: np.ndarray, texts) -> None:
+        n = len(ts_ns)
+        if not n:
+            return
+        self.mark_counts[kind] = self.mark_counts.get(kind, 0) + n
+        kept = self.marks.setdefault(kind, [])
+        room = MAX_MARKS - len(kept)
+        if room > 0:
+            kept.extend(zip(ts_ns[:room].tolist(), list(texts)[:room]))
+
+    def reconnects(self, ts: np.ndarray, conn: np.ndarray) -> None:
+        if not len(conn):
+            return
+        prev = np.concatenate([[conn[0] if self.last_conn is None else self.last_conn], conn[:-1]])
+        idx = np.nonzero((conn != prev) & (conn > 0))[0]
+        self.mark("reconnect", ts[idx], (f"connection {c}" for c in conn[idx].tolist()))
+        self.last_conn = int(conn[-1])
+
+    def progress(self, series: np.ndarray, ts: np.ndarray, value: np.ndarray) -> None:
+        if not len(series):
+            return
+        key = (series.astype(np.int64) << 34) | (ts // NS)
+        u, inv = np.unique(key, return_inverse=True)
+        hi = np.full(len(u), np.iinfo(np.int64).min, np.int64)
+        np.maximum.at(hi, inv, value)
+        self.prog_keys.append(u)
+        self.prog_vals.append(hi)
+        self.prog_rows += len(u)
+        su, sn = np.unique(series, return_counts=True)
+        for s, n in zip(su.tolist(), sn.tolist()):
+            self.series_changes[s] = self.series_changes.get(s, 0) + n
+        if self.prog_rows > PROGRESS_COMPACT:
+            self._compact_progress()
+
+    def _compact_progress(self) -> None:
+        keys, vals = np.concatenate(self.prog_keys), np.concatenate(self.prog_vals)
+        u, inv = np.unique(keys, return_inverse=True)
+        hi = np.full(len(u), np.iinfo(np.int64).min, np.int64)
+        np.maximum.at(hi, inv, vals)
+        self.prog_keys, self.prog_vals, self.prog_rows = [u], [hi], len(u)
+
+    def count_keys(self, keys: pa.Array, cids: pa.Array) -> None:
+        if not len(keys):
+            return
+        t = pa.table({"key": keys, "collection_id": cids, "n": pa.array(np.ones(len(keys), np.int64))})
+        self.key_parts.append(t.group_by(["key", "collection_id"]).aggregate([("n", "sum")])
+                              .rename_columns(["key", "collection_id", "n"]))
+        self.key_rows += self.key_parts[-1].num_rows
+        if self.key_rows > KEY_COMPACT_ROWS:
+            self._compact_keys()
+
+    def _compact_keys(self) -> None:
+        t = pa.concat_tables(self.key_parts)
+        self.key_parts = [t.group_by(["key", "collection_id"]).aggregate([("n", "sum")])
+                          .rename_columns(["key", "collection_id", "n"])]
+        self.key_rows = self.key_parts[0].num_rows
+
+    # -------------------------------------------------------------- per protocol
+    def feed_dcp(self, t: pa.Table) -> None:
+        ts = _ns(t.column("ts"))
+        self.rate(ts, _lengths(t.column("raw")))
+        self.reconnects(ts, _int(t.column("conn"), -1))
+        op = t.column("op").cast(pa.string()) if pa.types.is_dictionary(t.column("op").type) else t.column("op")
+        inbound = pc.equal(t.column("direction"), "in").fill_null(False)
+        seq = pc.and_(pc.is_in(op, pa.array(SEQNO_OPS)).fill_null(False),
+                      pc.is_valid(t.column("by_seqno")))
+        sub = t.filter(pc.and_(seq, inbound))
+        self.progress(_int(sub.column("vbucket"), 0), _ns(sub.column("ts")), _int(sub.column("by_seqno"), 0))
+        changes = t.filter(pc.and_(pc.is_in(op, pa.array(CHANGE_OPS)).fill_null(False), inbound))
+        self.count_keys(changes.column("key").combine_chunks(),
+                        changes.column("collection_id").combine_chunks())
+        self._dcp_marks(t, op, inbound)
+        self._dcp_kinds(t, op)
+
+    def _dcp_marks(self, t: pa.Table, op, inbound) -> None:
+        rb = t.filter(pc.and_(pc.and_(pc.equal(op, "stream_req").fill_null(False), inbound),
+                              pc.equal(t.column("status"), int(Status.ROLLBACK)).fill_null(False)))
+        self.mark("rollback", _ns(rb.column("ts")),
+                  (f"vbucket {v} rolled back to seqno {s}" for v, s in
+                   zip(rb.column("vbucket").to_pylist(), rb.column("rollback_seqno").to_pylist())))
+        se = t.filter(pc.and_(pc.equal(op, "stream_end").fill_null(False),
+                              pc.greater(t.column("stream_end_reason"), 1).fill_null(False)))
+        self.mark("stream end (failover, rebalance...)", _ns(se.column("ts")),
+                  (f"vbucket {v}: {stream_end_reason_name(r)}" for v, r in
+                   zip(se.column("vbucket").to_pylist(), se.column("stream_end_reason").to_pylist())))
+        cm = t.filter(pc.and_(pc.starts_with(op, "clustermap").fill_null(False), inbound))
+        self.mark("cluster map change", _ns(cm.column("ts")), ("cluster map" for _ in range(cm.num_rows)))
+
+    def _dcp_kinds(self, t: pa.Table, op) -> None:
+        snaps = t.filter(pc.equal(op, "snapshot_marker").fill_null(False))
+        flags = _int(snaps.column("snap_flags"), 0)
+        for f, n in zip(*[a.tolist() for a in np.unique(flags, return_counts=True)]):
+            name = "disk" if f & 0x02 else "memory" if f & 0x01 else "other"
+            name += "+history" if f & 0x10 else ""
+            self.kinds[name] = self.kinds.get(name, 0) + n
+        oso = t.filter(pc.and_(pc.equal(op, "oso_snapshot").fill_null(False),
+                               pc.equal(pc.bit_wise_and(t.column("snap_flags"), 1), 1).fill_null(False)))
+        if oso.num_rows:
+            self.kinds["oso"] = self.kinds.get("oso", 0) + oso.num_rows
+
+    def feed_synapse(self, t: pa.Table) -> None:
+        ts = _ns(t.column("ts"))
+        self.rate(ts, _lengths(t.column("raw")))
+        self.reconnects(ts, _int(t.column("conn"), -1))
+        cmd = _plain(t.column("command"))
+        inbound = pc.equal(t.column("direction"), "in").fill_null(False)
+        rdata = t.filter(pc.and_(pc.and_(pc.equal(cmd, "RDATA").fill_null(False), inbound),
+                                 pc.is_valid(t.column("token"))))
+        streams = _plain(rdata.column("stream")).fill_null("?").to_pylist()
+        ids = np.array([self.series_names.setdefault(s, len(self.series_names)) for s in streams], np.int64)
+        self.progress(ids, _ns(rdata.column("ts")), _int(rdata.column("token"), 0))
+        for s, n in zip(*[a.tolist() for a in np.unique(np.array(streams, dtype=object), return_counts=True)]
+                        ) if streams else ():
+            self.kinds[s] = self.kinds.get(s, 0) + n
+        err = t.filter(pc.equal(cmd, "ERROR").fill_null(False))
+        self.mark("ERROR", _ns(err.column("ts")), (str(a)[:120] for a in err.column("args").to_pylist()))
+
+    def finish(self, data: ReportData, max_series: int, top_keys: int) -> None:
+        secs = sorted(self.per_sec)
+        data.seconds = np.array(secs, np.int64)
+        data.frames_per_s = np.array([self.per_sec[s][0] for s in secs], np.int64)
+        data.bytes_per_s = np.array([self.per_sec[s][1] for s in secs], np.int64)
+        data.frames, data.bytes = self.frames, self.bytes
+        data.marks, data.mark_counts, data.kinds = self.marks, self.mark_counts, self.kinds
+        data.progress_series = len(self.series_changes)
+        if self.prog_keys:
+            self._compact_progress()
+            keys, vals = self.prog_keys[0], self.prog_vals[0]
+            busiest = sorted(self.series_changes, key=lambda s: (-self.series_changes[s], s))[:max_series]
+            names = {v: k for k, v in self.series_names.items()}
+            for s in sorted(busiest):
+                m = (keys >> 34) == s
+                label = f"vbucket {s}" if self.protocol == "dcp" else names.get(s, str(s))
+                data.progress[label] = (keys[m] & ((1 << 34) - 1), np.maximum.accumulate(vals[m]))
+        if self.key_parts and top_keys:
+            self._compact_keys()
+            t = self.key_parts[0].sort_by([("n", "descending"), ("key", "ascending")]).slice(0, top_keys)
+            data.top_keys = [(_text(k), c, n) for k, c, n in zip(t.column("key").to_pylist(),
+                             t.column("collection_id").to_pylist(), t.column("n").to_pylist())]
+
+
+def _plain(col):
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    return col.cast(pa.string()) if pa.types.is_dictionary(col.type) else col
+
+
+def _ns(col) -> np.ndarray:
+    return pc.fill_null(col.cast(pa.int64()), 0).to_numpy()
+
+
+def _int(col, fill: int) -> np.ndarray:
+    return pc.fill_null(col.cast(pa.int64()), fill).to_numpy()
+
+
+def _lengths(col) -> np.ndarray:
+    return pc.fill_null(pc.binary_length(col).cast(pa.int64()), 0).to_numpy()
+
+
+def _text(key: bytes | None) -> str:
+    if key is None:
+        return "(no key)"
+    return key.decode("utf-8", "backslashreplace")
+
+
+def segments(files: list[reader.CaptureFile]) -> list[Segment]:
+    out = []
+    for f in files:
+        rows = None if f.in_progress else pq.ParquetFile(f.path).metadata.num_rows
+        out.append(Segment(os.path.basename(f.path), os.path.getsize(f.path), rows))
+    return out
+
+
+def collect(files: list[reader.CaptureFile], *, max_series: int = 32, top_keys: int = 20,
+            batch_rows: int = 1 << 20) -> ReportData:
+    """Aggregate the captures `files` (one protocol) in one pass."""
+    protocol = reader.protocol_of(files)
+    data = ReportData(protocol=protocol, segments=segments(files))
+    acc = _Acc(protocol)
+    cols, feed = (DCP_COLUMNS, acc.feed_dcp) if protocol == "dcp" else (SYNAPSE_COLUMNS, acc.feed_synapse)
+    for t in reader.iter_capture_tables(files, cols, batch_rows=batch_rows):
+        if t.num_rows:
+            feed(t)
+    acc.finish(data, max_series, top_keys)
+    return data
