@@ -22,7 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "diff": ("dcptool.cli.diff:diff", "Documents added, changed and removed between two captures or moments."),
     "verify": ("dcptool.cli.verify:verify", "Check captures for continuity and protocol correctness."),
     "trace": ("dcptool.cli.trace_cmd:trace", "Explain DCP keys: every event that touched each, then a verdict."),
-    "report": ("dcptool.cli.report_cmd:report", "Draw captures as one self-contained HTML page of charts."),
+    "report": ("dcptool.cli.view.report_cmd:report", "Draw captures as one self-contained HTML page of charts."),
     "spark": ("dcptool.cli.spark_cmd:spark", "Start, stop or query a warm Spark Connect server for replay."),
 }
 

@@ -1,13 +1,14 @@
 """`dcptool report`: one self-contained HTML page about captures. The numbers come from
-replay/check/report_data.py (aggregated in one pass); this module draws them with plotly,
+replay/check/report_data.py (`ts` for the span, then one pass); this module draws them with plotly,
 whose JavaScript is inlined once at the top of the page (every later figure uses it), so the
-page opens from a file with nothing fetched from the network. Time series are re-binned to at
-most `max_points` points; the verify findings (replay/check/verify.py) are an HTML table."""
+page opens from a file with nothing fetched from the network. Time series have at
+most `max_points` equal time bins (report_data.py); the verify findings (replay/check/verify.py) are an HTML table."""
 
 from __future__ import annotations
 
 import datetime as _dt
 import html
+import os
 
 import numpy as np
 
@@ -34,23 +35,12 @@ table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;paddin
 th{background:#f0f0f0}.fig{margin:8px 0}.none{color:#070}"""
 
 
-def rebin(seconds: np.ndarray, values: list[np.ndarray], max_points: int, how: str = "sum"):
-    """(bin start seconds, [values per bin], bin width s): `seconds` (sorted, unique) grouped
-    into bins of a whole number of seconds so that at most `max_points` bins remain."""
-    if not len(seconds):
-        return seconds, values, 1
-    span = int(seconds[-1] - seconds[0]) + 1
-    width = max(1, -(-span // max_points))
-    b = (seconds - seconds[0]) // width
-    u, idx = np.unique(b, return_index=True)
-    out = []
-    for v in values:
-        out.append(np.add.reduceat(v, idx) if how == "sum" else np.maximum.reduceat(v, idx))
-    return seconds[0] + u * width, out, width
+def _times(ns) -> np.ndarray:
+    return np.asarray(ns, np.int64).astype("datetime64[ns]")
 
 
-def _times(seconds: np.ndarray) -> np.ndarray:
-    return (np.asarray(seconds, np.int64) * D.NS).astype("datetime64[ns]")
+def _width_text(ns: int) -> str:
+    return f"{ns / D.NS:g} s" if ns >= D.NS else f"{ns / 1e6:g} ms"
 
 
 def _layout(fig, title: str, height: int = 360) -> None:
@@ -58,22 +48,21 @@ def _layout(fig, title: str, height: int = 360) -> None:
                       template="plotly_white", legend={"font": {"size": 10}})
 
 
-def _rate(go, sub, d: D.ReportData, max_points: int):
-    x, (f, b), w = rebin(d.seconds, [d.frames_per_s, d.bytes_per_s], max_points)
+def _rate(go, sub, d: D.ReportData):
+    per_s = D.NS / d.width_ns
+    x = _times(d.bins)
     fig = sub(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08)
-    fig.add_trace(go.Scatter(x=_times(x), y=f / w, name="frames/s", mode="lines"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=_times(x), y=b / w, name="bytes/s", mode="lines"), row=2, col=1)
+    fig.add_trace(go.Scatter(x=x, y=d.frames_per_bin * per_s, name="frames/s", mode="lines"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=x, y=d.bytes_per_bin * per_s, name="bytes/s", mode="lines"), row=2, col=1)
     fig.update_yaxes(title_text="frames/s", row=1, col=1)
     fig.update_yaxes(title_text="bytes/s", row=2, col=1)
-    _layout(fig, TITLES["rate"] + (f" ({w} s bins)" if w > 1 else ""), 420)
+    _layout(fig, TITLES["rate"] + f" ({_width_text(d.width_ns)} bins)", 420)
     return fig
 
 
-def _progress(go, d: D.ReportData, max_points: int):
+def _progress(go, d: D.ReportData):
     fig = go.Figure()
-    per = max(2, max_points // max(1, len(d.progress)))
-    for name, (secs, vals) in d.progress.items():
-        x, (v,), _ = rebin(secs, [vals], per, how="max")
+    for name, (x, v) in d.progress.items():
         fig.add_trace(go.Scatter(x=_times(x), y=v, name=name, mode="lines+markers", marker={"size": 3}))
     title = TITLES["progress_" + d.protocol]
     if d.progress_series > len(d.progress):
@@ -92,8 +81,8 @@ def _marks(go, d: D.ReportData):
                                  marker={"symbol": "line-ns-open", "size": 18},
                                  name=f"{kind} ({n})" + ("" if n == len(pts) else f", first {len(pts)} shown"),
                                  hovertemplate="%{x}<br>%{text}<extra></extra>"))
-    if d.seconds.size:
-        fig.update_xaxes(range=list(_times([d.seconds[0], d.seconds[-1] + 1])))
+    if d.frames:
+        fig.update_xaxes(range=list(_times([d.t0_ns, d.t1_ns + d.width_ns])))
     title = TITLES["marks"] + ("" if d.marks else ": none")
     _layout(fig, title, 260)
     return fig
@@ -129,19 +118,19 @@ def _findings_html(report) -> str:
 
 def _summary_html(d: D.ReportData, paths: list[str]) -> str:
     span = ""
-    if d.seconds.size:
-        t0 = _dt.datetime.fromtimestamp(int(d.seconds[0]), _dt.timezone.utc)
-        span = f", {t0:%Y-%m-%d %H:%M:%S} UTC + {int(d.seconds[-1] - d.seconds[0]) + 1:,} s"
+    if d.frames:
+        t0 = _dt.datetime.fromtimestamp(d.t0_ns / D.NS, _dt.timezone.utc)
+        span = f", {t0:%Y-%m-%d %H:%M:%S} UTC + {(d.t1_ns - d.t0_ns) / D.NS:,.3f} s"
     return (f"<h1>dcptool report: {html.escape(', '.join(paths))}</h1><p class='sum'>{d.protocol}, "
             f"{len(d.segments)} segment(s), {d.frames:,} frames, {d.bytes:,} bytes{span}; "
             f"dcptool {html.escape(__version__)}</p>")
 
 
-def figures(d: D.ReportData, max_points: int) -> list:
+def figures(d: D.ReportData) -> list:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
     segs = d.segments
-    figs = [_rate(go, make_subplots, d, max_points), _progress(go, d, max_points), _marks(go, d),
+    figs = [_rate(go, make_subplots, d), _progress(go, d), _marks(go, d),
             _bar(go, TITLES["kinds_" + d.protocol], list(d.kinds), list(d.kinds.values())),
             _bar(go, TITLES["segments"] + " (MiB)", [s.name for s in segs], [s.bytes / 2**20 for s in segs],
                  hover=[f"{s.bytes:,} bytes, {'?' if s.rows is None else f'{s.rows:,}'} rows" for s in segs])]
@@ -151,11 +140,11 @@ def figures(d: D.ReportData, max_points: int) -> list:
     return figs
 
 
-def page(d: D.ReportData, report, paths: list[str], max_points: int = 2000) -> str:
+def page(d: D.ReportData, report, paths: list[str]) -> str:
     """The whole HTML page."""
     parts = []
     config = {"displaylogo": False, "responsive": True}
-    for i, fig in enumerate(figures(d, max_points)):
+    for i, fig in enumerate(figures(d)):
         parts.append("<div class='fig'>" + fig.to_html(full_html=False, include_plotlyjs=(i == 0),
                                                        config=config) + "</div>")
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>dcptool report</title>"
@@ -163,16 +152,20 @@ def page(d: D.ReportData, report, paths: list[str], max_points: int = 2000) -> s
             f"{_findings_html(report)}</body></html>")
 
 
-def report(paths: list[str], output: str, *, max_points: int = 2000, top_keys: int = 20,
+def report(paths: list[str], output: str, *, files: list | None = None, max_points: int = 2000, top_keys: int = 20,
            max_series: int = 32, verify: bool = True, findings_limit: int = 200) -> D.ReportData:
     """Write the report of the captures `paths` (files or directories) to `output`."""
-    files = reader.find_captures(paths)
-    d = D.collect(files, max_series=max_series, top_keys=top_keys)
+    files = reader.find_captures(paths) if files is None else files
+    d = D.collect(files, max_points=max_points, max_series=max_series, top_keys=top_keys)
     findings = V.verify(paths, limit=findings_limit) if verify else None
-    text = page(d, findings, paths, max_points)
+    text = page(d, findings, paths)
     tmp = output + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    import os
-    os.replace(tmp, output)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, output)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
     return d

@@ -1,10 +1,11 @@
-"""The numbers behind `dcptool report` (replay/check/report.py draws them). One pass over the
-capture columns in batches of about a million rows, aggregated with numpy / pyarrow as they
-go: counts per second (frames, bytes), the highest seqno (DCP) or token (Synapse) per
-vbucket or stream per second, the marks (rollbacks, stream ends, cluster map changes,
+"""The numbers behind `dcptool report` (replay/check/report.py draws them). A first pass reads
+`ts` alone for the time span, which is cut into at most `max_points` equal bins; a second
+pass over the capture columns in batches of about a million rows aggregates with numpy /
+pyarrow as it goes: counts per bin (frames, bytes), the highest seqno (DCP) or token
+(Synapse) per vbucket or stream per bin, the marks (rollbacks, stream ends, cluster map changes,
 reconnects, errors) up to MAX_MARKS per kind, snapshot kinds, and the change count per key
 (partial group-bys merged in Arrow, never a Python dict per key). Nothing here keeps one
-value per frame, so memory stays bounded by the number of seconds, series and keys."""
+value per frame, so memory stays bounded by the number of bins, series and keys."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from dcptool.replay.store import reader
 
 MAX_MARKS = 500            # marks kept per kind (all are counted)
 KEY_COMPACT_ROWS = 2_000_000
-PROGRESS_COMPACT = 4_000_000
+MIN_BIN_NS = 1_000_000     # 1 ms: finer bins would only show the receive batches
 CHANGE_OPS = ["mutation", "deletion", "expiration", "commit"]
 SEQNO_OPS = CHANGE_OPS + ["prepare", "abort", "system_event", "seqno_advanced"]
 DCP_COLUMNS = ["ts", "conn", "direction", "op", "status", "vbucket", "by_seqno", "snap_flags",
@@ -43,10 +44,13 @@ class ReportData:
     segments: list[Segment]
     frames: int = 0
     bytes: int = 0
-    seconds: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))   # epoch seconds
-    frames_per_s: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    bytes_per_s: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    progress: dict = field(default_factory=dict)       # series name -> (epoch seconds, highest value)
+    t0_ns: int = 0                                      # first frame's ts
+    t1_ns: int = 0                                      # last frame's ts
+    width_ns: int = 1                                   # one time bin
+    bins: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))          # bin start, ns
+    frames_per_bin: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    bytes_per_bin: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    progress: dict = field(default_factory=dict)       # series name -> (bin start ns, highest value so far)
     progress_series: int = 0                            # series seen (only the busiest are kept)
     marks: dict = field(default_factory=dict)           # kind -> [(ts ns, text)]
     mark_counts: dict = field(default_factory=dict)     # kind -> count
@@ -57,12 +61,13 @@ class ReportData:
 class _Acc:
     """Running aggregates of one report."""
 
-    def __init__(self, protocol: str):
+    def __init__(self, protocol: str, t0: int, width: int, nbins: int):
         self.protocol = protocol
-        self.per_sec: dict[int, list[int]] = {}
-        self.prog_keys: list[np.ndarray] = []
-        self.prog_vals: list[np.ndarray] = []
-        self.prog_rows = 0
+        self.t0, self.width, self.nbins = t0, width, nbins
+        self.frames_per_bin = np.zeros(nbins, np.int64)
+        self.bytes_per_bin = np.zeros(nbins, np.int64)
+        self.grid = np.full((0, nbins), _LOW, np.int64)      # series row -> highest value per bin
+        self.rows: dict[int, int] = {}                       # series id -> grid row
         self.series_changes: dict[int, int] = {}
         self.series_names: dict[str, int] = {}
         self.marks: dict[str, list] = {}
@@ -75,15 +80,13 @@ class _Acc:
         self.bytes = 0
 
     # -------------------------------------------------------------- common
+    def bin(self, ts: np.ndarray) -> np.ndarray:
+        return np.clip((ts - self.t0) // self.width, 0, self.nbins - 1)
+
     def rate(self, ts: np.ndarray, nbytes: np.ndarray) -> None:
-        sec = ts // NS
-        u, inv = np.unique(sec, return_inverse=True)
-        f = np.bincount(inv, minlength=len(u))
-        b = np.bincount(inv, weights=nbytes, minlength=len(u))
-        for s, fi, bi in zip(u.tolist(), f.tolist(), b.tolist()):
-            slot = self.per_sec.setdefault(s, [0, 0])
-            slot[0] += fi
-            slot[1] += int(bi)
+        b = self.bin(ts)
+        self.frames_per_bin += np.bincount(b, minlength=self.nbins)
+        self.bytes_per_bin += np.bincount(b, weights=nbytes, minlength=self.nbins).astype(np.int64)
         self.frames += len(ts)
         self.bytes += int(nbytes.sum())
 
@@ -108,25 +111,16 @@ class _Acc:
     def progress(self, series: np.ndarray, ts: np.ndarray, value: np.ndarray) -> None:
         if not len(series):
             return
-        key = (series.astype(np.int64) << 34) | (ts // NS)
-        u, inv = np.unique(key, return_inverse=True)
-        hi = np.full(len(u), np.iinfo(np.int64).min, np.int64)
-        np.maximum.at(hi, inv, value)
-        self.prog_keys.append(u)
-        self.prog_vals.append(hi)
-        self.prog_rows += len(u)
-        su, sn = np.unique(series, return_counts=True)
-        for s, n in zip(su.tolist(), sn.tolist()):
-            self.series_changes[s] = self.series_changes.get(s, 0) + n
-        if self.prog_rows > PROGRESS_COMPACT:
-            self._compact_progress()
-
-    def _compact_progress(self) -> None:
-        keys, vals = np.concatenate(self.prog_keys), np.concatenate(self.prog_vals)
-        u, inv = np.unique(keys, return_inverse=True)
-        hi = np.full(len(u), np.iinfo(np.int64).min, np.int64)
-        np.maximum.at(hi, inv, vals)
-        self.prog_keys, self.prog_vals, self.prog_rows = [u], [hi], len(u)
+        su, inv, sn = np.unique(series, return_inverse=True, return_counts=True)
+        for sid, n in zip(su.tolist(), sn.tolist()):
+            if sid not in self.rows:
+                self.rows[sid] = len(self.rows)
+            self.series_changes[sid] = self.series_changes.get(sid, 0) + n
+        if len(self.rows) > self.grid.shape[0]:
+            grow = np.full((len(self.rows) - self.grid.shape[0], self.nbins), _LOW, np.int64)
+            self.grid = np.vstack([self.grid, grow])
+        lut = np.array([self.rows[sid] for sid in su.tolist()], np.int64)
+        np.maximum.at(self.grid.reshape(-1), lut[inv] * self.nbins + self.bin(ts), value)
 
     def count_keys(self, keys: pa.Array, cids: pa.Array) -> None:
         if not len(keys):
@@ -205,27 +199,38 @@ class _Acc:
         self.mark("ERROR", _ns(err.column("ts")), (str(a)[:120] for a in err.column("args").to_pylist()))
 
     def finish(self, data: ReportData, max_series: int, top_keys: int) -> None:
-        secs = sorted(self.per_sec)
-        data.seconds = np.array(secs, np.int64)
-        data.frames_per_s = np.array([self.per_sec[s][0] for s in secs], np.int64)
-        data.bytes_per_s = np.array([self.per_sec[s][1] for s in secs], np.int64)
+        data.width_ns = self.width
+        data.bins = self.t0 + np.arange(self.nbins, dtype=np.int64) * self.width
+        data.frames_per_bin, data.bytes_per_bin = self.frames_per_bin, self.bytes_per_bin
         data.frames, data.bytes = self.frames, self.bytes
         data.marks, data.mark_counts, data.kinds = self.marks, self.mark_counts, self.kinds
         data.progress_series = len(self.series_changes)
-        if self.prog_keys:
-            self._compact_progress()
-            keys, vals = self.prog_keys[0], self.prog_vals[0]
-            busiest = sorted(self.series_changes, key=lambda s: (-self.series_changes[s], s))[:max_series]
-            names = {v: k for k, v in self.series_names.items()}
-            for s in sorted(busiest):
-                m = (keys >> 34) == s
-                label = f"vbucket {s}" if self.protocol == "dcp" else names.get(s, str(s))
-                data.progress[label] = (keys[m] & ((1 << 34) - 1), np.maximum.accumulate(vals[m]))
+        busiest = sorted(self.series_changes, key=lambda s: (-self.series_changes[s], s))[:max_series]
+        names = {v: k for k, v in self.series_names.items()}
+        for sid in sorted(busiest):
+            row = self.grid[self.rows[sid]]
+            have = row > _LOW
+            label = f"vbucket {sid}" if self.protocol == "dcp" else names.get(sid, str(sid))
+            data.progress[label] = (data.bins[have], np.maximum.accumulate(row[have]))
         if self.key_parts and top_keys:
             self._compact_keys()
             t = self.key_parts[0].sort_by([("n", "descending"), ("key", "ascending")]).slice(0, top_keys)
             data.top_keys = [(_text(k), c, n) for k, c, n in zip(t.column("key").to_pylist(),
                              t.column("collection_id").to_pylist(), t.column("n").to_pylist())]
+
+
+_LOW = np.iinfo(np.int64).min
+
+
+def span(files: list[reader.CaptureFile]) -> tuple[int, int] | None:
+    """(first, last) `ts` in ns of the captures, from the `ts` column alone; None when empty."""
+    lo = hi = None
+    for t in reader.iter_capture_tables(files, ["ts"]):
+        mm = pc.min_max(t.column("ts").cast(pa.int64()))
+        if mm["min"].is_valid:
+            a, b = mm["min"].as_py(), mm["max"].as_py()
+            lo, hi = (a, b) if lo is None else (min(lo, a), max(hi, b))
+    return None if lo is None else (lo, hi)
 
 
 def _plain(col):
@@ -259,12 +264,15 @@ def segments(files: list[reader.CaptureFile]) -> list[Segment]:
     return out
 
 
-def collect(files: list[reader.CaptureFile], *, max_series: int = 32, top_keys: int = 20,
-            batch_rows: int = 1 << 20) -> ReportData:
-    """Aggregate the captures `files` (one protocol) in one pass."""
+def collect(files: list[reader.CaptureFile], *, max_points: int = 2000, max_series: int = 32,
+            top_keys: int = 20, batch_rows: int = 1 << 20) -> ReportData:
+    """Aggregate the captures `files` (one protocol): at most `max_points` time bins."""
     protocol = reader.protocol_of(files)
     data = ReportData(protocol=protocol, segments=segments(files))
-    acc = _Acc(protocol)
+    t0, t1 = span(files) or (0, 0)
+    width = max(MIN_BIN_NS, -(-(t1 - t0 + 1) // max_points))
+    data.t0_ns, data.t1_ns = t0, t1
+    acc = _Acc(protocol, t0, width, int((t1 - t0) // width) + 1)
     cols, feed = (DCP_COLUMNS, acc.feed_dcp) if protocol == "dcp" else (SYNAPSE_COLUMNS, acc.feed_synapse)
     for t in reader.iter_capture_tables(files, cols, batch_rows=batch_rows):
         if t.num_rows:

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pytest
 
 from dcptool.replay.check import report as R
+from dcptool.replay.check import report_data as D
 from dcptool.replay.check import verify as V
 from dcptool.replay.store import reader
 from tests.support import capgen
@@ -66,14 +67,17 @@ def _assert_self_contained(path: str) -> None:
     assert not re.search(r"<img[^>]*\bsrc\s*=\s*[\"']?(https?:)?//", text, re.I)
 
 
-def test_rebin_bounds_points_and_keeps_totals():
-    secs = np.arange(1_700_000_000, 1_700_000_000 + 86_400, dtype=np.int64)
-    vals = np.arange(len(secs), dtype=np.int64) % 7
-    x, (v,), w = R.rebin(secs, [vals], 2000)
-    assert len(x) <= 2000 and w == 44
-    assert int(v.sum()) == int(vals.sum())
-    x, (m,), _ = R.rebin(secs, [vals], 2000, how="max")
-    assert int(m.max()) == 6 and len(x) == len(m)
+def test_time_bins_are_bounded_and_keep_every_frame(tmp_path):
+    """Never more than max_points bins, each as wide as the others, and every frame in one of them."""
+    out = tmp_path / "caps"
+    capgen.write_captures(capgen.generate("dcp", 5, 300), str(out), seed=5)
+    files = reader.find_captures([str(out)])
+    first, last = D.span(files)
+    for points in (10, 2000):
+        d = D.collect(files, max_points=points)
+        assert len(d.bins) <= points and d.frames_per_bin.sum() == d.frames
+        assert d.bins[0] == first and d.bins[-1] <= last < d.bins[-1] + d.width_ns
+        assert d.bytes_per_bin.sum() == d.bytes
 
 
 def test_dcp_failover_report_numbers(dcp_page):

@@ -1,4 +1,5 @@
-"""`dcptool report CAPTURE... -o FILE.html`: one self-contained HTML page of charts about
+"""`dcptool report CAPTURE... -o FILE.html` (registered in cli/__init__.py; it lives in cli/view/ because cli/ holds
+at most 20 modules, tests/test_architecture.py): one self-contained HTML page of charts about
 captures (replay/check/report.py). Exit 0 when written; the verify findings are shown in the
 page, not turned into exit 6."""
 
@@ -35,11 +36,13 @@ def report(captures, output, max_points, top_keys, max_series, findings_limit, n
     """
     from dcptool.cli.sources import capture_paths
     from dcptool.replay.check import report as R
-    from dcptool.replay.check.findings import MixedProtocols
-    from dcptool.replay.store.reader import CaptureError
-    try:
-        d = R.report(capture_paths(captures), output, max_points=max_points, top_keys=top_keys,
-                     max_series=max_series, verify=not no_verify, findings_limit=findings_limit)
-    except (MixedProtocols, CaptureError) as exc:
+    from dcptool.replay.store.reader import CaptureError, find_captures, protocol_of
+    paths = capture_paths(captures)
+    try:        # what the arguments name: not a capture, none, both protocols -> usage (2)
+        files = find_captures(paths)
+        protocol_of(files)
+    except CaptureError as exc:
         raise click.UsageError(str(exc)) from None
+    d = R.report(paths, output, files=files, max_points=max_points, top_keys=top_keys,
+                 max_series=max_series, verify=not no_verify, findings_limit=findings_limit)
     click.echo(f"wrote {output}: {d.frames:,} frames, {len(d.segments)} segment(s)", err=True)
