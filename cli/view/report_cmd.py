@@ -13,7 +13,7 @@ import click
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, writable=True),
               metavar="FILE.html", help="The page to write (replaced whole when done).")
 @click.option("--max-points", type=click.IntRange(10, 100_000), default=2000, show_default=True,
-              help="Points per time series at most: seconds are binned to fit.")
+              help="Points per time series at most: the span is cut into at most N equal bins (1 ms at least).")
 @click.option("--top-keys", type=click.IntRange(0, 1000), default=20, show_default=True,
               help="Keys shown in 'Keys with the most changes' (DCP).")
 @click.option("--max-series", type=click.IntRange(1, 1024), default=32, show_default=True,

@@ -76,10 +76,10 @@ def _marks(go, d: D.ReportData):
     for kind in sorted(d.marks):
         pts = d.marks[kind]
         n = d.mark_counts[kind]
+        text = [t if c == 1 else f"{t} (+{c - 1:,} more in this bin)" for _, t, c in pts]
         fig.add_trace(go.Scatter(x=np.array([p[0] for p in pts], np.int64).astype("datetime64[ns]"),
-                                 y=[kind] * len(pts), text=[p[1] for p in pts], mode="markers",
-                                 marker={"symbol": "line-ns-open", "size": 18},
-                                 name=f"{kind} ({n})" + ("" if n == len(pts) else f", first {len(pts)} shown"),
+                                 y=[kind] * len(pts), text=text, mode="markers",
+                                 marker={"symbol": "line-ns-open", "size": 18}, name=f"{kind} ({n:,})",
                                  hovertemplate="%{x}<br>%{text}<extra></extra>"))
     if d.frames:
         fig.update_xaxes(range=list(_times([d.t0_ns, d.t1_ns + d.width_ns])))

@@ -93,6 +93,10 @@ def test_dcp_failover_report_numbers(dcp_page):
     assert rollbacks.num_rows > 0, "the failover capture holds rollbacks"
     assert d.mark_counts["rollback"] == rollbacks.num_rows
     assert "reconnect" in d.mark_counts        # the failover moved the streams to a new connection
+    for kind, pts in d.marks.items():          # one mark per bin drawn, every mark counted
+        assert sum(c for _, _, c in pts) == d.mark_counts[kind]
+        bins = [(ts - d.t0_ns) // d.width_ns for ts, _, _ in pts]
+        assert bins == sorted(set(bins))
     # progress: each drawn vbucket ends at its highest seqno received
     changes = t.filter(pc.and_(pc.is_in(op, pa.array(["mutation", "deletion", "expiration", "commit"])),
                                inbound).fill_null(False))
