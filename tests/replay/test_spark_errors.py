@@ -85,3 +85,35 @@ def test_session_logs_nothing_for_a_bad_query(spark):
         spark_engine.quiet_spark_loggers(verbose=False)
         for h, stream in zip(handlers, saved):
             h.setStream(stream)
+
+
+class _Context:
+    def startIndex(self):
+        return 7
+
+    def fragment(self):
+        return "nosuchcol"
+
+
+class _ConnectError(Exception):
+    """What a Spark Connect client raises for an unknown column: its message carries
+    Spark's own "; line 1 pos 7;" besides the query context."""
+
+    def getCondition(self):
+        return "UNRESOLVED_COLUMN.WITH_SUGGESTION"
+
+    def getMessage(self):
+        return ("[UNRESOLVED_COLUMN.WITH_SUGGESTION] A column, variable, or function parameter with name "
+                "`nosuchcol` cannot be resolved. Did you mean one of the following? [`cas`].; line 1 pos 7; "
+                "SQLSTATE: 42703")
+
+    def getQueryContext(self):
+        return [_Context()]
+
+
+def test_connect_error_names_its_position_once():
+    from dcptool.replay.spark import sql as sql_guard
+    text = str(sql_guard.spark_error(_ConnectError(), "SELECT nosuchcol FROM documents"))
+    assert text == ("SQL error [UNRESOLVED_COLUMN.WITH_SUGGESTION] A column, variable, or function parameter "
+                    "with name `nosuchcol` cannot be resolved. Did you mean one of the following? [`cas`]. "
+                    "(line 1, pos 7: 'nosuchcol')")
