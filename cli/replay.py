@@ -342,7 +342,7 @@ def _open_session(ctx, console, master, master_given, remote, conf, verbose, fen
         if token:
             connect_server.touch()   # before the session: the watchdog must not stop it now
         try:
-            session = spark_engine.connect_session(url, token)
+            session = spark_engine.connect_session(url, token, verbose=verbose)
         except Exception as exc:  # noqa: BLE001 - gRPC and Spark errors come as many classes
             _usage_line(ctx, f"cannot use the Spark Connect server at {url}: {_first_line(exc)}", exc, verbose,
                         code=EXIT_CONNECT)

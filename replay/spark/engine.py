@@ -104,20 +104,38 @@ def shuffle_partitions(master: str) -> str:
     return str(os.cpu_count() or 2) if n == "*" else str(max(1, int(n or 1)))
 
 
+# pyspark's own Python loggers that print to stderr: each Spark error with a query context
+# is logged there as JSON (the analysed plan, ~30 KB) before dcptool prints its one line
+_QUERY_CONTEXT_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
+
+
+def quiet_spark_loggers(verbose: bool = False) -> None:
+    """pyspark's query-context loggers (pyspark/errors/exceptions/base.py: a StreamHandler on
+    stderr, JSON) log nothing unless `verbose`: a user's SQL error is dcptool's one line; -v
+    gives Spark's detail. py4j's Python logger stays at WARNING even under -v."""
+    import logging
+
+    from pyspark.logger import PySparkLogger
+
+    for name in ("py4j", "py4j.clientserver", "py4j.java_gateway"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    for name in _QUERY_CONTEXT_LOGGERS:
+        # created as pyspark creates them (a PySparkLogger takes the errorClass keyword)
+        logger = PySparkLogger.getLogger(name)
+        logger.setLevel(logging.WARNING if verbose else logging.CRITICAL + 1)
+
+
 def make_session(master: str = "local[*]", app_name: str = "dcptool", conf: dict | None = None,
                  verbose: bool = False):
     """A SparkSession for replay. Local (and loopback) masters bind the driver to
     127.0.0.1; the UI is off; Spark's logging stays off the terminal (log4j inherits a
-    /dev/null stderr; py4j's Python logger stays at WARNING even under -v); the catalog is
+    /dev/null stderr; pyspark's Python loggers: quiet_spark_loggers); the catalog is
     in memory and the warehouse a temporary directory (removed by `stop_session` or at
     exit), so nothing is left in the working directory; SQL cannot query files by path
     (text.`/etc/passwd`); the JVM gets no credentials from the environment."""
-    import logging
-
     from pyspark.sql import SparkSession
 
-    for name in ("py4j", "py4j.clientserver", "py4j.java_gateway"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+    quiet_spark_loggers(verbose)
     scrub_environment()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -172,17 +190,19 @@ def class_archive():
         return None
 
 
-def connect_session(url: str, token: str | None = None):
+def connect_session(url: str, token: str | None = None, verbose: bool = False):
     """A Spark Connect client session on `url` (sc://HOST:PORT[/;params]) with the runtime
     settings of make_session (a server not started by dcptool may lack them). `token`, when
     given, authenticates (through the environment, as pyspark reads it, never the URL): it is
-    the warm server of replay/spark/connect_server.py, started with those settings."""
+    the warm server of replay/spark/connect_server.py, started with those settings. The
+    server's log stays on the server; pyspark's client-side loggers: quiet_spark_loggers."""
     import logging
 
     from pyspark.sql import SparkSession
 
     for name in ("py4j", "grpc", "pyspark"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    quiet_spark_loggers(verbose)
     if token is not None:
         os.environ["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = token
     session = SparkSession.builder.remote(url).getOrCreate()

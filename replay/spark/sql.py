@@ -136,6 +136,8 @@ def _describe(kind: str) -> str:
     return f"{words or kind} ({kind})"
 
 
+# a Spark Connect message ends with its own "; line 1 pos 7;"
+_CONNECT_POSITION = re.compile(r";\s*line \d+ pos \d+;?$")
 _SQLSTATE = re.compile(r"\s*SQLSTATE: \w+\.?")
 _CLASS_PREFIX = re.compile(r"^\[[A-Z0-9_.]+\]\s*")
 
@@ -160,6 +162,8 @@ def spark_error(exc: BaseException, sql: str | None = None) -> SqlError:
     first = message.strip().splitlines()[0] if message.strip() else type(exc).__name__
     first = _SQLSTATE.sub("", _CLASS_PREFIX.sub("", first)).strip()
     where = _position(exc, origin, message, sql)
+    if where:   # ours follows, with the fragment: not Spark Connect's "; line 1 pos 7;" too
+        first = _CONNECT_POSITION.sub("", first).strip()
     if where and where not in first:
         first = f"{first} {where}"
     text = f"SQL error [{cls}] {first}" if cls else f"SQL error: {first}"
