@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from dcptool.cli.view.output import VALUE_COLUMNS, FORMATS, Sink, bulk_rows, default_format, with_key_base64
+from dcptool.capture.rows import VALUE_COLUMNS, bulk_rows, with_key_base64
+from dcptool.cli.view.output import FORMATS, Sink, default_format
 
 CHUNK = 4 * 1024 * 1024
 # what a person wants to see per frame; JSON lines carry every column
@@ -67,7 +68,7 @@ def column_set(raw: bool, values: bool) -> list[str]:
 
 
 def _decode_stream(file, sink, cap, collections, raw, values):
-    from dcptool.cli.view.dcp_rows import frame_columns, jsonl_of, rows_of
+    from dcptool.capture.rows import frame_columns, jsonl_of, rows_of
     from dcptool.protocol.dcp.wire import columnar
     from dcptool.protocol.dcp.wire.frames import header_lengths
     from dcptool.protocol.errors import ErrorCode, RemoteError

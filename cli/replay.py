@@ -41,7 +41,8 @@ def _rows(table, chunk: int = 4096):
     binary `value` as the output contract says (cli.output.dcp_display)."""
     import pyarrow as pa
 
-    from dcptool.cli.view.output import dcp_display, iso_ns
+    from dcptool.capture.rows import dcp_display
+    from dcptool.replay.timestamps import iso_ns
     schema = table.schema
     ts = {f.name: _TS_FACTOR[f.type.unit] for f in schema if pa.types.is_timestamp(f.type)}
     binary = {f.name for f in schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)}
@@ -66,7 +67,7 @@ def _display_columns(table) -> list[str]:
     """Table columns as printed: key_base64 after key, value_base64 / value_error after value."""
     import pyarrow as pa
 
-    from dcptool.cli.view.output import VALUE_COLUMNS, with_key_base64
+    from dcptool.capture.rows import VALUE_COLUMNS, with_key_base64
     cols = list(table.column_names)
     binary = {f.name for f in table.schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)}
     if "key" in binary:

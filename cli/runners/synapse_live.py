@@ -10,7 +10,8 @@ from dcptool.capture import synapse as synapse_capture
 from dcptool.capture.options import CaptureSettings, LiveOptions
 from dcptool.capture.run import END, MAX_MESSAGES, StopSignals
 from dcptool.cli.view.console import err_console
-from dcptool.cli.view.output import iso_ns, markup_safe, note_stop_signals, run_deadline
+from dcptool.capture.stdout_pipe import note_stop_signals, run_deadline
+from dcptool.cli.view.output import iso_ns, markup_safe
 from dcptool.cli.view.run_summary import add_rates, print_stream_summary, run_and_close, stream_sink
 from dcptool.protocol.synapse.client import Gap
 
