@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from dcptool.capture.rows import VALUE_COLUMNS, bulk_rows, with_key_base64
+from dcptool.replay.display import VALUE_COLUMNS, with_key_base64
+from dcptool.replay.rows import bulk_rows
 from dcptool.cli.view.output import FORMATS, Sink, default_format
 
 CHUNK = 4 * 1024 * 1024
@@ -68,7 +69,7 @@ def column_set(raw: bool, values: bool) -> list[str]:
 
 
 def _decode_stream(file, sink, cap, collections, raw, values):
-    from dcptool.capture.rows import frame_columns, jsonl_of, rows_of
+    from dcptool.replay.rows import frame_columns, jsonl_of, rows_of
     from dcptool.protocol.dcp.wire import columnar
     from dcptool.protocol.dcp.wire.frames import header_lengths
     from dcptool.protocol.errors import ErrorCode, RemoteError

@@ -1,7 +1,7 @@
 """`dcptool stream couchbase://...`: runs the DCP consumer (protocol/dcp/client/consumer.py) over
 the asyncio transport (protocol/transport/dcp.py) and prints every frame that crosses the
 wire, both directions, as CAPTURE_FORMAT rows plus `direction` and `ts`. Each receive
-batch is decoded at once by the columnar decoder (capture/rows.py), the same as `decode`.
+batch is decoded at once by the columnar decoder (replay/rows.py), the same as `decode`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from dcptool.capture.options import LiveOptions
 from dcptool.capture.run import MAX_MESSAGES, RunStats, StopSignals, unserved_error, unserved_fields
 from dcptool.cli.view.console import err_console
 from dcptool.cli.errors import Interrupted
-from dcptool.capture.rows import display_columns, frame_columns, jsonl_of, rows_of
+from dcptool.replay.display import display_columns
+from dcptool.replay.rows import frame_columns, jsonl_of, rows_of
 from dcptool.cli.view.output import Sink, default_format, iso_ns, markup_safe
 from dcptool.capture.stdout_pipe import OutputStalled, note_stop_signals, run_deadline
 from dcptool.cli.view.run_summary import add_rates, print_stream_summary, run_and_close, stream_sink
@@ -92,7 +93,7 @@ class RowTap:
         return self.consumer.vb_opaque.get(opaque) if self.consumer is not None else None
 
     def columns(self, buf, offsets, lengths, ts: str, direction: str, mono_ns: int | None = None):
-        """Display columns of whole frames (capture/rows.py: the columnar decoder), numbered."""
+        """Display columns of whole frames (replay/rows.py: the columnar decoder), numbered."""
         cols, n = frame_columns(buf, offsets, lengths, template=self.template,
                                 collections=self.consumer.collections if self.consumer is not None else False,
                                 opaque_vbuckets=self.consumer.vb_opaque if self.consumer is not None else {},

@@ -78,7 +78,7 @@ def same_keys(rows, group=None):
         groups.setdefault(r.get(group) if group else None, []).append(r)
     for name, rs in groups.items():
         # the same key set on every line (JSON objects are unordered; stream's JSON lines put
-        # the keys that vary in a batch first, capture/rows.py jsonl_of)
+        # the keys that vary in a batch first, replay/rows.py jsonl_of)
         keys = {frozenset(r) for r in rs}
         assert len(keys) == 1, (name, keys)
 

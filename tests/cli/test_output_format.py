@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from dcptool.cli import cli
-from dcptool.capture.rows import dcp_display, value_fields
+from dcptool.replay.display import dcp_display, value_fields
 from dcptool.cli.view.output import Sink, iso_ns, printable
 from dcptool.cli.view.table import TextTable
 from dcptool.protocol.dcp.wire import messages as M

@@ -1,0 +1,130 @@
+"""DCP frames as rows for `stream` and `decode` alike, without the CLI: the columnar decoder
+(protocol/dcp/wire/columnar.py, the one DCP decoder of the project) turns a batch of whole
+frames into columns with the capture format's names; this adds the value bytes when asked
+for, masks SASL credentials in `raw` with the store's one masker, applies the output
+contract (replay/display.py: keys as text, values as JSON) and makes one dict per frame with
+every column of the row set (absent fields None). All of it column by column: a row is
+built once, by one dict(zip(...)), which keeps `stream --format jsonl` near the speed of
+writing the JSON itself. cli/view/output.py writes these rows to stdout."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import gc
+
+import orjson
+
+from dcptool.protocol.dcp.wire import columnar
+from dcptool.replay.display import OSO_FLAG_NAMES, json_default, snap_flag_names, value_fields
+from dcptool.replay.store.redact import mask_sasl_credentials
+
+
+@contextlib.contextmanager
+def bulk_rows():
+    """The cyclic garbage collector off while rows are made in bulk: rows hold no cycles,
+    and with tens of thousands alive per batch its passes cost more than the rows."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+
+_SASL_OPS = ("sasl_auth", "sasl_step")
+
+
+def _key_columns(keys: list, n: int) -> tuple[list, list]:
+    """`key` as text and `key_base64` for the keys that are not UTF-8 (output contract)."""
+    text, b64 = [None] * n, [None] * n
+    for i, k in enumerate(keys):
+        if k is not None:
+            try:
+                text[i] = str(k, "utf-8")
+            except UnicodeDecodeError:
+                b64[i] = base64.b64encode(bytes(k)).decode("ascii")
+    return text, b64
+
+
+def frame_columns(buf, offsets, lengths, *, template: dict, collections: bool = False,
+                  opaque_vbuckets: dict | None = None, values: bool = False, raw: bool = False,
+                  extra: dict | None = None, first_frame_no: int | None = None) -> tuple[dict, int]:
+    """The display columns of the whole frames at offsets/lengths of buf: {name: list} for
+    the columns some frame carries, and the number of frames. `extra` is set on every row
+    (conn, ts, direction ...); `first_frame_no` numbers the rows; `opaque_vbuckets` gives
+    responses the vbucket of their request and learns from the requests in this batch."""
+    batch = columnar.decode_batch(buf, offsets, lengths, collections=collections,
+                                  opaque_vbuckets=opaque_vbuckets)
+    n = batch.n
+    if n == 0:
+        return {}, 0
+    cols = columnar.to_columns(batch, raw=raw)
+    ops = cols["op"]
+    sasl = [i for i, op in enumerate(ops) if op in _SASL_OPS]
+    if "key" in cols:
+        cols["key"], cols["key_base64"] = _key_columns(cols["key"], n)
+    if raw:
+        for i in sasl:
+            cols["raw"][i] = mask_sasl_credentials(bytes(cols["raw"][i]))
+    if values and "value_len" in cols:
+        vals, b64s, errs = [None] * n, [None] * n, [None] * n
+        dts = cols.get("datatype") or [None] * n
+        masked = set(sasl)
+        for i, (vl, off, ln) in enumerate(zip(cols["value_len"], offsets.tolist(), lengths.tolist())):
+            if vl is not None:   # a SASL payload shows as '*' bytes
+                v = b"*" * vl if i in masked else bytes(buf[off + ln - vl:off + ln])
+                vals[i], b64s[i], errs[i] = value_fields(v, dts[i])
+        cols["value"], cols["value_base64"], cols["value_error"] = vals, b64s, errs
+    if "snap_flags" in cols and "snap_flag_names" in template:
+        cols["snap_flag_names"] = [OSO_FLAG_NAMES.get(f) if op == "oso_snapshot" else snap_flag_names(f)
+                                   for f, op in zip(cols["snap_flags"], ops)]
+    for name, v in (extra or {}).items():
+        cols[name] = [v] * n
+    if first_frame_no is not None:
+        cols["frame_no"] = list(range(first_frame_no, first_frame_no + n))
+    return {k: v for k, v in cols.items() if k in template}, n
+
+
+def rows_of(cols: dict, n: int, template: dict) -> list[dict]:
+    """One dict per frame from frame_columns' result, with every key of `template` in order."""
+    rows = []
+    append = rows.append
+    present = [name for name in template if name in cols]
+    for values in zip(*(cols[name] for name in present)):
+        d = template.copy()
+        d.update(zip(present, values))
+        append(d)
+    return rows
+
+
+def jsonl_of(cols: dict, n: int, template: dict) -> bytes:
+    """The same rows as rows_of, as JSON lines, without making a dict of every column: a
+    column that is null or one value over the whole batch (absent fields, conn, ts ...) is
+    encoded once and joined to each row's varying part. Every line carries every key of
+    `template` (the order of keys within a line is not part of the contract)."""
+    if n == 0:
+        return b""
+    fixed, varying = {}, []
+    for name in template:
+        col = cols.get(name)
+        if col is None:
+            fixed[name] = None
+        elif type(col[0]) is type(col[-1]) and col.count(col[0]) == n:
+            fixed[name] = col[0]
+        else:
+            varying.append(name)
+    tail = orjson.dumps(fixed, default=json_default)[1:]          # b'"k":null,...}'
+    if not varying:
+        return (b"{" + tail + b"\n") * n
+    sep = b"," if len(tail) > 1 else b""
+    out = bytearray()
+    dumps = orjson.dumps
+    for values in zip(*(cols[name] for name in varying)):
+        out += dumps(dict(zip(varying, values)), default=json_default)[:-1]
+        out += sep
+        out += tail
+        out += b"\n"
+    return bytes(out)
