@@ -16,7 +16,8 @@ import gc
 import orjson
 
 from dcptool.protocol.dcp.wire import columnar
-from dcptool.replay.display import OSO_FLAG_NAMES, json_default, snap_flag_names, value_fields
+from dcptool.replay.display import (OSO_FLAG_NAMES, VALUE_COLUMNS, json_default, snap_flag_names, value_fields,
+                                    with_key_base64)
 from dcptool.replay.store.redact import mask_sasl_credentials
 
 
@@ -34,6 +35,7 @@ def bulk_rows():
 
 
 
+CHUNK = 4 * 1024 * 1024   # bytes decode_stream reads at a time
 _SASL_OPS = ("sasl_auth", "sasl_step")
 
 
@@ -128,3 +130,51 @@ def jsonl_of(cols: dict, n: int, template: dict) -> bytes:
         out += tail
         out += b"\n"
     return bytes(out)
+
+
+def column_set(raw: bool, values: bool) -> list[str]:
+    """Every column of a decode row, in order (JSON lines carry all of them)."""
+    from dcptool.protocol.dcp.wire.columnar import ROW_ORDER
+    cols = with_key_base64(list(ROW_ORDER))
+    if values:
+        at = cols.index("value_len") + 1
+        cols[at:at] = VALUE_COLUMNS
+    return cols + (["raw"] if raw else [])
+
+
+def decode_stream(file, sink, cap: int, *, collections: bool = False, raw: bool = False, values: bool = False) -> None:
+    """`decode`: the DCP frames read from binary `file` (CHUNK bytes at a time) as rows into
+    `sink` (cli/view/output.py Sink: write_jsonl or write_many), every whole frame before a
+    truncated last one or a hostile length (RemoteError, at its byte offset in the stream)."""
+    from dcptool.protocol.dcp.wire import columnar
+    from dcptool.protocol.dcp.wire.frames import header_lengths
+    from dcptool.protocol.errors import ErrorCode, RemoteError
+
+    blank = dict.fromkeys(column_set(raw, values))
+
+    opaque_vb: dict[int, int] = {}
+    buf = b""
+    base = 0  # stream offset of buf[0]
+    while True:
+        chunk = file.read(CHUNK)
+        buf = buf + chunk if buf else chunk
+        offsets, lengths, consumed, err = columnar.scan(buf, cap)
+        cols, n = frame_columns(buf, offsets, lengths, template=blank, collections=collections,
+                                opaque_vbuckets=opaque_vb, values=values, raw=raw)
+        if sink.fmt == "jsonl":
+            sink.write_jsonl(jsonl_of(cols, n, blank), n)
+        else:
+            sink.write_many(rows_of(cols, n, blank))
+        if err is not None:
+            err.args = (err.message.replace(f"at byte {consumed}", f"at byte {base + consumed}"),)
+            raise err
+        buf = buf[consumed:]
+        base += consumed
+        if not chunk:
+            break
+    if buf:
+        need = ""
+        if len(buf) >= 24:
+            need = f" of {24 + header_lengths(buf[:24])[3]}"
+        raise RemoteError(ErrorCode.TRUNCATED,
+                          f"truncated frame at byte {base}: input ends after {len(buf)}{need} bytes")
