@@ -2,11 +2,13 @@
 names (table_choice), rows as dicts in chunks with timestamps and DCP keys/values as the
 output contract says (table_rows, display_columns), the checksum lines (checksum_lines), the
 Parquet files of `-o DIR` (write_tables) and whether a directory may take them
-(is_capture_dir). `dcptool replay` (cli/replay.py) parses options, calls these and prints."""
+(is_capture_dir), and why a path cannot be an output directory at all
+(output_dir_problem). `dcptool replay` (cli/replay.py) parses options, calls these and prints."""
 
 from __future__ import annotations
 
 import os
+import stat
 
 _TS_FACTOR = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 
@@ -106,3 +108,26 @@ def is_capture_dir(out_dir: str, captures) -> bool:
     inputs = [c for c in captures if c != "-"]
     dirs = {os.path.realpath(c if os.path.isdir(c) else os.path.dirname(c) or ".") for c in inputs}
     return real in dirs or (os.path.isdir(real) and any(is_segment_name(n) for n in os.listdir(real)))
+
+
+def output_dir_problem(path: str) -> str | None:
+    """Why `path` cannot be an output directory, or None."""
+    probe = os.path.abspath(path)
+    while True:
+        try:
+            st = os.stat(probe)
+        except (FileNotFoundError, NotADirectoryError):
+            parent = os.path.dirname(probe)
+            if parent == probe:
+                return None
+            probe = parent
+            continue
+        except OSError as exc:   # a symlink loop, no permission ...
+            import errno
+            why = "a symlink loop" if exc.errno == errno.ELOOP else exc.strerror
+            return f"{path}: not a directory ({why})"
+        if stat.S_ISDIR(st.st_mode):
+            return None
+        if probe == os.path.abspath(path):
+            return f"{path}: not a directory"
+        return f"{path}: not a directory ({probe} is not one)"
