@@ -34,6 +34,24 @@ def bulk_rows():
             gc.enable()
 
 
+# The columns of a `stream` row: the capture format's (replay/store/schema.py; a test checks they
+# agree) plus `key_base64` and `snap_flag_names` (the marker flags by name); `value`/`value_base64`/
+# `value_error` with --values, `raw` with --raw.
+STREAM_COMMON_COLUMNS = ("frame_no", "conn", "node", "ts", "mono_ns", "direction")
+STREAM_DCP_COLUMNS = ("magic", "opcode", "op", "status", "vbucket", "opaque", "cas", "datatype", "stream_id",
+                      "collection_id", "key", "key_base64", "value_len", "by_seqno", "rev_seqno", "item_flags",
+                      "expiration", "lock_time", "delete_time", "snap_version", "snap_start", "snap_end",
+                      "snap_flags", "snap_flag_names", "max_visible_seqno", "high_completed_seqno", "purge_seqno",
+                      "high_prepared_seqno", "stream_end_reason", "rollback_seqno", "failover_log", "req_flags",
+                      "req_start_seqno", "req_end_seqno", "req_vbucket_uuid", "req_snap_start", "req_snap_end",
+                      "system_event_id", "decode_error")
+
+
+def row_columns(values: bool = False, raw: bool = False) -> list[str]:
+    """Every column of a `stream` DCP row, in order (JSON lines carry all of them)."""
+    return [*STREAM_COMMON_COLUMNS, *STREAM_DCP_COLUMNS, *(("value", "value_base64", "value_error") if values else ()),
+            *(("raw",) if raw else ())]
+
 
 CHUNK = 4 * 1024 * 1024   # bytes decode_stream reads at a time
 _SASL_OPS = ("sasl_auth", "sasl_step")
