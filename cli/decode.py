@@ -6,9 +6,10 @@ import sys
 
 import click
 
-from dcptool.cli.view.output import VALUE_COLUMNS, FORMATS, Sink, bulk_rows, default_format, with_key_base64
+from dcptool.replay.display import VALUE_COLUMNS, with_key_base64
+from dcptool.replay.rows import bulk_rows, decode_stream
+from dcptool.cli.view.output import FORMATS, Sink, default_format
 
-CHUNK = 4 * 1024 * 1024
 # what a person wants to see per frame; JSON lines carry every column
 TABLE_COLUMNS = ["op", "magic", "status", "vbucket", "opaque", "stream_id", "collection_id", "key",
                  "value_len", "by_seqno", "rev_seqno", "snap_version", "snap_start", "snap_end",
@@ -50,53 +51,7 @@ def decode(file, fmt, collections, raw, values, max_body):
     sink = Sink(fmt, columns=table_cols + (["raw"] if raw else []))
     try:
         with bulk_rows():
-            _decode_stream(file, sink, cap, collections, raw, values)
+            decode_stream(file, sink, cap, collections=collections, raw=raw, values=values)
     finally:
         sink.close()
     sys.stdout.flush()
-
-
-def column_set(raw: bool, values: bool) -> list[str]:
-    """Every column of a decode row, in order (JSON lines carry all of them)."""
-    from dcptool.protocol.dcp.wire.columnar import ROW_ORDER
-    cols = with_key_base64(list(ROW_ORDER))
-    if values:
-        at = cols.index("value_len") + 1
-        cols[at:at] = VALUE_COLUMNS
-    return cols + (["raw"] if raw else [])
-
-
-def _decode_stream(file, sink, cap, collections, raw, values):
-    from dcptool.cli.view.dcp_rows import frame_columns, jsonl_of, rows_of
-    from dcptool.protocol.dcp.wire import columnar
-    from dcptool.protocol.dcp.wire.frames import header_lengths
-    from dcptool.protocol.errors import ErrorCode, RemoteError
-
-    blank = dict.fromkeys(column_set(raw, values))
-
-    opaque_vb: dict[int, int] = {}
-    buf = b""
-    base = 0  # stream offset of buf[0]
-    while True:
-        chunk = file.read(CHUNK)
-        buf = buf + chunk if buf else chunk
-        offsets, lengths, consumed, err = columnar.scan(buf, cap)
-        cols, n = frame_columns(buf, offsets, lengths, template=blank, collections=collections,
-                                opaque_vbuckets=opaque_vb, values=values, raw=raw)
-        if sink.fmt == "jsonl":
-            sink.write_jsonl(jsonl_of(cols, n, blank), n)
-        else:
-            sink.write_many(rows_of(cols, n, blank))
-        if err is not None:
-            err.args = (err.message.replace(f"at byte {consumed}", f"at byte {base + consumed}"),)
-            raise err
-        buf = buf[consumed:]
-        base += consumed
-        if not chunk:
-            break
-    if buf:
-        need = ""
-        if len(buf) >= 24:
-            need = f" of {24 + header_lengths(buf[:24])[3]}"
-        raise RemoteError(ErrorCode.TRUNCATED,
-                          f"truncated frame at byte {base}: input ends after {len(buf)}{need} bytes")

@@ -76,7 +76,7 @@ def diff(ctx, captures, at, fmt):
 
 
 def _print(result, fmt):
-    from dcptool.cli.view.output import dcp_display, with_key_base64
+    from dcptool.replay.display import dcp_display, with_key_base64
     fmt = default_format(fmt)
     columns = with_key_base64(result.column_names)
     sink = Sink(fmt, columns=columns, title=f"diff ({result.num_rows} documents)")

@@ -8,7 +8,10 @@ import os
 
 import click
 
+from dcptool.capture.controls import collection_filter, stream_controls
 from dcptool.capture.options import LiveOptions
+from dcptool.protocol.errors import BadSource
+from dcptool.replay.results import output_dir_problem
 from dcptool.cli.sources import parse_duration, parse_size, parse_source, parse_vbuckets, read_password, user_from
 
 
@@ -60,7 +63,7 @@ def connection_options(fn):
 
 def stream_control_options() -> list:
     """DCP_CONTROL and flow-control options of issue 13 (--compress, --sync-writes,
-    --expiry-opcode, --ack-ratio); parsed by _stream_controls."""
+    --expiry-opcode, --ack-ratio); parsed by capture/controls.py."""
     return [
         click.option("--compress", is_flag=True,
                      help="DCP: ask for Snappy-compressed values (force_value_compression); they are "
@@ -84,57 +87,14 @@ def stream_control_options() -> list:
     ]
 
 
-# option -> the DCP_CONTROL it asks for (a refusal of one given on the command line is fatal)
-CONTROL_OF = {"compress": "force_value_compression", "sync_writes": "enable_sync_writes",
-              "expiry_opcode": "enable_expiry_opcode", "change_streams": "change_streams",
-              "oso": "enable_out_of_order_snapshots"}
-CONTROL_OF["stream_ids"] = "enable_stream_id"
-
-
-def _stream_controls(kw: dict) -> dict:
-    text = kw.pop("ack_ratio")
-    try:
-        ratio = float(text)
-    except ValueError:
-        ratio = -1.0
-    if not 0 < ratio <= 1:
-        raise click.BadParameter(f"{text!r}: a share of --buffer-size above 0 and at most 1, e.g. 0.5",
-                                 param_hint="--ack-ratio")
-    expiry = kw.pop("expiry_opcode")
-    out = {"compress": kw.pop("compress"), "sync_writes": kw.pop("sync_writes"),
-           "expiry_opcode": True if expiry is None else expiry, "ack_ratio": ratio}
-    given = {"compress": out["compress"], "sync_writes": out["sync_writes"], "expiry_opcode": expiry is True}
-    out["change_streams"] = given["change_streams"] = kw.pop("change_streams")
-    out["oso"] = given["oso"] = kw.pop("oso")
-    out["stream_ids"] = given["stream_ids"] = kw.pop("stream_ids")
-    out["required_controls"] = tuple(CONTROL_OF[k] for k, on in given.items() if on)
-    return out
-
-
 def collection_filter_options() -> list:
-    """--scope / --collection (repeatable; they imply --collections); parsed by _collection_filter."""
+    """--scope / --collection (repeatable; they imply --collections); parsed by capture/controls.py."""
     return [
         click.option("--scope", "scopes", multiple=True, metavar="NAME",
                      help="DCP: only the collections of this scope (repeatable; implies --collections)."),
         click.option("--collection", "collection_names", multiple=True, metavar="SCOPE.NAME",
                      help="DCP: only this collection (repeatable; implies --collections)."),
     ]
-
-
-def _collection_filter(kw: dict, stream_ids: bool = False) -> dict:
-    scopes = tuple(kw.pop("scopes"))
-    # a --collection value may name several (SCOPE.A,SCOPE.B): one group (one stream id)
-    groups = [tuple(n for n in value.split(",") if n) or (value,) for value in kw.pop("collection_names")]
-    names = tuple(n for g in groups for n in g)
-    for name in names:
-        scope, dot, coll = name.partition(".")
-        if not scope or not dot or not coll:
-            raise click.BadParameter(f"{name!r} is not SCOPE.NAME (e.g. inventory.airline)",
-                                     param_hint="--collection")
-    if scopes or names or stream_ids:
-        kw["collections"] = True
-    return {"scopes": scopes, "collection_names": names,
-            "stream_groups": tuple(((), g) for g in groups) + tuple(((s,), ()) for s in scopes)}
 
 
 def build_options(ctx: click.Context, kw: dict) -> LiveOptions:
@@ -154,8 +114,11 @@ def build_options(ctx: click.Context, kw: dict) -> LiveOptions:
     config_poll = parse_duration(kw.pop("config_poll"), "--config-poll")
     if config_poll <= 0:
         raise click.BadParameter("must be above 0, e.g. 2.5s", param_hint="--config-poll")
-    controls = _stream_controls(kw)
-    controls.update(_collection_filter(kw, controls["stream_ids"]))
+    try:
+        controls = stream_controls(kw)
+        controls.update(collection_filter(kw, controls["stream_ids"]))
+    except BadSource as exc:
+        raise click.BadParameter(str(exc), param_hint=exc.hint) from None
     duration = kw.pop("duration")
     if duration is not None:
         duration = parse_duration(duration, "--duration")
@@ -231,27 +194,3 @@ class OutputDir(click.ParamType):
         if problem:
             self.fail(problem, param, ctx)
         return value
-
-
-def output_dir_problem(path: str) -> str | None:
-    """Why `path` cannot be an output directory, or None."""
-    import stat
-    probe = os.path.abspath(path)
-    while True:
-        try:
-            st = os.stat(probe)
-        except (FileNotFoundError, NotADirectoryError):
-            parent = os.path.dirname(probe)
-            if parent == probe:
-                return None
-            probe = parent
-            continue
-        except OSError as exc:   # a symlink loop, no permission ...
-            import errno
-            why = "a symlink loop" if exc.errno == errno.ELOOP else exc.strerror
-            return f"{path}: not a directory ({why})"
-        if stat.S_ISDIR(st.st_mode):
-            return None
-        if probe == os.path.abspath(path):
-            return f"{path}: not a directory"
-        return f"{path}: not a directory ({probe} is not one)"

@@ -15,66 +15,7 @@ from dcptool.cli.live import output_dir_option
 from dcptool.cli.view.output import Sink, default_format
 from dcptool.cli.sources import capture_paths
 from dcptool.capture.process import tune_for_replay
-
-
-def _table_choice(protocol: str, requested: tuple[str, ...], default_all: bool) -> list[str]:
-    from dcptool.replay.rules import tables as T
-    names = T.table_names(protocol)
-    wanted = [n.strip() for r in requested for n in r.split(",") if n.strip()]
-    if not wanted:
-        return [n for n in names if n != "frames"] if default_all else [names[0]]
-    if wanted == ["all"]:
-        return names
-    bad = [w for w in wanted if w not in names]
-    if bad:
-        raise click.UsageError(f"unknown table {bad[0]!r} for {protocol} captures; "
-                               f"choose from {', '.join(names)} or all")
-    return wanted
-
-
-_TS_FACTOR = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
-
-
-def _rows(table, chunk: int = 4096):
-    """Rows as dicts, one list per chunk of rows: timestamps as RFC 3339 UTC with 9 fraction
-    digits (cli.output.iso_ns); a binary `key` as text (`key_base64` when not UTF-8) and a
-    binary `value` as the output contract says (cli.output.dcp_display)."""
-    import pyarrow as pa
-
-    from dcptool.cli.view.output import dcp_display, iso_ns
-    schema = table.schema
-    ts = {f.name: _TS_FACTOR[f.type.unit] for f in schema if pa.types.is_timestamp(f.type)}
-    binary = {f.name for f in schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)}
-    display = "key" in binary or "value" in binary
-    names = table.column_names
-    for batch in table.to_batches(max_chunksize=chunk):
-        cols = []
-        for i, name in enumerate(names):
-            col = batch.column(i)
-            if name in ts:
-                f = ts[name]
-                cols.append([None if v is None else iso_ns(v * f) for v in col.cast(pa.int64()).to_pylist()])
-            else:
-                cols.append(col.to_pylist())
-        rows = [dict(zip(names, vals)) for vals in zip(*cols)]
-        if display:
-            rows = [dcp_display(r) for r in rows]
-        yield rows
-
-
-def _display_columns(table) -> list[str]:
-    """Table columns as printed: key_base64 after key, value_base64 / value_error after value."""
-    import pyarrow as pa
-
-    from dcptool.cli.view.output import VALUE_COLUMNS, with_key_base64
-    cols = list(table.column_names)
-    binary = {f.name for f in table.schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)}
-    if "key" in binary:
-        cols = with_key_base64(cols)
-    if "value" in binary:
-        at = cols.index("value")
-        cols[at:at + 1] = VALUE_COLUMNS
-    return cols
+from dcptool.replay import results
 
 
 @contextlib.contextmanager
@@ -203,7 +144,10 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
             fn = apply.load_function(apply_spec)
         except Exception as exc:  # noqa: BLE001 - the user's module may raise anything on import
             _usage_line(ctx, f"--apply {apply_spec}: {_first_line(exc)}", exc, verbose)
-    names = _table_choice(protocol, tables, default_all=True)
+    try:
+        names = results.table_choice(protocol, tables, default_all=True)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     if not use_spark and protocol == "dcp":
         from dcptool.replay.local.engine import doc_budget
         try:
@@ -393,43 +337,21 @@ def _run_sql(ctx, session, rep, sql, unsafe, verbose):
 
 
 def _print_checksums(chosen, fmt):
-    from dcptool.replay.rules import tables as T
-    out = sys.stdout
-    for name, table in chosen.items():
-        digest = T.checksum(name, table)
-        if fmt == "jsonl":
-            import orjson
-            out.write(orjson.dumps({"table": name, "sha256": digest, "rows": table.num_rows}).decode() + "\n")
-        else:
-            out.write(f"{digest}  {name}\n")
-    out.flush()
+    sys.stdout.writelines(results.checksum_lines(chosen, fmt))
+    sys.stdout.flush()
 
 
 def _output_outside_captures(out_dir, captures) -> None:
-    """-o never writes into a capture directory (its results would be read as a foreign file
-    of the capture): the directory of a CAPTURE given, or one holding capture segments, is a
-    usage error. A directory below a capture directory is fine (captures are not recursive)."""
-    import os
-
-    from dcptool.replay.store.files import shown
-    from dcptool.replay.store.naming import is_segment_name
-    real = os.path.realpath(out_dir)
-    inputs = [c for c in captures if c != "-"]
-    dirs = {os.path.realpath(c if os.path.isdir(c) else os.path.dirname(c) or ".") for c in inputs}
-    holds = os.path.isdir(real) and any(is_segment_name(n) for n in os.listdir(real))
-    if real in dirs or holds:
+    """-o never writes into a capture directory (replay/results.py is_capture_dir)."""
+    if results.is_capture_dir(out_dir, captures):
+        from dcptool.replay.store.files import shown
         raise click.UsageError(f"-o {shown(out_dir)} is a capture directory: results never go into one "
                                "(they would be read as part of the capture); give another directory")
 
 
 def _write(out_dir, chosen, console):
-    import os
-    import pyarrow.parquet as pq
-    os.makedirs(out_dir, exist_ok=True)
-    for name, table in chosen.items():
-        path = os.path.join(out_dir, f"{name}.parquet")
-        pq.write_table(table, path, compression="zstd")
-        console.print(f"wrote {path} ({table.num_rows} rows)", highlight=False)
+    for path, n in results.write_tables(out_dir, chosen):
+        console.print(f"wrote {path} ({n} rows)", highlight=False)
 
 
 def _print_tables(chosen, fmt):
@@ -438,11 +360,11 @@ def _print_tables(chosen, fmt):
     for name, table in chosen.items():
         if fmt == "jsonl":
             sink = Sink("jsonl")
-            for rows in _rows(table):
+            for rows in results.table_rows(table):
                 sink.write_many(({"table": name, **r} for r in rows) if several else rows)
         else:
-            sink = Sink("table", columns=_display_columns(table), title=f"{name} ({table.num_rows} rows)")
-            for rows in _rows(table):
+            sink = Sink("table", columns=results.display_columns(table), title=f"{name} ({table.num_rows} rows)")
+            for rows in results.table_rows(table):
                 sink.write_many(rows)
             if table.num_rows == 0:
                 from dcptool.cli.view.console import err_console

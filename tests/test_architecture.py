@@ -349,3 +349,11 @@ def test_no_test_module_imports_another_test_module():
     bad = [f"{p.relative_to(ROOT)}:{line} imports {m}" for p in _py("tests") for line, m in _test_imports(p)
            if any(part.startswith("test_") or part == "conftest" for part in m.split(".")[1:])]
     assert _py("tests/support") and bad == []
+
+
+def test_the_cli_is_a_thin_layer_of_at_most_3500_lines():
+    """Issue 23: cli/ parses options, calls library code and prints (model: sqlite-utils' cli.py);
+    library logic lives in capture/, replay/ or protocol/. `cat cli/*.py cli/*/*.py | wc -l`."""
+    files = sorted((ROOT / "cli").glob("*.py")) + sorted((ROOT / "cli").glob("*/*.py"))
+    lines = sum(len(p.read_bytes().splitlines()) for p in files)
+    assert len(files) > 20 and lines <= 3500, f"cli/ holds {lines} lines"

@@ -1,7 +1,7 @@
 """`dcptool stream couchbase://...`: runs the DCP consumer (protocol/dcp/client/consumer.py) over
 the asyncio transport (protocol/transport/dcp.py) and prints every frame that crosses the
 wire, both directions, as CAPTURE_FORMAT rows plus `direction` and `ts`. Each receive
-batch is decoded at once by the columnar decoder (cli/view/dcp_rows.py), the same as `decode`.
+batch is decoded at once by the columnar decoder (replay/rows.py), the same as `decode`.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from dcptool.capture.options import LiveOptions
 from dcptool.capture.run import MAX_MESSAGES, RunStats, StopSignals, unserved_error, unserved_fields
 from dcptool.cli.view.console import err_console
 from dcptool.cli.errors import Interrupted
-from dcptool.cli.view.output import Sink, default_format, display_columns, iso_ns, markup_safe
-from dcptool.cli.view.dcp_rows import frame_columns, jsonl_of, rows_of
-from dcptool.cli.view.output import OutputStalled, note_stop_signals, run_deadline
+from dcptool.replay.display import display_columns
+from dcptool.replay.rows import frame_columns, jsonl_of, row_columns, rows_of
+from dcptool.cli.view.output import Sink, default_format, iso_ns, markup_safe
+from dcptool.capture.stdout_pipe import OutputStalled, note_stop_signals, run_deadline
 from dcptool.cli.view.run_summary import add_rates, print_stream_summary, run_and_close, stream_sink
 from dcptool.protocol.dcp.client import consumer as dcp_consumer
 from dcptool.protocol.dcp.client import manifest as dcp_collections
@@ -32,24 +33,6 @@ TABLE_COLUMNS = ["conn", "direction", "op", "vbucket", "status", "opaque", "by_s
 _ONE_OFFSET = np.zeros(1, np.int64)   # a frame we send is a batch of one
 # Knobs tests turn down.
 DEFAULTS = {"reconnects": 3}   # the connect bound is --timeout
-
-
-# The columns of a `stream` row: the capture format's (replay/store/schema.py; a test checks they
-# agree) plus `key_base64` and `snap_flag_names` (the marker flags by name); `value`/`value_base64`/
-# `value_error` with --values, `raw` with --raw.
-COMMON_COLUMNS = ("frame_no", "conn", "node", "ts", "mono_ns", "direction")
-DCP_COLUMNS = ("magic", "opcode", "op", "status", "vbucket", "opaque", "cas", "datatype", "stream_id",
-               "collection_id", "key", "key_base64", "value_len", "by_seqno", "rev_seqno", "item_flags",
-               "expiration", "lock_time", "delete_time", "snap_version", "snap_start", "snap_end",
-               "snap_flags", "snap_flag_names", "max_visible_seqno", "high_completed_seqno", "purge_seqno",
-               "high_prepared_seqno", "stream_end_reason", "rollback_seqno", "failover_log", "req_flags",
-               "req_start_seqno", "req_end_seqno", "req_vbucket_uuid", "req_snap_start", "req_snap_end",
-               "system_event_id", "decode_error")
-
-
-def row_columns(values: bool = False, raw: bool = False) -> list[str]:
-    return [*COMMON_COLUMNS, *DCP_COLUMNS, *(("value", "value_base64", "value_error") if values else ()),
-            *(("raw",) if raw else ())]
 
 
 class RowTap:
@@ -92,7 +75,7 @@ class RowTap:
         return self.consumer.vb_opaque.get(opaque) if self.consumer is not None else None
 
     def columns(self, buf, offsets, lengths, ts: str, direction: str, mono_ns: int | None = None):
-        """Display columns of whole frames (cli/view/dcp_rows.py: the columnar decoder), numbered."""
+        """Display columns of whole frames (replay/rows.py: the columnar decoder), numbered."""
         cols, n = frame_columns(buf, offsets, lengths, template=self.template,
                                 collections=self.consumer.collections if self.consumer is not None else False,
                                 opaque_vbuckets=self.consumer.vb_opaque if self.consumer is not None else {},

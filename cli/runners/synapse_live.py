@@ -1,6 +1,6 @@
 """`dcptool stream|capture synapse://... | synapse+redis://...`: the capture is library
 (capture/synapse.py); `stream` runs the same client and transports with a handler that
-prints what crosses the wire; both tell gaps and reconnects on stderr."""
+prints what crosses the wire (capture/synapse_stream.py); both tell gaps and reconnects on stderr."""
 
 from __future__ import annotations
 
@@ -8,33 +8,16 @@ import time
 
 from dcptool.capture import synapse as synapse_capture
 from dcptool.capture.options import CaptureSettings, LiveOptions
+from dcptool.capture.synapse_stream import StreamHandler
 from dcptool.capture.run import END, MAX_MESSAGES, StopSignals
 from dcptool.cli.view.console import err_console
-from dcptool.cli.view.output import iso_ns, markup_safe, note_stop_signals, run_deadline
+from dcptool.capture.stdout_pipe import note_stop_signals, run_deadline
+from dcptool.cli.view.output import markup_safe
 from dcptool.cli.view.run_summary import add_rates, print_stream_summary, run_and_close, stream_sink
 from dcptool.protocol.synapse.client import Gap
 
 TABLE_COLUMNS = ["frame_no", "conn", "direction", "command", "stream", "instance", "token",
                  "detail"]
-
-
-def _detail(r: dict) -> str:
-    """One readable cell: named row fields, POSITION tokens, or the arguments."""
-    if r.get("decode_error"):
-        return "error: " + r["decode_error"]
-    if r.get("fields"):
-        return " ".join(f"{k}={_short(v)}" for k, v in r["fields"].items() if v is not None)
-    if r.get("command") == "POSITION":
-        return f"{r['prev_token']} -> {r['new_token']}"
-    text = r.get("args") or ""
-    if r.get("channel"):
-        text = f"[{r['channel']}] {text}"
-    return text
-
-
-def _short(v) -> str:
-    s = v if isinstance(v, str) else __import__("json").dumps(v, separators=(",", ":"))
-    return s   # never cut: the table folds long cells on a terminal and keeps them whole elsewhere
 
 
 def tell(ev) -> None:
@@ -46,76 +29,11 @@ def tell(ev) -> None:
         err_console().print(f"[yellow]reconnecting[/] in {ev.delay:.1f} s: {markup_safe(ev.reason)}", highlight=False)
 
 
-def _with_text_ts(batch, ts: str):
-    """The batch with `ts` as the contract's text (one instant for the whole batch): no
-    datetime objects, which would need pandas for nanoseconds."""
-    import pyarrow as pa
-    i = batch.schema.get_field_index("ts")
-    if i < 0:
-        return batch
-    arrays = list(batch.columns)
-    arrays[i] = pa.array([ts] * batch.num_rows, pa.string())
-    return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names)
-
-
-# ------------------------------------------------------------------------------ stream
-
-class _StreamHandler(synapse_capture.SynapseRun):
-    def __init__(self, opts: LiveOptions, sink):
-        super().__init__(opts, tell)
-        self.sink = sink
-        self.frame_no = 0
-
-    def block(self, direction, scan, *, conn, ts_ns, mono_ns, channel=None):
-        self.lines(direction, scan.lines(), None, conn=conn, ts_ns=ts_ns, mono_ns=mono_ns,
-                   channel=channel)
-
-    def lines(self, direction, lines, split, *, conn, ts_ns, mono_ns, channel=None, errors=None):
-        from dcptool.protocol.synapse.rows import decode_row
-        from dcptool.replay.store.synapse_batch import build_batch
-        batch = build_batch(lines, frame_no=self.frame_no, conn=conn, ts_ns=ts_ns, mono_ns=mono_ns,
-                            direction=direction, channel=channel, split=split, errors=errors)
-        self.frame_no += len(lines)
-        ts = iso_ns(ts_ns)
-        rows = _with_text_ts(batch, ts).to_pylist()
-        out = []
-        shown = 0
-        nbytes = 0
-        for r, line in zip(rows, lines):
-            if direction == "in" and self.stop:
-                break
-            shown += 1
-            nbytes += len(line) + (1 if channel is None else 0)
-            if self.streams is not None and r["stream"] is not None and r["stream"] not in self.streams:
-                continue      # received (and counted in messages_in), not shown
-            raw = r.pop("raw")
-            if self.opts.raw:
-                r["raw"] = raw
-            r["fields"] = None
-            if r["command"] == "RDATA" and r["row"] is not None:
-                try:
-                    r["fields"] = decode_row(r["stream"], r["row"])
-                except ValueError as exc:  # bad or too deeply nested JSON: the line stays
-                    r["fields"] = None
-                    r["decode_error"] = r["decode_error"] or f"row: {exc}"
-            if r["batch"]:
-                r["token"] = "batch"
-            if self.sink.fmt != "jsonl":
-                r["detail"] = _detail(r)
-            out.append(r)
-            if direction == "in":
-                self.count_in(1)
-        self.count(direction, conn, shown, nbytes)
-        self.sink.write_many(out)
-        if self.sink.fmt != "table":
-            self.sink.flush()
-
-
 def run_stream(opts: LiveOptions) -> None:
     from dcptool.cli.view.output import Sink, default_format
     fmt = default_format(opts.fmt)
     sink = stream_sink(opts, lambda: Sink(fmt, columns=TABLE_COLUMNS if fmt != "jsonl" else None))
-    handler = _StreamHandler(opts, sink)
+    handler = StreamHandler(opts, sink, tell)
     client = synapse_capture.make_client(opts)
     handler.client = client
     run_deadline(opts.duration)

@@ -11,7 +11,7 @@ import sys
 import click
 
 from dcptool.cli.servers.playback import check_unused, playback_options, serve_dcp_capture
-from dcptool.cli.view.run_summary import server_stop_event
+from dcptool.capture.servers import server_stop_event
 from dcptool.cli.sources import parse_duration
 
 

@@ -1,20 +1,17 @@
 """`serve dcp|synapse --from CAPTURE`: play a capture back as a live server, with --pace and
 fault injection (--disconnect-at, --stall-at, --corrupt-at). The options are declared
-here and added to both serve commands; the capture is read (replay/playback.py) before
+here and added to both serve commands (the servers run in capture/servers.py); the capture is read (replay/playback.py) before
 anything listens, so an unreadable capture is one error line and exit 1, and a DCP capture
 without the `raw` column (nothing to send) one line and exit 2; recorded frames shorter than
 their header says are left out, counted in one warning line."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
-import time
 
 import click
 
-from dcptool.cli.view.run_summary import server_stop_event
 from dcptool.cli.sources import parse_duration
 
 
@@ -88,18 +85,10 @@ def _listening(host, port) -> None:
     sys.stdout.flush()
 
 
-async def _until_stopped(start, close) -> None:
-    stop = server_stop_event()   # stopping is how a server ends: exit 0, as serve dcp does
-    await start(stop)
-    await stop.wait()
-    await close()
-
-
 def serve_dcp_capture(paths, *, bind: str, port: int, users: dict, tls, pace: str, disconnect_at,
                       stall_at, corrupt_at, handshake_timeout: float = 10.0) -> None:
-    from dcptool.protocol.dcp.server.playback import Faults, PlaybackModel
-    from dcptool.protocol.transport.dcp import ProducerServer
-    from dcptool.cli.errors import LateUsageError
+    from dcptool.capture.servers import serve_dcp_recording
+    from dcptool.protocol.errors import LateUsageError
     from dcptool.replay.playback import NotPlayable, load_dcp
 
     factor = parse_pace(pace)
@@ -113,47 +102,18 @@ def serve_dcp_capture(paths, *, bind: str, port: int, users: dict, tls, pace: st
         err_console().print(f"[yellow]dcptool:[/] warning: {recording.skipped:,} recorded stream frame(s) shorter "
                             "than a header or than their header says are left out of the playback",
                             highlight=False, markup=True, soft_wrap=True)
-    model = PlaybackModel(recording, users, pace=factor,
-                          faults=Faults(disconnect_at=disconnect_at, stall_at=stall_n, stall_seconds=stall_s,
-                                        corrupt_at=corrupt_at))
-    server = ProducerServer(model, handshake_timeout=handshake_timeout)
-
-    async def start(_stop):
-        host, p = await server.start(bind, port, tls)
-        _listening(host, p)
-
-    _run(_until_stopped(start, server.close), bind, port)
+    serve_dcp_recording(recording, users, bind=bind, port=port, tls=tls, pace=factor, disconnect_at=disconnect_at,
+                        stall_at=stall_n, stall_seconds=stall_s, corrupt_at=corrupt_at, on_listening=_listening,
+                        handshake_timeout=handshake_timeout)
 
 
 def serve_synapse_capture(paths, *, bind: str, port: int, server_name: str, ping: float, timeout: float,
                           pace: str, disconnect_at, stall_at, corrupt_at) -> None:
-    from dcptool.protocol.synapse.playback import LineFaults, PlaybackFeed, PlaybackSession
-    from dcptool.protocol.transport.synapse_playback import serve_playback
+    from dcptool.capture.servers import serve_synapse_recording
     from dcptool.replay.playback import load_synapse
 
     factor = parse_pace(pace)
     stall_n, stall_s = parse_stall(stall_at)
-    recording = load_synapse(list(paths))
-    feed = PlaybackFeed(recording.connections, pace=factor,
-                        faults=LineFaults(disconnect_at=disconnect_at, stall_at=stall_n, stall_seconds=stall_s,
-                                          corrupt_at=corrupt_at))
-
-    def make_session():
-        return PlaybackSession(feed, server_name, ping_interval=ping, timeout=timeout,
-                               wall_ms=lambda: time.time_ns() // 1_000_000)
-
-    async def main():
-        stop = server_stop_event()
-        await serve_playback(bind, port, make_session, on_listening=_listening, stop=stop)
-
-    _run(main(), bind, port)
-
-
-def _run(coro, bind, port) -> None:
-    try:
-        asyncio.run(coro)
-    except KeyboardInterrupt:
-        pass
-    except OSError as exc:
-        from dcptool.protocol.errors import ConnectFailed
-        raise ConnectFailed(f"cannot listen on {bind}:{port}: {exc.strerror or exc}") from None
+    serve_synapse_recording(load_synapse(list(paths)), bind=bind, port=port, server_name=server_name, ping=ping,
+                            timeout=timeout, pace=factor, disconnect_at=disconnect_at, stall_at=stall_n,
+                            stall_seconds=stall_s, corrupt_at=corrupt_at, on_listening=_listening)

@@ -3,14 +3,13 @@ serving a generated (or recorded) stream, for demos and for testing consumers.""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import time
 
 import click
 
 from dcptool.cli.servers.playback import check_unused, playback_options, serve_synapse_capture
-from dcptool.cli.view.run_summary import server_stop_event
+from dcptool.capture.servers import run_server, server_stop_event
 from dcptool.cli.sources import parse_duration
 
 
@@ -90,10 +89,4 @@ def serve_synapse(bind, port, server_name, items, seed, from_file, rate, ping_in
                         silent_after=silent_after, error_after=error_after,
                         long_line_after=long_line_after, stop=stop)
 
-    try:
-        asyncio.run(main())
-    except KeyboardInterrupt:
-        pass
-    except OSError as exc:
-        from dcptool.protocol.errors import ConnectFailed
-        raise ConnectFailed(f"cannot listen on {bind}:{port}: {exc.strerror or exc}") from None
+    run_server(main(), bind, port)

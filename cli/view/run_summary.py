@@ -1,26 +1,8 @@
 """What a `stream` run prints when it ends (the summary line or JSON, the same for DCP and
-Synapse) and the signals that end a `serve` cleanly. The summary's fields and the signals
-that end a run are library (capture/run.py)."""
+Synapse). The summary's fields and the signals that end a run or a `serve` are library
+(capture/run.py, capture/servers.py)."""
 
 from __future__ import annotations
-
-from dcptool.capture.run import STOP_SIGNALS
-
-
-def server_stop_event():
-    """For `serve ...` (inside its event loop): an asyncio.Event set by SIGINT (even when the
-    parent ignored it), SIGTERM or SIGHUP. Stopping is the normal end of a server, so it
-    closes its connections and exits 0; call it before printing the listening line, so a
-    signal sent as soon as that line is read is never lost."""
-    import asyncio
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in STOP_SIGNALS:
-        try:
-            loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass
-    return stop
 
 
 class NullSink:

@@ -78,7 +78,7 @@ def same_keys(rows, group=None):
         groups.setdefault(r.get(group) if group else None, []).append(r)
     for name, rs in groups.items():
         # the same key set on every line (JSON objects are unordered; stream's JSON lines put
-        # the keys that vary in a batch first, cli/view/dcp_rows.py jsonl_of)
+        # the keys that vary in a batch first, replay/rows.py jsonl_of)
         keys = {frozenset(r) for r in rs}
         assert len(keys) == 1, (name, keys)
 
@@ -176,7 +176,7 @@ def test_stream_columns_are_the_capture_formats():
     """`stream` rows carry the capture format's columns (replay/store/schema.py) plus key_base64,
     minus capture_id (a capture's, not a stream's) and raw (only with --raw); --values adds
     the value columns of the output contract."""
-    from dcptool.cli.runners.dcp_live import row_columns
+    from dcptool.replay.rows import row_columns
     from dcptool.replay.store.schema import column_names
     want = set(column_names("dcp")) - {"capture_id", "raw"} | {"key_base64", "snap_flag_names"}
     assert set(row_columns()) == want

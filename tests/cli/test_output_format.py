@@ -14,7 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from dcptool.cli import cli
-from dcptool.cli.view.output import Sink, dcp_display, iso_ns, printable, value_fields
+from dcptool.replay.display import dcp_display, value_fields
+from dcptool.cli.view.output import Sink, iso_ns, printable
 from dcptool.cli.view.table import TextTable
 from dcptool.protocol.dcp.wire import messages as M
 

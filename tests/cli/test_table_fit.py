@@ -12,7 +12,8 @@ import re
 import pytest
 
 from dcptool.cli.runners.dcp_live import TABLE_COLUMNS
-from dcptool.cli.view.output import Sink, display_columns
+from dcptool.replay.display import display_columns
+from dcptool.cli.view.output import Sink
 from dcptool.cli.view.table import MARK, TextTable
 
 COLUMNS = display_columns(TABLE_COLUMNS, values=True)

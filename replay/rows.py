@@ -1,23 +1,59 @@
-"""DCP frames as display rows, for `stream` and `decode` alike: the columnar decoder
+"""DCP frames as rows for `stream` and `decode` alike, without the CLI: the columnar decoder
 (protocol/dcp/wire/columnar.py, the one DCP decoder of the project) turns a batch of whole
 frames into columns with the capture format's names; this adds the value bytes when asked
 for, masks SASL credentials in `raw` with the store's one masker, applies the output
-contract (cli/view/output.py: keys as text, values as JSON) and makes one dict per frame with
+contract (replay/display.py: keys as text, values as JSON) and makes one dict per frame with
 every column of the row set (absent fields None). All of it column by column: a row is
 built once, by one dict(zip(...)), which keeps `stream --format jsonl` near the speed of
-writing the JSON itself."""
+writing the JSON itself. cli/view/output.py writes these rows to stdout."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import gc
 
 import orjson
 
-# (snapshot flags by name live in cli/view/output.py, which dcp_display shares)
-from dcptool.cli.view.output import OSO_FLAG_NAMES, json_default, snap_flag_names, value_fields
 from dcptool.protocol.dcp.wire import columnar
+from dcptool.replay.display import (OSO_FLAG_NAMES, VALUE_COLUMNS, json_default, snap_flag_names, value_fields,
+                                    with_key_base64)
 from dcptool.replay.store.redact import mask_sasl_credentials
 
+
+@contextlib.contextmanager
+def bulk_rows():
+    """The cyclic garbage collector off while rows are made in bulk: rows hold no cycles,
+    and with tens of thousands alive per batch its passes cost more than the rows."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+# The columns of a `stream` row: the capture format's (replay/store/schema.py; a test checks they
+# agree) plus `key_base64` and `snap_flag_names` (the marker flags by name); `value`/`value_base64`/
+# `value_error` with --values, `raw` with --raw.
+STREAM_COMMON_COLUMNS = ("frame_no", "conn", "node", "ts", "mono_ns", "direction")
+STREAM_DCP_COLUMNS = ("magic", "opcode", "op", "status", "vbucket", "opaque", "cas", "datatype", "stream_id",
+                      "collection_id", "key", "key_base64", "value_len", "by_seqno", "rev_seqno", "item_flags",
+                      "expiration", "lock_time", "delete_time", "snap_version", "snap_start", "snap_end",
+                      "snap_flags", "snap_flag_names", "max_visible_seqno", "high_completed_seqno", "purge_seqno",
+                      "high_prepared_seqno", "stream_end_reason", "rollback_seqno", "failover_log", "req_flags",
+                      "req_start_seqno", "req_end_seqno", "req_vbucket_uuid", "req_snap_start", "req_snap_end",
+                      "system_event_id", "decode_error")
+
+
+def row_columns(values: bool = False, raw: bool = False) -> list[str]:
+    """Every column of a `stream` DCP row, in order (JSON lines carry all of them)."""
+    return [*STREAM_COMMON_COLUMNS, *STREAM_DCP_COLUMNS, *(("value", "value_base64", "value_error") if values else ()),
+            *(("raw",) if raw else ())]
+
+
+CHUNK = 4 * 1024 * 1024   # bytes decode_stream reads at a time
 _SASL_OPS = ("sasl_auth", "sasl_step")
 
 
@@ -112,3 +148,51 @@ def jsonl_of(cols: dict, n: int, template: dict) -> bytes:
         out += tail
         out += b"\n"
     return bytes(out)
+
+
+def column_set(raw: bool, values: bool) -> list[str]:
+    """Every column of a decode row, in order (JSON lines carry all of them)."""
+    from dcptool.protocol.dcp.wire.columnar import ROW_ORDER
+    cols = with_key_base64(list(ROW_ORDER))
+    if values:
+        at = cols.index("value_len") + 1
+        cols[at:at] = VALUE_COLUMNS
+    return cols + (["raw"] if raw else [])
+
+
+def decode_stream(file, sink, cap: int, *, collections: bool = False, raw: bool = False, values: bool = False) -> None:
+    """`decode`: the DCP frames read from binary `file` (CHUNK bytes at a time) as rows into
+    `sink` (cli/view/output.py Sink: write_jsonl or write_many), every whole frame before a
+    truncated last one or a hostile length (RemoteError, at its byte offset in the stream)."""
+    from dcptool.protocol.dcp.wire import columnar
+    from dcptool.protocol.dcp.wire.frames import header_lengths
+    from dcptool.protocol.errors import ErrorCode, RemoteError
+
+    blank = dict.fromkeys(column_set(raw, values))
+
+    opaque_vb: dict[int, int] = {}
+    buf = b""
+    base = 0  # stream offset of buf[0]
+    while True:
+        chunk = file.read(CHUNK)
+        buf = buf + chunk if buf else chunk
+        offsets, lengths, consumed, err = columnar.scan(buf, cap)
+        cols, n = frame_columns(buf, offsets, lengths, template=blank, collections=collections,
+                                opaque_vbuckets=opaque_vb, values=values, raw=raw)
+        if sink.fmt == "jsonl":
+            sink.write_jsonl(jsonl_of(cols, n, blank), n)
+        else:
+            sink.write_many(rows_of(cols, n, blank))
+        if err is not None:
+            err.args = (err.message.replace(f"at byte {consumed}", f"at byte {base + consumed}"),)
+            raise err
+        buf = buf[consumed:]
+        base += consumed
+        if not chunk:
+            break
+    if buf:
+        need = ""
+        if len(buf) >= 24:
+            need = f" of {24 + header_lengths(buf[:24])[3]}"
+        raise RemoteError(ErrorCode.TRUNCATED,
+                          f"truncated frame at byte {base}: input ends after {len(buf)}{need} bytes")

@@ -1,0 +1,133 @@
+"""Replay's result tables as a command shows them, without the CLI: which tables a request
+names (table_choice), rows as dicts in chunks with timestamps and DCP keys/values as the
+output contract says (table_rows, display_columns), the checksum lines (checksum_lines), the
+Parquet files of `-o DIR` (write_tables) and whether a directory may take them
+(is_capture_dir), and why a path cannot be an output directory at all
+(output_dir_problem). `dcptool replay` (cli/replay.py) parses options, calls these and prints."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+_TS_FACTOR = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
+
+
+def table_choice(protocol: str, requested: tuple[str, ...], default_all: bool) -> list[str]:
+    """The tables `--table` names (repeatable, comma lists, `all`); none named: every table
+    but frames (default_all) or the first. ValueError for a name the protocol has not."""
+    from dcptool.replay.rules import tables as T
+    names = T.table_names(protocol)
+    wanted = [n.strip() for r in requested for n in r.split(",") if n.strip()]
+    if not wanted:
+        return [n for n in names if n != "frames"] if default_all else [names[0]]
+    if wanted == ["all"]:
+        return names
+    bad = [w for w in wanted if w not in names]
+    if bad:
+        raise ValueError(f"unknown table {bad[0]!r} for {protocol} captures; "
+                         f"choose from {', '.join(names)} or all")
+    return wanted
+
+
+def _binary_columns(table) -> set:
+    import pyarrow as pa
+    return {f.name for f in table.schema if pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)}
+
+
+def table_rows(table, chunk: int = 4096):
+    """Rows as dicts, one list per chunk of rows: timestamps as RFC 3339 UTC with 9 fraction
+    digits (replay/timestamps.py iso_ns); a binary `key` as text (`key_base64` when not UTF-8)
+    and a binary `value` as the output contract says (replay/display.py dcp_display)."""
+    import pyarrow as pa
+
+    from dcptool.replay.display import dcp_display
+    from dcptool.replay.timestamps import iso_ns
+    schema = table.schema
+    ts = {f.name: _TS_FACTOR[f.type.unit] for f in schema if pa.types.is_timestamp(f.type)}
+    binary = _binary_columns(table)
+    display = "key" in binary or "value" in binary
+    names = table.column_names
+    for batch in table.to_batches(max_chunksize=chunk):
+        cols = []
+        for i, name in enumerate(names):
+            col = batch.column(i)
+            if name in ts:
+                f = ts[name]
+                cols.append([None if v is None else iso_ns(v * f) for v in col.cast(pa.int64()).to_pylist()])
+            else:
+                cols.append(col.to_pylist())
+        rows = [dict(zip(names, vals)) for vals in zip(*cols)]
+        if display:
+            rows = [dcp_display(r) for r in rows]
+        yield rows
+
+
+def display_columns(table) -> list[str]:
+    """Table columns as printed: key_base64 after key, value_base64 / value_error after value."""
+    from dcptool.replay.display import VALUE_COLUMNS, with_key_base64
+    cols = list(table.column_names)
+    binary = _binary_columns(table)
+    if "key" in binary:
+        cols = with_key_base64(cols)
+    if "value" in binary:
+        at = cols.index("value")
+        cols[at:at + 1] = VALUE_COLUMNS
+    return cols
+
+
+def checksum_lines(chosen: dict, fmt: str | None):
+    """`--checksum`: one line per table, `SHA256  NAME` or (jsonl) {table, sha256, rows}."""
+    import orjson
+
+    from dcptool.replay.rules import tables as T
+    for name, table in chosen.items():
+        digest = T.checksum(name, table)
+        if fmt == "jsonl":
+            yield orjson.dumps({"table": name, "sha256": digest, "rows": table.num_rows}).decode() + "\n"
+        else:
+            yield f"{digest}  {name}\n"
+
+
+def write_tables(out_dir: str, chosen: dict):
+    """Each table to out_dir/NAME.parquet (zstd; out_dir made); yields (path, rows) per file."""
+    import pyarrow.parquet as pq
+    os.makedirs(out_dir, exist_ok=True)
+    for name, table in chosen.items():
+        path = os.path.join(out_dir, f"{name}.parquet")
+        pq.write_table(table, path, compression="zstd")
+        yield path, table.num_rows
+
+
+def is_capture_dir(out_dir: str, captures) -> bool:
+    """Whether out_dir is the directory of a CAPTURE given or holds capture segments: results
+    never go there (they would be read as a foreign file of the capture). A directory below a
+    capture directory is fine (captures are not recursive)."""
+    from dcptool.replay.store.naming import is_segment_name
+    real = os.path.realpath(out_dir)
+    inputs = [c for c in captures if c != "-"]
+    dirs = {os.path.realpath(c if os.path.isdir(c) else os.path.dirname(c) or ".") for c in inputs}
+    return real in dirs or (os.path.isdir(real) and any(is_segment_name(n) for n in os.listdir(real)))
+
+
+def output_dir_problem(path: str) -> str | None:
+    """Why `path` cannot be an output directory, or None."""
+    probe = os.path.abspath(path)
+    while True:
+        try:
+            st = os.stat(probe)
+        except (FileNotFoundError, NotADirectoryError):
+            parent = os.path.dirname(probe)
+            if parent == probe:
+                return None
+            probe = parent
+            continue
+        except OSError as exc:   # a symlink loop, no permission ...
+            import errno
+            why = "a symlink loop" if exc.errno == errno.ELOOP else exc.strerror
+            return f"{path}: not a directory ({why})"
+        if stat.S_ISDIR(st.st_mode):
+            return None
+        if probe == os.path.abspath(path):
+            return f"{path}: not a directory"
+        return f"{path}: not a directory ({probe} is not one)"
