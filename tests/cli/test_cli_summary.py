@@ -17,7 +17,6 @@ from dcptool.cli import cli
 from dcptool.cli.runners import dcp_live
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.transport.dcp import ThreadedServer
-from tests.support.synapse_serve import ServeSynapse
 
 pytestmark = pytest.mark.integration
 
@@ -165,21 +164,8 @@ def test_user_without_password_is_a_usage_error_at_start():
 
 # ------------------------------------------------------------------------------ Synapse
 
-@pytest.fixture
-def synapse_server():
-    started = []
-
-    def start(*args):
-        s = ServeSynapse(*args)
-        started.append(s)
-        return s
-    yield start
-    for s in started:
-        s.stop()
-
-
-def test_synapse_max_messages_and_duration(synapse_server):
-    srv = synapse_server("--items", "3000", "--seed", "2")
+def test_synapse_max_messages_and_duration(serve):
+    srv = serve("--items", "3000", "--seed", "2")
     res, rows = run("stream", f"synapse://{srv.address}", "--max-messages", "50", "--format", "jsonl")
     assert res.exit_code == 0, res.stderr
     s = stream_summary(res.stderr)
@@ -192,8 +178,8 @@ def test_synapse_max_messages_and_duration(synapse_server):
     assert s["stopped"] == "duration"
 
 
-def test_synapse_error_keeps_the_summary(synapse_server, tmp_path):
-    srv = synapse_server("--items", "3000", "--error-after", "40")
+def test_synapse_error_keeps_the_summary(serve, tmp_path):
+    srv = serve("--items", "3000", "--error-after", "40")
     res, rows = run("stream", f"synapse://{srv.address}", "--format", "jsonl")
     assert res.exit_code == 5, res.stderr
     s = stream_summary(res.stderr)
