@@ -337,7 +337,6 @@ def verify(paths: list[str], *, limit: int = 1000, batch_rows: int = BATCH_ROWS,
     _check_sources(captures, out)
     report.captures = len(captures)
     checker = _checker(report.protocol)
-    cols = checker.COLUMNS
     for rank, segs in enumerate(captures):
         _verify_capture(rank, segs, checker, out, report, batch_rows, progress)
     checker.finish(out)
