@@ -58,15 +58,23 @@ class Sink:
         order = self.frame_no if self.auto_flush else pkt * 4 + where
         self._add(("err", conn, out, raw, order, ts, why), len(raw), 1)
 
-    def flush(self) -> None:
+    def _take(self) -> tuple[pa.Table, bool] | None:
+        """The rows held, as one table (the writer opened at the first), and whether it was
+        built from several pieces; None when nothing is held."""
         if not self.pieces:
-            return
+            return None
         if self.writer is None:
             self.writer = self.make_writer(self.protocol)
         pieces, self.pieces, self.held = self.pieces, [], 0
         tables = self._build(pieces)
-        t = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-        if len(tables) > 1:
+        return (pa.concat_tables(tables) if len(tables) > 1 else tables[0]), len(tables) > 1
+
+    def flush(self) -> None:
+        taken = self._take()
+        if taken is None:
+            return
+        t, several = taken
+        if several:
             t = t.take(pa.array(np.argsort(t.column("frame_no").to_numpy(), kind="stable")))
         self.writer.write(t)
 
@@ -99,15 +107,12 @@ class DcpSink(Sink):
         self._add(("dcp", conn, out, buf, offsets, lengths, pkt * 4 + 1, ts, conn.collections), len(buf), n)
 
     def flush(self) -> None:
-        if not self.pieces:
+        taken = self._take()
+        if taken is None:
             return
-        if self.writer is None:
-            self.writer = self.make_writer(self.protocol)
-        pieces, self.pieces, self.held = self.pieces, [], 0
-        tables = self._build(pieces)
-        t = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        t, several = taken
         order = t.column("frame_no").to_numpy()
-        if len(tables) > 1 or (len(order) > 1 and (np.diff(order) < 0).any()):
+        if several or (len(order) > 1 and (np.diff(order) < 0).any()):
             t = t.take(pa.array(np.argsort(order, kind="stable")))
         n = t.num_rows
         t = t.set_column(t.schema.get_field_index("frame_no"), "frame_no",

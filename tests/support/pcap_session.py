@@ -17,6 +17,7 @@ import pytest
 
 from dcptool.capture.pcap.fileformat import LINKTYPE_RAW, PacketWriter, Truncated, read_packets
 from dcptool.capture.pcap.packets import ACK, FIN, PSH, SYN, parse, tcp_packet
+from tests.support.processes import stop_process
 
 DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 LO = bytes([127, 0, 0, 1])
@@ -53,14 +54,7 @@ class Server:
         self.port = int(self.address.rpartition(":")[2])
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.proc.stdout.close()
-        self.proc.stderr.close()
+        stop_process(self.proc)
 
 
 def fins(path: str, port: int) -> int:

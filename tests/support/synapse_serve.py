@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from tests.support.paths import ROOT
+from tests.support.processes import stop_process
 
 
 class ServeSynapse:
@@ -24,14 +25,7 @@ class ServeSynapse:
         self.address = json.loads(line)["listening"]
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
-        self.proc.stdout.close()
-        self.proc.stderr.close()
+        stop_process(self.proc)
 
     def __enter__(self):
         return self
