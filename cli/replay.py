@@ -134,7 +134,9 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
         if not sep:
             raise click.UsageError(f"--conf wants KEY=VALUE, got {item!r}")
         conf[k] = v
-    files = reader.find_captures(capture_paths(captures))
+    paths = capture_paths(captures)
+    files = reader.find_captures(paths)
+    _retained_note(paths)
     protocol = reader.protocol_of(files)
     if as_of and protocol != "dcp":
         raise click.UsageError("--as-of / --as-of-seqno apply to DCP captures only")
@@ -379,3 +381,14 @@ def _emit(ctx, chosen, fmt, out_dir):
         if fmt is None:
             return
     _print_tables(chosen, fmt)
+
+
+def _retained_note(paths: list[str]) -> None:
+    """A note on stderr when a retention ring deleted the oldest segments of the captures
+    read: the documents are those of the retained window (REPLAY.md "Retention ring")."""
+    from dcptool.cli.view.console import err_console
+    from dcptool.replay.store import retained
+    text = retained.describe(retained.records_near(paths))
+    if text:
+        err_console().print(f"dcptool: note: {text} (REPLAY.md \"Retention ring\")", highlight=False,
+                            markup=False, soft_wrap=True)
