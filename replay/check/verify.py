@@ -337,7 +337,7 @@ def verify(paths: list[str], *, limit: int = 1000, batch_rows: int = BATCH_ROWS,
     _check_sources(captures, out)
     report.captures = len(captures)
     checker = _checker(report.protocol)
-    dropped = _retained_away(paths, captures, out)
+    dropped = _retained_away(paths, captures, checker, out)
     for rank, segs in enumerate(captures):
         _verify_capture(rank, segs, checker, out, report, batch_rows, progress, dropped)
     checker.finish(out)
@@ -349,12 +349,15 @@ def verify(paths: list[str], *, limit: int = 1000, batch_rows: int = BATCH_ROWS,
     return report
 
 
-def _retained_away(paths: list[str], captures: list[list[reader.CaptureFile]], out: Findings) -> dict[str, int]:
+def _retained_away(paths: list[str], captures: list[list[reader.CaptureFile]], checker,
+                   out: Findings) -> dict[str, int]:
     """capture id -> last segment a retention ring deleted (the records of the directories
     given); a capture the ring deleted whole is one info finding."""
     from dcptool.replay.store import retained
-    records = [rec for p in paths if os.path.isdir(p) for rec in retained.load_all(p)]
+    records = retained.records_near(paths)
     dropped = retained.dropped_through(records)
+    if dropped and hasattr(checker, "retained"):
+        checker.retained({vb: d for rec in records for vb, d in (rec.get("vbuckets") or {}).items()})
     present = {segs[0].capture_id for segs in captures if segs}
     for cid, seg in sorted(dropped.items()):
         if cid not in present:

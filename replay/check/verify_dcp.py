@@ -110,6 +110,17 @@ class DcpChecker:
             s.marker = None
             s.oso = None
 
+    def retained(self, vbuckets: dict) -> None:
+        """A retention ring deleted the head of the capture (its record's `vbuckets`: the state
+        after it): those streams were open, in a state to take from the frames that follow,
+        and their seqnos continue above the last one deleted."""
+        for vb, d in vbuckets.items():
+            for sid, x in ((d.get("streams") or {}).items() or [(None, d)]):
+                s = self._stream(int(vb) | ((0 if sid is None else int(sid) + 1) << 16))
+                s.unknown, s.open, s.streamed = True, True, True
+                s.last = max(s.last, int(x.get("last_seqno") or 0))
+                s.log = [(int(u), int(q)) for u, q in x.get("failover_log") or ()]
+
     def finish(self, out: Findings) -> None:
         """Nothing to report at the end: a capture may stop inside any snapshot, OSO too."""
 
