@@ -15,10 +15,13 @@ MAX_SHARDS = 1024        # a bucket has at most 1024 vbuckets
 _SHARD_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 
 
-def check_shard(text: str | None) -> str | None:
-    """"K/N" normalised; LateUsageError (exit 2) for anything else than 1 <= K <= N <= 1024."""
+def check_shard(text: str | None, protocol: str = "dcp") -> str | None:
+    """"K/N" normalised; LateUsageError (exit 2) for anything else than 1 <= K <= N <= 1024,
+    and for a Synapse source (one stream set: nothing to divide)."""
     if text is None:
         return None
+    if protocol != "dcp":
+        raise LateUsageError("--shard is for DCP: a Synapse capture is one stream set")
     m = _SHARD_RE.match(text)
     if m is None:
         raise LateUsageError(f"--shard: {text!r} is not K/N (e.g. 1/4: the first of four shards)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from dcptool.capture.options import CaptureSettings
+from dcptool.capture.shard import check_shard
 from dcptool.cli.live import build_options, connection_options, output_dir_option, runner
 from dcptool.cli.sources import parse_duration, parse_size
 from dcptool.replay.store import COMPRESSIONS
@@ -24,15 +25,10 @@ from dcptool.replay.store import COMPRESSIONS
 @click.option("--force-new", "force_new", is_flag=True,
               help="Start a new capture even though the output directory holds a capture of another "
                    "source (same protocol only).")
-@click.option("--retain-segments", type=click.IntRange(min=1), default=None,
-              help="Ring: keep only the newest N finished segments (the oldest are deleted).")
-@click.option("--retain-size", default=None,
-              help="Ring: delete the oldest finished segments while together they hold more than SIZE, e.g. 50GiB.")
-@click.option("--retain-age", default=None,
-              help="Ring: delete finished segments older than this, e.g. 7d.")
-@click.option("--shard", default=None, metavar="K/N",
-              help="DCP: stream only the vbuckets with vb % N == K-1 (of --vbuckets); N processes with "
-                   "1/N .. N/N may write one --output at once.")
+@click.option("--retain-segments", type=click.IntRange(min=1), help="Ring: keep the newest N finished segments.")
+@click.option("--retain-size", help="Ring: delete the oldest finished segments beyond SIZE in all, e.g. 50GiB.")
+@click.option("--retain-age", help="Ring: delete finished segments older than this, e.g. 7d.")
+@click.option("--shard", metavar="K/N", help="DCP: only the vbuckets with vb % N == K-1 (of --vbuckets).")
 @click.option("--quiet", is_flag=True, help="No live progress on stderr.")
 @click.option("--json", "json_summary", is_flag=True, help="Print the final summary as JSON on stdout.")
 @click.pass_context
@@ -45,7 +41,7 @@ def capture(ctx, output, output_alias, rotate_size, rotate_interval, compression
       DCPTOOL_PASSWORD=... dcptool capture couchbase://127.0.0.1/default --user admin -o caps
     """
     opts = build_options(ctx, kw)
-    opts.shard = _shard(shard, opts.source.protocol)
+    opts.shard = check_shard(shard, opts.source.protocol)
     given = dict(output=output or output_alias, compression=compression, resume=resume, quiet=quiet,
                  json_summary=json_summary, retain_segments=retain_segments,
                  retain_size=parse_size(retain_size, "--retain-size") if retain_size else None,
@@ -59,31 +55,10 @@ def capture(ctx, output, output_alias, rotate_size, rotate_interval, compression
     runner(opts.source.protocol, "capture")(opts, settings)
 
 
-def _shard(text: str | None, protocol: str) -> str | None:
-    from dcptool.capture.shard import check_shard
-    from dcptool.protocol.errors import LateUsageError
-    if text is None:
-        return None
-    if protocol != "dcp":
-        raise click.UsageError("--shard is for DCP: a Synapse capture is one stream set")
-    try:
-        return check_shard(text)
-    except LateUsageError as exc:
-        raise click.UsageError(str(exc)) from None
-
-
-def with_env(command: click.Command, prefix: str) -> click.Command:
-    """Every option of `command` may also come from the environment, as PREFIX_<OPTION>
-    (--rotate-size: DCPTOOL_CAPTURE_ROTATE_SIZE); the command line wins. --help shows it."""
-    for p in command.params:
-        if isinstance(p, click.Option) and not p.hidden and p.envvar is None:
-            longest = max((o for o in p.opts if o.startswith("--")), key=len)
-            p.envvar = prefix + longest[2:].upper().replace("-", "_")
-            p.show_envvar = True
-    return command
-
-
-with_env(capture, "DCPTOOL_CAPTURE_")
+for _p in capture.params:     # every option from the environment too: DCPTOOL_CAPTURE_ROTATE_SIZE ...
+    if isinstance(_p, click.Option) and not _p.hidden and _p.envvar is None:
+        _p.envvar = "DCPTOOL_CAPTURE_" + max(_p.opts, key=len).lstrip("-").upper().replace("-", "_")
+        _p.show_envvar = True
 
 
 def _one_source(directory: str, source, *, resume: bool, force_new: bool) -> None:

@@ -39,9 +39,8 @@ def verify(ctx, captures, fmt, limit, summary_json, explain):
 
     \b
     One finding per line: check, severity, message, file, segment, capture_id, frame_no,
-    vbucket, stream_id, stream, instance, seqno, token. Exit 0 when clean (info findings, such
-    as the head a retention ring deleted, allowed), 6 when there are errors or warnings, 1 when
-    nothing could be read.
+    vbucket, stream_id, stream, instance, seqno, token. Exit 0 when clean (or info only), 6 when
+    there are errors or warnings, 1 when nothing could be read.
 
     \b
     Examples:
@@ -77,9 +76,7 @@ def verify(ctx, captures, fmt, limit, summary_json, explain):
     if not report.readable:
         errors.error_line(f"nothing could be read: {report.unreadable_files} unreadable file(s)")
         ctx.exit(errors.EXIT_RUNTIME)
-    # info findings (the head a retention ring deleted) are no reason for exit 6
-    serious = summary["by_severity"]["error"] + summary["by_severity"]["warn"]
-    ctx.exit(errors.EXIT_FINDINGS if serious else errors.EXIT_OK)
+    ctx.exit(errors.EXIT_FINDINGS if summary["findings"] > summary["by_severity"]["info"] else errors.EXIT_OK)
 
 
 def _print_summary(console, s: dict, printable) -> None:

@@ -161,3 +161,9 @@ def records_near(paths) -> list[dict]:
         if real not in dirs:
             dirs.append(real)
     return [rec for d in dirs for rec in load_all(d)]
+
+
+def note(paths) -> str | None:
+    """What `replay` of `paths` says when a ring deleted the oldest segments (None: none did)."""
+    text = describe(records_near(paths))
+    return None if text is None else f'{text} (REPLAY.md "Retention ring")'

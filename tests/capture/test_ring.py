@@ -111,3 +111,18 @@ def test_resume_on_a_ring_continues_without_a_rollback(tmp_path, full):
     assert len(left) == 1 and retained.load(ring.record_path)["segments_dropped"] == 5
     res = run("verify", ring.directory)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_the_window_documents_are_the_full_captures_for_the_keys_in_it(tmp_path, full):
+    from dcptool.replay.local import engine as local
+    from dcptool.replay.store.reader import find_captures
+    _paths, ring = _ring(tmp_path, full, segments=2)
+    ring.apply()
+    drop = ["capture_id", "frame_no", "ts"]
+
+    def docs(path):
+        t = local.replay_local(find_captures([str(path)])).table("documents").drop_columns(drop)
+        return {(r["vbucket"], r["key"]): r for r in t.to_pylist()}
+    window, whole = docs(ring.directory), docs(full)
+    assert 0 < len(window) < len(whole)
+    assert window == {k: whole[k] for k in window}
