@@ -126,3 +126,19 @@ def test_the_window_documents_are_the_full_captures_for_the_keys_in_it(tmp_path,
     window, whole = docs(ring.directory), docs(full)
     assert 0 < len(window) < len(whole)
     assert window == {k: whole[k] for k in window}
+
+
+def test_a_synapse_ring_keeps_the_committed_tokens(tmp_path):
+    from dcptool.capture.synapse import resume_state
+    from dcptool.replay.store.resume import synapse_resume_state
+    from tests.support import capgen
+    d = str(tmp_path / "syn")
+    capgen.write_captures(capgen.generate("synapse", 11, n_events=300, max_captures=1), d, seed=1, max_segments=4)
+    whole = synapse_resume_state([d])
+    ring = Ring(d, "synapse", "synapse://x:1/", Retention(segments=1))
+    assert len(ring.apply()) == 1
+    assert retained.load(ring.record_path)["streams"]
+    assert resume_state(d)[0] == whole
+    res = run("verify", d, "--format", "jsonl")
+    checks = [json.loads(x)["check"] for x in res.stdout.splitlines()]
+    assert "file.retained_away" in checks and "file.segment_missing" not in checks
