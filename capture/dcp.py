@@ -271,7 +271,7 @@ class DcpCapture:
         self.make_progress = progress or NoProgress
         self.tell = tell
         self.note = note or (lambda text: None)
-        self.session = self.loop = self.writer = self.bg = self.tap = None
+        self.session = self.loop = self.writer = self.bg = self.tap = self.ring = None
         self.pause_at = DEFAULTS["pause_backlog_bytes"]
 
     def run(self, signals: StopSignals) -> CaptureResult:
@@ -402,6 +402,8 @@ class DcpCapture:
                   **unserved_fields(events.unserved)}
         if self.recovered:
             fields["recovered_segments"] = self.recovered
+        if self.ring is not None:
+            fields["retained_away"] = len(self.ring.deleted)
         return CaptureResult(files=files, stats=stats, fields=fields, error=stop_exc,
                              wrote=bool(files) or error is None)
 

@@ -223,6 +223,7 @@ def capture_synapse(opts: LiveOptions, settings: CaptureSettings, *, progress=No
                  for g in handler.gaps],
         "committed": {f"{s}/{i}": t for (s, i), t in sorted(client.committed().items())},
         "server_errors": handler.server_errors,
+        **({"retained_away": len(ring.deleted)} if ring is not None else {}),
     }
     # as DCP: a run that failed before writing anything says only why
     return CaptureResult(files=segments, stats=handler.stats, fields=fields,

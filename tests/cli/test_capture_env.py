@@ -27,16 +27,16 @@ def _recorded_vbuckets(out) -> list:
 def test_an_env_var_sets_an_option_and_the_command_line_wins(tmp_path):
     from dcptool.protocol.dcp.server import producer as P
     from dcptool.protocol.transport.dcp import ThreadedServer
-    env = {"DCPTOOL_CAPTURE_OUTPUT": str(tmp_path / "from-env"), "DCPTOOL_CAPTURE_VBUCKETS": "0-1"}
+    env = {"DCPTOOL_CAPTURE_OUTPUT": str(tmp_path / "from-env"), "DCPTOOL_CAPTURE_VBUCKETS": "0-1",
+           "DCPTOOL_CAPTURE_TO": "forever", "DCPTOOL_CAPTURE_RETAIN_SEGMENTS": "1"}
     with ThreadedServer(P.server_from_options(vbuckets=4, items=40, seed=3)) as srv:
-        url = f"couchbase://{srv.host}:{srv.port}/default"
-        res = _capture(url, env)
-        assert res.returncode == 0, res.stderr
-        assert _recorded_vbuckets(tmp_path / "from-env") == [0, 1]
-        res = _capture(url, env, "-o", str(tmp_path / "given"), "--vbuckets", "2")
-        assert res.returncode == 0, res.stderr
-    assert _recorded_vbuckets(tmp_path / "given") == [2]
-    assert len(find_captures([str(tmp_path / "from-env")])) == 1
+        res = _capture(f"couchbase://{srv.host}:{srv.port}/default", env, "--vbuckets", "2", "--to", "now",
+                       "--json")
+    assert res.returncode == 0, res.stderr
+    # output and the ring from the environment; vbuckets and --to from the command line
+    assert _recorded_vbuckets(tmp_path / "from-env") == [2]
+    summary = json.loads(res.stdout)
+    assert summary["stopped"] == "to" and summary["retained_away"] == 0
 
 
 def test_a_bad_value_from_the_environment_is_a_usage_error_naming_it(tmp_path):

@@ -6,22 +6,38 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from dcptool.replay.store.schema import META_OPTIONS, META_SOURCE
 
 
+SCRIPT = r"""
+import json, sys
+from dcptool.capture import CaptureSettings, LiveOptions, capture, parse_source
+from dcptool.protocol.dcp.server import producer as P
+from dcptool.protocol.transport.dcp import ThreadedServer
+out, server, settings, opts = sys.argv[1], *(json.loads(a) for a in sys.argv[2:])
+with ThreadedServer(P.server_from_options(**server)) as srv:
+    lo = LiveOptions(source=parse_source(f"couchbase://{srv.host}:{srv.port}/default"), user=None,
+                     name="ring-test", **opts)
+    result = capture(lo, CaptureSettings(output=out, **settings))
+print(json.dumps({"error": None if result.error is None else repr(result.error), "summary": result.summary()}))
+"""
+
+
 def dcp_capture(out, *, vbuckets: int = 4, items: int = 400, seed: int = 5, settings: dict | None = None,
-                **opts):
-    """One capture of a seeded `serve dcp` producer (in this process) into `out`; the result."""
-    from dcptool.capture import CaptureSettings, LiveOptions, capture, parse_source
-    from dcptool.protocol.dcp.server import producer as P
-    from dcptool.protocol.transport.dcp import ThreadedServer
-    model = P.server_from_options(vbuckets=vbuckets, items=items, seed=seed)
-    with ThreadedServer(model) as srv:
-        lo = LiveOptions(source=parse_source(f"couchbase://{srv.host}:{srv.port}/default"), user=None,
-                         name="ring-test", **opts)
-        return capture(lo, CaptureSettings(output=str(out), **(settings or {})))
+                **opts) -> dict:
+    """One capture of a seeded `serve dcp` producer into `out`, through the library in a
+    process of its own (a capture tunes its process: no pandas, fewer gc passes); its
+    summary, and `error` (repr, or None)."""
+    server = {"vbuckets": vbuckets, "items": items, "seed": seed}
+    res = subprocess.run([sys.executable, "-c", SCRIPT, str(out), json.dumps(server), json.dumps(settings or {}),
+                          json.dumps(opts)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.splitlines()[-1])
+    return {"error": got["error"], **got["summary"]}
 
 
 def resegmented(src, dst, pieces: int) -> list[str]:
