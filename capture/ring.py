@@ -55,7 +55,7 @@ class Ring:
         self.record_path = os.path.join(self.directory, retained.record_name(shard))
         self.deleted: list[str] = []
         self.error: BaseException | None = None
-        self._shards: dict[str, str | None] = {}     # path -> the shard its metadata names
+        self._mine: dict[str, bool] = {}     # path -> of this source and shard (its metadata says)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -76,7 +76,7 @@ class Ring:
             if name[:-len(".parquet")] + IN_PROGRESS_SUFFIX in present:
                 continue     # renamed, but not yet durable (the directory fsync comes first)
             path = os.path.join(self.directory, name)
-            if self._shard_of(path) != self.shard:
+            if not self._is_mine(path):
                 continue
             try:
                 st = os.stat(path)
@@ -85,10 +85,13 @@ class Ring:
             out.append(Segment(path, st.st_size, st.st_mtime))
         return out
 
-    def _shard_of(self, path: str) -> str | None:
-        if path not in self._shards:
-            self._shards[path] = shard_of_file(path)
-        return self._shards[path]
+    def _is_mine(self, path: str) -> bool:
+        """A segment of this source (`--force-new` may have put another's next to it) and shard."""
+        if path not in self._mine:
+            from dcptool.replay.store.resume import same_source
+            source, shard = origin_of_file(path)
+            self._mine[path] = source is not None and same_source(source, self.source) and shard == self.shard
+        return self._mine[path]
 
     def plan(self, segs: list[Segment]) -> list[Segment]:
         """The oldest segments to delete so that what is left fits the retention."""
@@ -128,7 +131,7 @@ class Ring:
         retained.save(self.record_path, rec)        # durable before anything is deleted
         os.unlink(seg.path)
         retained.fsync_dir(self.directory)
-        self._shards.pop(seg.path, None)
+        self._mine.pop(seg.path, None)
 
     # -- the thread
     def start(self) -> "Ring":
@@ -172,14 +175,16 @@ def fold(rec: dict, f) -> int:
     return rows
 
 
-def shard_of_file(path: str) -> str | None:
-    """The `shard` in a segment's dcptool.options metadata (None: not sharded)."""
+def origin_of_file(path: str) -> tuple[str | None, str | None]:
+    """The source and the `shard` (None: not sharded) a segment's metadata names; (None, None)
+    for a file that cannot be read (no segment of ours to delete)."""
     from dcptool.replay.store.reader import describe
     try:
-        opts = json.loads(describe(path).metadata.get("dcptool.options") or "{}")
-    except Exception:  # noqa: BLE001 - an unreadable file is no segment of ours to delete
-        return "?"
-    return opts.get("shard") if isinstance(opts, dict) else None
+        meta = describe(path).metadata
+        opts = json.loads(meta.get("dcptool.options") or "{}")
+    except Exception:  # noqa: BLE001 - whatever it is, the ring leaves it alone
+        return None, None
+    return meta.get("dcptool.source"), opts.get("shard") if isinstance(opts, dict) else None
 
 
 def start_ring(directory: str, protocol: str, source: str, retention: Retention | None,
@@ -202,6 +207,7 @@ def stop_ring(ring: Ring | None, files: list, note) -> list:
         return files
     ring.stop()
     if ring.error is not None:
-        note(f"warning: the retention ring stopped deleting: {ring.error}")
+        text = str(ring.error).replace("[", "(").replace("]", ")")
+        note(f"dcptool: warning: the retention ring stopped deleting segments: {text}")
     gone = set(ring.deleted)
     return [f for f in files if f.get("path") not in gone]

@@ -28,11 +28,19 @@ def full(tmp_path_factory):
 
 def _ring(tmp_path, full, **retention):
     paths = resegmented(full, tmp_path / "ring", 5)
-    return paths, Ring(str(tmp_path / "ring"), "dcp", "couchbase://x/default", Retention(**retention))
+    return paths, Ring(str(tmp_path / "ring"), "dcp", _source(paths[0]), Retention(**retention))
+
+
+def _source(path) -> str:
+    from dcptool.replay.store.reader import describe
+    return describe(path).metadata["dcptool.source"]
 
 
 def test_by_count_the_oldest_go_and_the_record_says_what_they_held(tmp_path, full):
     paths, ring = _ring(tmp_path, full, segments=2)
+    # segments of another source (`capture --force-new`) or of a shard are not this ring's
+    for source, shard in (("couchbase://elsewhere/default", None), (ring.source, "1/2")):
+        assert Ring(ring.directory, "dcp", source, ring.retention, shard=shard).apply() == []
     assert ring.apply() == paths[:3]
     assert sorted(os.listdir(ring.directory)) == sorted([os.path.basename(p) for p in paths[3:]]
                                                         + ["dcptool-retained.json"])
@@ -133,7 +141,7 @@ def test_a_synapse_ring_keeps_the_committed_tokens(tmp_path):
     d = str(tmp_path / "syn")
     capgen.write_captures(capgen.generate("synapse", 11, n_events=300, max_captures=1), d, seed=1, max_segments=4)
     whole = synapse_resume_state([d])
-    ring = Ring(d, "synapse", "synapse://x:1/", Retention(segments=1))
+    ring = Ring(d, "synapse", _source(os.path.join(d, sorted(os.listdir(d))[0])), Retention(segments=1))
     assert len(ring.apply()) == 1
     assert retained.load(ring.record_path)["streams"]
     assert resume_state(d)[0] == whole
