@@ -38,6 +38,7 @@ class Segment:
     path: str
     size: int
     finished: float     # mtime: when the writer renamed it into place
+    durable: bool = True   # False: its `.arrows` twin is still there (not yet durable, or a crash's leftover)
 
 
 class Ring:
@@ -62,7 +63,7 @@ class Ring:
 
     # -- which segments
     def finished(self) -> list[Segment]:
-        """This shard's finished, durable segments, oldest first."""
+        """This source's and shard's finished segments, oldest first."""
         try:
             names = sorted(os.listdir(self.directory))
         except OSError:
@@ -73,8 +74,6 @@ class Ring:
             m = SEGMENT_NAME_RE.match(name)
             if m is None or m.group(1) != self.protocol or m.group(5) != "parquet":
                 continue
-            if name[:-len(".parquet")] + IN_PROGRESS_SUFFIX in present:
-                continue     # renamed, but not yet durable (the directory fsync comes first)
             path = os.path.join(self.directory, name)
             if not self._is_mine(path):
                 continue
@@ -82,7 +81,10 @@ class Ring:
                 st = os.stat(path)
             except OSError:
                 continue
-            out.append(Segment(path, st.st_size, st.st_mtime))
+            # renamed, but not yet durable (the directory fsync comes first), or what a crash
+            # left before `--resume` finished it: neither it nor anything after it goes
+            durable = name[:-len(".parquet")] + IN_PROGRESS_SUFFIX not in present
+            out.append(Segment(path, st.st_size, st.st_mtime, durable))
         return out
 
     def _is_mine(self, path: str) -> bool:
@@ -100,6 +102,8 @@ class Ring:
         drop = []
         for i, s in enumerate(segs):
             left = len(segs) - i
+            if not s.durable:
+                break
             if (r.segments is not None and left > r.segments) or (r.size is not None and total > r.size) \
                     or (r.age is not None and now - s.finished > r.age):
                 drop.append(s)

@@ -54,15 +54,13 @@ def test_by_count_the_oldest_go_and_the_record_says_what_they_held(tmp_path, ful
 
 def test_by_size_and_never_a_segment_not_yet_durable(tmp_path, full):
     paths, ring = _ring(tmp_path, full, size=1)
-    # a rename not yet made durable: its .arrows twin is still there
-    twin = paths[4][:-len(".parquet")] + ".arrows"
+    # a rename not yet made durable: its .arrows twin is still there; it and what follows stay
+    twin = paths[2][:-len(".parquet")] + ".arrows"
     open(twin, "wb").close()
-    assert ring.apply() == paths[:4]
-    assert os.path.exists(paths[4])
+    assert ring.apply() == paths[:2]
     os.unlink(twin)
-    keep = os.path.getsize(paths[4])
-    ring.retention = Retention(size=keep)
-    assert ring.apply() == []
+    ring.retention = Retention(size=os.path.getsize(paths[3]) + os.path.getsize(paths[4]))
+    assert ring.apply() == paths[2:3]
 
 
 def test_by_age_with_the_clock_given(tmp_path, full):
