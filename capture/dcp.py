@@ -19,8 +19,10 @@ import numpy as np
 
 from dcptool.capture.dcp_resume import keep_filter, resume_from
 from dcptool.capture.options import CaptureSettings, LiveOptions
+from dcptool.capture.shard import parse_shard, shard_name, shard_vbuckets
 from dcptool.capture.process import fewer_gc_passes, without_pandas
 from dcptool.capture.result import CaptureResult
+from dcptool.capture.ring import retention, start_ring, stop_ring
 from dcptool.capture.run import (END, MAX_MESSAGES, TO, NoProgress, RunStats, StopSignals, check_vbuckets,
                                  run_until_stopped, unserved_error, unserved_fields)
 from dcptool.protocol.dcp.client import consumer as dcp_consumer
@@ -37,8 +39,9 @@ DEFAULTS = {"reconnects": 5, "pause_backlog_bytes": 32 * 2**20}   # the connect 
 def consumer_config(opts: LiveOptions) -> dcp_consumer.ConsumerConfig:
     src = opts.source
     return dcp_consumer.ConsumerConfig(
-        bucket=src.bucket, name=opts.name or f"dcptool-{src.host}-{os.getpid()}", user=opts.user,
-        password=opts.password, vbuckets=opts.vbuckets, start=opts.from_, to=opts.to,
+        bucket=src.bucket, name=shard_name(opts.name or f"dcptool-{src.host}-{os.getpid()}", opts.shard),
+        user=opts.user,
+        password=opts.password, vbuckets=shard_vbuckets(opts), start=opts.from_, to=opts.to,
         no_value=opts.no_value, xattrs=opts.xattrs, collections=opts.collections,
         buffer_size=opts.buffer_size, noop_interval=opts.noop_interval, timeout=opts.timeout, tls=src.tls,
         allow_plain=opts.sasl_plain, check_vbuckets=opts.vbuckets is not None,
@@ -47,7 +50,8 @@ def consumer_config(opts: LiveOptions) -> dcp_consumer.ConsumerConfig:
         oso=opts.oso,
         scopes=tuple(opts.scopes), collection_names=tuple(opts.collection_names),
         stream_filter=opts.stream_filter, stream_ids=opts.stream_ids, stream_groups=tuple(opts.stream_groups),
-        stream_filters=None if opts.stream_filters is None else tuple(opts.stream_filters))
+        stream_filters=None if opts.stream_filters is None else tuple(opts.stream_filters),
+        shard=parse_shard(opts.shard))
 
 
 def tls_for(opts: LiveOptions):
@@ -267,7 +271,7 @@ class DcpCapture:
         self.make_progress = progress or NoProgress
         self.tell = tell
         self.note = note or (lambda text: None)
-        self.session = self.loop = self.writer = self.bg = self.tap = None
+        self.session = self.loop = self.writer = self.bg = self.tap = self.ring = None
         self.pause_at = DEFAULTS["pause_backlog_bytes"]
 
     def run(self, signals: StopSignals) -> CaptureResult:
@@ -279,7 +283,7 @@ class DcpCapture:
 
     def _prepare(self) -> None:
         opts, out = self.opts, self.settings.output
-        self.resume, self.recovered = resume_from(out) if self.settings.resume else ({}, [])
+        self.resume, self.recovered = resume_from(out, opts.shard) if self.settings.resume else ({}, [])
         if self.settings.resume:     # after resume_from: the segments a killed run left are finished
             keep_filter(opts, out)
             self.note(f"resuming {len(self.resume)} vbuckets from the captures in {out}"
@@ -302,6 +306,7 @@ class DcpCapture:
             self.progress.close()
             raise
         self.bg = BackgroundWriter(self.writer, on_error=self._writer_failed)
+        self.ring = start_ring(s.output, "dcp", self.opts.source.url, retention(s), shard=self.opts.shard)
         fewer_gc_passes()
         self.tap = CaptureTap(self.bg, self.progress, max_messages=self.opts.max_messages, on_limit=self._on_limit)
         self.session = make_session(self.opts, tap=self.tap, on_events=self._on_events, on_connect=self._on_connect,
@@ -378,6 +383,7 @@ class DcpCapture:
             files = list(self.writer.segments)
         if self.bg.error is not None and error is None:
             error = self.bg.error
+        files = stop_ring(self.ring, files, self.note)
         return files, error
 
     def _result(self, files, error, consumer, signals: StopSignals) -> CaptureResult:
@@ -396,6 +402,8 @@ class DcpCapture:
                   **unserved_fields(events.unserved)}
         if self.recovered:
             fields["recovered_segments"] = self.recovered
+        if self.ring is not None:
+            fields["retained_away"] = len(self.ring.deleted)
         return CaptureResult(files=files, stats=stats, fields=fields, error=stop_exc,
                              wrote=bool(files) or error is None)
 

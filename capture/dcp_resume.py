@@ -63,9 +63,12 @@ def _describe_groups(groups: tuple) -> str:
     return "--stream-ids " + " ".join(parts) if parts else "--stream-ids"
 
 
-def resume_from(directory: str) -> tuple[dict[int, dcp_consumer.VbState], list[str]]:
+def resume_from(directory: str, shard: str | None = None) -> tuple[dict[int, dcp_consumer.VbState], list[str]]:
     """Per-vbucket state recorded by earlier captures in directory (finishing any segment a
-    killed capture left in progress first)."""
+    killed capture left in progress first), after the head a retention ring deleted (its
+    retained-state record); with --shard, of that shard's vbuckets only."""
+    from dcptool.capture.shard import in_shard
+    from dcptool.replay.store import retained
     from dcptool.replay.store.reader import find_captures
     from dcptool.replay.store.resume import dcp_resume_state, recover_in_progress
     if not os.path.isdir(directory):
@@ -73,10 +76,13 @@ def resume_from(directory: str) -> tuple[dict[int, dcp_consumer.VbState], list[s
     recovered = recover_in_progress(directory)
     files = [f for f in find_captures([directory]) if f.protocol == "dcp"] if any(
         n.endswith((".parquet", ".arrows")) for n in os.listdir(directory)) else []
-    if not files:
+    initial = retained.vb_states(retained.load(os.path.join(directory, retained.record_name(shard))))
+    if not files and not initial:
         return {}, recovered
     state = {}
-    for vb, r in dcp_resume_state(files).items():
+    for vb, r in dcp_resume_state(files, initial=initial).items():
+        if not in_shard(vb, shard):
+            continue
         if not r.failover_log and not r.last_seqno:
             continue
         state[vb] = _vb_state(r)

@@ -16,6 +16,7 @@ class LiveOptions:
     password: str | None = dataclasses.field(repr=False, default=None)
     # DCP
     vbuckets: list[int] | None = None
+    shard: str | None = None       # capture --shard "K/N": the vbuckets with vb % N == K - 1 (of --vbuckets)
     from_: str = "0"
     to: str = "now"
     name: str | None = None
@@ -76,3 +77,7 @@ class CaptureSettings:
     resume: bool = False
     quiet: bool = False
     json_summary: bool = False
+    # the retention ring (capture/ring.py): None keeps everything
+    retain_segments: int | None = None
+    retain_size: int | None = None
+    retain_age: float | None = None

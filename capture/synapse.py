@@ -13,6 +13,7 @@ import time
 
 from dcptool.capture.options import CaptureSettings, LiveOptions
 from dcptool.capture.result import CaptureResult
+from dcptool.capture.ring import retention, start_ring, stop_ring
 from dcptool.capture.run import DURATION, MAX_MESSAGES, RunStats, StopSignals, run_until_stopped
 from dcptool.protocol.synapse.client import Gap, ServerError, SynapseClient
 
@@ -129,9 +130,14 @@ def resume_state(directory: str) -> tuple[dict[tuple[str, str], int], list[str]]
     """Committed tokens per (stream, instance) from the Synapse captures in ``directory``,
     after leftover in-progress segments are finished (replay/store/resume.py does both, for
     DCP too). Returns (tokens, paths of the segments finished)."""
+    from dcptool.replay.store import retained
     from dcptool.replay.store.resume import recover_in_progress, synapse_resume_state
     finished = recover_in_progress(directory)
-    return synapse_resume_state([directory]) if os.path.isdir(directory) else {}, finished
+    if not os.path.isdir(directory):
+        return {}, finished
+    # after the head a retention ring deleted (capture/ring.py), the tokens the rest commits
+    dropped = retained.stream_tokens(retained.load(os.path.join(directory, retained.record_name(None))))
+    return {**dropped, **synapse_resume_state([directory])}, finished
 
 
 class CaptureHandler(SynapseRun):
@@ -193,6 +199,7 @@ def capture_synapse(opts: LiveOptions, settings: CaptureSettings, *, progress=No
     from dcptool.replay.store.writer import WriterError
     committed, leftovers = _resume(settings, note)
     writer, bg = _open_writer(opts, settings, committed)
+    ring = start_ring(settings.output, "synapse", opts.source.url, retention(settings))
     handler = CaptureHandler(opts, bg, progress, tell)
     client = handler.client = make_client(opts, committed=committed)
     error: BaseException | None = None
@@ -205,6 +212,7 @@ def capture_synapse(opts: LiveOptions, settings: CaptureSettings, *, progress=No
     except WriterError as exc:   # what was finished before the disk error is listed as usual
         error = error or exc.with_traceback(None)
         segments = list(writer.segments)
+    segments = stop_ring(ring, segments, note or (lambda text: None))
     fields = {
         "capture_id": writer.capture_id,
         "finished_leftovers": leftovers,
@@ -215,6 +223,7 @@ def capture_synapse(opts: LiveOptions, settings: CaptureSettings, *, progress=No
                  for g in handler.gaps],
         "committed": {f"{s}/{i}": t for (s, i), t in sorted(client.committed().items())},
         "server_errors": handler.server_errors,
+        **({"retained_away": len(ring.deleted)} if ring is not None else {}),
     }
     # as DCP: a run that failed before writing anything says only why
     return CaptureResult(files=segments, stats=handler.stats, fields=fields,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from dcptool.capture.options import CaptureSettings
+from dcptool.capture.shard import check_shard
 from dcptool.cli.live import build_options, connection_options, output_dir_option, runner
 from dcptool.cli.sources import parse_duration, parse_size
 from dcptool.replay.store import COMPRESSIONS
@@ -24,11 +25,15 @@ from dcptool.replay.store import COMPRESSIONS
 @click.option("--force-new", "force_new", is_flag=True,
               help="Start a new capture even though the output directory holds a capture of another "
                    "source (same protocol only).")
+@click.option("--retain-segments", type=click.IntRange(min=1), help="Ring: keep the newest N finished segments.")
+@click.option("--retain-size", help="Ring: delete the oldest finished segments beyond SIZE in all, e.g. 50GiB.")
+@click.option("--retain-age", help="Ring: delete finished segments older than this, e.g. 7d.")
+@click.option("--shard", metavar="K/N", help="DCP: only the vbuckets with vb % N == K-1 (of --vbuckets).")
 @click.option("--quiet", is_flag=True, help="No live progress on stderr.")
 @click.option("--json", "json_summary", is_flag=True, help="Print the final summary as JSON on stdout.")
 @click.pass_context
-def capture(ctx, output, output_alias, rotate_size, rotate_interval, compression, resume, force_new, quiet,
-            json_summary, **kw):
+def capture(ctx, output, output_alias, rotate_size, rotate_interval, compression, resume, force_new,
+            retain_segments, retain_size, retain_age, shard, quiet, json_summary, **kw):
     """Record SOURCE into timestamped Parquet captures under --output.
 
     \b
@@ -36,8 +41,11 @@ def capture(ctx, output, output_alias, rotate_size, rotate_interval, compression
       DCPTOOL_PASSWORD=... dcptool capture couchbase://127.0.0.1/default --user admin -o caps
     """
     opts = build_options(ctx, kw)
+    opts.shard = check_shard(shard, opts.source.protocol)
     given = dict(output=output or output_alias, compression=compression, resume=resume, quiet=quiet,
-                 json_summary=json_summary,
+                 json_summary=json_summary, retain_segments=retain_segments,
+                 retain_size=parse_size(retain_size, "--retain-size") if retain_size else None,
+                 retain_age=parse_duration(retain_age, "--retain-age") if retain_age else None,
                  rotate_size=parse_size(rotate_size, "--rotate-size") if rotate_size else None,
                  rotate_interval=parse_duration(rotate_interval, "--rotate-interval") if rotate_interval else None)
     settings = CaptureSettings(**{k: v for k, v in given.items() if v is not None})
@@ -45,6 +53,12 @@ def capture(ctx, output, output_alias, rotate_size, rotate_interval, compression
         raise click.UsageError("--force-new starts a new capture: it does not combine with --resume")
     _one_source(settings.output, opts.source, resume=resume, force_new=force_new)
     runner(opts.source.protocol, "capture")(opts, settings)
+
+
+for _p in capture.params:     # every option from the environment too: DCPTOOL_CAPTURE_ROTATE_SIZE ...
+    if isinstance(_p, click.Option) and not _p.hidden and _p.envvar is None:
+        _p.envvar = "DCPTOOL_CAPTURE_" + max(_p.opts, key=len).lstrip("-").upper().replace("-", "_")
+        _p.show_envvar = True
 
 
 def _one_source(directory: str, source, *, resume: bool, force_new: bool) -> None:

@@ -117,7 +117,7 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
     tune_for_replay(in_process=not (use_spark or apply_spec))
     from dcptool.cli.view.console import err_console
     from dcptool.replay import apply
-    from dcptool.replay.store import reader
+    from dcptool.replay.store import reader, retained
 
     if sum(bool(x) for x in (sql, apply_spec, checksum)) > 1:
         raise click.UsageError("choose one of --sql, --apply, --checksum")
@@ -134,7 +134,9 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
         if not sep:
             raise click.UsageError(f"--conf wants KEY=VALUE, got {item!r}")
         conf[k] = v
-    files = reader.find_captures(capture_paths(captures))
+    files = reader.find_captures(paths := capture_paths(captures))
+    if note := retained.note(paths):     # a retention ring deleted the oldest segments
+        click.echo(f"dcptool: note: {note}", err=True)
     protocol = reader.protocol_of(files)
     if as_of and protocol != "dcp":
         raise click.UsageError("--as-of / --as-of-seqno apply to DCP captures only")

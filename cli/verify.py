@@ -39,8 +39,8 @@ def verify(ctx, captures, fmt, limit, summary_json, explain):
 
     \b
     One finding per line: check, severity, message, file, segment, capture_id, frame_no,
-    vbucket, stream_id, stream, instance, seqno, token. Exit 0 when clean, 6 when there are
-    findings, 1 when nothing could be read.
+    vbucket, stream_id, stream, instance, seqno, token. Exit 0 when clean (or info only), 6 when
+    there are errors or warnings, 1 when nothing could be read.
 
     \b
     Examples:
@@ -76,7 +76,7 @@ def verify(ctx, captures, fmt, limit, summary_json, explain):
     if not report.readable:
         errors.error_line(f"nothing could be read: {report.unreadable_files} unreadable file(s)")
         ctx.exit(errors.EXIT_RUNTIME)
-    ctx.exit(errors.EXIT_FINDINGS if summary["findings"] else errors.EXIT_OK)
+    ctx.exit(errors.EXIT_FINDINGS if summary["findings"] > summary["by_severity"]["info"] else errors.EXIT_OK)
 
 
 def _print_summary(console, s: dict, printable) -> None:

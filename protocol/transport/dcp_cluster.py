@@ -100,7 +100,7 @@ class ClusterSession:
         self.connect_timeout = connect_timeout or cfg.timeout or 30.0
         self.conn_per_node = max(1, conn_per_node)
         self.config_poll = config_poll
-        self.router = Router(cfg.vbuckets, tls is not None)
+        self.router = Router(cfg.vbuckets, tls is not None, shard=cfg.shard)
         self.states: dict[int, VbState] = {vb: dataclasses.replace(s, failover_log=list(s.failover_log))
                                            for vb, s in (resume or {}).items() if 0 <= vb < NUM_VB_SLOTS}
         self.final: dict[int, VbState] = {}    # ended for good or failed

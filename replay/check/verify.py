@@ -337,16 +337,37 @@ def verify(paths: list[str], *, limit: int = 1000, batch_rows: int = BATCH_ROWS,
     _check_sources(captures, out)
     report.captures = len(captures)
     checker = _checker(report.protocol)
+    dropped = _retained_away(paths, captures, checker, out)
     for rank, segs in enumerate(captures):
-        _verify_capture(rank, segs, checker, out, report, batch_rows, progress)
+        _verify_capture(rank, segs, checker, out, report, batch_rows, progress, dropped)
     checker.finish(out)
+    if report.protocol == "dcp":
+        from dcptool.replay.check.verify_dcp import check_shards
+        check_shards(files, checker, out)
     report.findings, report.counts = out.ordered(), dict(out.counts)
     report.seconds = time.perf_counter() - t0
     return report
 
 
+def _retained_away(paths: list[str], captures: list[list[reader.CaptureFile]], checker,
+                   out: Findings) -> dict[str, int]:
+    """capture id -> last segment a retention ring deleted (the records of the directories
+    given); a capture the ring deleted whole is one info finding."""
+    from dcptool.replay.store import retained
+    records = retained.records_near(paths)
+    dropped = retained.dropped_through(records)
+    if dropped and hasattr(checker, "retained"):
+        checker.retained({vb: d for rec in records for vb, d in (rec.get("vbuckets") or {}).items()})
+    present = {segs[0].capture_id for segs in captures if segs}
+    for cid, seg in sorted(dropped.items()):
+        if cid not in present:
+            out.add(Finding("file.retained_away", f"capture {cid}: segments 0..{seg} retained away by the "
+                            "retention ring (deleted, as its record says)", capture_id=cid))
+    return dropped
+
+
 def _verify_capture(rank: int, segs: list[reader.CaptureFile], checker, out: Findings, report: Report,
-                    batch_rows: int, progress) -> None:
+                    batch_rows: int, progress, dropped: dict[str, int] | None = None) -> None:
     """The segments of one capture, in order: file checks, then their rows through the frame
     continuity check and the protocol checker; a run of small finished segments is read and
     fed as one chunk (its findings still name the file each frame is in)."""
@@ -355,7 +376,13 @@ def _verify_capture(rank: int, segs: list[reader.CaptureFile], checker, out: Fin
     for run in _runs(segs, batch_rows):
         wheres = [Where(f.path, f.segment, f.capture_id, rank) for f in run]
         for f, where in zip(run, wheres):
-            if f.segment != expected_seg:
+            if f.segment != expected_seg and expected_seg == 0 and (dropped or {}).get(f.capture_id, -1) >= \
+                    f.segment - 1:
+                out.at(where, "file.retained_away", f"segments 0..{f.segment - 1} of capture {f.capture_id} "
+                       "retained away by the retention ring: what they held is not verified")
+                frames.unknown()
+                checker.resync()
+            elif f.segment != expected_seg:
                 missing = (f"segment {expected_seg}" if f.segment == expected_seg + 1
                            else f"segments {expected_seg}..{f.segment - 1}")
                 out.at(where, "file.segment_missing", f"{missing} of capture {f.capture_id} missing "

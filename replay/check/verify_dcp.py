@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 
 from dcptool.protocol.dcp.wire.constants import Status, StreamEndReason
 from dcptool.replay.rules.columns import as_numpy, lookup_codes
-from dcptool.replay.check.findings import Findings, Where
+from dcptool.replay.check.findings import Finding, Findings, Where
 
 SEQNO_OPS = {"mutation", "deletion", "expiration", "prepare", "commit", "abort", "system_event",
              "seqno_advanced"}
@@ -109,6 +109,17 @@ class DcpChecker:
             s.unknown = True
             s.marker = None
             s.oso = None
+
+    def retained(self, vbuckets: dict) -> None:
+        """A retention ring deleted the head of the capture (its record's `vbuckets`: the state
+        after it): those streams were open, in a state to take from the frames that follow,
+        and their seqnos continue above the last one deleted."""
+        for vb, d in vbuckets.items():
+            for sid, x in ((d.get("streams") or {}).items() or [(None, d)]):
+                s = self._stream(int(vb) | ((0 if sid is None else int(sid) + 1) << 16))
+                s.unknown, s.open, s.streamed = True, True, True
+                s.last = max(s.last, int(x.get("last_seqno") or 0))
+                s.log = [(int(u), int(q)) for u, q in x.get("failover_log") or ()]
 
     def finish(self, out: Findings) -> None:
         """Nothing to report at the end: a capture may stop inside any snapshot, OSO too."""
@@ -478,3 +489,51 @@ class DcpChecker:
                             f"{uuid:#x} ended")
                 return None
         return None
+
+
+def check_shards(files, checker: DcpChecker, out: Findings) -> None:
+    """`capture --shard K/N` captures: the shards present must cover the bucket. The vbuckets
+    of an absent shard are those with vb % N == K - 1 of the --vbuckets the shards were given,
+    else of the bucket, whose vbucket count is the highest vbucket streamed rounded up to a
+    power of two (64, 128, 1024)."""
+    import json
+    shards: dict[int, set[int]] = {}
+    given: set[int] = set()
+    for f in files:
+        try:
+            o = json.loads(f.metadata.get("dcptool.options") or "{}")
+        except ValueError:
+            continue
+        shard = o.get("shard") if isinstance(o, dict) else None
+        if not isinstance(shard, str) or "/" not in shard:
+            continue
+        k, n = (int(x) for x in shard.split("/"))
+        shards.setdefault(n, set()).add(k)
+        given.update(o.get("vbuckets") or ())
+    if len(shards) > 1:
+        out.add(Finding("dcp.shards_mixed", "shards of different counts in one capture set: "
+                        + ", ".join(f"{sorted(ks)} of {n}" for n, ks in sorted(shards.items()))))
+        return
+    for n, ks in shards.items():
+        absent = [k for k in range(1, n + 1) if k not in ks]
+        if not absent:
+            return
+        seen = {s.vb for s in checker.streams.values()}
+        count = 1 << max(seen).bit_length() if seen else 0
+        universe = sorted(given) if given else range(count)
+        missing = [vb for vb in universe if vb % n + 1 in absent]
+        names = ", ".join(f"{k}/{n}" for k in absent)
+        out.add(Finding("dcp.shard_missing", f"shard {names} absent: vbuckets {_ranges(missing)} not captured"
+                        f" ({len(missing)} of {len(universe)})"))
+
+
+def _ranges(vbs) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    out, vbs, i = [], sorted(vbs), 0
+    while i < len(vbs):
+        j = i
+        while j + 1 < len(vbs) and vbs[j + 1] == vbs[j] + 1:
+            j += 1
+        out.append(str(vbs[i]) if i == j else f"{vbs[i]}-{vbs[j]}")
+        i = j + 1
+    return ",".join(out) or "none"

@@ -178,10 +178,14 @@ def _dcp_rows_that_matter(t: pa.Table) -> pa.Table:
     return t.take(pa.array(np.sort(order[keep])))
 
 
-def dcp_resume_state(files) -> dict[int, VbResume]:
+def dcp_resume_state(files, initial: dict[int, VbResume] | None = None) -> dict[int, VbResume]:
     """Resume state per vbucket from DCP captures (paths, directories or CaptureFiles),
-    in capture order; with stream ids, each stream's in `streams` of its vbucket's."""
+    in capture order; with stream ids, each stream's in `streams` of its vbucket's.
+    `initial`: the state before these files (the head a retention ring deleted)."""
     state: dict[tuple[int, int], VbResume] = {}     # by (vbucket, stream id; 0 without)
+    for vb, s in (initial or {}).items():
+        for sid, x in (s.streams.items() if s.streams else [(0, s)]):
+            state[(vb, sid)] = dataclasses.replace(x, failover_log=list(x.failover_log), streams={})
     for t in iter_capture_tables(_files(files, "dcp"), DCP_COLUMNS):
         rows = _dcp_rows_that_matter(t)
         if rows.num_rows == 0:

@@ -62,6 +62,7 @@ class ConsumerConfig:
     ack_ratio: float = 0.5
     timeout: float = 30.0                 # a request unanswered this long is a dead connection
     check_vbuckets: bool = False          # ask GET_ALL_VB_SEQNOS with vbuckets given too (ServerVbuckets)
+    shard: tuple[int, int] | None = None  # (index, count): only the vbuckets with vb % count == index
     # cluster (docs/CLUSTER.md): after SELECT_BUCKET ask GET_CLUSTER_CONFIG, emit ConfigReceived
     # and wait for route(); with handoff, a stream that ends "state changed" or is refused
     # NOT_MY_VBUCKET goes back to the caller (Handoff / NotMyVbucket) instead of being
@@ -133,6 +134,11 @@ class StreamEnded:
     reason: int
     final: bool         # False: the consumer re-requests the stream
     stream_id: int = 0
+
+
+def in_shard(vbuckets, shard: tuple[int, int] | None) -> list[int]:
+    """The vbuckets of a shard (index, count): vb % count == index; all without one."""
+    return list(vbuckets) if shard is None else [vb for vb in vbuckets if vb % shard[1] == shard[0]]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire import sasl
 from dcptool.protocol.dcp.wire.constants import Feature, OpenFlag, Opcode, Status, status_name
 from dcptool.protocol.dcp.client import manifest as dcp_collections
-from dcptool.protocol.dcp.client.consumer_api import (NUM_VB_SLOTS, ConfigReceived, ControlRefused, FilterResolved,
+from dcptool.protocol.dcp.client.consumer_api import (NUM_VB_SLOTS, in_shard, ConfigReceived, ControlRefused, FilterResolved,
                                                FilterUnknown, HandshakeComplete, ServerVbuckets)
 from dcptool.protocol.dcp.client.link import Link
 from dcptool.protocol.errors import AuthRefused, ErrorCode, RemoteError
@@ -196,9 +196,9 @@ class Handshake:
             if vbs[-1] >= NUM_VB_SLOTS:
                 raise RemoteError(ErrorCode.BAD_VBUCKET, f"GET_ALL_VB_SEQNOS lists vbucket {vbs[-1]}: vbucket "
                                   f"ids go up to {NUM_VB_SLOTS - 1}; use --vbuckets to choose them")
-            self.link.cfg = dataclasses.replace(self.cfg, vbuckets=vbs)
+            self.link.cfg = dataclasses.replace(self.cfg, vbuckets=in_shard(vbs, self.cfg.shard))
         else:
-            self.link.cfg = dataclasses.replace(self.cfg, vbuckets=list(range(NUM_VB_SLOTS)))
+            self.link.cfg = dataclasses.replace(self.cfg, vbuckets=in_shard(range(NUM_VB_SLOTS), self.cfg.shard))
         self._open()
 
     def _open(self) -> None:

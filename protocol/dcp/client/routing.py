@@ -38,8 +38,9 @@ class Waiting:
 
 
 class Router:
-    def __init__(self, requested: list[int] | None, tls: bool = False):
+    def __init__(self, requested: list[int] | None, tls: bool = False, shard: tuple[int, int] | None = None):
         self.requested = requested
+        self.shard = shard        # (index, count): without requested vbuckets, vb % count == index
         self.tls = tls
         self.config: ClusterConfig | None = None
         self.waiting: dict[int, Waiting] = {}
@@ -84,7 +85,10 @@ class Router:
         """The vbuckets to stream: the requested ones, else every vbucket of the map."""
         if self.requested is not None:
             return list(self.requested)
-        return list(range(self.config.num_vbuckets)) if self.config else []
+        if self.config is None:
+            return []
+        return [vb for vb in range(self.config.num_vbuckets)
+                if self.shard is None or vb % self.shard[1] == self.shard[0]]
 
     def outside(self) -> list[int]:
         """Requested vbuckets the map does not have at all."""
