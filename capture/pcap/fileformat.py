@@ -3,7 +3,8 @@ blocks and the writers are dpkt's. The packet records are walked here, over chun
 (the file is streamed, never loaded whole), because dpkt's readers hand timestamps out as
 float seconds, which loses the nanoseconds a capture records (`ts` round trips exactly).
 
-`read_packets(path)` yields (ts_ns, linktype, data, wire_len); `PacketWriter` writes raw
+`read_packets(path)` yields (ts_ns, linktype, data, wire_len), data a read-only memoryview
+into a block of the file (no copy per packet); `PacketWriter` writes raw
 IPv4 packets (LINKTYPE_RAW) with nanosecond timestamps."""
 
 from __future__ import annotations
@@ -50,20 +51,35 @@ def sniff(path: str) -> str:
 
 
 class _Chunks:
-    """A file read CHUNK bytes at a time, taken in records."""
+    """A file read in blocks of CHUNK bytes, taken in records as memoryviews into the
+    block (no copy per record). Each block is a fresh buffer that is never written again
+    once filled, so a view stays valid as long as its holder keeps it; holders that keep
+    bytes beyond the packet (out-of-order segments) copy them."""
 
     def __init__(self, fh):
         self.fh = fh
-        self.buf = b""
+        self.buf = memoryview(b"")
         self.pos = 0
 
-    def take(self, n: int) -> bytes | None:
+    def _fill(self, need: int) -> None:
+        """A new block: the unread tail of the last one, then at least `need` bytes more
+        read straight into it (readinto: the file's bytes are copied once)."""
+        rest = self.buf[self.pos:]
+        block = bytearray(len(rest) + max(CHUNK, need))
+        block[:len(rest)] = rest
+        view = memoryview(block)
+        got = len(rest)
+        while got < len(block):
+            n = self.fh.readinto(view[got:])
+            if not n:
+                break
+            got += n
+        self.buf, self.pos = view[:got].toreadonly(), 0
+
+    def take(self, n: int) -> memoryview | None:
         """The next n bytes, or None when the file ends first (what was there is dropped)."""
         if self.pos + n > len(self.buf):
-            rest = self.buf[self.pos:]
-            more = self.fh.read(max(CHUNK, n - len(rest)))
-            self.buf = rest + more
-            self.pos = 0
+            self._fill(n)
             if n > len(self.buf):
                 self.pos = len(self.buf)
                 return None
@@ -74,11 +90,11 @@ class _Chunks:
     def at_end(self) -> bool:
         if self.pos < len(self.buf):
             return False
-        self.buf, self.pos = self.fh.read(CHUNK), 0
+        self._fill(0)
         return not self.buf
 
 
-def _pcap_records(fh, state: Truncated) -> Iterator[tuple[int, int, bytes, int]]:
+def _pcap_records(fh, state: Truncated) -> Iterator[tuple[int, int, memoryview, int]]:
     head = fh.read(24)
     try:
         fhdr = dpkt.pcap.FileHdr(head)
@@ -123,7 +139,7 @@ def _ng_interface(buf: bytes, le: bool) -> tuple[int, int, int]:
     return idb.linktype, (mul, div, offset)
 
 
-def _pcapng_records(fh, state: Truncated) -> Iterator[tuple[int, int, bytes, int]]:
+def _pcapng_records(fh, state: Truncated) -> Iterator[tuple[int, int, memoryview, int]]:
     chunks = _Chunks(fh)
     le = True
     ifaces: list[tuple[int, tuple[int, int, int]]] = []
@@ -156,7 +172,7 @@ def _pcapng_records(fh, state: Truncated) -> Iterator[tuple[int, int, bytes, int
             state.truncated = True
             return
         if btype == ng.PCAPNG_BT_IDB:
-            ifaces.append(_ng_interface(head + body, le))
+            ifaces.append(_ng_interface(bytes(head) + bytes(body), le))
         elif btype == ng.PCAPNG_BT_EPB:
             iface, hi, lo, caplen, wire = struct.unpack_from("<IIIII" if le else ">IIIII", body)
             if iface >= len(ifaces):
@@ -172,7 +188,7 @@ def _pcapng_records(fh, state: Truncated) -> Iterator[tuple[int, int, bytes, int
             yield 0, ifaces[0][0], body[4:4 + min(wire, blen - 16)], wire
 
 
-def read_packets(path: str, state: Truncated) -> Iterator[tuple[int, int, bytes, int]]:
+def read_packets(path: str, state: Truncated) -> Iterator[tuple[int, int, memoryview, int]]:
     """(ts_ns, linktype, captured bytes, length on the wire) of every packet, in file
     order. A file cut inside a record ends the iteration with state.truncated set."""
     kind = sniff(path)

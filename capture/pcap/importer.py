@@ -148,7 +148,7 @@ class Importer:
             first = next((x[1] for x in items if x[0] == tcp.DATA), None)
             if first is None:
                 return
-            self._start(f, first)
+            self._start(f, bytes(first))
         framer = f.framers.get(from_client)
         if framer is None:
             return

@@ -45,7 +45,7 @@ class Segment(NamedTuple):
     seq: int
     ack: int
     flags: int
-    payload: bytes
+    payload: bytes    # or a memoryview into the packet
 
 
 def _ip_offset(linktype: int, data: bytes) -> int | None:
@@ -71,9 +71,12 @@ def _ip_offset(linktype: int, data: bytes) -> int | None:
 
 
 _ADDRS: dict = {}
+_V4 = struct.Struct(">BxHxxHxBxxII")    # version/ihl, total length, fragment, protocol, src, dst
 
 
-def _addr(raw: bytes, port: int) -> str:
+def _addr(raw, port: int) -> str:
+    """"host:port" of an address (an int for IPv4, 16 bytes for IPv6), cached: a capture
+    has few endpoints, so the text is built once per endpoint, not once per packet."""
     key = (raw, port)
     text = _ADDRS.get(key)
     if text is None:
@@ -83,33 +86,33 @@ def _addr(raw: bytes, port: int) -> str:
     return text
 
 
-def _addr_text(raw: bytes, port: int) -> str:
-    if len(raw) == 4:
-        return f"{socket.inet_ntop(socket.AF_INET, raw)}:{port}"
+def _addr_text(raw, port: int) -> str:
+    if isinstance(raw, int):
+        return f"{socket.inet_ntop(socket.AF_INET, raw.to_bytes(4, 'big'))}:{port}"
     return f"[{socket.inet_ntop(socket.AF_INET6, raw)}]:{port}"
 
 
-def parse(linktype: int, data: bytes) -> Segment | None:
-    """The TCP segment in a captured packet, or None (not IPv4/IPv6 TCP, a fragment, cut
-    before the TCP header). The payload is what was captured of it (snaplen may cut it)."""
+def parse(linktype: int, data) -> Segment | None:
+    """The TCP segment in a captured packet (bytes or a memoryview), or None (not
+    IPv4/IPv6 TCP, a fragment, cut before the TCP header). The payload is what was captured
+    of it (snaplen may cut it), a slice of `data` (no copy). Headers are read with struct
+    at their offsets, nothing copied."""
     off = _ip_offset(linktype, data)
     if off is None or len(data) < off + 20:
         return None
     v = data[off] >> 4
     if v == 4:
-        ihl = (data[off] & 0x0F) * 4
-        total = int.from_bytes(data[off + 2:off + 4], "big")
-        frag = int.from_bytes(data[off + 6:off + 8], "big")
-        if data[off + 9] != 6 or frag & 0x3FFF or ihl < 20:
+        vihl, total, frag, proto, src, dst = _V4.unpack_from(data, off)
+        ihl = (vihl & 0x0F) * 4
+        if proto != 6 or frag & 0x3FFF or ihl < 20:
             return None
-        src, dst = data[off + 12:off + 16], data[off + 16:off + 20]
         t = off + ihl
         end = off + total if total else len(data)
     elif v == 6:
         if len(data) < off + 40 or data[off + 6] != 6:
             return None
         plen = int.from_bytes(data[off + 4:off + 6], "big")
-        src, dst = data[off + 8:off + 24], data[off + 24:off + 40]
+        src, dst = bytes(data[off + 8:off + 24]), bytes(data[off + 24:off + 40])
         t = off + 40
         end = t + plen
     else:

@@ -52,7 +52,7 @@ class Direction:
             old = self.pending.get(start)
             if old is None or len(old) < len(payload):
                 self.pending_bytes += len(payload) - (len(old) if old else 0)
-                self.pending[start] = payload
+                self.pending[start] = bytes(payload)   # a copy: a view would pin its file block
             if self.pending_bytes > self.max_pending:
                 self._skip_to(min(self.pending), out)
             return
