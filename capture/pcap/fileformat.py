@@ -52,45 +52,33 @@ def sniff(path: str) -> str:
 
 class _Chunks:
     """A file read in blocks of CHUNK bytes, taken in records as memoryviews into the
-    block (no copy per record). Each block is a fresh buffer that is never written again
-    once filled, so a view stays valid as long as its holder keeps it; holders that keep
-    bytes beyond the packet (out-of-order segments) copy them."""
+    block (no copy per record). Each block is a fresh bytes object, so a view stays valid
+    as long as its holder keeps it; holders that keep bytes beyond the packet (out-of-order
+    segments) copy them. Only a record that straddles two blocks is copied, alone."""
 
     def __init__(self, fh):
         self.fh = fh
         self.buf = memoryview(b"")
         self.pos = 0
 
-    def _fill(self, need: int) -> None:
-        """A new block: the unread tail of the last one, then at least `need` bytes more
-        read straight into it (readinto: the file's bytes are copied once)."""
-        rest = self.buf[self.pos:]
-        block = bytearray(len(rest) + max(CHUNK, need))
-        block[:len(rest)] = rest
-        view = memoryview(block)
-        got = len(rest)
-        while got < len(block):
-            n = self.fh.readinto(view[got:])
-            if not n:
-                break
-            got += n
-        self.buf, self.pos = view[:got].toreadonly(), 0
-
     def take(self, n: int) -> memoryview | None:
         """The next n bytes, or None when the file ends first (what was there is dropped)."""
-        if self.pos + n > len(self.buf):
-            self._fill(n)
-            if n > len(self.buf):
-                self.pos = len(self.buf)
-                return None
-        out = self.buf[self.pos:self.pos + n]
-        self.pos += n
-        return out
+        end = self.pos + n
+        if end <= len(self.buf):
+            self.pos = end
+            return self.buf[end - n:end]
+        rest = self.buf[self.pos:]
+        more = self.fh.read(max(CHUNK, n - len(rest)))   # large reads go straight into the bytes
+        self.buf, self.pos = memoryview(more), n - len(rest)
+        if self.pos > len(more):
+            self.pos = len(more)
+            return None
+        return memoryview(bytes(rest) + more[:self.pos]) if rest else self.buf[:self.pos]
 
     def at_end(self) -> bool:
         if self.pos < len(self.buf):
             return False
-        self._fill(0)
+        self.buf, self.pos = memoryview(self.fh.read(CHUNK)), 0
         return not self.buf
 
 

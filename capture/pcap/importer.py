@@ -60,9 +60,9 @@ def _writer_class():
 
 
 class _Flow:
-    def __init__(self, client: str, server: str):
+    def __init__(self, client: str, server: str, pool: tcp.Pool):
         self.client, self.server = client, server
-        self.dirs = {True: tcp.Direction(), False: tcp.Direction()}
+        self.dirs = {True: tcp.Direction(pool=pool), False: tcp.Direction(pool=pool)}
         self.proto: str | None = None
         self.framers: dict = {}
         self.fins = set()
@@ -74,8 +74,10 @@ def _port(addr: str) -> int:
 
 
 class Importer:
-    def __init__(self, path: str, output: str, dcp_ports, note, compression: str = "zstd"):
+    def __init__(self, path: str, output: str, dcp_ports, note, compression: str = "zstd",
+                 pending_limit: int = tcp.POOL_LIMIT):
         self.path, self.output, self.note, self.compression = path, output, note, compression
+        self.pool = tcp.Pool(pending_limit)
         self.dcp_ports = frozenset(dcp_ports)
         self.flows: dict[tuple[str, str], _Flow] = {}
         self.res = ImportResult(path=path)
@@ -107,7 +109,7 @@ class Importer:
             client, server = seg.src, seg.dst
         else:
             client, server = seg.dst, seg.src
-        f = _Flow(client, server)
+        f = _Flow(client, server, self.pool)
         self.flows[(client, server)] = self.flows[(server, client)] = f
         return f
 
@@ -135,6 +137,8 @@ class Importer:
         items = []
         d.segment(seq, seg.payload, items)
         self._deliver(f, from_client, items, ts)
+        if self.pool.bytes > self.pool.limit:
+            self._shed(ts)
         if seg.flags & FIN:
             d.fin(seq, len(seg.payload))
             f.fins.add(from_client)
@@ -157,6 +161,18 @@ class Importer:
                 framer.data(x, ts, self.pkt)
             else:
                 framer.gap(x, ts, self.pkt)
+
+    def _shed(self, ts: int) -> None:
+        """Too many bytes wait behind holes: the directions holding most give their first
+        hole up as lost (flagged like any other) until the pool is under its limit."""
+        dirs = [(f, c) for f in {id(f): f for f in self.flows.values()}.values() for c in (True, False)]
+        while self.pool.bytes > self.pool.limit:
+            f, from_client = max(dirs, key=lambda fc: fc[0].dirs[fc[1]].pending_bytes)
+            if not f.dirs[from_client].pending:
+                return
+            items: list = []
+            f.dirs[from_client].skip_hole(items)
+            self._deliver(f, from_client, items, ts)
 
     def _start(self, f: _Flow, first: bytes) -> None:
         f.proto = flows.detect(_port(f.server), first, self.dcp_ports)

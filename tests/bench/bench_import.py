@@ -4,13 +4,14 @@ dissector for its summary line) reading the same file, printed as a ratio, and t
 import's peak RSS.
 
 The pcap is made once by capturing `dcptool serve dcp` (real DCP frames, ITEMS x VALUE
-bytes) and exporting that capture with `dcptool export` (16 KiB segments); it is kept at
+bytes) and exporting that capture with `dcptool export` (16 KiB segments, BENCH_MSS); it is kept at
 BENCH_PCAP (default /tmp/dcptool-bench-import-<items>x<value>.pcap) and reused by later
 runs, since making it takes longer than importing it.
 
     .venv/bin/python tests/bench/bench_import.py                  # 1M x 1 KiB: ~1.03 GB of pcap
     BENCH_SCALE=0.1 .venv/bin/python tests/bench/bench_import.py  # 100k items: ~100 MB
     BENCH_VALUE=61 .venv/bin/python tests/bench/bench_import.py   # small mutations
+    BENCH_MSS=1448 .venv/bin/python tests/bench/bench_import.py   # Ethernet-sized segments
 
 Targets (issue 28): >= 5x tshark's rate, peak RSS <= 500 MiB (the file is streamed)."""
 
@@ -28,7 +29,9 @@ BIN = os.path.join(os.path.dirname(sys.executable), "dcptool")
 SCALE = float(os.environ.get("BENCH_SCALE", "1"))
 VALUE = int(os.environ.get("BENCH_VALUE", str(1024 - 67)))
 ITEMS = int(1_000_000 * SCALE)
-PCAP = os.environ.get("BENCH_PCAP", f"/tmp/dcptool-bench-import-{ITEMS}x{VALUE}.pcap")
+MSS = int(os.environ.get("BENCH_MSS", "16384"))      # 1448: the segments of an Ethernet capture
+PCAP = os.environ.get("BENCH_PCAP", f"/tmp/dcptool-bench-import-{ITEMS}x{VALUE}"
+                      + ("" if MSS == 16384 else f"-mss{MSS}") + ".pcap")
 
 
 def timed(cmd, **kw) -> tuple[float, int]:
@@ -46,6 +49,7 @@ def timed(cmd, **kw) -> tuple[float, int]:
 
 
 def make_pcap(path: str) -> None:
+    part = path + ".part.pcap"     # export writes pcap or pcapng by the name's suffix; tcpdump's is pcap
     with tempfile.TemporaryDirectory(prefix="bench-import-") as d:
         srv = subprocess.Popen([BIN, "serve", "dcp", "--port", "0", "--items", str(ITEMS), "--vbuckets", "64",
                                 "--value-size", str(VALUE)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -57,9 +61,10 @@ def make_pcap(path: str) -> None:
         finally:
             srv.terminate()
             srv.wait(30)
-        subprocess.run([BIN, "export", f"{d}/cap", "-o", path + ".part", "--port", "11210"], check=True,
+        subprocess.run([BIN, "export", f"{d}/cap", "-o", part, "--port", "11210",
+                        "--mss", str(MSS)], check=True,
                        timeout=3600, stderr=subprocess.DEVNULL)
-        os.replace(path + ".part", path)
+        os.replace(part, path)
 
 
 def main() -> None:

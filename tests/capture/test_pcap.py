@@ -369,6 +369,24 @@ def test_a_hole_acknowledged_by_the_peer_is_lost_at_once():
     assert len(out) == 3 and d.lost_bytes == 7
 
 
+def test_bytes_waiting_behind_holes_stay_under_the_pool_limit(tmp_path):
+    """A one-sided capture (no ACK ever shows a hole lost): the bytes held behind the hole
+    are bounded by the import's pool, the hole given up early, the frames after it kept."""
+    from dcptool.capture.pcap.importer import Importer
+    pkts, off = handshake(), 1
+    for i, f in enumerate(FRAMES):
+        pkts.append((1_700_000_000_000_000_000 + i, True, off, None if i == 2 else PSH | ACK, f))
+        off += len(f)
+    write_flow(str(tmp_path / "one-sided.pcap"), pkts)
+    imp = Importer(str(tmp_path / "one-sided.pcap"), str(tmp_path / "imp"), {11210}, lambda text: None,
+                   pending_limit=200)
+    res = imp.run()
+    assert imp.pool.peak <= 200 + max(map(len, FRAMES)) and imp.pool.bytes == 0
+    assert res.gaps == 1 and res.lost_bytes == len(FRAMES[2])
+    got = rows(tmp_path / "imp", ["raw", "decode_error"])
+    assert [r["raw"] for r in got if r["decode_error"] is None] == FRAMES[:2] + FRAMES[3:]
+
+
 def _resp(*parts: bytes) -> bytes:
     return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
 
