@@ -3,18 +3,23 @@ blocks and the writers are dpkt's. The packet records are walked here, over chun
 (the file is streamed, never loaded whole), because dpkt's readers hand timestamps out as
 float seconds, which loses the nanoseconds a capture records (`ts` round trips exactly).
 
-`read_packets(path)` yields (ts_ns, linktype, data, wire_len), data a read-only memoryview
-into a block of the file (no copy per packet); `PacketWriter` writes raw
-IPv4 packets (LINKTYPE_RAW) with nanosecond timestamps."""
+`read_batches(path)` yields the packets in `PacketBatch`es: a pcap file is read in blocks
+and each block's record headers walked with struct.unpack_from, the batch being the block
+itself with packet offsets (no object or copy per packet; dpkt's per-packet objects were
+the import's cost); pcapng blocks are walked one at a time and joined into batches.
+`read_packets(path)` yields (ts_ns, linktype, data, wire_len) one packet at a time, data a
+read-only memoryview into a block of the file. `PacketWriter` writes raw IPv4 packets
+(LINKTYPE_RAW) with nanosecond timestamps."""
 
 from __future__ import annotations
 
 import struct
 from decimal import Decimal
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import dpkt
 import dpkt.pcap
+import numpy as np
 import dpkt.pcapng as ng
 
 from dcptool.capture.pcap.errors import NotAPacketFile
@@ -82,7 +87,9 @@ class _Chunks:
         return not self.buf
 
 
-def _pcap_records(fh, state: Truncated) -> Iterator[tuple[int, int, memoryview, int]]:
+def _pcap_header(fh) -> tuple[struct.Struct, int, int]:
+    """(record header struct, ns per fraction unit, link type) from a pcap file header
+    (dpkt's FileHdr)."""
     head = fh.read(24)
     try:
         fhdr = dpkt.pcap.FileHdr(head)
@@ -94,7 +101,11 @@ def _pcap_records(fh, state: Truncated) -> Iterator[tuple[int, int, memoryview, 
     if unit is None:
         raise NotAPacketFile("not a pcap or pcapng file")
     rec = struct.Struct(("<" if isinstance(fhdr, dpkt.pcap.LEFileHdr) else ">") + "IIII")
-    linktype = fhdr.linktype & 0x0FFFFFFF
+    return rec, unit, fhdr.linktype & 0x0FFFFFFF
+
+
+def _pcap_records(fh, state: Truncated) -> Iterator[tuple[int, int, memoryview, int]]:
+    rec, unit, linktype = _pcap_header(fh)
     chunks = _Chunks(fh)
     while not chunks.at_end():
         hdr = chunks.take(16)
@@ -174,6 +185,89 @@ def _pcapng_records(fh, state: Truncated) -> Iterator[tuple[int, int, memoryview
             wire = struct.unpack_from("<I" if le else ">I", body)[0]
             state.packets += 1
             yield 0, ifaces[0][0], body[4:4 + min(wire, blen - 16)], wire
+
+
+class PacketBatch(NamedTuple):
+    """Packets of one link type over one buffer: packet i is buf[starts[i]:ends[i]],
+    captured at ts[i] (ns)."""
+    linktype: int
+    buf: memoryview
+    ts: list
+    starts: np.ndarray
+    ends: np.ndarray
+
+
+def _pcap_batches(fh, state: Truncated) -> Iterator[PacketBatch]:
+    """A pcap file in blocks of CHUNK bytes, the record headers of each block walked with
+    unpack_from: one batch per block over the block itself (packet bytes are not copied;
+    the few bytes of a record cut by the block's end start the next block)."""
+    rec, unit, linktype = _pcap_header(fh)
+    unpack = rec.unpack_from
+    tail = b""
+    while True:
+        block = bytearray(len(tail) + CHUNK)
+        block[:len(tail)] = tail
+        view = memoryview(block)
+        got = len(tail)
+        while got < len(block):
+            n = fh.readinto(view[got:])
+            if not n:
+                break
+            got += n
+        buf, n, pos = view[:got].toreadonly(), got, 0
+        ts, starts, ends = [], [], []
+        cut = False
+        while pos + 16 <= n:
+            sec, frac, caplen, _wire = unpack(buf, pos)
+            if caplen > SNAPLEN * 4:
+                cut = True       # a broken record length: nothing after it can be trusted
+                break
+            end = pos + 16 + caplen
+            if end > n:
+                break
+            ts.append(sec * 1_000_000_000 + frac * unit)
+            starts.append(pos + 16)
+            ends.append(end)
+            pos = end
+        state.packets += len(ts)
+        if ts:
+            yield PacketBatch(linktype, buf, ts, np.array(starts, np.int64), np.array(ends, np.int64))
+        tail = bytes(buf[pos:])
+        if cut or got < len(block):          # the file ended (or broke): a tail is a cut record
+            state.truncated = bool(tail)
+            return
+
+
+def _joined(records) -> Iterator[PacketBatch]:
+    """Packets one at a time (pcapng) gathered by link type into batches over one buffer."""
+    parts: list = []
+    ts: list = []
+    kind, size = None, 0
+    for t, linktype, data, _wire in records:
+        if parts and (linktype != kind or size >= CHUNK):
+            yield _batch(kind, parts, ts)
+            parts, ts, size = [], [], 0
+        kind = linktype
+        parts.append(data)
+        ts.append(t)
+        size += len(data)
+    if parts:
+        yield _batch(kind, parts, ts)
+
+
+def _batch(linktype: int, parts: list, ts: list) -> PacketBatch:
+    lens = np.fromiter(map(len, parts), np.int64, len(parts))
+    ends = np.cumsum(lens)
+    return PacketBatch(linktype, memoryview(b"".join(parts)), ts, ends - lens, ends)
+
+
+def read_batches(path: str, state: Truncated) -> Iterator[PacketBatch]:
+    """The packets of the file in batches (`PacketBatch`), in file order; a file cut inside
+    a record ends them with state.truncated set."""
+    kind = sniff(path)
+    state.format = kind
+    with open(path, "rb") as fh:
+        yield from (_pcap_batches(fh, state) if kind == "pcap" else _joined(_pcapng_records(fh, state)))
 
 
 def read_packets(path: str, state: Truncated) -> Iterator[tuple[int, int, memoryview, int]]:

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import dcptool.capture.pcap.flows as flows
 import dcptool.capture.pcap.tcp as tcp
 from dcptool.capture.pcap.errors import UndecodablePcap
-from dcptool.capture.pcap.fileformat import Truncated, read_packets
-from dcptool.capture.pcap.packets import ACK, FIN, RST, SYN, parse
+from dcptool.capture.pcap.fileformat import PacketBatch, Truncated, read_batches
+from dcptool.capture.pcap.packets import ACK, FIN, RST, SYN, addr, parse, parse_batch
 from dcptool.capture.pcap.sinks import FLUSH_BYTES, DcpSink, SynapseSink
 
 META_IMPORTED_FROM = "dcptool.imported_from"
@@ -96,53 +96,79 @@ class Importer:
                                compression=self.compression)
 
     # -- flows
-    def _flow_for(self, seg) -> _Flow:
-        f = self.flows.get((seg.src, seg.dst))
-        if f is not None and not (seg.flags & SYN and not seg.flags & ACK and f.dirs[True].next is not None):
+    def _flow_for(self, src: str, dst: str, flags: int) -> _Flow:
+        f = self.flows.get((src, dst))
+        if f is not None and not (flags & SYN and not flags & ACK and f.dirs[True].next is not None):
             return f
         if f is not None:
             self._close(f, "the connection was reused")
-        if seg.flags & SYN:
-            client, server = (seg.src, seg.dst) if not seg.flags & ACK else (seg.dst, seg.src)
-        elif _port(seg.dst) in KNOWN_PORTS | self.dcp_ports or (
-                _port(seg.src) not in KNOWN_PORTS | self.dcp_ports and _port(seg.dst) < _port(seg.src)):
-            client, server = seg.src, seg.dst
+        if flags & SYN:
+            client, server = (src, dst) if not flags & ACK else (dst, src)
+        elif _port(dst) in KNOWN_PORTS | self.dcp_ports or (
+                _port(src) not in KNOWN_PORTS | self.dcp_ports and _port(dst) < _port(src)):
+            client, server = src, dst
         else:
-            client, server = seg.dst, seg.src
+            client, server = dst, src
         f = _Flow(client, server, self.pool)
         self.flows[(client, server)] = self.flows[(server, client)] = f
         return f
 
-    def packet(self, ts: int, linktype: int, data: bytes) -> None:
+    def batch(self, b: PacketBatch) -> None:
+        """A batch of packets: IPv4/TCP headers read for all of them at once (parse_batch),
+        the others one at a time (parse); then each segment in file order."""
+        buf, segment = b.buf, self.segment
+        got = parse_batch(b.linktype, buf, b.starts, b.ends)
+        starts, ends = b.starts.tolist(), b.ends.tolist()
+        if got is None:
+            bulk, cols = [False] * len(starts), [starts] * 9
+        else:
+            bulk, cols = got
+        for ts, fast, s, e, src, sport, dst, dport, seq, ack, flags, ps, pe in zip(b.ts, bulk, starts, ends, *cols):
+            if fast:
+                segment(ts, addr(src, sport), addr(dst, dport), seq, ack, flags, buf[ps:pe], e - s)
+                continue
+            seg = parse(b.linktype, buf[s:e])
+            if seg is not None:
+                segment(ts, seg.src, seg.dst, seg.seq, seg.ack, seg.flags, seg.payload, e - s)
+
+    def packet(self, ts: int, linktype: int, data) -> None:
+        """One captured packet (see `batch`)."""
         seg = parse(linktype, data)
-        if seg is None:
-            return
+        if seg is not None:
+            self.segment(ts, seg.src, seg.dst, seg.seq, seg.ack, seg.flags, seg.payload, len(data))
+
+    def segment(self, ts: int, src: str, dst: str, seq: int, ack: int, flags: int, payload, size: int) -> None:
+        """One TCP segment of `size` captured bytes, in capture order."""
         self.pkt += 1
-        self.since_flush += len(data)
+        self.since_flush += size
         if self.since_flush >= FLUSH_BYTES:
             self.flush()
         self.res.tcp_packets += 1
-        f = self._flow_for(seg)
+        f = self._flow_for(src, dst, flags)
         f.last_ts = ts
-        from_client = seg.src == f.client
+        from_client = src == f.client
         d, peer = f.dirs[from_client], f.dirs[not from_client]
-        seq = seg.seq
-        if seg.flags & SYN:
+        if flags & SYN:
             d.syn(seq)
             seq += 1
-        if seg.flags & ACK:
+        if flags & ACK and not peer.is_acked(ack):
             items: list = []
-            peer.acked(seg.ack, items)
+            peer.acked(ack, items)
             self._deliver(f, not from_client, items, ts)
-        items = []
-        d.segment(seq, seg.payload, items)
-        self._deliver(f, from_client, items, ts)
-        if self.pool.bytes > self.pool.limit:
-            self._shed(ts)
-        if seg.flags & FIN:
-            d.fin(seq, len(seg.payload))
+        if f.proto is not None and payload and d.in_order(seq, len(payload)):
+            framer = f.framers.get(from_client)      # the stream as it comes: straight to the framer
+            if framer is not None:
+                framer.data(payload, ts, self.pkt)
+        else:
+            items = []
+            d.segment(seq, payload, items)
+            self._deliver(f, from_client, items, ts)
+            if self.pool.bytes > self.pool.limit:
+                self._shed(ts)
+        if flags & FIN:
+            d.fin(seq, len(payload))
             f.fins.add(from_client)
-        if seg.flags & RST or len(f.fins) == 2:
+        if flags & RST or len(f.fins) == 2:
             self._close(f, "the connection closed")
 
     def _deliver(self, f: _Flow, from_client: bool, items: list, ts: int) -> None:
@@ -218,10 +244,10 @@ class Importer:
 
     def run(self) -> ImportResult:
         state = Truncated()
-        for ts, linktype, data, _wire in read_packets(self.path, state):
+        for b in read_batches(self.path, state):
             if not self.info["format"]:
                 self.info["format"] = state.format
-            self.packet(ts, linktype, data)
+            self.batch(b)
         self.res.format, self.res.packets, self.res.truncated = state.format, state.packets, state.truncated
         for f in list({id(f): f for f in self.flows.values()}.values()):
             self._close(f, "the capture ended")

@@ -54,6 +54,19 @@ class Direction:
             self.saw_syn = True
             self.base, self.next = (seq + 1) & 0xFFFFFFFF, 0
 
+    def in_order(self, seq: int, n: int) -> bool:
+        """The common case in one step: a segment of n bytes starting exactly where the
+        stream is, nothing waiting: the stream moves past it and the caller delivers it
+        whole. False: use `segment`."""
+        if self.pending or self.next is None or seq != (self.base + self.next) & 0xFFFFFFFF:
+            return False
+        self.next += n
+        return True
+
+    def is_acked(self, ack: int) -> bool:
+        """An ACK of exactly what this direction delivered (nothing for `acked` to do)."""
+        return not self.pending and self.next is not None and ack == (self.base + self.next) & 0xFFFFFFFF
+
     def segment(self, seq: int, payload: bytes, out: list) -> None:
         """Add a segment's payload; appends (DATA, bytes) and (GAP, n) items to out."""
         if not payload:
