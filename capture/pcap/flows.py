@@ -64,7 +64,9 @@ def detect(server_port: int, chunk: bytes, dcp_ports) -> str:
     return "other"
 
 
-SCAN_BYTES = 256 * 2**10   # a direction's bytes are cut into frames this many at a time
+# a direction's bytes are cut into frames this many at a time (or at the importer's flush,
+# every 16 MiB of packets over all connections, which bounds what all framers hold together)
+SCAN_BYTES = 16 * 2**20
 BEFORE, FRAMES, AFTER = 0, 1, 2   # where a fragment sorts among the frames of its packet
 
 

@@ -234,11 +234,14 @@ class Importer:
                 del self.flows[key]
 
     def flush(self) -> None:
-        """Every open connection cuts what it holds into frames, then the rows are written."""
+        """Every open connection cuts what it holds into frames (the server's side first:
+        a HELLO reply read there sets how the client's frames decode), then the rows are
+        written."""
         self.since_flush = 0
         for f in {id(f): f for f in self.flows.values()}.values():
-            for framer in f.framers.values():
-                framer.scan()
+            for from_client in (False, True):
+                if from_client in f.framers:
+                    f.framers[from_client].scan()
         for sink in self.sinks.values():
             sink.flush()
 

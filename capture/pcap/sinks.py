@@ -151,7 +151,7 @@ class DcpSink(Sink):
                 fnos.append(order)
                 tss.append(ts)
                 base += len(buf)
-            buf = b"".join(bufs)
+            buf = bufs[0] if len(bufs) == 1 else b"".join(bufs)   # one piece (the usual): no copy
             o, l = np.concatenate(offs), np.concatenate(lens)
             from dcptool.protocol.dcp.wire import columnar
             b = columnar.decode_batch(buf, o, l, collections=collections, opaque_vbuckets=conn.opaque_vb)
