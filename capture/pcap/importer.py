@@ -131,12 +131,6 @@ class Importer:
             if seg is not None:
                 segment(ts, seg.src, seg.dst, seg.seq, seg.ack, seg.flags, seg.payload, e - s)
 
-    def packet(self, ts: int, linktype: int, data) -> None:
-        """One captured packet (see `batch`)."""
-        seg = parse(linktype, data)
-        if seg is not None:
-            self.segment(ts, seg.src, seg.dst, seg.seq, seg.ack, seg.flags, seg.payload, len(data))
-
     def segment(self, ts: int, src: str, dst: str, seq: int, ack: int, flags: int, payload, size: int) -> None:
         """One TCP segment of `size` captured bytes, in capture order."""
         self.pkt += 1
