@@ -533,3 +533,27 @@ def test_headers_read_in_bulk_are_those_read_one_packet_at_a_time(link):
             seg = parse(link, p)
             assert seg is not None and (addr(src, sport), addr(dst, dport), seq, ack, flags) == seg[:5]
             assert buf[ps:pe] == seg.payload
+
+
+@pytest.mark.parametrize("runs", [0, 3, 5000])
+def test_rows_of_a_flush_are_merged_in_frame_order_as_slices_or_one_take(runs):
+    """sinks.in_order gives the rows of its batches in frame_no order, ties in batch order,
+    whether whole runs stay slices (few runs) or everything is reordered once (many)."""
+    import random
+
+    import numpy as np
+    import pyarrow as pa
+
+    from dcptool.capture.pcap.sinks import in_order
+    rnd = random.Random(runs)
+    if runs:
+        keys = sorted(rnd.randrange(runs) for _ in range(6000))
+        parts = [sorted(k for k in keys if rnd.random() < 0.5) for _ in range(3)]
+    else:       # one batch after the other: a run must not cross from one into the next
+        parts = [list(range(0, 100)), list(range(100, 250)), list(range(250, 260))]
+    batches = [pa.record_batch({"frame_no": pa.array(p, pa.int64()),
+                                "src": pa.array([f"{i}:{j}" for j in range(len(p))])}) for i, p in enumerate(parts)]
+    got = pa.Table.from_batches(in_order(batches))
+    whole = pa.Table.from_batches(batches)
+    want = whole.take(pa.array(np.argsort(whole.column("frame_no").to_numpy(), kind="stable")))
+    assert got.to_pydict() == want.to_pydict()
