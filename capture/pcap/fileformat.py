@@ -3,17 +3,23 @@ blocks and the writers are dpkt's. The packet records are walked here, over chun
 (the file is streamed, never loaded whole), because dpkt's readers hand timestamps out as
 float seconds, which loses the nanoseconds a capture records (`ts` round trips exactly).
 
-`read_packets(path)` yields (ts_ns, linktype, data, wire_len); `PacketWriter` writes raw
-IPv4 packets (LINKTYPE_RAW) with nanosecond timestamps."""
+`read_batches(path)` yields the packets in `PacketBatch`es: a pcap file is read in blocks
+and each block's record headers walked with struct.unpack_from, the batch being the block
+itself with packet offsets (no object or copy per packet; dpkt's per-packet objects were
+the import's cost); pcapng blocks are walked one at a time and joined into batches.
+`read_packets(path)` yields (ts_ns, linktype, data, wire_len) one packet at a time, data a
+read-only memoryview into a block of the file. `PacketWriter` writes raw IPv4 packets
+(LINKTYPE_RAW) with nanosecond timestamps."""
 
 from __future__ import annotations
 
 import struct
 from decimal import Decimal
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import dpkt
 import dpkt.pcap
+import numpy as np
 import dpkt.pcapng as ng
 
 from dcptool.capture.pcap.errors import NotAPacketFile
@@ -50,35 +56,40 @@ def sniff(path: str) -> str:
 
 
 class _Chunks:
-    """A file read CHUNK bytes at a time, taken in records."""
+    """A file read in blocks of CHUNK bytes, taken in records as memoryviews into the
+    block (no copy per record). Each block is a fresh bytes object, so a view stays valid
+    as long as its holder keeps it; holders that keep bytes beyond the packet (out-of-order
+    segments) copy them. Only a record that straddles two blocks is copied, alone."""
 
     def __init__(self, fh):
         self.fh = fh
-        self.buf = b""
+        self.buf = memoryview(b"")
         self.pos = 0
 
-    def take(self, n: int) -> bytes | None:
+    def take(self, n: int) -> memoryview | None:
         """The next n bytes, or None when the file ends first (what was there is dropped)."""
-        if self.pos + n > len(self.buf):
-            rest = self.buf[self.pos:]
-            more = self.fh.read(max(CHUNK, n - len(rest)))
-            self.buf = rest + more
-            self.pos = 0
-            if n > len(self.buf):
-                self.pos = len(self.buf)
-                return None
-        out = self.buf[self.pos:self.pos + n]
-        self.pos += n
-        return out
+        end = self.pos + n
+        if end <= len(self.buf):
+            self.pos = end
+            return self.buf[end - n:end]
+        rest = self.buf[self.pos:]
+        more = self.fh.read(max(CHUNK, n - len(rest)))   # large reads go straight into the bytes
+        self.buf, self.pos = memoryview(more), n - len(rest)
+        if self.pos > len(more):
+            self.pos = len(more)
+            return None
+        return memoryview(bytes(rest) + more[:self.pos]) if rest else self.buf[:self.pos]
 
     def at_end(self) -> bool:
         if self.pos < len(self.buf):
             return False
-        self.buf, self.pos = self.fh.read(CHUNK), 0
+        self.buf, self.pos = memoryview(self.fh.read(CHUNK)), 0
         return not self.buf
 
 
-def _pcap_records(fh, state: Truncated) -> Iterator[tuple[int, int, bytes, int]]:
+def _pcap_header(fh) -> tuple[struct.Struct, int, int]:
+    """(record header struct, ns per fraction unit, link type) from a pcap file header
+    (dpkt's FileHdr)."""
     head = fh.read(24)
     try:
         fhdr = dpkt.pcap.FileHdr(head)
@@ -90,7 +101,11 @@ def _pcap_records(fh, state: Truncated) -> Iterator[tuple[int, int, bytes, int]]
     if unit is None:
         raise NotAPacketFile("not a pcap or pcapng file")
     rec = struct.Struct(("<" if isinstance(fhdr, dpkt.pcap.LEFileHdr) else ">") + "IIII")
-    linktype = fhdr.linktype & 0x0FFFFFFF
+    return rec, unit, fhdr.linktype & 0x0FFFFFFF
+
+
+def _pcap_records(fh, state: Truncated) -> Iterator[tuple[int, int, memoryview, int]]:
+    rec, unit, linktype = _pcap_header(fh)
     chunks = _Chunks(fh)
     while not chunks.at_end():
         hdr = chunks.take(16)
@@ -123,7 +138,7 @@ def _ng_interface(buf: bytes, le: bool) -> tuple[int, int, int]:
     return idb.linktype, (mul, div, offset)
 
 
-def _pcapng_records(fh, state: Truncated) -> Iterator[tuple[int, int, bytes, int]]:
+def _pcapng_records(fh, state: Truncated) -> Iterator[tuple[int, int, memoryview, int]]:
     chunks = _Chunks(fh)
     le = True
     ifaces: list[tuple[int, tuple[int, int, int]]] = []
@@ -156,7 +171,7 @@ def _pcapng_records(fh, state: Truncated) -> Iterator[tuple[int, int, bytes, int
             state.truncated = True
             return
         if btype == ng.PCAPNG_BT_IDB:
-            ifaces.append(_ng_interface(head + body, le))
+            ifaces.append(_ng_interface(bytes(head) + bytes(body), le))
         elif btype == ng.PCAPNG_BT_EPB:
             iface, hi, lo, caplen, wire = struct.unpack_from("<IIIII" if le else ">IIIII", body)
             if iface >= len(ifaces):
@@ -172,7 +187,90 @@ def _pcapng_records(fh, state: Truncated) -> Iterator[tuple[int, int, bytes, int
             yield 0, ifaces[0][0], body[4:4 + min(wire, blen - 16)], wire
 
 
-def read_packets(path: str, state: Truncated) -> Iterator[tuple[int, int, bytes, int]]:
+class PacketBatch(NamedTuple):
+    """Packets of one link type over one buffer: packet i is buf[starts[i]:ends[i]],
+    captured at ts[i] (ns)."""
+    linktype: int
+    buf: memoryview
+    ts: list
+    starts: np.ndarray
+    ends: np.ndarray
+
+
+def _pcap_batches(fh, state: Truncated) -> Iterator[PacketBatch]:
+    """A pcap file in blocks of CHUNK bytes, the record headers of each block walked with
+    unpack_from: one batch per block over the block itself (packet bytes are not copied;
+    the few bytes of a record cut by the block's end start the next block)."""
+    rec, unit, linktype = _pcap_header(fh)
+    unpack = rec.unpack_from
+    tail = b""
+    while True:
+        block = bytearray(len(tail) + CHUNK)
+        block[:len(tail)] = tail
+        view = memoryview(block)
+        got = len(tail)
+        while got < len(block):
+            n = fh.readinto(view[got:])
+            if not n:
+                break
+            got += n
+        buf, n, pos = view[:got].toreadonly(), got, 0
+        ts, starts, ends = [], [], []
+        cut = False
+        while pos + 16 <= n:
+            sec, frac, caplen, _wire = unpack(buf, pos)
+            if caplen > SNAPLEN * 4:
+                cut = True       # a broken record length: nothing after it can be trusted
+                break
+            end = pos + 16 + caplen
+            if end > n:
+                break
+            ts.append(sec * 1_000_000_000 + frac * unit)
+            starts.append(pos + 16)
+            ends.append(end)
+            pos = end
+        state.packets += len(ts)
+        if ts:
+            yield PacketBatch(linktype, buf, ts, np.array(starts, np.int64), np.array(ends, np.int64))
+        tail = bytes(buf[pos:])
+        if cut or got < len(block):          # the file ended (or broke): a tail is a cut record
+            state.truncated = bool(tail)
+            return
+
+
+def _joined(records) -> Iterator[PacketBatch]:
+    """Packets one at a time (pcapng) gathered by link type into batches over one buffer."""
+    parts: list = []
+    ts: list = []
+    kind, size = None, 0
+    for t, linktype, data, _wire in records:
+        if parts and (linktype != kind or size >= CHUNK):
+            yield _batch(kind, parts, ts)
+            parts, ts, size = [], [], 0
+        kind = linktype
+        parts.append(data)
+        ts.append(t)
+        size += len(data)
+    if parts:
+        yield _batch(kind, parts, ts)
+
+
+def _batch(linktype: int, parts: list, ts: list) -> PacketBatch:
+    lens = np.fromiter(map(len, parts), np.int64, len(parts))
+    ends = np.cumsum(lens)
+    return PacketBatch(linktype, memoryview(b"".join(parts)), ts, ends - lens, ends)
+
+
+def read_batches(path: str, state: Truncated) -> Iterator[PacketBatch]:
+    """The packets of the file in batches (`PacketBatch`), in file order; a file cut inside
+    a record ends them with state.truncated set."""
+    kind = sniff(path)
+    state.format = kind
+    with open(path, "rb") as fh:
+        yield from (_pcap_batches(fh, state) if kind == "pcap" else _joined(_pcapng_records(fh, state)))
+
+
+def read_packets(path: str, state: Truncated) -> Iterator[tuple[int, int, memoryview, int]]:
     """(ts_ns, linktype, captured bytes, length on the wire) of every packet, in file
     order. A file cut inside a record ends the iteration with state.truncated set."""
     kind = sniff(path)

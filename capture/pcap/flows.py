@@ -64,7 +64,9 @@ def detect(server_port: int, chunk: bytes, dcp_ports) -> str:
     return "other"
 
 
-SCAN_BYTES = 256 * 2**10   # a direction's bytes are cut into frames this many at a time
+# a direction's bytes are cut into frames this many at a time (or at the importer's flush,
+# every 16 MiB of packets over all connections, which bounds what all framers hold together)
+SCAN_BYTES = 16 * 2**20
 BEFORE, FRAMES, AFTER = 0, 1, 2   # where a fragment sorts among the frames of its packet
 
 
@@ -79,7 +81,7 @@ class DcpFramer:
         self.marks: list[tuple[int, int, int]] = []   # (end offset in buf, ts, packet number)
         self.resync = MIDSTREAM if midstream else None
 
-    def data(self, chunk: bytes, ts: int, pkt: int) -> None:
+    def data(self, chunk, ts: int, pkt: int) -> None:
         self.buf += chunk
         self.marks.append((len(self.buf), ts, pkt))
         if self.resync is not None or len(self.buf) >= SCAN_BYTES:
@@ -93,12 +95,19 @@ class DcpFramer:
             if len(offsets):
                 marks = np.array(self.marks, dtype=np.int64)
                 at = np.searchsorted(marks[:, 0], offsets + lengths, side="left")
-                self.sink.frames(self.conn, self.out, bytes(self.buf[:consumed]), offsets, lengths,
+                self.sink.frames(self.conn, self.out, self._hand(consumed), offsets, lengths,
                                  marks[at, 1], marks[at, 2])
-                self._cut(consumed)
             if err is None:
                 return
             self.resync = f"not a frame header ({err})"
+
+    def _hand(self, n: int) -> bytearray:
+        """buf[:n] given away without copying it: buf becomes a new buffer holding only the
+        unfinished frame after it, and the old one, cut at n, is never written again."""
+        whole, self.buf = self.buf, self.buf[n:]
+        del whole[n:]
+        self.marks = [(end - n, ts, pkt) for end, ts, pkt in self.marks if end > n]
+        return whole
 
     def _cut(self, n: int) -> None:
         del self.buf[:n]
@@ -153,7 +162,8 @@ class LineFramer:
         self.buf = b""
         self.resync = MIDSTREAM if midstream else None
 
-    def data(self, chunk: bytes, ts: int, pkt: int = 0) -> None:
+    def data(self, chunk, ts: int, pkt: int = 0) -> None:
+        chunk = bytes(chunk)
         buf = self.buf + chunk if self.buf else chunk
         if self.resync is not None:
             nl = buf.find(b"\n")
@@ -200,7 +210,8 @@ class RespFramer:
         self.broken: str | None = MIDSTREAM if midstream else None
         self.resync = self.broken
 
-    def data(self, chunk: bytes, ts: int, pkt: int = 0) -> None:
+    def data(self, chunk, ts: int, pkt: int = 0) -> None:
+        chunk = bytes(chunk)
         buf = self.buf + chunk if self.buf else chunk
         if self.resync is not None:       # a mid-stream start: from the first array header on
             m = _RESP_RE.search(buf) or re.compile(rb"\*[0-9]{1,3}\r\n").search(buf)

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import dcptool.capture.pcap.flows as flows
 import dcptool.capture.pcap.tcp as tcp
 from dcptool.capture.pcap.errors import UndecodablePcap
-from dcptool.capture.pcap.fileformat import Truncated, read_packets
-from dcptool.capture.pcap.packets import ACK, FIN, RST, SYN, parse
+from dcptool.capture.pcap.fileformat import PacketBatch, Truncated, read_batches
+from dcptool.capture.pcap.packets import ACK, FIN, RST, SYN, addr, parse, parse_batch
 from dcptool.capture.pcap.sinks import FLUSH_BYTES, DcpSink, SynapseSink
 
 META_IMPORTED_FROM = "dcptool.imported_from"
@@ -60,9 +60,9 @@ def _writer_class():
 
 
 class _Flow:
-    def __init__(self, client: str, server: str):
+    def __init__(self, client: str, server: str, pool: tcp.Pool):
         self.client, self.server = client, server
-        self.dirs = {True: tcp.Direction(), False: tcp.Direction()}
+        self.dirs = {True: tcp.Direction(pool=pool), False: tcp.Direction(pool=pool)}
         self.proto: str | None = None
         self.framers: dict = {}
         self.fins = set()
@@ -74,8 +74,10 @@ def _port(addr: str) -> int:
 
 
 class Importer:
-    def __init__(self, path: str, output: str, dcp_ports, note, compression: str = "zstd"):
+    def __init__(self, path: str, output: str, dcp_ports, note, compression: str = "zstd",
+                 pending_limit: int = tcp.POOL_LIMIT):
         self.path, self.output, self.note, self.compression = path, output, note, compression
+        self.pool = tcp.Pool(pending_limit)
         self.dcp_ports = frozenset(dcp_ports)
         self.flows: dict[tuple[str, str], _Flow] = {}
         self.res = ImportResult(path=path)
@@ -94,51 +96,73 @@ class Importer:
                                compression=self.compression)
 
     # -- flows
-    def _flow_for(self, seg) -> _Flow:
-        f = self.flows.get((seg.src, seg.dst))
-        if f is not None and not (seg.flags & SYN and not seg.flags & ACK and f.dirs[True].next is not None):
+    def _flow_for(self, src: str, dst: str, flags: int) -> _Flow:
+        f = self.flows.get((src, dst))
+        if f is not None and not (flags & SYN and not flags & ACK and f.dirs[True].next is not None):
             return f
         if f is not None:
             self._close(f, "the connection was reused")
-        if seg.flags & SYN:
-            client, server = (seg.src, seg.dst) if not seg.flags & ACK else (seg.dst, seg.src)
-        elif _port(seg.dst) in KNOWN_PORTS | self.dcp_ports or (
-                _port(seg.src) not in KNOWN_PORTS | self.dcp_ports and _port(seg.dst) < _port(seg.src)):
-            client, server = seg.src, seg.dst
+        if flags & SYN:
+            client, server = (src, dst) if not flags & ACK else (dst, src)
+        elif _port(dst) in KNOWN_PORTS | self.dcp_ports or (
+                _port(src) not in KNOWN_PORTS | self.dcp_ports and _port(dst) < _port(src)):
+            client, server = src, dst
         else:
-            client, server = seg.dst, seg.src
-        f = _Flow(client, server)
+            client, server = dst, src
+        f = _Flow(client, server, self.pool)
         self.flows[(client, server)] = self.flows[(server, client)] = f
         return f
 
-    def packet(self, ts: int, linktype: int, data: bytes) -> None:
-        seg = parse(linktype, data)
-        if seg is None:
-            return
+    def batch(self, b: PacketBatch) -> None:
+        """A batch of packets: IPv4/TCP headers read for all of them at once (parse_batch),
+        the others one at a time (parse); then each segment in file order."""
+        buf, segment = b.buf, self.segment
+        got = parse_batch(b.linktype, buf, b.starts, b.ends)
+        starts, ends = b.starts.tolist(), b.ends.tolist()
+        if got is None:
+            bulk, cols = [False] * len(starts), [starts] * 9
+        else:
+            bulk, cols = got
+        for ts, fast, s, e, src, sport, dst, dport, seq, ack, flags, ps, pe in zip(b.ts, bulk, starts, ends, *cols):
+            if fast:
+                segment(ts, addr(src, sport), addr(dst, dport), seq, ack, flags, buf[ps:pe], e - s)
+                continue
+            seg = parse(b.linktype, buf[s:e])
+            if seg is not None:
+                segment(ts, seg.src, seg.dst, seg.seq, seg.ack, seg.flags, seg.payload, e - s)
+
+    def segment(self, ts: int, src: str, dst: str, seq: int, ack: int, flags: int, payload, size: int) -> None:
+        """One TCP segment of `size` captured bytes, in capture order."""
         self.pkt += 1
-        self.since_flush += len(data)
+        self.since_flush += size
         if self.since_flush >= FLUSH_BYTES:
             self.flush()
         self.res.tcp_packets += 1
-        f = self._flow_for(seg)
+        f = self._flow_for(src, dst, flags)
         f.last_ts = ts
-        from_client = seg.src == f.client
+        from_client = src == f.client
         d, peer = f.dirs[from_client], f.dirs[not from_client]
-        seq = seg.seq
-        if seg.flags & SYN:
+        if flags & SYN:
             d.syn(seq)
             seq += 1
-        if seg.flags & ACK:
+        if flags & ACK and not peer.is_acked(ack):
             items: list = []
-            peer.acked(seg.ack, items)
+            peer.acked(ack, items)
             self._deliver(f, not from_client, items, ts)
-        items = []
-        d.segment(seq, seg.payload, items)
-        self._deliver(f, from_client, items, ts)
-        if seg.flags & FIN:
-            d.fin(seq, len(seg.payload))
+        if f.proto is not None and payload and d.in_order(seq, len(payload)):
+            framer = f.framers.get(from_client)      # the stream as it comes: straight to the framer
+            if framer is not None:
+                framer.data(payload, ts, self.pkt)
+        else:
+            items = []
+            d.segment(seq, payload, items)
+            self._deliver(f, from_client, items, ts)
+            if self.pool.bytes > self.pool.limit:
+                self._shed(ts)
+        if flags & FIN:
+            d.fin(seq, len(payload))
             f.fins.add(from_client)
-        if seg.flags & RST or len(f.fins) == 2:
+        if flags & RST or len(f.fins) == 2:
             self._close(f, "the connection closed")
 
     def _deliver(self, f: _Flow, from_client: bool, items: list, ts: int) -> None:
@@ -148,7 +172,7 @@ class Importer:
             first = next((x[1] for x in items if x[0] == tcp.DATA), None)
             if first is None:
                 return
-            self._start(f, first)
+            self._start(f, bytes(first))
         framer = f.framers.get(from_client)
         if framer is None:
             return
@@ -157,6 +181,18 @@ class Importer:
                 framer.data(x, ts, self.pkt)
             else:
                 framer.gap(x, ts, self.pkt)
+
+    def _shed(self, ts: int) -> None:
+        """Too many bytes wait behind holes: the directions holding most give their first
+        hole up as lost (flagged like any other) until the pool is under its limit."""
+        dirs = [(f, c) for f in {id(f): f for f in self.flows.values()}.values() for c in (True, False)]
+        while self.pool.bytes > self.pool.limit:
+            f, from_client = max(dirs, key=lambda fc: fc[0].dirs[fc[1]].pending_bytes)
+            if not f.dirs[from_client].pending:
+                return
+            items: list = []
+            f.dirs[from_client].skip_hole(items)
+            self._deliver(f, from_client, items, ts)
 
     def _start(self, f: _Flow, first: bytes) -> None:
         f.proto = flows.detect(_port(f.server), first, self.dcp_ports)
@@ -192,20 +228,23 @@ class Importer:
                 del self.flows[key]
 
     def flush(self) -> None:
-        """Every open connection cuts what it holds into frames, then the rows are written."""
+        """Every open connection cuts what it holds into frames (the server's side first:
+        a HELLO reply read there sets how the client's frames decode), then the rows are
+        written."""
         self.since_flush = 0
         for f in {id(f): f for f in self.flows.values()}.values():
-            for framer in f.framers.values():
-                framer.scan()
+            for from_client in (False, True):
+                if from_client in f.framers:
+                    f.framers[from_client].scan()
         for sink in self.sinks.values():
             sink.flush()
 
     def run(self) -> ImportResult:
         state = Truncated()
-        for ts, linktype, data, _wire in read_packets(self.path, state):
+        for b in read_batches(self.path, state):
             if not self.info["format"]:
                 self.info["format"] = state.format
-            self.packet(ts, linktype, data)
+            self.batch(b)
         self.res.format, self.res.packets, self.res.truncated = state.format, state.packets, state.truncated
         for f in list({id(f): f for f in self.flows.values()}.values()):
             self._close(f, "the capture ended")

@@ -107,18 +107,19 @@ class DcpSink(Sink):
         self._add(("dcp", conn, out, buf, offsets, lengths, pkt * 4 + 1, ts, conn.collections), len(buf), n)
 
     def flush(self) -> None:
-        taken = self._take()
-        if taken is None:
+        """The rows held, in packet order, numbered and written: whole runs of one group
+        are written as zero-copy slices of their decoded batch (no reordering copy)."""
+        if not self.pieces:
             return
-        t, several = taken
-        order = t.column("frame_no").to_numpy()
-        if several or (len(order) > 1 and (np.diff(order) < 0).any()):
-            t = t.take(pa.array(np.argsort(order, kind="stable")))
-        n = t.num_rows
-        t = t.set_column(t.schema.get_field_index("frame_no"), "frame_no",
-                         pa.array(np.arange(self.written, self.written + n, dtype=np.int64)))
-        self.written += n
-        self.writer.write(t)
+        if self.writer is None:
+            self.writer = self.make_writer(self.protocol)
+        pieces, self.pieces, self.held = self.pieces, [], 0
+        for b in in_order(self._build(pieces)):
+            n = b.num_rows
+            b = b.set_column(b.schema.get_field_index("frame_no"), "frame_no",
+                             pa.array(np.arange(self.written, self.written + n, dtype=np.int64)))
+            self.written += n
+            self.writer.write(b)
 
     @staticmethod
     def _hello(conn: _Conn, buf: bytes, offsets) -> None:
@@ -150,18 +151,44 @@ class DcpSink(Sink):
                 fnos.append(order)
                 tss.append(ts)
                 base += len(buf)
-            buf = b"".join(bufs)
+            buf = bufs[0] if len(bufs) == 1 else b"".join(bufs)   # one piece (the usual): no copy
             o, l = np.concatenate(offs), np.concatenate(lens)
             from dcptool.protocol.dcp.wire import columnar
             b = columnar.decode_batch(buf, o, l, collections=collections, opaque_vbuckets=conn.opaque_vb)
             ts = np.concatenate(tss)
-            out.append(pa.Table.from_batches([to_record_batch(
+            out.append(to_record_batch(
                 b, frame_no=np.concatenate(fnos), conn=conn.no, ts_ns=ts, mono_ns=ts,
-                direction=np.full(len(o), 1 if is_out else 0, dtype=np.uint8), node=conn.node)]))
+                direction=np.full(len(o), 1 if is_out else 0, dtype=np.uint8), node=conn.node))
         errs = [p for p in pieces if p[0] == "err"]
         if errs:
-            out.append(_fragments(SCHEMA, errs))
+            out.append(_fragments(SCHEMA, errs).combine_chunks().to_batches()[0])
         return out
+
+
+MAX_RUNS = 64     # a flush cut into more runs than this (and 1 per 256 rows) is reordered by one take
+
+
+def in_order(batches: list) -> list:
+    """The rows of batches (each sorted by frame_no, the order key) merged in frame_no
+    order, ties in list order, as record batches: slices of the inputs where whole runs
+    keep their place, one reordered copy when the rows interleave finely."""
+    keys = [b.column("frame_no").to_numpy() for b in batches]
+    if len(batches) == 1 and (len(keys[0]) < 2 or not (np.diff(keys[0]) < 0).any()):
+        return batches
+    allk = np.concatenate(keys)
+    perm = np.argsort(allk, kind="stable")
+    which = np.repeat(np.arange(len(batches)), [len(k) for k in keys])[perm]
+    starts = np.flatnonzero((np.diff(perm) != 1) | (np.diff(which) != 0)) + 1
+    if len(starts) > max(MAX_RUNS, len(perm) // 256):
+        t = pa.Table.from_batches(batches)
+        return t.take(pa.array(perm)).combine_chunks().to_batches()
+    base = np.concatenate([[0], np.cumsum([len(k) for k in keys])])
+    bounds = np.concatenate([[0], starts, [len(perm)]])
+    out = []
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        i = int(which[lo])
+        out.append(batches[i].slice(int(perm[lo] - base[i]), hi - lo))
+    return out
 
 
 def _fragments(schema: pa.Schema, errs) -> pa.Table:

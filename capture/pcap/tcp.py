@@ -5,21 +5,38 @@ Sequence numbers are unwrapped to 64-bit stream offsets. A segment wholly before
 delivered is a retransmission (dropped); one that overlaps it gives only its new bytes; one
 after a hole waits. A hole is declared lost, never guessed, when the peer acknowledges
 bytes beyond it (the endpoint got them, the capture did not), when the connection ends,
-or when more than `max_pending` bytes wait behind it."""
+when more than `max_pending` bytes wait behind it, or when the importer gives it up because
+the bytes waiting in all directions together passed their `Pool`'s limit (`skip_hole`)."""
 
 from __future__ import annotations
 
 DATA, GAP = 0, 1
-MAX_PENDING = 16 * 2**20
+MAX_PENDING = 16 * 2**20        # bytes one direction holds behind a hole
+POOL_LIMIT = 64 * 2**20         # bytes all directions of an import hold behind holes
+
+
+class Pool:
+    """The bytes waiting behind holes over every direction that shares it (and the most
+    seen at once), so that many connections with holes still hold a bounded amount."""
+
+    def __init__(self, limit: int = POOL_LIMIT):
+        self.limit = limit
+        self.bytes = 0
+        self.peak = 0
+
+    def add(self, n: int) -> None:
+        self.bytes += n
+        self.peak = max(self.peak, self.bytes)
 
 
 class Direction:
-    def __init__(self, max_pending: int = MAX_PENDING):
+    def __init__(self, max_pending: int = MAX_PENDING, pool: Pool | None = None):
         self.next: int | None = None      # the stream offset expected next (unwrapped)
         self.base = 0                     # the raw sequence number of offset `next` at start
         self.pending: dict[int, bytes] = {}
         self.pending_bytes = 0
         self.max_pending = max_pending
+        self.pool = pool if pool is not None else Pool()
         self.saw_syn = False
         self.retransmitted = 0
         self.lost_bytes = 0
@@ -37,6 +54,19 @@ class Direction:
             self.saw_syn = True
             self.base, self.next = (seq + 1) & 0xFFFFFFFF, 0
 
+    def in_order(self, seq: int, n: int) -> bool:
+        """The common case in one step: a segment of n bytes starting exactly where the
+        stream is, nothing waiting: the stream moves past it and the caller delivers it
+        whole. False: use `segment`."""
+        if self.pending or self.next is None or seq != (self.base + self.next) & 0xFFFFFFFF:
+            return False
+        self.next += n
+        return True
+
+    def is_acked(self, ack: int) -> bool:
+        """An ACK of exactly what this direction delivered (nothing for `acked` to do)."""
+        return not self.pending and self.next is not None and ack == (self.base + self.next) & 0xFFFFFFFF
+
     def segment(self, seq: int, payload: bytes, out: list) -> None:
         """Add a segment's payload; appends (DATA, bytes) and (GAP, n) items to out."""
         if not payload:
@@ -51,8 +81,10 @@ class Direction:
         if start > self.next:
             old = self.pending.get(start)
             if old is None or len(old) < len(payload):
-                self.pending_bytes += len(payload) - (len(old) if old else 0)
-                self.pending[start] = payload
+                grown = len(payload) - (len(old) if old else 0)
+                self.pending_bytes += grown
+                self.pool.add(grown)
+                self.pending[start] = bytes(payload)   # a copy: a view would pin its file block
             if self.pending_bytes > self.max_pending:
                 self._skip_to(min(self.pending), out)
             return
@@ -67,6 +99,7 @@ class Direction:
                 return
             data = self.pending.pop(start)
             self.pending_bytes -= len(data)
+            self.pool.add(-len(data))
             end = start + len(data)
             if end > self.next:
                 out.append((DATA, data[self.next - start:]))
@@ -98,6 +131,11 @@ class Direction:
             self._skip_to(min(min(self.pending), off), out)
         else:
             self._skip_to(off, out)
+
+    def skip_hole(self, out: list) -> None:
+        """The first hole is lost: deliver what waited behind it (up to the next hole)."""
+        if self.pending:
+            self._skip_to(min(self.pending), out)
 
     def finish(self, out: list) -> None:
         """The connection ended: every hole left is lost."""

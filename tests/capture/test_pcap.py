@@ -369,6 +369,24 @@ def test_a_hole_acknowledged_by_the_peer_is_lost_at_once():
     assert len(out) == 3 and d.lost_bytes == 7
 
 
+def test_bytes_waiting_behind_holes_stay_under_the_pool_limit(tmp_path):
+    """A one-sided capture (no ACK ever shows a hole lost): the bytes held behind the hole
+    are bounded by the import's pool, the hole given up early, the frames after it kept."""
+    from dcptool.capture.pcap.importer import Importer
+    pkts, off = handshake(), 1
+    for i, f in enumerate(FRAMES):
+        pkts.append((1_700_000_000_000_000_000 + i, True, off, None if i == 2 else PSH | ACK, f))
+        off += len(f)
+    write_flow(str(tmp_path / "one-sided.pcap"), pkts)
+    imp = Importer(str(tmp_path / "one-sided.pcap"), str(tmp_path / "imp"), {11210}, lambda text: None,
+                   pending_limit=200)
+    res = imp.run()
+    assert imp.pool.peak <= 200 + max(map(len, FRAMES)) and imp.pool.bytes == 0
+    assert res.gaps == 1 and res.lost_bytes == len(FRAMES[2])
+    got = rows(tmp_path / "imp", ["raw", "decode_error"])
+    assert [r["raw"] for r in got if r["decode_error"] is None] == FRAMES[:2] + FRAMES[3:]
+
+
 def _resp(*parts: bytes) -> bytes:
     return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
 
@@ -483,3 +501,59 @@ def test_tcp_segments_are_found_under_every_link_type_tcpdump_writes(link):
         assert (seg.src, seg.dst) == ("[::1]:40001", "[::2]:11210")
     else:
         assert (seg.src, seg.dst) == ("10.0.0.1:40001", "10.0.0.2:11210")
+
+
+@pytest.mark.parametrize("link", [1, 113, 276, 0, 101])
+def test_headers_read_in_bulk_are_those_read_one_packet_at_a_time(link):
+    """parse_batch (numpy over a batch) agrees with parse (one packet) on packets cut
+    short, with bytes changed anywhere (versions, lengths, fragments, protocols, offsets)."""
+    import random
+
+    import numpy as np
+
+    from dcptool.capture.pcap.packets import addr, parse, parse_batch, tcp_packet
+    rnd = random.Random(link)
+    ip4 = tcp_packet(bytes([10, 0, 0, 1]), 40001, bytes([10, 0, 0, 2]), 11210, 7, 9, PSH | ACK, b"payload-xyz")
+    head = {1: bytes(12) + b"\x08\x00", 113: bytes(14) + b"\x08\x00", 276: b"\x08\x00" + bytes(18),
+            0: struct.pack("=I", 2), 101: b""}[link]
+    pkts = []
+    for _ in range(400):
+        p = bytearray(head + ip4 + bytes(rnd.randint(0, 4)))
+        for _ in range(rnd.randint(0, 2)):
+            p[rnd.randrange(len(p))] = rnd.randrange(256)
+        pkts.append(bytes(p[:rnd.randint(0, len(p))]) if rnd.random() < 0.2 else bytes(p))
+    lens = np.array([len(p) for p in pkts], np.int64)
+    ends = np.cumsum(lens)
+    buf = b"".join(pkts)
+    bulk, cols = parse_batch(link, buf, ends - lens, ends)
+    assert 0 < sum(bulk) < len(pkts)        # both ways taken
+    for i, p in enumerate(pkts):
+        if bulk[i]:
+            src, sport, dst, dport, seq, ack, flags, ps, pe = (c[i] for c in cols)
+            seg = parse(link, p)
+            assert seg is not None and (addr(src, sport), addr(dst, dport), seq, ack, flags) == seg[:5]
+            assert buf[ps:pe] == seg.payload
+
+
+@pytest.mark.parametrize("runs", [0, 3, 5000])
+def test_rows_of_a_flush_are_merged_in_frame_order_as_slices_or_one_take(runs):
+    """sinks.in_order gives the rows of its batches in frame_no order, ties in batch order,
+    whether whole runs stay slices (few runs) or everything is reordered once (many)."""
+    import random
+
+    import numpy as np
+    import pyarrow as pa
+
+    from dcptool.capture.pcap.sinks import in_order
+    rnd = random.Random(runs)
+    if runs:
+        keys = sorted(rnd.randrange(runs) for _ in range(6000))
+        parts = [sorted(k for k in keys if rnd.random() < 0.5) for _ in range(3)]
+    else:       # one batch after the other: a run must not cross from one into the next
+        parts = [list(range(0, 100)), list(range(100, 250)), list(range(250, 260))]
+    batches = [pa.record_batch({"frame_no": pa.array(p, pa.int64()),
+                                "src": pa.array([f"{i}:{j}" for j in range(len(p))])}) for i, p in enumerate(parts)]
+    got = pa.Table.from_batches(in_order(batches))
+    whole = pa.Table.from_batches(batches)
+    want = whole.take(pa.array(np.argsort(whole.column("frame_no").to_numpy(), kind="stable")))
+    assert got.to_pydict() == want.to_pydict()
