@@ -26,6 +26,7 @@ from dcptool.protocol.errors import DcptoolError
 from dcptool.replay.rules.dcp import COLLECTION_DROP, DOC_STATES
 from dcptool.replay.check import trace_read as R
 from dcptool.replay.store import reader
+from dcptool.replay.display import key_fields as key_text
 from dcptool.replay.timestamps import iso_ns
 
 TRACE_COLUMNS = ["event", "key", "collection_id", "vbucket", "capture_id", "frame_no", "ts", "node", "conn",
@@ -36,6 +37,12 @@ CHANGE_OPS = tuple(DOC_STATES) + ("commit",)
 KEY_OPS = CHANGE_OPS + ("prepare", "abort")
 MEMORY, DISK, HISTORY = 0x01, 0x02, 0x10
 OSO_START, OSO_END = 0x01, 0x02
+
+
+def key_fields(key: bytes) -> dict:
+    """The output contract's key: text, or key_base64 when it is not UTF-8."""
+    text, b64 = key_text(key)
+    return {"key": text} if b64 is None else {"key": None, "key_base64": b64}
 
 
 class TraceError(DcptoolError):
@@ -179,7 +186,6 @@ def _clock(ns: int | None) -> str:
 
 
 def _base(row: dict, event: str, key: bytes, cid) -> dict:
-    from dcptool.replay.check.forensics import key_fields
     out = dict.fromkeys(TRACE_COLUMNS)
     out.update(key_fields(key))
     out.update(event=event, collection_id=cid, vbucket=row.get("vbucket"), capture_id=row.get("capture_id"),
@@ -375,7 +381,6 @@ class _Story:
 
 
 def _not_seen(cap: Capture, key: bytes, cid, vb: int | None, vrows: list[dict]) -> dict:
-    from dcptool.replay.check.forensics import key_fields
     name = key.decode("utf-8", "replace")
     v = dict.fromkeys(TRACE_COLUMNS)
     v.update(key_fields(key))
@@ -434,7 +439,10 @@ def trace(paths: list[str], keys: list[bytes], collection: str | None = None,
         count = vbucket_count(rows, topo)
     want = {k: (vbucket if vbucket is not None else found_vb.get(k, vbucket_of(k, count) if count else None))
             for k in keys}
-    vrows = vbucket_rows(cap, rows, {v for v in want.values() if v is not None} | set(found_vb.values()), krows)
+    # every vbucket a key was received in (not one per key: a key of several documents may
+    # be in several), and the one each unseen key would be in
+    vbs = {v for v in want.values() if v is not None} | {r["vbucket"] for r in krows}
+    vrows = vbucket_rows(cap, rows, vbs, krows)
     out: list[dict] = []
     for k in keys:
         docs: dict = {}

@@ -199,7 +199,7 @@ def vbucket_rows(files, vbuckets: set[int], ranks: dict, anchors: list[tuple] | 
             probes.append(Probe(f, VB_PROBE, mask, groups))
         except (OSError, pa.ArrowException) as exc:
             raise _unreadable(f, exc) from exc
-    for p, pick in zip(probes, _needed(probes, ranks, anchors)):
+    for p, pick in zip(probes, markers_needed(probes, ranks, anchors)):
         try:
             out.extend(p.rows(pick, VB_COLUMNS))
         except (OSError, pa.ArrowException) as exc:
@@ -207,7 +207,7 @@ def vbucket_rows(files, vbuckets: set[int], ranks: dict, anchors: list[tuple] | 
     return out
 
 
-def _needed(probes: list[Probe], ranks: dict, anchors) -> list[np.ndarray]:
+def markers_needed(probes: list[Probe], ranks: dict, anchors) -> list[np.ndarray]:
     """Per probe, the hits to read whole: every one but inbound snapshot markers, and of
     those, for each anchor, the markers of its vbucket in its row group and the last one
     before that row group (per stream), and the one with the highest end. Rows are in
@@ -303,6 +303,8 @@ def may_hold_cluster_maps(f) -> bool:
 def topology(files, ranks: dict) -> list[dict]:
     """The cluster maps of the captures (replay/rules/topology.py), of the segments that can
     hold one."""
+    maybe = [f for f in files if may_hold_cluster_maps(f)]
+    if not maybe:
+        return []
     from dcptool.replay.rules.topology import local_topology
-    tt = local_topology([f for f in files if may_hold_cluster_maps(f)], ranks)
-    return pylist(tt)
+    return pylist(local_topology(maybe, ranks))
