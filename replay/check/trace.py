@@ -116,7 +116,7 @@ def vbucket_rows(cap: Capture, rows, vbuckets: set[int], krows: list[dict]) -> l
 def open_capture(paths: list[str]) -> Capture:
     files = reader.find_captures(paths)
     if reader.protocol_of(files) != "dcp":
-        raise TraceError("trace explains DCP keys; these are Synapse captures")
+        raise TraceError("trace explains DCP keys; these are Synapse captures (trace them with --event-id ID)")
     options: dict = {}
     for f in files:     # the latest capture's options (a resume keeps the filter)
         try:
