@@ -12,9 +12,9 @@ import tempfile
 import pyarrow as pa
 
 from dcptool.replay.check import trace_read as R
-from dcptool.replay.rules import tables as T, topology
+from dcptool.replay.rules import topology
 from dcptool.replay.spark import engine
-from dcptool.replay.spark.arrow import from_spark_arrow, to_spark_arrow
+from dcptool.replay.spark.arrow import from_spark_arrow
 from dcptool.replay.store.schema import capture_schema
 
 
@@ -60,9 +60,12 @@ class SparkRows:
         return self._rows(f"{_in('vbucket', sorted(vbuckets))} AND {_in('op', R.VB_OPS)}", R.VB_COLUMNS)
 
     def topology(self) -> list[dict]:
-        df = topology.spark_dataframe(self.df, engine.spark_schema, to_spark_arrow, self.cap.ranks)
-        schema = T.schema_of("dcp", "topology")
-        return R.pylist(T.canonical("dcp", "topology", from_spark_arrow(df.toArrow(), schema)))
+        # the candidate frames (a few cluster configs) are found by Spark and come to the
+        # driver, where the rule builds the maps: no Python worker to start for so little
+        full = capture_schema("dcp")
+        arrow = self.df.where(topology.SPARK_FILTER).select(*topology.CANDIDATE_COLUMNS).toArrow()
+        frames = from_spark_arrow(arrow, pa.schema([full.field(c) for c in topology.CANDIDATE_COLUMNS]))
+        return R.pylist(topology.topology_table(frames, self.cap.ranks))
 
     def highest_streamed_vbucket(self) -> int | None:
         row = self.df.where(f"{_in('op', ('stream_req', 'get_failover_log'))} AND vbucket IS NOT NULL") \
