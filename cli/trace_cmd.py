@@ -1,8 +1,6 @@
-"""`dcptool trace CAPTURE... KEY...`: the story of DCP keys in captures (replay/check/trace.py,
-in-process or with `--spark` on Spark, replay/spark/trace.py): one row per event that touched
-each key, then its verdict; `trace CAPTURE... --event-id ID`: the RDATA rows of Synapse events
-(replay/check/trace_synapse.py). JSON lines in a pipe, a table on a terminal. Exit 0 (a key
-never seen is a verdict, not an error)."""
+"""`dcptool trace CAPTURE... KEY...`: the story of DCP keys (replay/check/trace.py; --spark:
+replay/spark/trace.py), or of Synapse events with --event-id (replay/check/trace_synapse.py),
+then verdicts. JSON lines in a pipe, a table on a terminal. Exit 0 (not_seen is a verdict)."""
 
 from __future__ import annotations
 
@@ -59,11 +57,8 @@ def trace(args, collection, vbucket, event_ids, use_spark, master, fmt):
     not_seen, with `explain`, one sentence. Exit 0.
 
     \b
-    \b
-    Synapse (--event-id ID): one `rdata` row per RDATA row that carried the event (stream,
-    instance, token as sent, the token that committed it, conn, frame_no, ts), then a
-    `verdict` row: seen, or not_seen with the gaps (`gap` rows: tokens a POSITION said were
-    never received) of the streams that carry event ids.
+    Synapse (--event-id ID): the RDATA rows that carried the event, then a verdict: seen,
+    or not_seen with the gaps of the streams that carry event ids.
 
     \b
     Examples:
@@ -75,50 +70,20 @@ def trace(args, collection, vbucket, event_ids, use_spark, master, fmt):
     from dcptool.cli.sources import capture_paths
     from dcptool.replay.check import trace as T
     caps, keys = _split(args, bool(event_ids))
-    if event_ids:
-        if use_spark or collection is not None or vbucket is not None:
-            raise click.UsageError("--event-id (Synapse) takes none of --spark, --collection, --vbucket")
-        rows, columns = _synapse(capture_paths(caps), list(event_ids)), None
-    else:
-        try:
-            rows = _dcp(capture_paths(caps), keys, collection, vbucket, master if use_spark else None)
-        except T.TraceError as exc:
-            raise click.UsageError(str(exc)) from None
-        columns = T.TRACE_COLUMNS
-    if columns is None:
-        from dcptool.replay.check.trace_synapse import SYNAPSE_COLUMNS as columns
+    if event_ids and (use_spark or collection is not None or vbucket is not None):
+        raise click.UsageError("--event-id (Synapse) takes none of --spark, --collection, --vbucket")
+    raw = [k.encode("utf-8", "surrogateescape") for k in keys]
+    try:
+        if event_ids:
+            from dcptool.replay.check.trace_synapse import SYNAPSE_COLUMNS as columns, trace_synapse
+            rows = trace_synapse(capture_paths(caps), list(event_ids))
+        elif use_spark:
+            from dcptool.replay.spark.trace import trace_on_spark
+            rows, columns = trace_on_spark(capture_paths(caps), raw, master, collection, vbucket), T.TRACE_COLUMNS
+        else:
+            rows, columns = T.trace(capture_paths(caps), raw, collection, vbucket), T.TRACE_COLUMNS
+    except T.TraceError as exc:
+        raise click.UsageError(str(exc)) from None
     sink = Sink(default_format(fmt), columns=columns, title="trace")
     sink.write_many(rows)
     sink.close()
-
-
-def _dcp(paths: list[str], keys: list[str], collection, vbucket, master: str | None) -> list[dict]:
-    from dcptool.replay.check import trace as T
-    raw = [k.encode("utf-8", "surrogateescape") for k in keys]
-    if master is None:
-        return T.trace(paths, raw, collection=collection, vbucket=vbucket)
-    import warnings
-    warnings.filterwarnings("ignore", module="pyspark")
-    from dcptool.replay.spark import engine
-    from dcptool.replay.spark.trace import SparkRows
-    session = engine.make_session(master)
-    opened: list = []
-
-    def rows_of(cap):
-        opened.append(SparkRows(session, cap))
-        return opened[-1]
-    try:
-        return T.trace(paths, raw, collection=collection, vbucket=vbucket, engine=rows_of)
-    finally:
-        for r in opened:
-            r.close()
-        engine.stop_session(session)
-
-
-def _synapse(paths: list[str], event_ids: list[str]) -> list[dict]:
-    from dcptool.replay.check.trace_synapse import trace_events
-    from dcptool.replay.store import reader
-    files = reader.find_captures(paths)
-    if reader.protocol_of(files) != "synapse":
-        raise click.UsageError("--event-id traces Synapse events; these are DCP captures (give KEYs)")
-    return trace_events(files, event_ids)

@@ -145,9 +145,9 @@ def key_groups(f, keys: list[bytes], vbuckets: set[int] | None) -> list[int] | N
 
 
 def key_rows(files, keys: list[bytes], vbuckets: set[int] | None = None) -> list[dict]:
-    """The frames of the keys (any direction and op: the caller keeps what it needs), of the
-    row groups their key index says may hold them: the `key` column first, the others only
-    of the row groups with a hit."""
+    """The frames of the keys (any direction and op: the caller keeps what it needs; with
+    `vbuckets`, in those only), of the row groups their key index (and vbucket statistics)
+    say may hold them: the `key` column first, the others only of the row groups with a hit."""
     want = pa.array(keys, pa.binary())
 
     def mask(t):
@@ -163,7 +163,8 @@ def key_rows(files, keys: list[bytes], vbuckets: set[int] | None = None) -> list
             out.extend(p.rows(np.arange(len(p.hit)), KEY_COLUMNS))
         except (OSError, pa.ArrowException) as exc:
             raise _unreadable(f, exc) from exc
-    return out
+    # the rows of the vbuckets only, whatever the layout of the row groups (as on Spark)
+    return out if not vbuckets else [r for r in out if r["vbucket"] in vbuckets]
 
 
 VB_PROBE = ["vbucket", "op", "direction", "stream_id", "snap_end"]

@@ -65,6 +65,15 @@ def _clock(ns) -> str:
     return s[11:19] + " UTC" if s and len(s) > 19 else "?"
 
 
+def trace_synapse(paths: list[str], event_ids: list[str]) -> list[dict]:
+    """trace_events of the captures at `paths`; TraceError when they are DCP captures."""
+    from dcptool.replay.check.trace import TraceError
+    files = reader.find_captures(paths)
+    if reader.protocol_of(files) != "synapse":
+        raise TraceError("--event-id traces Synapse events; these are DCP captures (give KEYs)")
+    return trace_events(files, event_ids)
+
+
 def trace_events(files, event_ids: list[str]) -> list[dict]:
     """The trace rows of Synapse `event_ids` in the captures `files` (see the module docstring)."""
     ranks = reader.capture_ranks(files)

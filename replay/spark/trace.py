@@ -71,3 +71,23 @@ class SparkRows:
         row = self.df.where(f"{_in('op', ('stream_req', 'get_failover_log'))} AND vbucket IS NOT NULL") \
                      .agg({"vbucket": "max"}).collect()
         return None if not row or row[0][0] is None else int(row[0][0])
+
+
+def trace_on_spark(paths: list[str], keys: list[bytes], master: str, collection: str | None = None,
+                   vbucket: int | None = None) -> list[dict]:
+    """trace.trace of `keys` with its reads on a Spark session of `master`, stopped after."""
+    import warnings
+    from dcptool.replay.check import trace as T
+    warnings.filterwarnings("ignore", module="pyspark")
+    session = engine.make_session(master)
+    opened: list[SparkRows] = []
+
+    def rows_of(cap):
+        opened.append(SparkRows(session, cap))
+        return opened[-1]
+    try:
+        return T.trace(paths, keys, collection=collection, vbucket=vbucket, engine=rows_of)
+    finally:
+        for r in opened:
+            r.close()
+        engine.stop_session(session)
