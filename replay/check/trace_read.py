@@ -241,10 +241,9 @@ def markers_needed(probes: list[Probe], ranks: dict, anchors) -> list[np.ndarray
         for g, avb in groups:
             if avb != vb:
                 continue
-            before = [m for m in ms if m[0][:3] < g]
-            for m in ms if not before else [before[-1]] + [m for m in ms if m[0][:3] == g]:
-                if m[0][:3] <= g:
-                    keep[m[1]].add(m[2])
+            before = [m for m in ms if m[0][:3] < g]       # (rank, segment, row group) < the anchor's
+            for m in before[-1:] + [m for m in ms if m[0][:3] == g]:
+                keep[m[1]].add(m[2])
         ends = [m for m in ms if m[3] is not None]
         if ends:
             top = max(ends, key=lambda m: m[3])
@@ -252,9 +251,14 @@ def markers_needed(probes: list[Probe], ranks: dict, anchors) -> list[np.ndarray
     return [np.array(sorted(k), np.int64) for k in keep]
 
 
+LAST = 1 << 62
+
+
 def _group_of(probes: list[Probe], ranks: dict, order: tuple) -> tuple | None:
     """(capture rank, segment, row group) holding the frame at capture order `order`, by
-    the frame_no statistics of the row groups, or None."""
+    the frame_no statistics of the row groups; a frame no finished row group holds is in its
+    capture's in-progress segment, after all of them: (rank, LAST, LAST). None when a row
+    group has no statistics to tell."""
     rank, frame = order
     for p in probes:
         if ranks.get(p.f.capture_id, len(ranks)) != rank:
@@ -269,7 +273,7 @@ def _group_of(probes: list[Probe], ranks: dict, order: tuple) -> tuple | None:
                 return None
             if st.min <= frame <= st.max:
                 return rank, p.f.segment, rg
-    return None
+    return rank, LAST, LAST
 
 
 def _stat_may(f, rg: int, column: str, test) -> bool:

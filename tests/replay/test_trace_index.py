@@ -84,7 +84,7 @@ def captures(tmp_path_factory):
     base = tmp_path_factory.mktemp("trace_index")
     caps = capgen.generate("dcp", seed=27, n_events=500, max_captures=2)
     old = str(base / "old")
-    capgen.write_captures(caps, old, seed=27, max_segments=2, in_progress_last=True, row_group_size=40)
+    capgen.write_captures(caps, old, seed=27, max_segments=2, in_progress_last=True, row_group_size=7)
     new = str(base / "new")
     _with_index(old, new)
     keys = sorted({k for _, t in caps for k in t.column("key").to_pylist() if k is not None})
