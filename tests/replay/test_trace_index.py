@@ -116,3 +116,13 @@ def test_trace_with_and_without_the_index_tells_the_same_story(captures, monkeyp
     assert full[-1]["verdict"] == "not_seen"
     for k in keys[:: max(1, len(keys) // 8)]:     # one key at a time, as a user asks
         assert T.trace([new], [k]) == [r for r in full if r["key"] == k.decode()]
+    # a key never seen in a streamed vbucket: "streamed to seqno N", the highest snapshot end
+    # (of the finished segments alone: an in-progress one is read whole)
+    def finished(d):
+        return [os.path.join(d, n) for n in sorted(os.listdir(d)) if n.endswith(".parquet")]
+    vbs = sorted({r["vbucket"] for r in full if r["event"] == "change"})[:3]
+    unseen = [T.trace(finished(new), [b"never-seen"], vbucket=vb)[0] for vb in vbs]
+    with monkeypatch.context() as m:
+        _full_read(m)
+        assert unseen == [T.trace(finished(old), [b"never-seen"], vbucket=vb)[0] for vb in vbs]
+    assert any("to seqno" in v["explain"] for v in unseen)
