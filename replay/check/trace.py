@@ -7,10 +7,10 @@ key (live, deleted, expired, undone, not_seen) with a sentence that explains it.
 The rules are those of replay (REPLAY.md, replay/rules/dcp.py): a ROLLBACK answer to a
 stream request undoes every change of its vbucket received before it with a by_seqno
 above the rollback seqno (the earliest such rollback counts), a document's state is its
-last change not undone, a dropped collection's documents are gone. Only two small reads
-are made: the rows of the key (Parquet row groups pruned on the `key` statistics; an
-in-progress `.arrows` segment is read whole), and the stream rows of its vbucket (a few
-small columns); plus the cluster maps (replay/rules/topology.py)."""
+last change not undone, a dropped collection's documents are gone. The reads are an
+engine's (LocalRows: replay/check/trace_read.py, the row groups the key index says may hold
+the key, and the stream rows of its vbucket the story needs; SparkRows: replay/spark/trace.py)
+and give the same rows; the story is told here, the same for both."""
 
 from __future__ import annotations
 

@@ -11,7 +11,6 @@ CAPTURE_FORMAT.md ("Key index") is the contract."""
 
 from __future__ import annotations
 
-import os
 import struct
 
 import pyarrow as pa
@@ -147,7 +146,7 @@ def _vbucket_may(chunk, vbuckets: set[int]) -> bool:
     return any(st.min <= v <= st.max for v in vbuckets)
 
 
-def has_index(path: str | os.PathLike, md) -> bool:
+def has_index(md) -> bool:
     """Whether every row group of a finished segment carries a key filter."""
     from dcptool.replay.store.footers import leaf_index
     ki = leaf_index(md, KEY_COLUMN)

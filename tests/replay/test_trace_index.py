@@ -43,7 +43,7 @@ def test_capture_writer_writes_an_index_that_picks_the_row_groups(tmp_path):
         seg.flush_row_group()
     seg.finish()
     md = pq.read_metadata(final)
-    assert md.num_row_groups == 3 and key_index.has_index(final, md)
+    assert md.num_row_groups == 3 and key_index.has_index(md)
     for g, keys in enumerate(groups):
         for k in keys[::50]:
             assert key_index.row_groups_for(final, md, [k]) == [g]
@@ -56,7 +56,7 @@ def test_capture_writer_writes_an_index_that_picks_the_row_groups(tmp_path):
     plain = str(tmp_path / "plain.parquet")
     pq.write_table(pq.read_table(final), plain)
     assert key_index.row_groups_for(plain, pq.read_metadata(plain), [b"g0-1"]) is None
-    assert not key_index.has_index(plain, pq.read_metadata(plain))
+    assert not key_index.has_index(pq.read_metadata(plain))
 
 
 def _with_index(src: str, dst: str) -> None:
