@@ -126,3 +126,14 @@ def test_trace_with_and_without_the_index_tells_the_same_story(captures, monkeyp
         _full_read(m)
         assert unseen == [T.trace(finished(old), [b"never-seen"], vbucket=vb)[0] for vb in vbs]
     assert any("to seqno" in v["explain"] for v in unseen)
+
+
+def test_a_recovered_in_progress_segment_gets_the_index(tmp_path):
+    """`capture --resume` finishes a leftover `.arrows` through the same segment finishing."""
+    caps = capgen.generate("dcp", seed=5, n_events=60, max_captures=1)
+    paths = capgen.write_captures(caps, str(tmp_path), seed=5, max_segments=1, in_progress_last=True)
+    done = segment.finish_in_progress(paths[-1])
+    md = pq.read_metadata(done["path"])
+    assert done["rows"] > 0 and key_index.has_index(md)
+    key = next(k for k in pq.read_table(done["path"], columns=["key"]).column("key").to_pylist() if k)
+    assert key_index.row_groups_for(done["path"], md, [key]) == [0]
