@@ -1,9 +1,9 @@
 """`dcptool trace --spark`: the reads of a trace on Spark (replay/check/trace.py tells the
 story, the same Python rule for both engines; trace_read.py has this process's reads). The
 frames DataFrame of replay/spark/engine.py is filtered with the filters pushed down to the
-Parquet scan (`key IN (...)`: Spark's Parquet reader skips the row groups whose key index,
-replay/store/key_index.py, excludes every key), and only the few rows found come to the
-driver, as Arrow, in the capture's types."""
+Parquet scan (`key IN (...)`: for a few keys Spark's Parquet reader can skip the row groups
+whose key index, replay/store/key_index.py, excludes them), and only the few rows found come
+to the driver, as Arrow, in the capture's types."""
 
 from __future__ import annotations
 
