@@ -63,35 +63,44 @@ def op_in(ops) -> ds.Expression:
     return pc.field("op").cast(pa.string()).isin(list(ops))
 
 
+PROBE_GROUPS = 8      # row groups whose probe columns are read at once: memory stays bounded
+
+
 class Probe:
-    """The probe columns of some row groups of a finished segment, and the rows among them
-    where a mask holds: `hit` (indices into `table`), `where` (their row groups) and `at`
-    (their indices within them)."""
+    """The rows of some row groups of a finished segment where a mask of the probe columns
+    holds: `table` (their probe columns), `where` (their row groups), `at` (their indices
+    within them). The probe columns are read PROBE_GROUPS row groups at a time and only the
+    rows that hit are kept."""
 
     def __init__(self, f, probe: list[str], mask, groups: list[int] | None):
         full = reader.capture_schema(f.protocol)
+        schema = pa.schema([full.field(c) for c in probe])
         self.f, self.pf = f, reader.parquet_file(f, pre_buffer=True)
         md = self.pf.metadata
         todo = list(range(md.num_row_groups)) if groups is None else groups
         STATS["row_groups"] += md.num_row_groups
         self.names = set(self.pf.schema_arrow.names)
         cols = [c for c in probe if c in self.names]
-        t = (self.pf.read_row_groups(todo, columns=cols, use_threads=True) if todo
-             else pa.schema([full.field(c) for c in cols]).empty_table())
-        self.table = reader.conform(t, pa.schema([full.field(c) for c in probe]))
-        none = np.zeros(0, np.int64)
-        self.hit = np.flatnonzero(as_bool(mask(self.table))) if self.table.num_rows else none
-        sizes = np.array([md.row_group(rg).num_rows for rg in todo], np.int64)
-        ends = np.cumsum(sizes)
-        k = np.searchsorted(ends, self.hit, side="right")
-        self.where = np.asarray(todo, np.int64)[k] if len(self.hit) else none
-        self.at = self.hit - (ends - sizes)[k] if len(self.hit) else none
+        parts, wheres, ats = [schema.empty_table()], [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+        for i in range(0, len(todo), PROBE_GROUPS):
+            chunk = todo[i:i + PROBE_GROUPS]
+            t = reader.conform(self.pf.read_row_groups(chunk, columns=cols, use_threads=True), schema)
+            hit = np.flatnonzero(as_bool(mask(t))) if t.num_rows else np.zeros(0, np.int64)
+            sizes = np.array([md.row_group(rg).num_rows for rg in chunk], np.int64)
+            ends = np.cumsum(sizes)
+            k = np.searchsorted(ends, hit, side="right")
+            parts.append(t.take(pa.array(hit, pa.int64())))
+            wheres.append(np.asarray(chunk, np.int64)[k])
+            ats.append(hit - (ends - sizes)[k])
+        self.table = pa.concat_tables(parts)
+        self.where, self.at = np.concatenate(wheres), np.concatenate(ats)
+        self.hit = np.arange(self.table.num_rows)
 
     def rows(self, pick: np.ndarray, columns: list[str]) -> list[dict]:
-        """The hits `pick` (indices into `hit`) with every column of `columns`: those not
+        """The hits `pick` (indices into `table`) with every column of `columns`: those not
         probed are read only from the row groups that hold one, in one read."""
         full = reader.capture_schema(self.f.protocol)
-        t = self.table.take(pa.array(self.hit[pick], pa.int64()))
+        t = self.table.take(pa.array(pick, pa.int64()))
         rest = [c for c in columns if c not in t.column_names]
         if rest and len(pick):
             chosen = np.unique(self.where[pick])
@@ -228,7 +237,7 @@ def markers_needed(probes: list[Probe], ranks: dict, anchors) -> list[np.ndarray
     markers: dict = {}      # (vbucket, stream id) -> [(position, probe, hit index, snap end)]
     for i, p in enumerate(probes):
         rank = ranks.get(p.f.capture_id, len(ranks))
-        hits = p.table.take(pa.array(p.hit, pa.int64())).to_pydict()
+        hits = p.table.to_pydict()
         for j in range(len(p.hit)):
             if hits["op"][j] in MARKERS and hits["direction"][j] == "in":
                 pos = (rank, p.f.segment, int(p.where[j]), int(p.at[j]))
