@@ -6,8 +6,6 @@ the cluster maps of the segments whose statistics say they can hold one."""
 
 from __future__ import annotations
 
-import bisect
-
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
