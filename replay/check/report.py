@@ -22,6 +22,7 @@ TITLES = {
     "rate": "Frames and bytes per second",
     "progress_dcp": "Progress per vbucket (highest seqno)",
     "progress_synapse": "Progress per stream (highest token)",
+    "lag": "Lag per node (items behind the high seqno, highest of its vbuckets)",
     "marks": "Rollbacks, failovers, rebalances and reconnects",
     "kinds_dcp": "Snapshot kinds",
     "kinds_synapse": "RDATA rows per stream",
@@ -126,6 +127,14 @@ def _summary_html(d: D.ReportData, paths: list[str]) -> str:
             f"dcptool {html.escape(__version__)}</p>")
 
 
+def _lag(go, d: D.ReportData):
+    fig = go.Figure()
+    for node, (x, v) in (d.lag or {}).items():
+        fig.add_trace(go.Scatter(x=_times(x), y=v, name=node, mode="lines+markers", marker={"size": 3}))
+    _layout(fig, TITLES["lag"] + ("" if d.lag else ": none"), 360)
+    return fig
+
+
 def figures(d: D.ReportData) -> list:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -134,6 +143,8 @@ def figures(d: D.ReportData) -> list:
             _bar(go, TITLES["kinds_" + d.protocol], list(d.kinds), list(d.kinds.values())),
             _bar(go, TITLES["segments"] + " (MiB)", [s.name for s in segs], [s.bytes / 2**20 for s in segs],
                  hover=[f"{s.bytes:,} bytes, {'?' if s.rows is None else f'{s.rows:,}'} rows" for s in segs])]
+    if d.lag is not None:      # a replay with a `lag` table (issue 26)
+        figs.insert(2, _lag(go, d))
     if d.protocol == "dcp":
         figs.append(_bar(go, TITLES["keys"], [f"{k} (collection {c})" if c else k for k, c, _ in d.top_keys],
                          [n for _, _, n in d.top_keys], horizontal=True))

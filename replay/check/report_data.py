@@ -55,6 +55,7 @@ class ReportData:
     mark_counts: dict = field(default_factory=dict)     # kind -> count
     kinds: dict = field(default_factory=dict)           # snapshot kind (DCP) / stream (Synapse) -> count
     top_keys: list = field(default_factory=list)        # (key text, collection id, changes)
+    lag: dict | None = None                             # node -> (bin start ns, highest lag_items); None: no `lag` table
 
 
 class _Acc:
@@ -283,4 +284,44 @@ def collect(files: list[reader.CaptureFile], *, max_points: int = 2000, max_seri
         if t.num_rows:
             feed(t)
     acc.finish(data, max_series, top_keys)
+    lag = lag_table(files)
+    if lag is not None:
+        data.lag = lag_by_node(lag, t0, width, acc.nbins, max_series)
     return data
+
+
+LAG_COLUMNS = ["ts", "node", "vbucket", "high_seqno", "seqno", "lag_items"]
+
+
+def lag_table(files: list[reader.CaptureFile]) -> pa.Table | None:
+    """The replay's `lag` table of DCP captures (its LAG_COLUMNS), or None while the replay
+    has no such table (issue 26 adds it) or it lacks one of them."""
+    if reader.protocol_of(files) != "dcp":
+        return None
+    from dcptool.replay.rules import tables as T
+    if "lag" not in T.table_specs("dcp"):
+        return None
+    from dcptool.replay.local.engine import replay_local
+    t = replay_local(files, tables=["lag"]).table("lag")
+    return t.select(LAG_COLUMNS) if set(LAG_COLUMNS) <= set(t.column_names) else None
+
+
+def lag_by_node(t: pa.Table, t0: int, width: int, nbins: int, max_series: int) -> dict:
+    """node -> (bin start ns, highest lag_items of its vbuckets in the bin), the bins with a
+    row only; the `max_series` nodes with the most rows."""
+    if not t.num_rows:
+        return {}
+    ts = _ns(t.column("ts"))
+    lag = _int(t.column("lag_items"), 0)
+    nodes = np.array([str(n) if n is not None else "?" for n in t.column("node").to_pylist()], dtype=object)
+    b = np.clip((ts - t0) // max(1, width), 0, nbins - 1)
+    names, counts = np.unique(nodes, return_counts=True)
+    keep = sorted(names[np.argsort(-counts, kind="stable")][:max_series])
+    out = {}
+    for name in keep:
+        mine = nodes == name
+        grid = np.full(nbins, -1, np.int64)
+        np.maximum.at(grid, b[mine], lag[mine])
+        have = grid >= 0
+        out[name] = (t0 + np.flatnonzero(have).astype(np.int64) * width, grid[have])
+    return out

@@ -7,10 +7,10 @@ key (live, deleted, expired, undone, not_seen) with a sentence that explains it.
 The rules are those of replay (REPLAY.md, replay/rules/dcp.py): a ROLLBACK answer to a
 stream request undoes every change of its vbucket received before it with a by_seqno
 above the rollback seqno (the earliest such rollback counts), a document's state is its
-last change not undone, a dropped collection's documents are gone. Only two small reads
-are made: the rows of the key (Parquet row groups pruned on the `key` statistics; an
-in-progress `.arrows` segment is read whole), and the stream rows of its vbucket (a few
-small columns); plus the cluster maps (replay/rules/topology.py)."""
+last change not undone, a dropped collection's documents are gone. The reads are an
+engine's (LocalRows: replay/check/trace_read.py, the row groups the key index says may hold
+the key, and the stream rows of its vbucket the story needs; SparkRows: replay/spark/trace.py)
+and give the same rows; the story is told here, the same for both."""
 
 from __future__ import annotations
 
@@ -20,28 +20,29 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 from dcptool.protocol.dcp.wire.constants import Status, status_name, stream_end_reason_name
 from dcptool.protocol.errors import DcptoolError
 from dcptool.replay.rules.dcp import COLLECTION_DROP, DOC_STATES
-from dcptool.replay.rules.topology import local_topology
+from dcptool.replay.check import trace_read as R
 from dcptool.replay.store import reader
+from dcptool.replay.display import key_fields as key_text
 from dcptool.replay.timestamps import iso_ns
 
 TRACE_COLUMNS = ["event", "key", "collection_id", "vbucket", "capture_id", "frame_no", "ts", "node", "conn",
                  "op", "seqno", "cas", "stream_id", "snapshot_start", "snapshot_end", "snapshot_kind",
                  "rollback_seqno", "restored", "restored_seqno", "detail", "verdict", "explain"]
-KEY_COLUMNS = ["capture_id", "frame_no", "ts", "node", "conn", "direction", "op", "vbucket", "cas",
-               "collection_id", "key", "by_seqno", "stream_id", "decode_error"]
-VB_COLUMNS = ["capture_id", "frame_no", "ts", "node", "conn", "direction", "op", "status", "vbucket",
-              "stream_id", "collection_id", "by_seqno", "snap_start", "snap_end", "snap_flags",
-              "stream_end_reason", "rollback_seqno", "system_event_id", "req_start_seqno", "decode_error"]
+KEY_COLUMNS, VB_COLUMNS = R.KEY_COLUMNS, R.VB_COLUMNS
 CHANGE_OPS = tuple(DOC_STATES) + ("commit",)
 KEY_OPS = CHANGE_OPS + ("prepare", "abort")
-VB_OPS = ("stream_req", "stream_end", "snapshot_marker", "oso_snapshot", "system_event")
 MEMORY, DISK, HISTORY = 0x01, 0x02, 0x10
 OSO_START, OSO_END = 0x01, 0x02
+
+
+def key_fields(key: bytes) -> dict:
+    """The output contract's key: text, or key_base64 when it is not UTF-8."""
+    text, b64 = key_text(key)
+    return {"key": text} if b64 is None else {"key": None, "key_base64": b64}
 
 
 class TraceError(DcptoolError):
@@ -67,106 +68,55 @@ class Capture:
 
 # ------------------------------------------------------------------------------ reading
 
-def _read(f, columns: list[str], expr) -> pa.Table:
-    """The rows of one segment matching `expr`, in the capture schema (`columns`)."""
-    if f.in_progress:
-        t = reader.read_file(f, columns)
-        return t.filter(expr)
-    try:
-        dset = ds.dataset(f.path, format="parquet")
-        present = [c for c in columns if c in dset.schema.names]
-        t = dset.to_table(columns=present, filter=expr)
-    except (OSError, pa.ArrowException) as exc:
-        raise reader.CaptureError(f"{f.path}: unreadable ({exc})") from exc
-    full = reader.capture_schema(f.protocol)
-    return reader.conform(t, pa.schema([full.field(c) for c in columns]))
+class LocalRows:
+    """The reads of a trace in this process (replay/check/trace_read.py); the Spark engine's
+    are replay/spark/trace.SparkRows, with the same methods and rows."""
+
+    def __init__(self, cap: "Capture"):
+        self.cap = cap
+
+    def key_rows(self, keys: list[bytes], vbuckets: set[int] | None) -> list[dict]:
+        return R.key_rows(self.cap.files, keys, vbuckets)
+
+    def vbucket_rows(self, vbuckets: set[int], anchors: list[tuple]) -> list[dict]:
+        return R.vbucket_rows(self.cap.files, vbuckets, self.cap.ranks, anchors)
+
+    def topology(self) -> list[dict]:
+        return R.topology(self.cap.files, self.cap.ranks)
+
+    def highest_streamed_vbucket(self) -> int | None:
+        expr = R.op_in(("stream_req", "get_failover_log")) & pc.field("vbucket").is_valid()
+        high = None
+        for f in self.cap.files:
+            t = R.read_where(f, ["vbucket", "op"], expr)
+            if t.num_rows:
+                m = pc.max(t.column("vbucket")).as_py()
+                high = m if high is None else max(high, m)
+        return high
 
 
-def _rows(files, columns, expr) -> list[dict]:
-    out = []
-    for f in files:
-        t = _read(f, columns, expr)
-        if t.num_rows:
-            if "ts" in t.column_names:
-                t = t.set_column(t.column_names.index("ts"), "ts", t.column("ts").cast(pa.int64()))
-            out.extend(t.to_pylist())
+def key_rows(cap: Capture, rows, keys: list[bytes], vbuckets: set[int] | None = None) -> list[dict]:
+    """The `in` frames of the keys (changes, prepares, aborts), in capture order."""
+    out = [r for r in rows.key_rows(keys, vbuckets)
+           if r["op"] in KEY_OPS and r["direction"] == "in" and r["decode_error"] is None
+           and r["vbucket"] is not None]
+    out.sort(key=cap.order)
     return out
 
 
-def _op_in(ops) -> ds.Expression:
-    return pc.field("op").cast(pa.string()).isin(list(ops))
-
-
-def _row_group_hits(f, columns: list[str], probe: list[str], mask) -> list[dict]:
-    """The rows of one segment where `mask(probe columns)` holds: the `probe` columns are
-    read first, row group by row group, and the other `columns` only of the row groups with
-    a hit. An in-progress segment is read whole."""
-    full = reader.capture_schema(f.protocol)
-    schema = pa.schema([full.field(c) for c in columns])
-    if f.in_progress:
-        t = reader.read_file(f, columns)
-        parts = [t.filter(mask(t))]
-    else:
-        import pyarrow.parquet as pq
-        parts = []
-        try:
-            small = pq.ParquetFile(f.path, pre_buffer=False)
-            names = small.schema_arrow.names
-            present = [c for c in probe if c in names]
-            rest = [c for c in columns if c in names and c not in present]
-            for rg in range(small.metadata.num_row_groups):
-                t = reader.conform(small.read_row_group(rg, columns=present), pa.schema([full.field(c) for c in probe]))
-                hit = mask(t)
-                if not pc.any(hit).as_py():
-                    continue
-                more = pq.ParquetFile(f.path).read_row_group(rg, columns=rest)   # pre-buffered: one read
-                for c in rest:
-                    t = t.append_column(c, more.column(c))
-                parts.append(t.filter(hit))
-        except (OSError, pa.ArrowException) as exc:
-            raise reader.CaptureError(f"{f.path}: unreadable ({exc})") from exc
-    out = []
-    for t in parts:
-        t = reader.conform(t, schema)
-        t = t.set_column(t.column_names.index("ts"), "ts", t.column("ts").cast(pa.int64()))
-        out.extend(t.to_pylist())
+def vbucket_rows(cap: Capture, rows, vbuckets: set[int], krows: list[dict]) -> list[dict]:
+    """The stream frames of the vbuckets (both directions), in capture order: those the
+    story of the key rows `krows` needs (trace_read.vbucket_rows)."""
+    anchors = [(cap.order(r), r["vbucket"]) for r in krows]
+    out = [r for r in rows.vbucket_rows(vbuckets, anchors) if r["decode_error"] is None] if vbuckets else []
+    out.sort(key=cap.order)
     return out
-
-
-def key_rows(cap: Capture, keys: list[bytes]) -> list[dict]:
-    """The `in` frames of the keys (changes, prepares, aborts), in capture order. The `key`
-    column is read alone first (the writer keeps no statistics on keys, which are spread
-    over every row group anyway), the other columns only where it hits."""
-    want = pa.array(keys, pa.binary())
-    rows = [r for f in cap.files
-            for r in _row_group_hits(f, KEY_COLUMNS, ["key"], lambda t: pc.is_in(t.column("key"), value_set=want))
-            if r["op"] in KEY_OPS and r["direction"] == "in" and r["decode_error"] is None
-            and r["vbucket"] is not None]
-    rows.sort(key=cap.order)
-    return rows
-
-
-def vbucket_rows(cap: Capture, vbuckets: set[int]) -> list[dict]:
-    """The stream frames of the vbuckets (both directions), in capture order."""
-    if not vbuckets:
-        return []
-    vbs = pa.array(sorted(vbuckets), pa.uint16())
-    ops = pa.array(VB_OPS, pa.string())
-
-    def mask(t):
-        return pc.and_(pc.fill_null(pc.is_in(t.column("vbucket"), value_set=vbs), False),
-                       pc.fill_null(pc.is_in(t.column("op").cast(pa.string()), value_set=ops), False))
-
-    rows = [r for f in cap.files for r in _row_group_hits(f, VB_COLUMNS, ["vbucket", "op"], mask)
-            if r["decode_error"] is None]
-    rows.sort(key=cap.order)
-    return rows
 
 
 def open_capture(paths: list[str]) -> Capture:
     files = reader.find_captures(paths)
     if reader.protocol_of(files) != "dcp":
-        raise TraceError("trace explains DCP keys; these are Synapse captures")
+        raise TraceError("trace explains DCP keys; these are Synapse captures (trace them with --event-id ID)")
     options: dict = {}
     for f in files:     # the latest capture's options (a resume keeps the filter)
         try:
@@ -180,18 +130,13 @@ def _power_of_two(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def vbucket_count(cap: Capture, topology: list[dict]) -> int | None:
+def vbucket_count(rows, topology: list[dict]) -> int | None:
     """The bucket's vbucket count: the cluster map's, else from the highest vbucket a stream
     was asked for (rounded up to a power of two, as Couchbase buckets have 64, 128, 1024)."""
     if topology:
         return max(r["vbucket"] for r in topology) + 1
-    expr = _op_in(("stream_req", "get_failover_log")) & pc.field("vbucket").is_valid()
-    high = -1
-    for f in cap.files:
-        t = _read(f, ["vbucket", "op"], expr)
-        if t.num_rows:
-            high = max(high, pc.max(t.column("vbucket")).as_py())
-    return _power_of_two(high + 1) if high >= 0 else None
+    high = rows.highest_streamed_vbucket()
+    return _power_of_two(high + 1) if high is not None else None
 
 
 def collection_ids(cap: Capture, name: str) -> int:
@@ -209,9 +154,9 @@ def collection_ids(cap: Capture, name: str) -> int:
         return 0
     from dcptool.protocol.dcp.client.manifest import parse_manifest
     from dcptool.protocol.dcp.wire.frames import parse_frame
-    expr = _op_in(("get_collections_manifest",)) & (pc.field("direction").cast(pa.string()) == "in")
+    expr = R.op_in(("get_collections_manifest",)) & (pc.field("direction").cast(pa.string()) == "in")
     names: list[str] = []
-    for r in _rows(cap.files, ["op", "direction", "status", "raw"], expr):
+    for r in R.rows_where(cap.files, ["op", "direction", "status", "raw"], expr):
         if r["status"] != 0 or not r["raw"]:
             continue
         try:
@@ -241,7 +186,6 @@ def _clock(ns: int | None) -> str:
 
 
 def _base(row: dict, event: str, key: bytes, cid) -> dict:
-    from dcptool.replay.check.forensics import key_fields
     out = dict.fromkeys(TRACE_COLUMNS)
     out.update(key_fields(key))
     out.update(event=event, collection_id=cid, vbucket=row.get("vbucket"), capture_id=row.get("capture_id"),
@@ -437,7 +381,6 @@ class _Story:
 
 
 def _not_seen(cap: Capture, key: bytes, cid, vb: int | None, vrows: list[dict]) -> dict:
-    from dcptool.replay.check.forensics import key_fields
     name = key.decode("utf-8", "replace")
     v = dict.fromkeys(TRACE_COLUMNS)
     v.update(key_fields(key))
@@ -471,15 +414,21 @@ def _not_seen(cap: Capture, key: bytes, cid, vb: int | None, vrows: list[dict]) 
 
 
 def trace(paths: list[str], keys: list[bytes], collection: str | None = None,
-          vbucket: int | None = None) -> list[dict]:
+          vbucket: int | None = None, engine=None) -> list[dict]:
     """The trace rows of `keys` (see the module docstring), key after key, each key's
     events in capture order then its verdict (one per document found: a key without
-    `collection` may live in several collections)."""
+    `collection` may live in several collections). `engine`: a function of the Capture
+    giving its reads (LocalRows, this process, by default; replay/spark/trace.SparkRows)."""
     cap = open_capture(paths)
+    rows = (engine or LocalRows)(cap)
     cid = collection_ids(cap, collection) if collection is not None else None
-    tt = local_topology(cap.files, cap.ranks)
-    topo = tt.set_column(tt.column_names.index("ts"), "ts", tt.column("ts").cast(pa.int64())).to_pylist()
-    krows = key_rows(cap, list(dict.fromkeys(keys)))
+    topo = rows.topology()
+    keys = list(dict.fromkeys(keys))
+    # the key's vbucket prunes row groups by their vbucket statistics: the one given, or
+    # Couchbase's hash when a cluster map tells the vbucket count
+    maps = max(r["vbucket"] for r in topo) + 1 if topo else None
+    prune = {vbucket} if vbucket is not None else {vbucket_of(k, maps) for k in keys} if maps else None
+    krows = key_rows(cap, rows, keys, prune)
     if cid is not None:
         krows = [r for r in krows if (r["collection_id"] or 0) == cid]
     if vbucket is not None:
@@ -487,21 +436,24 @@ def trace(paths: list[str], keys: list[bytes], collection: str | None = None,
     count = None
     found_vb = {r["key"]: r["vbucket"] for r in krows}
     if vbucket is None and any(k not in found_vb for k in keys):
-        count = vbucket_count(cap, topo)
+        count = vbucket_count(rows, topo)
     want = {k: (vbucket if vbucket is not None else found_vb.get(k, vbucket_of(k, count) if count else None))
             for k in keys}
-    vrows = vbucket_rows(cap, {v for v in want.values() if v is not None} | set(found_vb.values()))
+    # every vbucket a key was received in (not one per key: a key of several documents may
+    # be in several), and the one each unseen key would be in
+    vbs = {v for v in want.values() if v is not None} | {r["vbucket"] for r in krows}
+    vrows = vbucket_rows(cap, rows, vbs, krows)
     out: list[dict] = []
-    for k in dict.fromkeys(keys):
-        mine = [r for r in krows if r["key"] == k]
+    for k in keys:
         docs: dict = {}
-        for r in mine:
-            docs.setdefault((r["vbucket"], r["collection_id"]), []).append(r)
+        for r in krows:
+            if r["key"] == k:
+                docs.setdefault((r["vbucket"], r["collection_id"]), []).append(r)
         if not docs:
             out.append(_not_seen(cap, k, cid, want[k], vrows))
             continue
-        for (vb, c), rows in sorted(docs.items(), key=lambda x: (x[0][0], x[0][1] or 0)):
+        for (vb, c), mine in sorted(docs.items(), key=lambda x: (x[0][0], x[0][1] or 0)):
             story = _Story(cap, k, c, vb, topo)
-            story.build(rows, [r for r in vrows if r["vbucket"] == vb])
+            story.build(mine, [r for r in vrows if r["vbucket"] == vb])
             out.extend(story.rows())
     return out

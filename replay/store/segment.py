@@ -19,6 +19,7 @@ from dcptool.replay.store.encoder import RowGroupEncoder
 from dcptool.replay.store.files import (arrow_path, arrow_source, fsync_dir, fsync_path, one_line, remove_quiet, shown,
                                        start_writeback, unlink_quiet)
 from dcptool.replay.store.in_progress import InProgress, set_aside
+from dcptool.replay.store.key_index import bloom_options
 from dcptool.replay.store.naming import TMP_SUFFIX, final_path
 from dcptool.protocol.errors import DcptoolError
 
@@ -167,12 +168,14 @@ def _statistics_columns(schema: pa.Schema) -> list[str]:
 
 # ------------------------------------------------------------------------- Parquet segment
 
-def parquet_writer(where, schema: pa.Schema, compression: str) -> pq.ParquetWriter:
+def parquet_writer(where, schema: pa.Schema, compression: str, key_index: dict | None = None) -> pq.ParquetWriter:
     """The Parquet writer of a segment, with its encodings (where: a path or a sink; the
-    benchmark times the same settings into memory)."""
+    benchmark times the same settings into memory); `key_index`: the Bloom filter options
+    of key_index.bloom_options, written with the file when it is finished."""
     return pq.ParquetWriter(where, schema, compression=compression,
                             use_dictionary=dictionary_columns(schema),
-                            write_statistics=_statistics_columns(schema), data_page_version="2.0")
+                            write_statistics=_statistics_columns(schema), data_page_version="2.0",
+                            bloom_filter_options=key_index)
 
 
 class ParquetSegment:
@@ -230,7 +233,8 @@ class ParquetSegment:
             table = pa.Table.from_batches(batches, schema=self.schema).unify_dictionaries()
             if self._writer is None:
                 self._writer = parquet_writer(self._sink_for_tmp(), self.schema,
-                                              column_compression(table, self._compression))
+                                              column_compression(table, self._compression),
+                                              bloom_options(self.schema, table, ROW_GROUP_BYTES, ROW_GROUP_ROWS))
             self._writer.write_table(table, row_group_size=max(1, table.num_rows))
             start_writeback(self.tmp)
         except BaseException as exc:
