@@ -42,6 +42,10 @@ def render(summary: dict, console) -> None:
         files.add_row(f["path"] + (" (in progress)" if f["in_progress"] else ""),
                       f["capture_id"][:8], str(f["segment"]), f"{f['rows']:,}")
     console.print(files)
+    if summary.get("retained"):        # a retention ring dropped the oldest segments
+        r = summary["retained"]
+        console.print(f"retained window: {r['note']} ({', '.join(r['records'])}; "
+                      f"{r['bytes_dropped']:,} bytes dropped)", highlight=False, markup=False)
     span = summary["time_span"]
     console.print(f"protocol {summary['protocol']}, {len(summary['captures'])} capture(s), "
                   f"{summary['rows']:,} rows"
@@ -121,7 +125,7 @@ def render(summary: dict, console) -> None:
 def inspect_cmd(captures, as_json):
     """Summarise captures: files, rows, time span, rows per op/command and per node, seqno
     ranges per vbucket, snapshots, rollbacks, stream ends, cluster config revisions, Synapse
-    positions and gaps, decode errors.
+    positions and gaps, decode errors, and the head a retention ring dropped (`retained`).
 
     CAPTURE is a segment (.parquet or in-progress .arrows), a directory, or - to read paths
     from stdin.
