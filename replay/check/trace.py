@@ -434,9 +434,8 @@ def _not_seen(cap: Capture, key: bytes, cid, vb: int | None, vrows: list[dict]) 
                f"({cap.record}); the key was not seen after that"
                + (f" (the retained window holds it to seqno {high})" if high is not None else ""))
     elif vb in cap.retained and not answers:
-        why = (f"its vbucket {vb} was streamed (its stream request was retained away by the ring, "
-               f"{cap.record}) " + (f"to seqno {high}" if high is not None else "but sent no snapshot")
-               + ", without this key")
+        why = (f"its vbucket {vb} was streamed (its stream request was retained away by the ring, {cap.record}, "
+               f"before any change of it)" + (f" to seqno {high}" if high is not None else "") + ", without this key")
     elif not answers:
         why = f"its vbucket {vb} was never streamed"
     elif not opened:

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from dcptool.capture.ring import Retention, Ring
-from dcptool.replay.check.trace import trace
+from dcptool.replay.check.trace import trace, vbucket_of
 from dcptool.replay.check.trace_synapse import trace_synapse
 from dcptool.replay.store import retained
 from dcptool.replay.store.reader import describe, find_captures, read_capture_table
@@ -70,6 +70,13 @@ def test_a_key_whose_changes_were_all_retained_away_is_not_seen_with_the_head_to
     assert (v["verdict"], v["vbucket"]) == ("not_seen", vb)
     assert (f"vbucket {vb}'s changes up to seqno {head} were retained away by the ring (dcptool-retained.json); "
             "the key was not seen after that") in v["explain"]
+    # a vbucket whose stream request (not its changes) the ring dropped was streamed, not "never"
+    quiet = [int(q) for q, s in retained.load(f"{d}/dcptool-retained.json")["vbuckets"].items() if not s["last_seqno"]]
+    key = next(k for k in (f"absent-{i}".encode() for i in range(200)) if vbucket_of(k, 4) in quiet)
+    v = trace([d], [key])[-1]
+    assert v["verdict"] == "not_seen" and "retained_away" not in v["explain"]
+    assert (f"its vbucket {vbucket_of(key, 4)} was streamed (its stream request was retained away by the ring, "
+            "dcptool-retained.json, before any change of it), without this key") in v["explain"]
 
 
 def test_a_key_changed_before_and_after_the_head_keeps_its_verdict_and_says_its_history_was_dropped(ring):
