@@ -37,11 +37,20 @@ def render(summary: dict, console) -> None:
                          overflow="fold")
         return t
 
-    files = table("files", "file", "capture_id", "segment", "rows")
-    for f in summary["files"]:
-        files.add_row(f["path"] + (" (in progress)" if f["in_progress"] else ""),
-                      f["capture_id"][:8], str(f["segment"]), f"{f['rows']:,}")
-    console.print(files)
+    def listed(title, cols, rows, none=None):
+        """A table of `rows` (lists of cells), or `NONE: none` when there are none."""
+        if not rows:
+            console.print(f"{none or title}: none", highlight=False)
+            return
+        t = table(title, *cols)
+        for r in rows:
+            t.add_row(*r)
+        console.print(t)
+
+    listed("files", ("file", "capture_id", "segment", "rows"), [(f["path"] + (" (in progress)" if f["in_progress"] else ""),
+           f["capture_id"][:8], str(f["segment"]), f"{f['rows']:,}") for f in summary["files"]])
+    if r := summary.get("retained"):        # a retention ring dropped the oldest segments
+        console.print(f"retained window: {r['note']} ({', '.join(r['records'])})", highlight=False, markup=False)
     span = summary["time_span"]
     console.print(f"protocol {summary['protocol']}, {len(summary['captures'])} capture(s), "
                   f"{summary['rows']:,} rows"
@@ -59,36 +68,19 @@ def render(summary: dict, console) -> None:
         kinds.add_row(str(k), f"{v:,}")
     console.print(kinds)
     if summary["protocol"] == "dcp":
-        vbs = table("vbuckets", "vbucket", "items", "first seqno", "last seqno", "min", "max",
-                    "snapshots", "rollbacks", "stream end")
-        for v in summary["vbuckets"]:
-            vbs.add_row(*[("" if v[k] is None else f"{v[k]}") for k in
-                          ("vbucket", "items", "first_seqno", "last_seqno", "min_seqno",
-                           "max_seqno", "snapshots", "rollbacks", "stream_end_reason")])
-        console.print(vbs)
+        keys = ("vbucket", "items", "first_seqno", "last_seqno", "min_seqno", "max_seqno", "snapshots", "rollbacks",
+                "stream_end_reason")
+        listed("vbuckets", ("vbucket", "items", "first seqno", "last seqno", "min", "max", "snapshots", "rollbacks",
+                            "stream end"), [["" if v[k] is None else f"{v[k]}" for k in keys] for v in summary["vbuckets"]])
         console.print(f"snapshots: {summary['snapshots']:,}", highlight=False)
-        if summary["rollbacks"]:
-            rb = table("rollbacks", "vbucket", "rollback seqno", "frame_no")
-            for r in summary["rollbacks"]:
-                rb.add_row(str(r["vbucket"]), str(r["rollback_seqno"]), str(r["frame_no"]))
-            console.print(rb)
-        else:
-            console.print("rollbacks: none", highlight=False)
-        if summary["stream_ends"]:
-            se = table("stream ends", "vbucket", "reason", "frame_no")
-            for r in summary["stream_ends"]:
-                se.add_row(str(r["vbucket"]), f"{r['reason']} ({r['reason_name']})", str(r["frame_no"]))
-            console.print(se)
-        else:
-            console.print("stream ends: none", highlight=False)
-        if summary.get("configs"):
-            cf = table("cluster config revisions", "rev", "ts", "from node", "via", "vbuckets", "active")
-            for c in summary["configs"]:
-                cf.add_row(f"{c['rev_epoch']}:{c['rev']}", c["ts"] or "", c["node"] or "", c["via"],
-                           str(c["vbuckets"]), ", ".join(f"{k} {v}" for k, v in c["active"].items()))
-            console.print(cf)
-        else:
-            console.print("cluster config revisions: none", highlight=False)
+        listed("rollbacks", ("vbucket", "rollback seqno", "frame_no"),
+               [(str(r["vbucket"]), str(r["rollback_seqno"]), str(r["frame_no"])) for r in summary["rollbacks"]])
+        listed("stream ends", ("vbucket", "reason", "frame_no"),
+               [(str(r["vbucket"]), f"{r['reason']} ({r['reason_name']})", str(r["frame_no"]))
+                for r in summary["stream_ends"]])
+        listed("cluster config revisions", ("rev", "ts", "from node", "via", "vbuckets", "active"),
+               [(f"{c['rev_epoch']}:{c['rev']}", c["ts"] or "", c["node"] or "", c["via"], str(c["vbuckets"]),
+                 ", ".join(f"{k} {v}" for k, v in c["active"].items())) for c in summary.get("configs") or ()])
     else:
         pos = table("positions", "stream", "instance", "token", "rows", "batches", "positions",
                     "gaps", "dropped", "waiting")
@@ -97,22 +89,13 @@ def render(summary: dict, console) -> None:
                           ("stream", "instance", "token", "rows", "batches", "positions", "gaps",
                            "dropped", "waiting")])
         console.print(pos)
-        if summary["gaps"]:
-            gaps = table("gaps", "stream", "instance", "from token", "to token", "frame_no")
-            for g in summary["gaps"]:
-                gaps.add_row(str(g["stream"]), str(g["instance"]), str(g["from_token"]),
-                             str(g["to_token"]), str(g["frame_no"]))
-            console.print(gaps)
-        else:
-            console.print("gaps: none", highlight=False)
+        listed("gaps", ("stream", "instance", "from token", "to token", "frame_no"),
+               [(str(g["stream"]), str(g["instance"]), str(g["from_token"]), str(g["to_token"]), str(g["frame_no"]))
+                for g in summary["gaps"]])
     de = summary["decode_errors"]
-    if de["count"]:
-        errs = table(f"decode errors ({de['count']:,})", "capture_id", "frame_no", "error")
-        for e in de["examples"]:
-            errs.add_row(e["capture_id"][:8], str(e["frame_no"]), e["error"])
-        console.print(errs)
-    else:
-        console.print("decode errors: none", highlight=False)
+    listed(f"decode errors ({de['count']:,})", ("capture_id", "frame_no", "error"),
+           [(e["capture_id"][:8], str(e["frame_no"]), e["error"]) for e in de["examples"]] if de["count"] else [],
+           "decode errors")
 
 
 @click.command("inspect")
@@ -121,7 +104,7 @@ def render(summary: dict, console) -> None:
 def inspect_cmd(captures, as_json):
     """Summarise captures: files, rows, time span, rows per op/command and per node, seqno
     ranges per vbucket, snapshots, rollbacks, stream ends, cluster config revisions, Synapse
-    positions and gaps, decode errors.
+    positions and gaps, decode errors, and the head a retention ring dropped (`retained`).
 
     CAPTURE is a segment (.parquet or in-progress .arrows), a directory, or - to read paths
     from stdin.

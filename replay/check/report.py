@@ -122,9 +122,14 @@ def _summary_html(d: D.ReportData, paths: list[str]) -> str:
     if d.frames:
         t0 = _dt.datetime.fromtimestamp(d.t0_ns / D.NS, _dt.timezone.utc)
         span = f", {t0:%Y-%m-%d %H:%M:%S} UTC + {(d.t1_ns - d.t0_ns) / D.NS:,.3f} s"
+    ring = ""
+    if d.retained:       # the capture is a retention ring's window (replay's note)
+        r = d.retained
+        ring = (f"<p class='ring'>retained window: {html.escape(r['note'])} "
+                f"({html.escape(', '.join(r['records']))}; {r['bytes_dropped']:,} bytes dropped)</p>")
     return (f"<h1>dcptool report: {html.escape(', '.join(paths))}</h1><p class='sum'>{d.protocol}, "
             f"{len(d.segments)} segment(s), {d.frames:,} frames, {d.bytes:,} bytes{span}; "
-            f"dcptool {html.escape(__version__)}</p>")
+            f"dcptool {html.escape(__version__)}</p>{ring}")
 
 
 def _lag(go, d: D.ReportData):
@@ -168,6 +173,8 @@ def report(paths: list[str], output: str, *, files: list | None = None, max_poin
     """Write the report of the captures `paths` (files or directories) to `output`."""
     files = reader.find_captures(paths) if files is None else files
     d = D.collect(files, max_points=max_points, max_series=max_series, top_keys=top_keys)
+    from dcptool.replay.check.summary import retained_window
+    d.retained = retained_window(paths)
     findings = V.verify(paths, limit=findings_limit) if verify else None
     text = page(d, findings, paths)
     tmp = output + ".tmp"

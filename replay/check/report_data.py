@@ -56,6 +56,7 @@ class ReportData:
     kinds: dict = field(default_factory=dict)           # snapshot kind (DCP) / stream (Synapse) -> count
     top_keys: list = field(default_factory=list)        # (key text, collection id, changes)
     lag: dict | None = None                             # node -> (bin start ns, highest lag_items); None: no `lag` table
+    retained: dict | None = None                        # what a retention ring dropped (summary.retained_window)
 
 
 class _Acc:

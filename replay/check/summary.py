@@ -89,7 +89,31 @@ def summarize(paths) -> dict:
             s.syn.connection((f.capture_id, last_conn))
     if protocol == "dcp":
         s.configs = _configs(files)
-    return s.result()
+    out = s.result()
+    out["retained"] = retained_window(paths)
+    return out
+
+
+def retained_window(paths) -> dict | None:
+    """What the retention rings of the captures' directories dropped (replay/store/retained.py),
+    None when none did: the record files, the totals, per DCP vbucket the last seqno dropped
+    (its changes up to it are gone), per Synapse stream and instance the last token dropped,
+    and `note`, the line replay prints."""
+    from dcptool.replay.store import retained
+    records = retained.records_near(paths)
+    if not any(int(r.get("segments_dropped") or 0) for r in records):
+        return None
+    vbs: dict[int, int] = {}
+    for rec in records:
+        for vb, d in (rec.get("vbuckets") or {}).items():
+            vbs[int(vb)] = max(vbs.get(int(vb), 0), int(d.get("last_seqno") or 0))
+    return {"records": [retained.record_name(r.get("shard")) for r in records],
+            "segments_dropped": sum(int(r.get("segments_dropped") or 0) for r in records),
+            "rows_dropped": sum(int(r.get("rows_dropped") or 0) for r in records),
+            "bytes_dropped": sum(int(r.get("bytes_dropped") or 0) for r in records),
+            "vbuckets": [{"vbucket": vb, "last_seqno": vbs[vb]} for vb in sorted(vbs)],
+            "streams": [dict(e) for rec in records for e in rec.get("streams") or ()],
+            "note": retained.describe(records)}
 
 
 def _dcp_files(s: "_Summary", files, cols) -> None:

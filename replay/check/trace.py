@@ -61,6 +61,10 @@ class Capture:
     ranks: dict
     options: dict = field(default_factory=dict)
     num_vbuckets: int | None = None
+    # a retention ring's dropped head (replay/store/retained.py): vbucket -> its last seqno
+    # dropped, and the record's file name(s)
+    retained: dict = field(default_factory=dict)
+    record: str = ""
 
     def order(self, row: dict) -> tuple[int, int]:
         return self.ranks.get(row["capture_id"], len(self.ranks)), row["frame_no"]
@@ -123,7 +127,26 @@ def open_capture(paths: list[str]) -> Capture:
             options = json.loads(f.metadata.get("dcptool.options") or "{}") or options
         except ValueError:
             pass
-    return Capture(files, reader.capture_ranks(files), options)
+    cap = Capture(files, reader.capture_ranks(files), options)
+    from dcptool.replay.check.summary import retained_window
+    window = retained_window(paths)
+    if window is not None:
+        cap.retained = {v["vbucket"]: v["last_seqno"] for v in window["vbuckets"]}
+        cap.record = ", ".join(window["records"])
+    return cap
+
+
+def retained_row(cap: Capture, key: bytes, cid, vb: int | None) -> dict | None:
+    """The `retained_away` event of a key whose vbucket's head a retention ring dropped
+    (changes up to `seqno`), None when none was."""
+    if vb is None or not cap.retained.get(vb):
+        return None
+    e = dict.fromkeys(TRACE_COLUMNS)
+    e.update(key_fields(key))
+    e.update(event="retained_away", collection_id=cid, vbucket=vb, seqno=cap.retained[vb],
+             detail=f"vbucket {vb}'s changes up to seqno {cap.retained[vb]} were retained away by the ring "
+                    f"({cap.record})")
+    return e
 
 
 def _power_of_two(n: int) -> int:
@@ -136,6 +159,8 @@ def vbucket_count(rows, topology: list[dict]) -> int | None:
     if topology:
         return max(r["vbucket"] for r in topology) + 1
     high = rows.highest_streamed_vbucket()
+    if rows.cap.retained:       # a ring may have dropped the stream requests
+        high = max([*rows.cap.retained, *([] if high is None else [high])])
     return _power_of_two(high + 1) if high is not None else None
 
 
@@ -376,6 +401,12 @@ class _Story:
 
     def rows(self) -> list[dict]:
         verdict = self.rollbacks_and_verdict()
+        head = retained_row(self.cap, self.key, self.cid, self.vb)
+        if head is not None:      # before every event: the history the ring dropped
+            self.add((-1, -1), head)
+            for v in verdict:
+                v["explain"] += (f"; its history up to seqno {head['seqno']} was retained away by the ring "
+                                 f"({self.cap.record})")
         self.events.sort(key=lambda x: (x[0], x[1]))
         return [e for _, _, e in self.events] + verdict
 
@@ -394,22 +425,30 @@ def _not_seen(cap: Capture, key: bytes, cid, vb: int | None, vrows: list[dict]) 
     opened = [r for r in answers if r["status"] == Status.SUCCESS]
     refused = [r for r in answers if r["status"] not in (Status.SUCCESS, Status.ROLLBACK)]
     ends = [r["snap_end"] for r in mine if r["op"] == "snapshot_marker" and r["snap_end"] is not None]
+    high = max(ends) if ends else None
     if filt is not None and cid is not None and f"{cid:x}" not in [str(x).lower() for x in filt]:
         why = (f"filtered out: the capture's collection filter streamed collections "
                f"{', '.join('0x' + str(x) for x in filt)}, not 0x{cid:x}")
+    elif cap.retained.get(vb):
+        why = (f"vbucket {vb}'s changes up to seqno {cap.retained[vb]} were retained away by the ring "
+               f"({cap.record}); the key was not seen after that"
+               + (f" (the retained window holds it to seqno {high})" if high is not None else ""))
+    elif vb in cap.retained and not answers:
+        why = (f"its vbucket {vb} was streamed (its stream request was retained away by the ring, {cap.record}, "
+               f"before any change of it)" + (f" to seqno {high}" if high is not None else "") + ", without this key")
     elif not answers:
         why = f"its vbucket {vb} was never streamed"
     elif not opened:
         why = f"its vbucket {vb} was unserved: every stream request was refused ({status_name(refused[-1]['status'])})"
     else:
-        high = max(ends) if ends else None
         why = (f"its vbucket {vb} was streamed ({len(opened)} stream(s) opened) to seqno {high}"
                if high is not None else f"its vbucket {vb} was streamed but sent no snapshot")
         if filt is not None and cid is None:
             why += f"; only collections {', '.join('0x' + str(x) for x in filt)} were streamed"
         else:
             why += ", without this key"
-    v["explain"] = f"{name!r}: never received; {why}"
+    gone = "not received in the retained window" if cap.retained.get(vb) else "never received"
+    v["explain"] = f"{name!r}: {gone}; {why}"
     return v
 
 
@@ -450,6 +489,8 @@ def trace(paths: list[str], keys: list[bytes], collection: str | None = None,
             if r["key"] == k:
                 docs.setdefault((r["vbucket"], r["collection_id"]), []).append(r)
         if not docs:
+            head = retained_row(cap, k, cid, want[k])
+            out.extend([head] if head is not None else [])
             out.append(_not_seen(cap, k, cid, want[k], vrows))
             continue
         for (vb, c), mine in sorted(docs.items(), key=lambda x: (x[0][0], x[0][1] or 0)):

@@ -71,11 +71,13 @@ def trace_synapse(paths: list[str], event_ids: list[str]) -> list[dict]:
     files = reader.find_captures(paths)
     if reader.protocol_of(files) != "synapse":
         raise TraceError("--event-id traces Synapse events; these are DCP captures (give KEYs)")
-    return trace_events(files, event_ids)
+    from dcptool.replay.check.summary import retained_window
+    return trace_events(files, event_ids, retained_window(paths))
 
 
-def trace_events(files, event_ids: list[str]) -> list[dict]:
-    """The trace rows of Synapse `event_ids` in the captures `files` (see the module docstring)."""
+def trace_events(files, event_ids: list[str], window: dict | None = None) -> list[dict]:
+    """The trace rows of Synapse `event_ids` in the captures `files` (see the module docstring);
+    `window`: what a retention ring dropped (summary.retained_window), told for an id not seen."""
     ranks = reader.capture_ranks(files)
 
     def order(r):
@@ -101,11 +103,31 @@ def trace_events(files, event_ids: list[str]) -> list[dict]:
                            if e["committed_token"] is None else None)
             mine.append(e)
             out.append(e)
-        out.extend(_verdict(eid, mine, gaps))
+        out.extend(_verdict(eid, mine, gaps, window))
     return out
 
 
-def _verdict(eid: str, mine: list[dict], gaps: list[dict]) -> list[dict]:
+def _retained(eid: str, window: dict | None) -> tuple[list[dict], str]:
+    """The `retained_away` rows of the streams that carry event ids whose head a retention
+    ring dropped, and the sentence that tells it ("" when none was)."""
+    if window is None:
+        return [], ""
+    heads = [e for e in window["streams"] if e["stream"] in EVENT_STREAMS]
+    rows = []
+    for h in heads:
+        e = dict.fromkeys(SYNAPSE_COLUMNS)
+        e.update(event="retained_away", event_id=eid, stream=h["stream"], instance=h["instance"],
+                 to_token=h["token"], detail=f"the rows up to token {h['token']} were retained away by the ring "
+                                             f"({', '.join(window['records'])})")
+        rows.append(e)
+    if not heads:
+        return rows, ""
+    spans = ", ".join(f"{h['stream']}/{h['instance']} up to token {h['token']}" for h in heads)
+    return rows, (f"; the rows of {spans} were retained away by the ring ({', '.join(window['records'])}): "
+                  f"it may have been among them")
+
+
+def _verdict(eid: str, mine: list[dict], gaps: list[dict], window: dict | None = None) -> list[dict]:
     v = dict.fromkeys(SYNAPSE_COLUMNS)
     v.update(event="verdict", event_id=eid)
     if mine:
@@ -134,8 +156,11 @@ def _verdict(eid: str, mine: list[dict], gaps: list[dict]) -> list[dict]:
         why = f"the streams that carry event ids lost rows in {len(near)} gap{'s' if len(near) != 1 else ''}: {spans}"
     else:
         why = "the streams that carry event ids had no gap: it was not sent on these connections"
-    v.update(verdict="not_seen", explain=f"{eid!r}: no RDATA row carried it; {why}")
-    return rows + [v]
+    head, told = _retained(eid, window)
+    if told and not near:
+        why = "the streams that carry event ids had no gap in the retained window"
+    v.update(verdict="not_seen", explain=f"{eid!r}: no RDATA row carried it; {why}{told}")
+    return head + rows + [v]
 
 
 def _clock_text(ts: str | None) -> str:
