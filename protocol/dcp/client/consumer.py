@@ -37,7 +37,7 @@ from dcptool.protocol.dcp.wire.frames import split_until_error
 from dcptool.protocol.dcp.client.consumer_api import (DEFAULT_REOPEN, NUM_VB_SLOTS, ConfigReceived,
                                                ConsumerConfig, ControlRefused, Finished, Handoff,
                                                HandshakeComplete, NotMyVbucket, Rollback, ServerVbuckets,
-                                               StreamEnded, StreamFailed, StreamOpened, VbState)
+                                               StreamEnded, StreamFailed, StreamOpened, VbSeqnos, VbState)
 from dcptool.protocol.dcp.client.consumer_receive import (DATA_OPS, STREAM_OPS, ConfigPushed, PushIgnored,
                                                    Receiver)
 from dcptool.protocol.dcp.client.handshake import Handshake
@@ -48,8 +48,11 @@ from dcptool.protocol.errors import ErrorCode, RemoteError
 # the consumer's API is importable from here (consumer_api.py holds the definitions)
 __all__ = ["Consumer", "ConsumerConfig", "VbState", "DEFAULT_REOPEN", "NUM_VB_SLOTS", "ConfigReceived",
            "ControlRefused", "Finished", "Handoff", "HandshakeComplete", "NotMyVbucket", "Rollback",
-           "ServerVbuckets", "StreamEnded", "StreamFailed", "StreamOpened", "ConfigPushed", "PushIgnored",
+           "ServerVbuckets", "StreamEnded", "StreamFailed", "StreamOpened", "VbSeqnos", "ConfigPushed", "PushIgnored",
            "DATA_OPS", "STREAM_OPS"]
+
+
+ACTIVE_STATE = (1).to_bytes(4, "big")    # GET_ALL_VB_SEQNOS extras: the active vbuckets only
 
 
 class Consumer:
@@ -64,6 +67,7 @@ class Consumer:
         self.should_pause: Callable[[], bool] | None = None
         self.acked_total = 0
         self._tail = b""
+        self.seqnos_pending = 0     # lag polls not answered yet: the connection is not finished
 
     def _on_ready(self) -> None:
         self.streams.start()
@@ -115,7 +119,7 @@ class Consumer:
 
     @property
     def finished(self) -> bool:
-        return self.streams.finished
+        return self.streams.finished and not self.seqnos_pending
 
     @property
     def closing(self) -> bool:
@@ -200,6 +204,18 @@ class Consumer:
     def request_config(self) -> None:
         """Ask GET_CLUSTER_CONFIG (a poll); the answer comes as ConfigReceived(bootstrap=False)."""
         self.handshake.request_config()
+
+    def request_seqnos(self) -> None:
+        """A lag poll: GET_ALL_VB_SEQNOS of the active vbuckets (extras: state 1); the answer
+        comes as VbSeqnos, and the connection waits for it before it counts as finished (so a
+        poll asked as the last stream ends is still answered)."""
+        self.seqnos_pending += 1
+        self.link.request(m.GetAllVbSeqnos(extras=ACTIVE_STATE), self._on_seqnos)
+
+    def _on_seqnos(self, rsp) -> None:
+        self.seqnos_pending = max(0, self.seqnos_pending - 1)
+        status = getattr(rsp, "status", 0)
+        self.link.emit(VbSeqnos(tuple(getattr(rsp, "seqnos", ()) or ()) if status == 0 else (), status))
 
     def route(self, vbuckets: list[int] | None, *, states: dict | None = None, check: bool = False,
               handoff: bool = False) -> None:
