@@ -89,6 +89,12 @@ def render(summary: dict, console) -> None:
             console.print(cf)
         else:
             console.print("cluster config revisions: none", highlight=False)
+        lag = summary.get("largest_lag")
+        if lag:
+            console.print(f"largest lag: {lag['lag_items']:,} items, vbucket {lag['vbucket']} on {lag['node']} "
+                          f"at {lag['ts']} ({lag['polls']:,} lag polls)", highlight=False)
+        else:
+            console.print("largest lag: no lag polls", highlight=False)
     else:
         pos = table("positions", "stream", "instance", "token", "rows", "batches", "positions",
                     "gaps", "dropped", "waiting")

@@ -1,0 +1,108 @@
+"""`replay --table lag` (replay/rules/lag.py) on real captures of the built-in producer:
+a `--to now` capture ends at lag 0 on every vbucket; a capture stopped by --max-messages
+ends with the lag of its last poll, which must be what the frames themselves say (an oracle
+computed here from the `frames` table); both engines give the same table; `inspect` names
+the largest lag."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pyarrow as pa
+import pytest
+
+from dcptool.protocol.dcp.server import producer as P
+from dcptool.protocol.transport.dcp import ThreadedServer
+from dcptool.replay.local import engine as local
+from dcptool.replay.rules import tables as T
+from tests.support.cli_util import capture_files, run
+
+VBUCKETS, ITEMS = 8, 2000
+
+
+@pytest.fixture(scope="module")
+def captures(tmp_path_factory):
+    """(a --to now capture, a capture stopped after 300 frames), of the same seeded bucket."""
+    base = tmp_path_factory.mktemp("lag")
+    model = P.server_from_options(vbuckets=VBUCKETS, items=ITEMS, seed=5)
+    with ThreadedServer(model) as srv:
+        url = f"couchbase://{srv.host}:{srv.port}/default"
+        done = capture_files(url, base / "done")
+        cut = capture_files(url, base / "cut", "--max-messages", "300", "--buffer-size", "64KiB")
+    return base, done, cut
+
+
+def _oracle(frames: pa.Table) -> list[dict]:
+    """The lag rows, the slow way: walk the frames in order, remember each vbucket's last
+    seqno (change or stream request start), read each answered active-state poll."""
+    rows, last, asked = [], {}, set()
+    for f in frames.to_pylist():
+        conv = (f["conn"], f["opaque"])
+        if f["opcode"] == 0x48:
+            raw = f["raw"]
+            if f["direction"] == "out" and raw[4] == 4 and raw[24:28] == b"\0\0\0\1":
+                asked.add(conv)
+            elif f["direction"] == "in" and f["status"] == 0 and conv in asked:
+                asked.discard(conv)
+                for vb, high in struct.iter_unpack(">HQ", raw[24:]):
+                    if vb in last:
+                        rows.append(dict(vbucket=vb, high_seqno=high, seqno=last[vb],
+                                         lag_items=max(0, high - last[vb]), frame_no=f["frame_no"]))
+        elif f["direction"] == "in" and f["magic"] == 0x80 and f["by_seqno"] is not None and f["vbucket"] is not None:
+            last[f["vbucket"]] = f["by_seqno"]
+        elif f["direction"] == "out" and f["op"] == "stream_req" and f["req_start_seqno"] is not None:
+            last[f["vbucket"]] = f["req_start_seqno"]
+    return sorted(rows, key=lambda r: (r["frame_no"], r["vbucket"]))
+
+
+def _rows(table: pa.Table) -> list[dict]:
+    return sorted(({k: r[k] for k in ("vbucket", "high_seqno", "seqno", "lag_items", "frame_no")}
+                   for r in table.to_pylist()), key=lambda r: (r["frame_no"], r["vbucket"]))
+
+
+def test_to_now_capture_ends_at_lag_zero(captures):
+    _, done, _ = captures
+    rep = local.replay_local(done)
+    lag = rep.table("lag")
+    last = {}
+    for r in lag.to_pylist():
+        last[r["vbucket"]] = r
+    assert sorted(last) == list(range(VBUCKETS))
+    highs = {r["vbucket"]: r["high_seqno"] for r in rep.table("vbuckets").to_pylist()}
+    assert all(r["lag_items"] == 0 and r["seqno"] == r["high_seqno"] == highs[vb] for vb, r in last.items())
+    assert _rows(lag) == _oracle(rep.table("frames"))
+
+
+def test_stopped_capture_records_its_lag(captures):
+    _, _, cut = captures
+    rep = local.replay_local(cut)
+    lag = rep.table("lag")
+    assert _rows(lag) == _oracle(rep.table("frames"))
+    assert max(lag.column("lag_items").to_pylist()) > 0     # stopped early: behind the server
+    assert set(lag.column("node").to_pylist()) == {rep.table("frames").column("node")[0].as_py()}
+
+
+def test_lag_cli_and_inspect(captures):
+    base, _, _ = captures
+    res = run("replay", str(base / "cut"), "--table", "lag")
+    assert res.returncode == 0, res.stderr
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
+    want = max(rows, key=lambda r: r["lag_items"])
+    res = run("inspect", str(base / "cut"), "--json")
+    assert res.returncode == 0, res.stderr
+    largest = json.loads(res.stdout)["largest_lag"]
+    assert largest["lag_items"] == want["lag_items"] and largest["ts"] == want["ts"]
+
+
+@pytest.mark.spark
+def test_spark_lag_equals_local(spark, captures):
+    from dcptool.replay.spark import engine as spark_engine
+    _, _, cut = captures
+    want = local.replay_local(cut).table("lag")
+    rep = spark_engine.replay_spark(spark, cut)
+    try:
+        got = rep.table("lag")
+        assert want.num_rows and T.checksum("lag", got) == T.checksum("lag", want)
+    finally:
+        rep.close()
