@@ -307,6 +307,8 @@ class DcpCapture:
         except BaseException:
             self.progress.close()
             raise
+        if self.watch.url:
+            self.note(f"metrics: {self.watch.url}")
         try:
             self.writer = CaptureWriter(s.output, "dcp", source=self.opts.source.url, options=self.options,
                                         compression=s.compression, rotate_size=s.rotate_size,

@@ -146,6 +146,11 @@ class DcpWatch:
                 setattr(live, name, fn)
         self.server = metrics.start(self.listen, live)
 
+    @property
+    def url(self) -> str | None:
+        """Where the metrics are served (the port a --metrics HOST:0 got), or None."""
+        return None if self.server is None else self.server.url
+
     def connected(self, conn: int, consumer) -> None:
         self.lag.connected(conn, consumer)
 

@@ -178,6 +178,7 @@ class MetricsServer:
                    exc.strerror or str(exc))
             raise MetricsAddressError(f"--metrics {listen}: cannot listen there: {why}") from None
         self.port = self.httpd.server_address[1]
+        self.url = f"http://{f'[{host}]' if ':' in host else host}:{self.port}/metrics"
 
     def close(self) -> None:
         self.httpd.shutdown()

@@ -234,6 +234,8 @@ def run_stream(opts: LiveOptions) -> None:
     run_deadline(opts.duration)
     watch.start(unserved=lambda: len(events.unserved))   # a --metrics address in use: exit 2 before connecting
     tap.watch = watch if watch.live is not None else None
+    if watch.url:
+        err_console().print(f"metrics: {watch.url}", highlight=False, markup=False, soft_wrap=True)
     with StopSignals() as signals:
         try:
             consumer, error = run_and_close(lambda: run_session(session, opts.duration, stats, signals,
