@@ -77,6 +77,20 @@ class LiveMetrics:
         self.op_frames += np.bincount(opcodes, minlength=256)[:256]
         self.op_bytes += np.bincount(opcodes, weights=lengths, minlength=256)[:256].astype(np.int64)
 
+    def count_record_batch(self, batch) -> None:
+        """One batch of received Synapse lines (replay/store/synapse_batch.py): per command,
+        lines and bytes, grouped by Arrow (an undecodable line counts as "unknown")."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        cmd = batch.column(batch.schema.get_field_index("command"))
+        raw = batch.column(batch.schema.get_field_index("raw"))
+        if pa.types.is_dictionary(cmd.type):
+            cmd = cmd.dictionary_decode()
+        t = pa.table({"c": pc.fill_null(cmd.cast(pa.string()), "unknown"),
+                      "n": pc.fill_null(pc.binary_length(raw), 0).cast(pa.int64())})
+        for row in t.group_by("c").aggregate([("n", "sum"), ("n", "count")]).to_pylist():
+            self.count_lines(row["c"], row["n_count"], row["n_sum"])
+
     def count_lines(self, command: str, lines: int, nbytes: int) -> None:
         c = self.command_lines.get(command)
         if c is None:
@@ -188,3 +202,16 @@ class MetricsServer:
 def start(listen: str | None, live: LiveMetrics) -> MetricsServer | None:
     """The endpoint when --metrics was given, else None."""
     return MetricsServer(listen, live) if listen else None
+
+
+def wire_synapse(live: LiveMetrics | None, handler, client, *, writer=None, bg=None) -> None:
+    """--metrics of a Synapse run (capture or stream): `handler` (capture/synapse.py
+    SynapseRun) counts into `live`, read with the client's tokens at scrape time."""
+    if live is None:
+        return
+    handler.metrics = live
+    live.positions = client.committed      # the last token (RDATA or POSITION) per stream and instance
+    if writer is not None:
+        live.segments = lambda: len(writer.segments)
+    if bg is not None:
+        live.queue_depth = lambda: bg.queue_depth

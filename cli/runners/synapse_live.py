@@ -37,9 +37,19 @@ def run_stream(opts: LiveOptions) -> None:
     client = synapse_capture.make_client(opts)
     handler.client = client
     run_deadline(opts.duration)
+    from dcptool.capture import metrics
+    live = metrics.LiveMetrics("synapse") if opts.metrics else None
+    server = metrics.start(opts.metrics, live)      # a --metrics address in use: exit 2 before connecting
+    metrics.wire_synapse(live, handler, client)
+    if server is not None:
+        err_console().print(f"metrics: {server.url}", highlight=False, markup=False, soft_wrap=True)
     with StopSignals() as signals:
-        _, error = run_and_close(lambda: synapse_capture.run(opts, client, handler, signals,
-                                                             on_attach=note_stop_signals), sink)
+        try:
+            _, error = run_and_close(lambda: synapse_capture.run(opts, client, handler, signals,
+                                                                 on_attach=note_stop_signals), sink)
+        finally:
+            if server is not None:
+                server.close()
         stop_exc = error if error is not None else signals.interrupted()
         if handler.streaming or stop_exc is not None and error is None or \
                 handler.stats.stopped == MAX_MESSAGES:   # --max-messages before the data: still a summary
