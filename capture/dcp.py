@@ -303,12 +303,10 @@ class DcpCapture:
         from dcptool.replay.store.writer import CaptureWriter, WriterError
         s = self.settings
         try:
-            self.watch.start()      # before anything is written: a --metrics address in use is exit 2
+            self.watch.start(say=self.note)   # before anything is written: a --metrics address in use is exit 2
         except BaseException:
             self.progress.close()
             raise
-        if self.watch.url:
-            self.note(f"metrics: {self.watch.url}")
         try:
             self.writer = CaptureWriter(s.output, "dcp", source=self.opts.source.url, options=self.options,
                                         compression=s.compression, rotate_size=s.rotate_size,

@@ -127,24 +127,29 @@ class DcpWatch:
     streams, and `close()` at the end."""
 
     def __init__(self, metrics_listen: str | None, lag_interval: float):
-        from dcptool.capture import metrics
+        from dcptool.capture.metrics import LiveMetrics
         self.listen = metrics_listen
-        self.live = metrics.LiveMetrics("dcp") if metrics_listen else None
+        self.live = LiveMetrics("dcp") if metrics_listen else None
         self.lag = LagPoller(lag_interval, self.live)
         self.positions: dict[int, int] = {}     # vbucket -> last seqno, every connection's
         self.server = None
         self._next = 0.0
 
-    def start(self, *, segments=None, queue_depth=None, unserved=None) -> None:
+    def start(self, *, segments=None, queue_depth=None, unserved=None, say=None) -> "DcpWatch | None":
+        """Serve the metrics (when asked); `say(text)` hears where. Returns self when the
+        tap must report its receive batches (--metrics), else None."""
         if self.live is None:
-            return
-        from dcptool.capture import metrics
+            return None
+        from dcptool.capture.metrics import start
         live = self.live
         live.seqnos = lambda: self.positions
         for name, fn in (("segments", segments), ("queue_depth", queue_depth), ("unserved", unserved)):
             if fn is not None:
                 setattr(live, name, fn)
-        self.server = metrics.start(self.listen, live)
+        self.server = start(self.listen, live)
+        if say is not None:
+            say(f"metrics: {self.server.url}")
+        return self
 
     @property
     def url(self) -> str | None:
@@ -153,6 +158,14 @@ class DcpWatch:
 
     def connected(self, conn: int, consumer) -> None:
         self.lag.connected(conn, consumer)
+
+    def chain(self, on_events, tap):
+        """An on_events that calls `on_events` (a DcpEvents), then hears the events itself;
+        `tap` says which connection they came from (tap.consumer, tap.conn)."""
+        def both(evs) -> None:
+            on_events(evs)
+            self.events(evs, tap.consumer, tap.conn, on_events)
+        return both
 
     def received(self, buf, offsets, lengths, conn: int, node: str | None, consumer) -> None:
         live = self.live
@@ -175,6 +188,7 @@ class DcpWatch:
                 self.positions.update((vb, s.last_seqno) for vb, s in consumer.vb_states().items())
 
     def final(self) -> None:
+        """The run is asked to stop: the last lag poll goes out before its streams close."""
         self.lag.final()
 
     def close(self) -> None:

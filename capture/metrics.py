@@ -215,3 +215,19 @@ def wire_synapse(live: LiveMetrics | None, handler, client, *, writer=None, bg=N
         live.segments = lambda: len(writer.segments)
     if bg is not None:
         live.queue_depth = lambda: bg.queue_depth
+
+
+def serve_synapse(opts, handler, client, say=None) -> MetricsServer | None:
+    """--metrics of `stream synapse://...`: served and wired (wire_synapse); `say(text)`
+    hears where. None without --metrics."""
+    live = LiveMetrics("synapse") if opts.metrics else None
+    server = start(opts.metrics, live)
+    wire_synapse(live, handler, client)
+    if server is not None and say is not None:
+        say(f"metrics: {server.url}")
+    return server
+
+
+def stop(server: MetricsServer | None) -> None:
+    if server is not None:
+        server.close()

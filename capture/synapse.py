@@ -203,10 +203,10 @@ def capture_synapse(opts: LiveOptions, settings: CaptureSettings, *, progress=No
     if signals is None:
         with StopSignals() as own:
             return capture_synapse(opts, settings, progress=progress, tell=tell, note=note, signals=own)
-    from dcptool.capture import metrics
+    from dcptool.capture.metrics import LiveMetrics, start, wire_synapse
     from dcptool.replay.store.writer import WriterError
-    live = metrics.LiveMetrics("synapse") if opts.metrics else None
-    server = metrics.start(opts.metrics, live)    # before anything is written: an address in use is exit 2
+    live = LiveMetrics("synapse") if opts.metrics else None
+    server = start(opts.metrics, live)    # before anything is written: an address in use is exit 2
     if server is not None and note is not None:
         note(f"metrics: {server.url}")
     try:
@@ -218,7 +218,7 @@ def capture_synapse(opts: LiveOptions, settings: CaptureSettings, *, progress=No
         raise
     handler = CaptureHandler(opts, bg, progress, tell)
     client = handler.client = make_client(opts, committed=committed)
-    metrics.wire_synapse(live, handler, client, writer=writer, bg=bg)
+    wire_synapse(live, handler, client, writer=writer, bg=bg)
     error: BaseException | None = None
     try:
         run(opts, client, handler, signals)

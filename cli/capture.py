@@ -10,32 +10,8 @@ from dcptool.cli.sources import parse_duration, parse_size
 from dcptool.replay.store import COMPRESSIONS
 
 
-def monitoring_options(fn):
-    """--metrics and --lag-interval (docs/METRICS.md), on `capture` and `stream`."""
-    fn = click.option("--lag-interval", default="10s", show_default=True,
-                      help="DCP: poll each node's high seqnos (GET_ALL_VB_SEQNOS) this often, and once "
-                           "at the end, for the lag; 0 turns it off.")(fn)
-    return click.option("--metrics", default=None, metavar="HOST:PORT",
-                        help="Serve Prometheus metrics at http://HOST:PORT/metrics while it runs.")(fn)
-
-
-def take_monitoring(kw: dict) -> None:
-    """Check --metrics and turn --lag-interval into seconds, in place."""
-    from dcptool.capture.metrics import parse_listen
-    from dcptool.protocol.errors import LateUsageError
-    if kw.get("metrics") is not None:
-        try:
-            parse_listen(kw["metrics"])
-        except LateUsageError as exc:
-            raise click.BadParameter(str(exc).split(": ", 1)[-1], param_hint="--metrics") from None
-    kw["lag_interval"] = parse_duration(kw["lag_interval"], "--lag-interval")
-    if kw["lag_interval"] < 0:
-        raise click.BadParameter("must be 0 (off) or above, e.g. 10s", param_hint="--lag-interval")
-
-
 @click.command()
 @connection_options
-@monitoring_options
 @output_dir_option("Directory for the capture segments.", default=CaptureSettings.output)
 @click.option("--rotate-size", default=None, show_default="256MiB",
               help="Start a new segment after this many bytes.")
@@ -59,7 +35,6 @@ def capture(ctx, output, output_alias, rotate_size, rotate_interval, compression
     Example:
       DCPTOOL_PASSWORD=... dcptool capture couchbase://127.0.0.1/default --user admin -o caps
     """
-    take_monitoring(kw)
     opts = build_options(ctx, kw)
     given = dict(output=output or output_alias, compression=compression, resume=resume, quiet=quiet,
                  json_summary=json_summary,

@@ -24,6 +24,7 @@ def render(summary: dict, console) -> None:
     from rich.text import Text
 
     from dcptool.cli.view.output import printable
+    from dcptool.replay.check.summary import lag_text
 
     class _Table(Table):
         def add_row(self, *cells, **kw):
@@ -89,12 +90,7 @@ def render(summary: dict, console) -> None:
             console.print(cf)
         else:
             console.print("cluster config revisions: none", highlight=False)
-        lag = summary.get("largest_lag")
-        if lag:
-            console.print(f"largest lag: {lag['lag_items']:,} items, vbucket {lag['vbucket']} on {lag['node']} "
-                          f"at {lag['ts']} ({lag['polls']:,} lag polls)", highlight=False)
-        else:
-            console.print("largest lag: no lag polls", highlight=False)
+        console.print(lag_text(summary.get("largest_lag")), highlight=False)
     else:
         pos = table("positions", "stream", "instance", "token", "rows", "batches", "positions",
                     "gaps", "dropped", "waiting")

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import click
 
-from dcptool.cli.capture import monitoring_options, take_monitoring
 from dcptool.cli.live import build_options, connection_options, runner
 from dcptool.cli.view.output import FORMATS
 
 
 @click.command()
 @connection_options
-@monitoring_options
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
               help="table on a TTY, jsonl in a pipe (default).")
 @click.option("--values", is_flag=True, help="Include document values / row JSON (base64 for bytes).")
@@ -28,7 +26,6 @@ def stream(ctx, **kw):
       dcptool stream couchbase://127.0.0.1:11210/default --vbuckets 0-3 | jq .op
       dcptool stream synapse+redis://127.0.0.1:6379?server_name=example.org --format table
     """
-    take_monitoring(kw)
     opts = build_options(ctx, kw)
     from dcptool.cli.process import stdout_closed
     if stdout_closed():   # every row and the --json summary go there: say so before connecting

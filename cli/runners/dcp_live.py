@@ -60,7 +60,7 @@ class RowTap:
         self.rollbacks = 0
         self.ops: dict[str, int] = {}
         self.notes = None              # collections.EventNotes when collections are on
-        self.watch: DcpWatch | None = None   # --metrics (capture/lag.py)
+        self.watch: DcpWatch | None = None   # --metrics: told every receive batch (capture/lag.py)
 
     @property
     def received(self) -> int:
@@ -216,33 +216,22 @@ def run_stream(opts: LiveOptions) -> None:
         stats.stop(MAX_MESSAGES)
         s = session_box.get("session")
         if s is not None:
-            if not s.stopped:
-                watch.final()
+            watch.final()
             s.stop()
 
     tap = RowTap(sink, values=opts.values, raw=opts.raw, max_messages=opts.max_messages,
                  on_limit=stop, stats=stats)
     if opts.collections:
         tap.notes = lines.notes = dcp_collections.EventNotes()
-    def on_events(evs):
-        events(evs)
-        watch.events(evs, tap.consumer, tap.conn, events)
-
-    session = make_session(opts, tap=tap, on_events=on_events, on_connect=watch.connected,
+    session = make_session(opts, tap=tap, on_events=watch.chain(events, tap), on_connect=watch.connected,
                            reconnects=DEFAULTS["reconnects"])
     session_box["session"] = session
     run_deadline(opts.duration)
-    watch.start(unserved=lambda: len(events.unserved))   # a --metrics address in use: exit 2 before connecting
-    tap.watch = watch if watch.live is not None else None
-    if watch.url:
-        err_console().print(f"metrics: {watch.url}", highlight=False, markup=False, soft_wrap=True)
+    tap.watch = watch.start(unserved=lambda: len(events.unserved), say=lambda t: err_console().print(t, markup=False))
     with StopSignals() as signals:
-        try:
-            consumer, error = run_and_close(lambda: run_session(session, opts.duration, stats, signals,
-                                                                on_attach=note_stop_signals,
-                                                                before_stop=watch.final), sink)
-        finally:
-            watch.close()
+        consumer, error = run_and_close(lambda: run_session(session, opts.duration, stats, signals, before_stop=
+                                                            watch.final, on_attach=note_stop_signals), sink)
+        watch.close()
         if error is None and consumer is not None and not session.stopped:
             stats.stop(finish_reason(opts, events))
             opened = set(events.ends) | {vb for vb in consumer.vb_states() if vb not in events.failed}

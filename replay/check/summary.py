@@ -123,6 +123,14 @@ def largest_lag(files) -> dict | None:
             "polls": len({(r["capture_id"], r["frame_no"]) for r in rows})}
 
 
+def lag_text(lag: dict | None) -> str:
+    """inspect's line for the largest recorded lag."""
+    if not lag:
+        return "largest lag: no lag polls"
+    return (f"largest lag: {lag['lag_items']:,} items, vbucket {lag['vbucket']} on {lag['node']} at {lag['ts']} "
+            f"({lag['polls']:,} lag polls)")
+
+
 def _configs(files) -> list[dict]:
     """One entry per cluster config revision the captures hold (the `topology` table of
     replay/rules/topology.py, which reads `raw` only in row groups that hold a config)."""
