@@ -1,4 +1,4 @@
-"""Lag polls of a DCP run (`--lag-interval`, docs/METRICS.md): every interval, each streaming
+"""Lag polls of a DCP run (`--lag-interval`, docs/CLI.md "Metrics and lag"): every interval, each streaming
 connection asks GET_ALL_VB_SEQNOS for its node's active vbuckets (Consumer.request_seqnos),
 and once more when the run ends (a stop, or the last stream of a connection ending). The
 request and its answer cross the wire like any frame, so a capture records them and

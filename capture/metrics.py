@@ -1,5 +1,5 @@
 """`--metrics HOST:PORT`: a capture's live numbers in the Prometheus text format at /metrics
-(docs/METRICS.md), served by prometheus_client from a thread of the capture process, bound
+(docs/CLI.md "Metrics and lag"), served by prometheus_client from a thread of the capture process, bound
 where the user said and nowhere else.
 
 Nothing is counted per frame for it: the capture keeps its counters as it already does (per

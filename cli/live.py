@@ -56,7 +56,7 @@ def connection_options(fn):
                      help="Stop after N messages received."),
         click.option("--duration", default=None, help="Stop after this long, e.g. 30s."),
         click.option("--metrics", default=None, metavar="HOST:PORT", help="Serve Prometheus metrics at "
-                     "http://HOST:PORT/metrics while it runs (docs/METRICS.md)."),
+                     "http://HOST:PORT/metrics while it runs (docs/CLI.md)."),
         click.option("--lag-interval", default="10s", show_default=True, help="DCP: poll each node's high "
                      "seqnos (GET_ALL_VB_SEQNOS) this often, and once at the end; 0 turns it off."),
     ]
