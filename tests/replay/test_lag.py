@@ -30,6 +30,9 @@ def captures(tmp_path_factory):
         url = f"couchbase://{srv.host}:{srv.port}/default"
         done = capture_files(url, base / "done")
         cut = capture_files(url, base / "cut", "--max-messages", "300", "--buffer-size", "64KiB")
+        streamed = run("stream", url, "--json")
+    assert streamed.returncode == 0, streamed.stderr
+    (base / "stream.json").write_text(streamed.stdout)
     return base, done, cut
 
 
@@ -74,6 +77,25 @@ def test_to_now_capture_ends_at_lag_zero(captures):
     assert _rows(lag) == _oracle(rep.table("frames"))
 
 
+def test_stream_summary_names_the_largest_lag(captures):
+    base, _, _ = captures
+    summary = json.loads((base / "stream.json").read_text())
+    assert summary["largest_lag_items"] == 0 and summary["largest_lag_vbucket"] in range(VBUCKETS)
+    assert summary["largest_lag_at"].endswith("Z")
+
+
+def test_cluster_polls_each_node_for_its_active_vbuckets(tmp_path):
+    model = P.server_from_options(vbuckets=VBUCKETS, items=400, seed=6, nodes=2, replicas=1)
+    with ThreadedServer(model) as srv:
+        files = capture_files(f"couchbase://{srv.host}:{srv.port}/default", tmp_path / "c")
+    rep = local.replay_local(files)
+    active = {r["vbucket"]: r["active"] for r in rep.table("topology").to_pylist()}
+    last = {r["vbucket"]: r for r in rep.table("lag").to_pylist()}
+    assert sorted(last) == list(range(VBUCKETS)) and len(set(active.values())) == 2
+    assert all(r["node"] == active[vb] and r["lag_items"] == 0 for vb, r in last.items())
+    assert _rows(rep.table("lag")) == _oracle(rep.table("frames"))
+
+
 def test_stopped_capture_records_its_lag(captures):
     _, _, cut = captures
     rep = local.replay_local(cut)
@@ -83,16 +105,16 @@ def test_stopped_capture_records_its_lag(captures):
     assert set(lag.column("node").to_pylist()) == {rep.table("frames").column("node")[0].as_py()}
 
 
-def test_lag_cli_and_inspect(captures):
-    base, _, _ = captures
-    res = run("replay", str(base / "cut"), "--table", "lag")
-    assert res.returncode == 0, res.stderr
-    rows = [json.loads(line) for line in res.stdout.splitlines()]
+def test_inspect_names_the_largest_lag(captures):
+    from dcptool.replay.check.summary import summarize
+    base, _, cut = captures
+    rows = local.replay_local(cut).table("lag").to_pylist()
     want = max(rows, key=lambda r: r["lag_items"])
-    res = run("inspect", str(base / "cut"), "--json")
+    largest = summarize([str(base / "cut")])["largest_lag"]
+    assert largest["lag_items"] == want["lag_items"] > 0 and largest["polls"] >= 1
+    res = run("inspect", str(base / "cut"))
     assert res.returncode == 0, res.stderr
-    largest = json.loads(res.stdout)["largest_lag"]
-    assert largest["lag_items"] == want["lag_items"] and largest["ts"] == want["ts"]
+    assert f"largest lag: {want['lag_items']:,} items, vbucket {largest['vbucket']}" in res.stdout
 
 
 @pytest.mark.spark
