@@ -207,3 +207,97 @@ def spark_dataframe(df, spark_schema, to_spark_arrow, ranks: dict[str, int]):
     cols = SMALL_COLUMNS + [f"CASE WHEN opcode = {GET_ALL_VB_SEQNOS} THEN raw END AS raw"]
     return (df.filter(SPARK_FILTER).selectExpr(*cols).repartition(1)
               .mapInArrow(build, spark_schema(schema)))
+
+
+# ----------------------------------------------------------------------------- Synapse
+# `lag` of a Synapse capture: one row per POSITION received, against the token of the last
+# RDATA row of the same stream and instance received before it (a row in a `batch` has no
+# token of its own and does not count); lag_tokens = max(0, position - rdata_token), null
+# (with rdata_token) when no RDATA of that stream and instance came before.
+
+SYN_COLUMNS = ["capture_id", "frame_no", "ts", "node", "direction", "decode_error", "command", "stream",
+               "instance", "token", "batch", "new_token"]
+SYN_SPARK_FILTER = ("direction = 'in' AND decode_error IS NULL AND stream IS NOT NULL AND "
+                    "((command = 'RDATA' AND token IS NOT NULL AND NOT coalesce(batch, false)) OR "
+                    "(command = 'POSITION' AND new_token IS NOT NULL))")
+
+
+def synapse_mask(t: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """(POSITIONs, RDATA rows with a token) of `t` (SYN_COLUMNS): received, decoded."""
+    inbound = as_numpy(pc.equal(t.column("direction").cast(pa.string()), "in"), fill=False, dtype=bool)
+    ok = inbound & as_numpy(pc.is_null(t.column("decode_error")), fill=False, dtype=bool) \
+        & as_numpy(pc.is_valid(t.column("stream")), fill=False, dtype=bool)
+    command = t.column("command").cast(pa.string())
+    pos = ok & as_numpy(pc.equal(command, "POSITION"), fill=False, dtype=bool) \
+        & as_numpy(pc.is_valid(t.column("new_token")), fill=False, dtype=bool)
+    rdata = ok & as_numpy(pc.equal(command, "RDATA"), fill=False, dtype=bool) \
+        & as_numpy(pc.is_valid(t.column("token")), fill=False, dtype=bool) \
+        & ~as_numpy(t.column("batch"), fill=False, dtype=bool)
+    return pos, rdata
+
+
+def synapse_lag_table(candidates: pa.Table, ranks: dict[str, int]) -> pa.Table:
+    """The canonical Synapse `lag` table from frames (SYN_COLUMNS, any order)."""
+    t = candidates
+    i = t.column_names.index("ts")
+    if pa.types.is_timestamp(t.column(i).type):
+        t = t.set_column(i, "ts", t.column(i).cast(pa.int64()))
+    out: list[dict] = []
+    if t.num_rows:
+        pos, rdata = synapse_mask(t)
+        order = _order(t, ranks)
+        key = pc.binary_join_element_wise(t.column("stream").cast(pa.string()),
+                                          t.column("instance").cast(pa.string()), "\x00")
+        uniq = pc.unique(key)
+        code = as_numpy(pc.index_in(key, value_set=uniq), fill=-1, dtype=np.int64)
+        token = as_numpy(t.column("token"), fill=0, dtype=np.int64)
+        ri = np.nonzero(rdata)[0]
+        ri = ri[np.lexsort((order[ri], code[ri]))]
+        uc, first = np.unique(code[ri], return_index=True)
+        spans = {int(c): (int(a), int(b)) for c, a, b in zip(uc, first, np.append(first[1:], len(ri)))}
+        pi = np.nonzero(pos)[0]
+        rows = t.select(["capture_id", "frame_no", "ts", "node", "stream", "instance", "new_token"]) \
+            .take(pa.array(pi, pa.int64())).to_pylist()
+        for p, r in zip(pi.tolist(), rows):
+            a, b = spans.get(int(code[p]), (0, 0))
+            j = a + int(np.searchsorted(order[ri[a:b]], order[p], side="left")) - 1
+            rd = int(token[ri[j]]) if j >= a else None
+            out.append(dict(ts=r["ts"], node=r["node"], stream=r["stream"], instance=r["instance"],
+                            position=r["new_token"], rdata_token=rd,
+                            lag_tokens=None if rd is None else max(0, r["new_token"] - rd),
+                            capture_id=r["capture_id"], frame_no=r["frame_no"]))
+    schema = T.schema_of("synapse", "lag")
+    cols = {}
+    for fld in schema:
+        typ = pa.int64() if pa.types.is_timestamp(fld.type) else fld.type
+        cols[fld.name] = pa.array([r[fld.name] for r in out], typ).cast(fld.type)
+    return T.canonical("synapse", "lag", pa.table(cols, schema=schema))
+
+
+def local_synapse_lag(files, ranks: dict[str, int] | None = None) -> pa.Table:
+    """Synapse `lag` (the in-process engine), read part by part, keeping only candidates."""
+    ranks = reader.capture_ranks(files) if ranks is None else ranks
+    parts = []
+    for part in reader.iter_capture_tables(files, SYN_COLUMNS):
+        part = part.select(SYN_COLUMNS)
+        pos, rdata = synapse_mask(part)
+        if (pos | rdata).any():
+            parts.append(part.filter(pa.array(pos | rdata)))
+    cap = capture_schema("synapse")
+    empty = pa.schema([cap.field(c) for c in SYN_COLUMNS]).empty_table()
+    parts = [p.cast(empty.schema) if p.schema != empty.schema else p for p in parts]
+    return synapse_lag_table(pa.concat_tables(parts) if parts else empty, ranks)
+
+
+def spark_synapse_dataframe(df, spark_schema, to_spark_arrow, ranks: dict[str, int]):
+    """Synapse `lag` in Spark: the candidates in one partition, the same `synapse_lag_table`."""
+    schema = T.schema_of("synapse", "lag")
+
+    def build(batches):
+        parts = list(batches)
+        if not parts:
+            return
+        yield from to_spark_arrow(synapse_lag_table(pa.Table.from_batches(parts), ranks)).to_batches()
+
+    return (df.filter(SYN_SPARK_FILTER).select(*SYN_COLUMNS).repartition(1)
+              .mapInArrow(build, spark_schema(schema)))

@@ -101,6 +101,11 @@ SYNAPSE_TABLES: dict[str, tuple[pa.Schema, tuple[str, ...]]] = {
              ("stream", "instance", "capture_id", "frame_no")),
     "commands": (_s(("command", STR), ("count", I64), ("first_ts", TS), ("last_ts", TS)),
                  ("command",)),
+    # one row per POSITION received, against the last RDATA token of its stream and instance
+    # (replay/rules/lag.py)
+    "lag": (_s(("ts", TS), ("node", STR), ("stream", STR), ("instance", STR), ("position", I64),
+               ("rdata_token", I64), ("lag_tokens", I64), ("capture_id", STR), ("frame_no", I64)),
+            ("ts", "capture_id", "frame_no")),
 }
 
 FRAMES_KEY = ("capture_id", "frame_no")

@@ -426,8 +426,10 @@ def replay_spark(spark, files: list, as_of=None) -> SparkReplay:
         return (df.filter(F.col("command").isNotNull()).groupBy("command")
                   .agg(F.count(F.lit(1)).alias("count"), F.min("ts").alias("first_ts"),
                        F.max("ts").alias("last_ts")))
-    return SparkReplay(protocol, frames, SYN_RESULTS, packed_builder=packed, builders={"commands": commands},
-                       _tmp=tmp)
+    ranks = reader.capture_ranks(files)
+    return SparkReplay(protocol, frames, SYN_RESULTS, packed_builder=packed, _tmp=tmp, builders={
+        "commands": commands,
+        "lag": lambda: lag.spark_synapse_dataframe(df, spark_schema, to_spark_arrow, ranks)})
 
 
 def _rollback_answers(vb_frames):

@@ -128,3 +128,32 @@ def test_spark_lag_equals_local(spark, captures):
         assert want.num_rows and T.checksum("lag", got) == T.checksum("lag", want)
     finally:
         rep.close()
+
+
+def _synapse_oracle(frames: pa.Table, ranks: dict) -> list[dict]:
+    rows, last = [], {}
+    for f in sorted(frames.to_pylist(), key=lambda f: (ranks[f["capture_id"]], f["frame_no"])):
+        if f["direction"] != "in" or f["decode_error"] is not None or f["stream"] is None:
+            continue
+        key = (f["stream"], f["instance"])
+        if f["command"] == "RDATA" and f["token"] is not None and not f["batch"]:
+            last[key] = f["token"]
+        elif f["command"] == "POSITION" and f["new_token"] is not None:
+            rd = last.get(key)
+            rows.append(dict(stream=f["stream"], instance=f["instance"], position=f["new_token"], rdata_token=rd,
+                             lag_tokens=None if rd is None else max(0, f["new_token"] - rd),
+                             capture_id=f["capture_id"], frame_no=f["frame_no"]))
+    return sorted(rows, key=lambda r: (r["capture_id"], r["frame_no"]))
+
+
+@pytest.mark.parametrize("seed", [7, 8])
+def test_synapse_lag_against_a_walk_of_the_frames(tmp_path, seed):
+    from dcptool.replay.store import reader
+    from tests.support import capgen
+    capgen.write_captures(capgen.generate("synapse", seed=seed, n_events=300), str(tmp_path), seed=seed)
+    files = reader.find_captures([str(tmp_path)])
+    rep = local.replay_local(files)
+    got = sorted(({k: v for k, v in r.items() if k not in ("ts", "node")} for r in rep.table("lag").to_pylist()),
+                 key=lambda r: (r["capture_id"], r["frame_no"]))
+    want = _synapse_oracle(rep.table("frames"), reader.capture_ranks(files))
+    assert got == want and any(r["lag_tokens"] for r in got)
