@@ -121,7 +121,8 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         if self._check_handle is not None:
             self._check_handle.cancel()
         if not self.done.done():
-            if self.consumer.finished or self.consumer.closing or self._closed_by_us:
+            # every stream ended (a lag poll may still wait for its answer): a clean end
+            if self.consumer.finished or self.consumer.streams.finished or self.consumer.closing or self._closed_by_us:
                 self.done.set_result(None)
             else:
                 self.done.set_exception(ConnectionLost(
