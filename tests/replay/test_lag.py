@@ -157,3 +157,14 @@ def test_synapse_lag_against_a_walk_of_the_frames(tmp_path, seed):
                  key=lambda r: (r["capture_id"], r["frame_no"]))
     want = _synapse_oracle(rep.table("frames"), reader.capture_ranks(files))
     assert got == want and any(r["lag_tokens"] for r in got)
+
+
+def test_playback_takes_each_connections_setup_answer_not_its_polls(captures):
+    """`serve dcp --from` answers the n-th connection's GET_ALL_VB_SEQNOS with the n-th
+    connection's recorded set-up answer: a lag poll of connection 1 is not connection 2's."""
+    from dcptool.replay.playback import load_dcp
+    base, _, cut = captures
+    frames = local.replay_local(cut).table("frames")
+    answers = [r for r in frames.to_pylist() if r["opcode"] == 0x48 and r["direction"] == "in"]
+    assert len(answers) == 2 and len({r["conn"] for r in answers}) == 1    # set-up + the last poll
+    assert len(load_dcp([str(base / "cut")]).vb_seqnos) == 1
