@@ -107,8 +107,7 @@ def test_binds_where_told_only():
         srv.close()
 
 
-@pytest.mark.parametrize("command,source", [("capture", "couchbase"), ("stream", "couchbase"),
-                                            ("capture", "synapse")])
+@pytest.mark.parametrize("command,source", [("capture", "couchbase"), ("stream", "synapse")])
 def test_port_in_use_is_exit_2(tmp_path, command, source):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
