@@ -198,6 +198,8 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             if not self._paused:   # while we hold reads back, silence is ours, not the server's
                 self._check_partial(now)
                 self.consumer.check(now)
+                if self.consumer.finished and not self.done.done():   # an unanswered last lag poll given up
+                    self.done.set_result(None)
                 self.consumer.flush_acks()   # an ack held back while paused
                 self.flush()
             else:

@@ -41,3 +41,16 @@ def test_a_poll_pending_at_the_end_keeps_the_connection_open_until_answered():
     pair.run()
     assert pair.cons.finished and pair.cons.seqnos_pending == 0
     assert len(pair.of(dcp_consumer.VbSeqnos)) == 1
+
+
+def test_an_unanswered_last_poll_is_given_up_after_the_timeout():
+    _, pair = _streaming_pair()
+    while not pair.cons.streams.finished:
+        assert pair.step()
+    pair.cons.request_seqnos()
+    pair.cons.outgoing()                # never reaches the server: no answer will come
+    timeout = pair.cons.cfg.timeout
+    pair.cons.check(pair.now + timeout / 2)
+    assert not pair.cons.finished
+    pair.cons.check(pair.now + timeout + 1)   # no TIMEOUT error: the run is over, not the connection dead
+    assert pair.cons.finished and pair.cons.seqnos_pending == 0
