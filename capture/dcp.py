@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from dcptool.capture.dcp_resume import keep_filter, resume_from
+from dcptool.capture.lag import DcpWatch
 from dcptool.capture.options import CaptureSettings, LiveOptions
 from dcptool.capture.shard import parse_shard, shard_name, shard_vbuckets
 from dcptool.capture.process import fewer_gc_passes, without_pandas
@@ -71,14 +72,17 @@ def make_session(opts: LiveOptions, **kw):
 
 
 def run_session(session, duration: float | None, stats: RunStats | None = None,
-                signals: StopSignals | None = None, on_attach=None):
+                signals: StopSignals | None = None, on_attach=None, before_stop=None):
     """Run a transport Session on a fresh event loop until it ends, `duration` passes, or a
     signal (SIGINT, SIGTERM, SIGHUP through `signals`) asks it to close its streams. Returns
-    the consumer (None when a signal came before it started); the reason is in `stats`."""
+    the consumer (None when a signal came before it started); the reason is in `stats`.
+    `before_stop()` runs first when a stop is asked (the last lag poll, capture/lag.py)."""
     stats = stats if stats is not None else RunStats("dcp", "")
 
     def request_stop(reason: str) -> None:
         stats.stop(reason)
+        if before_stop is not None and not session.stopped:
+            before_stop()
         session.stop()
 
     return run_until_stopped(session.run, request_stop, stats, duration=duration, signals=signals,
@@ -150,7 +154,7 @@ def every_stream_failed(events: DcpEvents) -> RemoteError:
 class CaptureTap:
     """Receives every frame from the transport and hands Arrow batches to the writer."""
 
-    def __init__(self, bg, progress, *, max_messages: int | None = None, on_limit=None):
+    def __init__(self, bg, progress, *, max_messages: int | None = None, on_limit=None, watch=None):
         from dcptool.replay.store.dcp_batch import to_record_batch
         self._to_batch = to_record_batch
         self.bg = bg
@@ -171,6 +175,7 @@ class CaptureTap:
         self._held: list | None = []    # batches held until the options metadata is final
         self._out: list = []            # sent frames not yet in a batch: (frame_no, frame, ts, mono)
         self._next_progress = 0.0
+        self.watch = watch              # --metrics / --lag-interval (capture/lag.py), or None
 
     # -- transport hooks
     def attach(self, conn: int, consumer: dcp_consumer.Consumer, node: str | None = None) -> None:
@@ -204,6 +209,8 @@ class CaptureTap:
         nbytes = int(lengths.sum())
         self.wire_bytes += nbytes
         self._submit(rb)
+        if self.watch is not None:
+            self.watch.received(buf, offsets, lengths, self.conn, self.node, self.consumer)
         self.progress.add(frames=n, wire_bytes=nbytes)
         now = time.monotonic()
         if now >= self._next_progress:
@@ -273,6 +280,7 @@ class DcpCapture:
         self.note = note or (lambda text: None)
         self.session = self.loop = self.writer = self.bg = self.tap = self.ring = None
         self.pause_at = DEFAULTS["pause_backlog_bytes"]
+        self.watch = DcpWatch(opts.metrics, opts.lag_interval)
 
     def run(self, signals: StopSignals) -> CaptureResult:
         self._prepare()
@@ -299,16 +307,27 @@ class DcpCapture:
         from dcptool.replay.store.writer import CaptureWriter, WriterError
         s = self.settings
         try:
+            self.watch.start(say=self.note)   # before anything is written: a --metrics address in use is exit 2
+        except BaseException:
+            self.progress.close()
+            raise
+        try:
             self.writer = CaptureWriter(s.output, "dcp", source=self.opts.source.url, options=self.options,
                                         compression=s.compression, rotate_size=s.rotate_size,
                                         rotate_interval=s.rotate_interval)
         except WriterError:
             self.progress.close()
+            self.watch.close()
             raise
         self.bg = BackgroundWriter(self.writer, on_error=self._writer_failed)
         self.ring = start_ring(s.output, "dcp", self.opts.source.url, retention(s), shard=self.opts.shard)
+        if self.watch.live is not None:
+            live, writer, bg = self.watch.live, self.writer, self.bg
+            live.segments, live.queue_depth = (lambda: len(writer.segments)), (lambda: bg.queue_depth)
+            live.unserved = lambda: len(self.events.unserved)
         fewer_gc_passes()
-        self.tap = CaptureTap(self.bg, self.progress, max_messages=self.opts.max_messages, on_limit=self._on_limit)
+        self.tap = CaptureTap(self.bg, self.progress, max_messages=self.opts.max_messages, on_limit=self._on_limit,
+                              watch=self.watch if self.watch.live is not None else None)
         self.session = make_session(self.opts, tap=self.tap, on_events=self._on_events, on_connect=self._on_connect,
                                     resume=self.resume or None, should_pause=self._should_pause,
                                     reconnects=DEFAULTS["reconnects"])
@@ -321,6 +340,7 @@ class DcpCapture:
     def _on_connect(self, conn, consumer) -> None:
         import asyncio
         self.loop = asyncio.get_running_loop()
+        self.watch.connected(conn, consumer)
 
     def _writer_failed(self, _exc) -> None:
         # the writer thread died (disk full ...): the consumer may be paused on the backlog,
@@ -338,11 +358,14 @@ class DcpCapture:
 
     def _on_limit(self) -> None:
         self.stats.stop(MAX_MESSAGES)
+        if self.session is not None and not self.session.stopped:
+            self.watch.final()
         self._stop()
 
     def _on_events(self, evs) -> None:
         self.events(evs)
         options, tap = self.options, self.tap
+        self.watch.events(evs, tap.consumer, tap.conn, self.events)
         for e in evs:
             if type(e) is FilterResolved:     # recorded with the options (resume keeps it)
                 options["collection_filter"] = dict(e.filter)
@@ -361,11 +384,13 @@ class DcpCapture:
         error: BaseException | None = None
         consumer = None
         try:
-            consumer = run_session(self.session, self.opts.duration, self.stats, signals)
+            consumer = run_session(self.session, self.opts.duration, self.stats, signals,
+                                   before_stop=self.watch.final)
         except BaseException as exc:  # noqa: BLE001 - the files are closed first, then it is re-raised
             error = exc
         finally:
             self.progress.close()
+            self.watch.close()
             try:
                 self.tap.finish()
             except WriterError:
@@ -399,7 +424,7 @@ class DcpCapture:
         stats.messages_out, stats.bytes_out, stats.connections = tap.sent, tap.sent_bytes, tap.connections
         fields = {"capture_id": self.writer.capture_id, "frames": tap.frame_no, "received": tap.received,
                   "rollbacks": events.rollbacks, "streams_ended": len(events.ends),
-                  **unserved_fields(events.unserved)}
+                  **unserved_fields(events.unserved), **self.watch.summary_fields()}
         if self.recovered:
             fields["recovered_segments"] = self.recovered
         if self.ring is not None:

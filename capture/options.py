@@ -58,6 +58,9 @@ class LiveOptions:
     fmt: str | None = None
     json_summary: bool = False     # stream --json: the summary as JSON (cli/view/run_summary.py)
     verbose: bool = False
+    # monitoring (issue 26, docs/CLI.md "Metrics and lag")
+    metrics: str | None = None     # --metrics HOST:PORT: Prometheus text at /metrics
+    lag_interval: float = 10.0     # DCP: seconds between GET_ALL_VB_SEQNOS lag polls (0: none)
 
     def safe_dict(self) -> dict:
         """Options as recorded in captures: no password, ever."""

@@ -65,6 +65,7 @@ class SynapseRun:
         self.streams = set(opts.streams) if opts.streams else None
         self.stats = RunStats("synapse", opts.source.url)
         self.client: SynapseClient | None = None
+        self.metrics = None    # --metrics: a capture/metrics.py LiveMetrics
 
     def request_stop(self, reason: str) -> None:
         self.stats.stop(reason)
@@ -97,8 +98,18 @@ class SynapseRun:
         """The run got as far as replication data (a POSITION or RDATA arrived)."""
         return self.client is not None and self.client.data_lines > 0
 
+    def observe(self, direction: str, batch) -> None:
+        """A batch of lines crossed the wire: --metrics counts the received ones per command."""
+        if self.metrics is not None and direction == "in":
+            self.metrics.count_record_batch(batch)
+
     def events(self, events: list) -> None:
         for ev in events:
+            if self.metrics is not None:
+                if isinstance(ev, Gap):
+                    self.metrics.gaps += 1
+                elif type(ev).__name__ == "Reconnecting":
+                    self.metrics.reconnects += 1
             if isinstance(ev, Gap):
                 self.gaps.append(ev)
             elif isinstance(ev, ServerError):
@@ -159,6 +170,7 @@ class CaptureHandler(SynapseRun):
         self.frame_no += len(lines)
         self.bytes += sum(map(len, lines))
         self.count(direction, conn, len(lines), line_bytes(lines, channel))
+        self.observe(direction, batch)
         self.bg.submit(batch)
         if direction == "in":
             self.count_in(len(lines))
@@ -170,6 +182,7 @@ class CaptureHandler(SynapseRun):
         self.frame_no += scan.n
         self.bytes += len(scan.buf)
         self.count(direction, conn, scan.n, len(scan.buf))
+        self.observe(direction, batch)
         self.bg.submit(batch)
         if direction == "in":
             self.count_in(scan.n)
@@ -196,17 +209,31 @@ def capture_synapse(opts: LiveOptions, settings: CaptureSettings, *, progress=No
     if signals is None:
         with StopSignals() as own:
             return capture_synapse(opts, settings, progress=progress, tell=tell, note=note, signals=own)
+    from dcptool.capture.metrics import LiveMetrics, start, wire_synapse
     from dcptool.replay.store.writer import WriterError
-    committed, leftovers = _resume(settings, note)
-    writer, bg = _open_writer(opts, settings, committed)
+    live = LiveMetrics("synapse") if opts.metrics else None
+    server = start(opts.metrics, live)    # before anything is written: an address in use is exit 2
+    if server is not None and note is not None:
+        note(f"metrics: {server.url}")
+    try:
+        committed, leftovers = _resume(settings, note)
+        writer, bg = _open_writer(opts, settings, committed)
+    except BaseException:
+        if server is not None:
+            server.close()
+        raise
     ring = start_ring(settings.output, "synapse", opts.source.url, retention(settings))
     handler = CaptureHandler(opts, bg, progress, tell)
     client = handler.client = make_client(opts, committed=committed)
+    wire_synapse(live, handler, client, writer=writer, bg=bg)
     error: BaseException | None = None
     try:
         run(opts, client, handler, signals)
     except BaseException as exc:  # noqa: BLE001 - files are closed first, then re-raised
         error = exc
+    finally:
+        if server is not None:
+            server.close()
     try:
         segments = bg.close()
     except WriterError as exc:   # what was finished before the disk error is listed as usual

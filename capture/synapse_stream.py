@@ -62,6 +62,7 @@ class StreamHandler(synapse_capture.SynapseRun):
         batch = build_batch(lines, frame_no=self.frame_no, conn=conn, ts_ns=ts_ns, mono_ns=mono_ns,
                             direction=direction, channel=channel, split=split, errors=errors)
         self.frame_no += len(lines)
+        self.observe(direction, batch)
         ts = iso_ns(ts_ns)
         rows = _with_text_ts(batch, ts).to_pylist()
         out = []

@@ -24,6 +24,7 @@ def render(summary: dict, console) -> None:
     from rich.text import Text
 
     from dcptool.cli.view.output import printable
+    from dcptool.replay.check.summary import lag_text
 
     class _Table(Table):
         def add_row(self, *cells, **kw):
@@ -81,6 +82,7 @@ def render(summary: dict, console) -> None:
         listed("cluster config revisions", ("rev", "ts", "from node", "via", "vbuckets", "active"),
                [(f"{c['rev_epoch']}:{c['rev']}", c["ts"] or "", c["node"] or "", c["via"], str(c["vbuckets"]),
                  ", ".join(f"{k} {v}" for k, v in c["active"].items())) for c in summary.get("configs") or ()])
+        console.print(lag_text(summary.get("largest_lag")), highlight=False)
     else:
         pos = table("positions", "stream", "instance", "token", "rows", "batches", "positions",
                     "gaps", "dropped", "waiting")

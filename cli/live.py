@@ -55,6 +55,10 @@ def connection_options(fn):
         click.option("--max-messages", type=click.IntRange(min=1), default=None,
                      help="Stop after N messages received."),
         click.option("--duration", default=None, help="Stop after this long, e.g. 30s."),
+        click.option("--metrics", default=None, metavar="HOST:PORT", help="Serve Prometheus metrics at "
+                     "http://HOST:PORT/metrics while it runs (docs/CLI.md)."),
+        click.option("--lag-interval", default="10s", show_default=True, help="DCP: poll each node's high "
+                     "seqnos (GET_ALL_VB_SEQNOS) this often, and once at the end; 0 turns it off."),
     ]
     for o in reversed(opts):
         fn = o(fn)
@@ -111,6 +115,7 @@ def build_options(ctx: click.Context, kw: dict) -> LiveOptions:
     timeout = parse_duration(kw.pop("timeout"), "--timeout")
     if timeout <= 0:
         raise click.BadParameter("must be above 0, e.g. 30s", param_hint="--timeout")
+    kw["lag_interval"] = parse_duration(kw["lag_interval"], "--lag-interval")
     config_poll = parse_duration(kw.pop("config_poll"), "--config-poll")
     if config_poll <= 0:
         raise click.BadParameter("must be above 0, e.g. 2.5s", param_hint="--config-poll")

@@ -146,6 +146,7 @@ def _controls(t: pa.Table, gconn, incoming, opcode):
     streams: dict[int, list[RecordedStream]] = {}
     sessions: list[tuple[int, int, RecordedStream]] = []   # (gconn, position, stream)
     vb_seqnos: list[dict[int, int]] = []
+    answered: set[int] = set()
     flogs: dict[int, tuple] = {}
     for idx, r in zip(ctl.tolist(), rows):
         g = int(gconn[idx])
@@ -166,7 +167,8 @@ def _controls(t: pa.Table, gconn, incoming, opcode):
             streams.setdefault(rs.vbucket, []).append(rs)
             sessions.append((g, idx, rs))
         elif r["opcode"] == Opcode.GET_ALL_VB_SEQNOS and is_in and r["magic"] in RESPONSE_MAGICS \
-                and not r["status"]:
+                and not r["status"] and g not in answered:
+            answered.add(g)      # a connection's first answer (the set-up's); later ones are lag polls
             try:
                 msg = m.decode_bytes(r["raw"])
                 vb_seqnos.append({int(v): int(s) for v, s in msg.seqnos})

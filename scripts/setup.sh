@@ -34,6 +34,7 @@ fi
 if [ $want_test -eq 1 ]; then
   command -v tshark >/dev/null 2>&1 || { echo "setup: installing tshark" >&2; apt_install tshark; }
   command -v chromium >/dev/null 2>&1 || { echo "setup: installing chromium" >&2; apt_install chromium; }  # report test: headless page render
+  command -v prometheus >/dev/null 2>&1 || { echo "setup: installing prometheus" >&2; apt_install prometheus; }  # --metrics test: a real Prometheus scrapes it
   command -v redis-server >/dev/null 2>&1 || { echo "setup: installing redis-server" >&2; apt_install redis-server; }
   command -v tcpdump >/dev/null 2>&1 || { echo "setup: installing tcpdump" >&2; apt_install tcpdump; }
 fi

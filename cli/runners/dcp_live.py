@@ -12,6 +12,7 @@ from collections import Counter
 import numpy as np
 
 from dcptool.capture.dcp import DcpEvents, every_stream_failed, finish_reason, make_session, run_session
+from dcptool.capture.lag import DcpWatch
 from dcptool.capture.options import LiveOptions
 from dcptool.capture.run import MAX_MESSAGES, RunStats, StopSignals, unserved_error, unserved_fields
 from dcptool.cli.view.console import err_console
@@ -59,6 +60,7 @@ class RowTap:
         self.rollbacks = 0
         self.ops: dict[str, int] = {}
         self.notes = None              # collections.EventNotes when collections are on
+        self.watch: DcpWatch | None = None   # --metrics: told every receive batch (capture/lag.py)
 
     @property
     def received(self) -> int:
@@ -114,6 +116,8 @@ class RowTap:
         if self.remaining is not None and len(offsets) > self.remaining:
             offsets, lengths = offsets[:self.remaining], lengths[:self.remaining]
         n = len(offsets)
+        if n and self.watch is not None:
+            self.watch.received(buf, offsets, lengths, self.conn, self.node, self.consumer)
         if n:
             self._write(*self.columns(buf, offsets, lengths, iso_ns(ts_ns), "in", mono_ns))
             if self.notes is not None:    # collection system events, told once each on stderr
@@ -206,23 +210,28 @@ def run_stream(opts: LiveOptions) -> None:
     events = DcpEvents(requested=opts.vbuckets, tell=lines, on_map=add_node_column(sink))
     stats = RunStats("dcp", opts.source.url)
     session_box: dict = {}
+    watch = DcpWatch(opts.metrics, opts.lag_interval)
 
     def stop():
         stats.stop(MAX_MESSAGES)
         s = session_box.get("session")
         if s is not None:
+            watch.final()
             s.stop()
 
     tap = RowTap(sink, values=opts.values, raw=opts.raw, max_messages=opts.max_messages,
                  on_limit=stop, stats=stats)
     if opts.collections:
         tap.notes = lines.notes = dcp_collections.EventNotes()
-    session = make_session(opts, tap=tap, on_events=events, reconnects=DEFAULTS["reconnects"])
+    session = make_session(opts, tap=tap, on_events=watch.chain(events, tap), on_connect=watch.connected,
+                           reconnects=DEFAULTS["reconnects"])
     session_box["session"] = session
     run_deadline(opts.duration)
+    tap.watch = watch.start(unserved=lambda: len(events.unserved), say=lambda t: err_console().print(t, markup=False))
     with StopSignals() as signals:
-        consumer, error = run_and_close(lambda: run_session(session, opts.duration, stats, signals,
-                                                                  on_attach=note_stop_signals), sink)
+        consumer, error = run_and_close(lambda: run_session(session, opts.duration, stats, signals, before_stop=
+                                                            watch.final, on_attach=note_stop_signals), sink)
+        watch.close()
         if error is None and consumer is not None and not session.stopped:
             stats.stop(finish_reason(opts, events))
             opened = set(events.ends) | {vb for vb in consumer.vb_states() if vb not in events.failed}
@@ -234,7 +243,8 @@ def run_stream(opts: LiveOptions) -> None:
         if events.streaming or isinstance(error, (Interrupted, OutputStalled)) or stats.stopped == MAX_MESSAGES:
             summary = stats.summary(error)
             summary.update(items=tap.items, streams_ended=tap.streams_ended, rollbacks=tap.rollbacks,
-                           failed_streams=len(events.failed), **unserved_fields(events.unserved))
+                           failed_streams=len(events.failed), **unserved_fields(events.unserved),
+                           **watch.summary_fields())
             add_rates(summary, tap.ops)
             if not isinstance(error, BrokenPipeError):
                 print_stream_summary(summary, opts)

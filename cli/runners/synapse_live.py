@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 
-from dcptool.capture import synapse as synapse_capture
+from dcptool.capture import metrics, synapse as synapse_capture
 from dcptool.capture.options import CaptureSettings, LiveOptions
 from dcptool.capture.synapse_stream import StreamHandler
 from dcptool.capture.run import END, MAX_MESSAGES, StopSignals
@@ -37,9 +37,11 @@ def run_stream(opts: LiveOptions) -> None:
     client = synapse_capture.make_client(opts)
     handler.client = client
     run_deadline(opts.duration)
+    server = metrics.serve_synapse(opts, handler, client, say=lambda t: err_console().print(t, markup=False))
     with StopSignals() as signals:
         _, error = run_and_close(lambda: synapse_capture.run(opts, client, handler, signals,
                                                              on_attach=note_stop_signals), sink)
+        metrics.stop(server)
         stop_exc = error if error is not None else signals.interrupted()
         if handler.streaming or stop_exc is not None and error is None or \
                 handler.stats.stopped == MAX_MESSAGES:   # --max-messages before the data: still a summary

@@ -121,7 +121,8 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         if self._check_handle is not None:
             self._check_handle.cancel()
         if not self.done.done():
-            if self.consumer.finished or self.consumer.closing or self._closed_by_us:
+            # every stream ended (a lag poll may still wait for its answer): a clean end
+            if self.consumer.finished or self.consumer.streams.finished or self.consumer.closing or self._closed_by_us:
                 self.done.set_result(None)
             else:
                 self.done.set_exception(ConnectionLost(
@@ -197,6 +198,8 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             if not self._paused:   # while we hold reads back, silence is ours, not the server's
                 self._check_partial(now)
                 self.consumer.check(now)
+                if self.consumer.finished and not self.done.done():   # an unanswered last lag poll given up
+                    self.done.set_result(None)
                 self.consumer.flush_acks()   # an ack held back while paused
                 self.flush()
             else:

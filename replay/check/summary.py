@@ -89,6 +89,7 @@ def summarize(paths) -> dict:
             s.syn.connection((f.capture_id, last_conn))
     if protocol == "dcp":
         s.configs = _configs(files)
+        s.largest_lag = largest_lag(files)
     out = s.result()
     out["retained"] = retained_window(paths)
     return out
@@ -132,6 +133,28 @@ def _dcp_files(s: "_Summary", files, cols) -> None:
                 s.chunk(run[0], t)
 
 
+def largest_lag(files) -> dict | None:
+    """The largest recorded lag (the `lag` table of replay/rules/lag.py, which reads `raw`
+    only in row groups that hold a lag poll): its size, vbucket, node and when, the first
+    such on a tie; None when the captures hold no lag poll."""
+    from dcptool.replay.rules.lag import local_lag
+    rows = local_lag(files).to_pylist()
+    if not rows:
+        return None
+    best = max(rows, key=lambda r: (r["lag_items"], -int(r["ts"].value), -r["vbucket"]))
+    return {"lag_items": best["lag_items"], "vbucket": best["vbucket"], "node": best["node"],
+            "ts": _iso(int(best["ts"].value)), "high_seqno": best["high_seqno"], "seqno": best["seqno"],
+            "polls": len({(r["capture_id"], r["frame_no"]) for r in rows})}
+
+
+def lag_text(lag: dict | None) -> str:
+    """inspect's line for the largest recorded lag."""
+    if not lag:
+        return "largest lag: no lag polls"
+    return (f"largest lag: {lag['lag_items']:,} items, vbucket {lag['vbucket']} on {lag['node']} at {lag['ts']} "
+            f"({lag['polls']:,} lag polls)")
+
+
 def _configs(files) -> list[dict]:
     """One entry per cluster config revision the captures hold (the `topology` table of
     replay/rules/topology.py, which reads `raw` only in row groups that hold a config)."""
@@ -162,6 +185,7 @@ class _Summary:
         self.directions: dict = {}
         self.nodes: dict = {}           # "host:port" -> rows (version 2 captures)
         self.configs: list[dict] = []   # DCP: cluster config revisions
+        self.largest_lag: dict | None = None   # DCP: the largest recorded lag (largest_lag)
         self.kinds: dict = {}           # op or command -> rows
         self.decode_errors = 0
         self.error_examples: list[dict] = []
@@ -296,6 +320,7 @@ class _Summary:
             out["rollbacks"] = self.rollbacks
             out["stream_ends"] = self.stream_ends
             out["configs"] = self.configs
+            out["largest_lag"] = self.largest_lag
         else:
             out["commands"] = kinds
             out["positions"], out["gaps"] = self.syn.result()

@@ -55,6 +55,10 @@ class Replay:
         if name not in self.results and name == "topology" and self.protocol == "dcp":
             from dcptool.replay.rules.topology import local_topology   # read when asked for
             self.results[name] = local_topology(self.files, as_of=self.as_of)
+        if name not in self.results and name == "lag":
+            from dcptool.replay.rules import lag   # read when asked for
+            self.results[name] = (lag.local_lag(self.files, as_of=self.as_of) if self.protocol == "dcp"
+                                  else lag.local_synapse_lag(self.files))
         if name not in self.results and self.protocol == "dcp" and name in self.names() and name != "frames":
             # a table the replay was told would not be asked for: replay again for every table
             self.results.update(_replay_dcp(self.files, reader.capture_ranks(self.files), DCP_CHUNK_ROWS,

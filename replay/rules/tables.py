@@ -81,6 +81,11 @@ DCP_TABLES: dict[str, tuple[pa.Schema, tuple[str, ...]]] = {
                     ("node", STR), ("via", STR), ("vbucket", pa.uint16()), ("active", STR),
                     ("replicas", pa.list_(STR))),
                  ("rev_epoch", "rev", "vbucket")),
+    # one row per lag poll (GET_ALL_VB_SEQNOS, --lag-interval) and vbucket streamed
+    # (replay/rules/lag.py): the high seqno the node answered, the seqno received by then
+    "lag": (_s(("ts", TS), ("node", STR), ("vbucket", pa.uint16()), ("high_seqno", I64), ("seqno", I64),
+               ("lag_items", I64), ("capture_id", STR), ("frame_no", I64)),
+            ("ts", "capture_id", "frame_no", "vbucket")),
 }
 
 SYNAPSE_TABLES: dict[str, tuple[pa.Schema, tuple[str, ...]]] = {
@@ -96,6 +101,11 @@ SYNAPSE_TABLES: dict[str, tuple[pa.Schema, tuple[str, ...]]] = {
              ("stream", "instance", "capture_id", "frame_no")),
     "commands": (_s(("command", STR), ("count", I64), ("first_ts", TS), ("last_ts", TS)),
                  ("command",)),
+    # one row per POSITION received, against the last RDATA token of its stream and instance
+    # (replay/rules/lag.py)
+    "lag": (_s(("ts", TS), ("node", STR), ("stream", STR), ("instance", STR), ("position", I64),
+               ("rdata_token", I64), ("lag_tokens", I64), ("capture_id", STR), ("frame_no", I64)),
+            ("ts", "capture_id", "frame_no")),
 }
 
 FRAMES_KEY = ("capture_id", "frame_no")

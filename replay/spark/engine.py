@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from dcptool.protocol.dcp.wire.constants import Status
 from dcptool.replay import apply
-from dcptool.replay.rules import dcp as dcp_rules, dcp_sync, synapse as synapse_rules, tables as T, topology
+from dcptool.replay.rules import dcp as dcp_rules, dcp_sync, lag, synapse as synapse_rules, tables as T, topology
 from dcptool.replay.spark import documents as spark_documents, sql as spark_sql
 
 from dcptool.replay.store import reader
@@ -404,7 +404,8 @@ def replay_spark(spark, files: list, as_of=None) -> SparkReplay:
             "failover": lambda: _dcp_failover(vb_frames),
             # every change (replay/rules/history.py), as the SQL of spark_sql.history_query
             "history": lambda: vb_frames.sparkSession.sql(spark_sql.history_query(), frames=vb_frames),
-            "topology": lambda: topology.spark_dataframe(df, spark_schema, to_spark_arrow, ranks)})
+            "topology": lambda: topology.spark_dataframe(df, spark_schema, to_spark_arrow, ranks),
+            "lag": lambda: lag.spark_dataframe(df, spark_schema, to_spark_arrow, ranks)})
     conn_key = F.shiftleft(F.col("_rank"), 32) + F.col("conn").cast("long")
     df = df.withColumn("_conn", conn_key)
 
@@ -425,8 +426,10 @@ def replay_spark(spark, files: list, as_of=None) -> SparkReplay:
         return (df.filter(F.col("command").isNotNull()).groupBy("command")
                   .agg(F.count(F.lit(1)).alias("count"), F.min("ts").alias("first_ts"),
                        F.max("ts").alias("last_ts")))
-    return SparkReplay(protocol, frames, SYN_RESULTS, packed_builder=packed, builders={"commands": commands},
-                       _tmp=tmp)
+    ranks = reader.capture_ranks(files)
+    return SparkReplay(protocol, frames, SYN_RESULTS, packed_builder=packed, _tmp=tmp, builders={
+        "commands": commands,
+        "lag": lambda: lag.spark_synapse_dataframe(df, spark_schema, to_spark_arrow, ranks)})
 
 
 def _rollback_answers(vb_frames):

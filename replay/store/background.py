@@ -42,6 +42,11 @@ class BackgroundWriter:
         return self._backlog
 
     @property
+    def queue_depth(self) -> int:
+        """Batches submitted and not yet written (--metrics: dcptool_writer_queue_depth)."""
+        return len(self._queue) + self._inflight
+
+    @property
     def congested(self) -> bool:
         return self._backlog >= self.max_queue_bytes
 

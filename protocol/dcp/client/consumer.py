@@ -37,7 +37,7 @@ from dcptool.protocol.dcp.wire.frames import split_until_error
 from dcptool.protocol.dcp.client.consumer_api import (DEFAULT_REOPEN, NUM_VB_SLOTS, ConfigReceived,
                                                ConsumerConfig, ControlRefused, Finished, Handoff,
                                                HandshakeComplete, NotMyVbucket, Rollback, ServerVbuckets,
-                                               StreamEnded, StreamFailed, StreamOpened, VbState)
+                                               StreamEnded, StreamFailed, StreamOpened, VbSeqnos, VbState)
 from dcptool.protocol.dcp.client.consumer_receive import (DATA_OPS, STREAM_OPS, ConfigPushed, PushIgnored,
                                                    Receiver)
 from dcptool.protocol.dcp.client.handshake import Handshake
@@ -48,8 +48,11 @@ from dcptool.protocol.errors import ErrorCode, RemoteError
 # the consumer's API is importable from here (consumer_api.py holds the definitions)
 __all__ = ["Consumer", "ConsumerConfig", "VbState", "DEFAULT_REOPEN", "NUM_VB_SLOTS", "ConfigReceived",
            "ControlRefused", "Finished", "Handoff", "HandshakeComplete", "NotMyVbucket", "Rollback",
-           "ServerVbuckets", "StreamEnded", "StreamFailed", "StreamOpened", "ConfigPushed", "PushIgnored",
+           "ServerVbuckets", "StreamEnded", "StreamFailed", "StreamOpened", "VbSeqnos", "ConfigPushed", "PushIgnored",
            "DATA_OPS", "STREAM_OPS"]
+
+
+ACTIVE_STATE = (1).to_bytes(4, "big")    # GET_ALL_VB_SEQNOS extras: the active vbuckets only
 
 
 class Consumer:
@@ -64,6 +67,8 @@ class Consumer:
         self.should_pause: Callable[[], bool] | None = None
         self.acked_total = 0
         self._tail = b""
+        self.seqnos_pending = 0     # lag polls not answered yet: the connection is not finished
+        self._polls: set[int] = set()   # their opaques
 
     def _on_ready(self) -> None:
         self.streams.start()
@@ -115,7 +120,7 @@ class Consumer:
 
     @property
     def finished(self) -> bool:
-        return self.streams.finished
+        return self.streams.finished and not self.seqnos_pending
 
     @property
     def closing(self) -> bool:
@@ -201,6 +206,19 @@ class Consumer:
         """Ask GET_CLUSTER_CONFIG (a poll); the answer comes as ConfigReceived(bootstrap=False)."""
         self.handshake.request_config()
 
+    def request_seqnos(self) -> None:
+        """A lag poll: GET_ALL_VB_SEQNOS of the active vbuckets (extras: state 1); the answer
+        comes as VbSeqnos, and the connection waits for it before it counts as finished (so a
+        poll asked as the last stream ends is still answered)."""
+        self.seqnos_pending += 1
+        self._polls.add(self.link.request(m.GetAllVbSeqnos(extras=ACTIVE_STATE), self._on_seqnos))
+
+    def _on_seqnos(self, rsp) -> None:
+        self._polls.discard(rsp.opaque)
+        self.seqnos_pending = max(0, self.seqnos_pending - 1)
+        status = getattr(rsp, "status", 0)
+        self.link.emit(VbSeqnos(tuple(getattr(rsp, "seqnos", ()) or ()) if status == 0 else (), status))
+
     def route(self, vbuckets: list[int] | None, *, states: dict | None = None, check: bool = False,
               handoff: bool = False) -> None:
         """After ConfigReceived(bootstrap=True): stream these vbuckets (None: every vbucket the
@@ -250,16 +268,29 @@ class Consumer:
         longer than its idle limit (idle_limit())."""
         self.link.now = now
         timeout = self.cfg.timeout
+        if timeout and self._polls and self.streams.finished:
+            self._give_up_polls(now, timeout)
         oldest = self.link.oldest_pending() if timeout else None
         if oldest is not None and now - oldest[0] > timeout:
             raise RemoteError(ErrorCode.TIMEOUT, f"no answer to {oldest[1]} from the server within "
                               f"{timeout:g} s (--timeout)")
-        limit = self.idle_limit()
+        limit = None if self.streams.finished else self.idle_limit()   # ended: only a lag poll can be waiting
         if limit is not None and now - self.last_rx > limit:
             why = (f"noop interval {self.cfg.noop_interval:g} s" if self.noop_active else
                    f"the server refused noops: idle limit max(2 x noop interval, --timeout {timeout:g} s)")
             raise RemoteError(ErrorCode.DEAD_CONNECTION,
                               f"no frame from the producer for {now - self.last_rx:.1f} s ({why})")
+
+    def _give_up_polls(self, now: float, timeout: float) -> None:
+        """Every stream ended and a lag poll went unanswered for the timeout: the run is over,
+        not the connection dead; the poll is dropped and the connection finishes."""
+        for opaque in list(self._polls):
+            sent = self.link.sent_at.get(opaque)
+            if sent is not None and now - sent[0] > timeout:
+                self.link.pending.pop(opaque, None)
+                self.link.sent_at.pop(opaque, None)
+                self._polls.discard(opaque)
+                self.seqnos_pending = max(0, self.seqnos_pending - 1)
 
     def idle_limit(self) -> float | None:
         """Seconds of silence after which a streaming connection is dead: 2x the noop

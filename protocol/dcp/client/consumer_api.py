@@ -147,6 +147,14 @@ class ServerVbuckets:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class VbSeqnos:
+    """The answer to a lag poll (Consumer.request_seqnos): (vbucket, high seqno) pairs of the
+    node's active vbuckets; status non-zero when the server refused it (then no pairs)."""
+    seqnos: tuple
+    status: int = 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Finished:
     ended: int
     failed: int

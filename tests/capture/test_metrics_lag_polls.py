@@ -1,0 +1,56 @@
+"""The lag poll of the sans-IO consumer (Consumer.request_seqnos, used by capture/lag.py),
+against the sans-IO producer in memory: a poll asked mid-stream is answered with the active
+vbuckets' high seqnos; a poll asked as the last stream ends keeps the connection unfinished
+until its answer is in (so a `--to now` run ends with a recorded lag of 0)."""
+
+from __future__ import annotations
+
+from dcptool.protocol.dcp.client import consumer as dcp_consumer
+from dcptool.protocol.dcp.server import producer as P
+from dcptool.protocol.dcp.wire import messages as m
+from tests.support.dcp_pair import Pair, cfg
+
+
+def _streaming_pair():
+    srv = P.server_from_options(vbuckets=4, items=200, seed=4)
+    pair = Pair(srv, cfg())
+    while pair.cons.phase != "streaming":
+        assert pair.step()
+    return srv, pair
+
+
+def test_poll_mid_stream_is_answered_with_high_seqnos():
+    srv, pair = _streaming_pair()
+    pair.cons.request_seqnos()
+    pair.run()
+    polls = pair.of(dcp_consumer.VbSeqnos)
+    highs = {vb.vbid: vb.high_seqno for vb in srv.buckets["default"].vbuckets}
+    assert polls == [dcp_consumer.VbSeqnos(tuple(sorted(highs.items())), 0)]
+    sent = [m.decode_bytes(f) for f in pair.outbound]
+    asked = [x for x in sent if type(x) is m.GetAllVbSeqnos and x.extras]
+    assert [x.extras for x in asked] == [b"\0\0\0\1"]       # state: active only
+
+
+def test_a_poll_pending_at_the_end_keeps_the_connection_open_until_answered():
+    _, pair = _streaming_pair()
+    while not pair.cons.streams.finished:
+        assert pair.step()
+    assert pair.cons.finished
+    pair.cons.request_seqnos()          # what capture/lag.py does as the last stream ends
+    assert not pair.cons.finished and pair.cons.seqnos_pending == 1
+    pair.run()
+    assert pair.cons.finished and pair.cons.seqnos_pending == 0
+    assert len(pair.of(dcp_consumer.VbSeqnos)) == 1
+
+
+def test_an_unanswered_last_poll_is_given_up_after_the_timeout():
+    _, pair = _streaming_pair()
+    while not pair.cons.streams.finished:
+        assert pair.step()
+    pair.cons.request_seqnos()
+    pair.cons.outgoing()                # never reaches the server: no answer will come
+    timeout = pair.cons.cfg.timeout
+    pair.cons.check(pair.now + timeout / 2)
+    assert not pair.cons.finished
+    pair.cons.check(pair.now + timeout + 1)   # no TIMEOUT error: the run is over, not the connection dead
+    assert pair.cons.finished and pair.cons.seqnos_pending == 0
