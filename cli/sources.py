@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from dcptool.capture import values
 from dcptool.capture.sources import Source, parse_source as _parse_source, user_from
 from dcptool.protocol.errors import BadSource
 
@@ -17,10 +18,7 @@ __all__ = ["Source", "parse_source", "user_from", "read_password", "capture_path
 
 def parse_source(url: str) -> Source:
     """Parse a SOURCE argument; raise click.BadParameter with one clear line."""
-    try:
-        return _parse_source(url)
-    except BadSource as exc:
-        raise click.BadParameter(str(exc), param_hint=exc.hint) from None
+    return _usage(_parse_source, url)
 
 
 def read_password(password_file: str | None, *, needed: bool, user: str | None = None) -> str | None:
@@ -67,47 +65,21 @@ def capture_paths(captures) -> list[str]:
     return out
 
 
+def _usage(fn, *args):
+    try:
+        return fn(*args)
+    except BadSource as exc:
+        raise click.BadParameter(str(exc), param_hint=exc.hint) from None
+
+
 def parse_vbuckets(text: str, limit: int = 1024) -> list[int]:
     """'0-15,32' -> [0..15, 32]; raises click.BadParameter."""
-    out: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-            else:
-                lo = hi = int(part)
-        except ValueError:
-            raise click.BadParameter(f"not a vbucket range: {part!r}", param_hint="--vbuckets") from None
-        if lo > hi:
-            raise click.BadParameter(f"vbucket range {part!r} is reversed: write {hi}-{lo}",
-                                     param_hint="--vbuckets")
-        if lo < 0 or hi >= limit:
-            raise click.BadParameter(f"vbucket range {part!r} outside 0-{limit - 1}",
-                                     param_hint="--vbuckets")
-        out.update(range(lo, hi + 1))
-    if not out:
-        raise click.BadParameter("no vbuckets selected", param_hint="--vbuckets")
-    return sorted(out)
-
-
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
-          "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3}
+    return _usage(values.vbucket_list, text, limit)
 
 
 def parse_size(text: str, hint: str) -> int:
-    import re
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise click.BadParameter(f"not a size: {text!r} (e.g. 256MiB)", param_hint=hint)
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    return _usage(values.size_bytes, text, hint)
 
 
 def parse_duration(text: str, hint: str) -> float:
-    import re
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", text)
-    if not m:
-        raise click.BadParameter(f"not a duration: {text!r} (e.g. 30s, 5m)", param_hint=hint)
-    return float(m.group(1)) * {"ms": 0.001, "s": 1, None: 1, "m": 60, "h": 3600}[m.group(2)]
+    return _usage(values.duration_seconds, text, hint)
