@@ -28,6 +28,11 @@ def footer(path: str) -> "pq.FileMetaData":
     return md
 
 
+def forget() -> None:
+    """Drop the parsed footers (tests: the next look at each file parses it again)."""
+    _FOOTERS.clear()
+
+
 def prefetch_footers(paths: list[str]) -> None:
     """Read the footers of many finished segments on a few threads (pyarrow parses them
     without the GIL); errors are left for describe() to report."""

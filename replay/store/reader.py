@@ -508,11 +508,12 @@ def scan_segments(files: list[CaptureFile], names: list[str], checked: bool) -> 
         except (OSError, pa.ArrowException) as exc:
             raise CaptureError(f"{shown(f.path)}: unreadable ({_first_line(exc)})") from exc
     tables = in_threads(one, files)
+    want = pa.schema([full.field(n) for n in names])
     try:
         whole = pa.concat_tables(tables, promote_options="permissive")
     except pa.ArrowException:        # segments of layouts too different to concatenate
-        whole = pa.concat_tables([conform(t, pa.schema([full.field(n) for n in names])) for t in tables])
-    return conform(whole, pa.schema([full.field(n) for n in names])).combine_chunks()
+        whole = pa.concat_tables([conform(t, want) for t in tables])
+    return conform(whole.combine_chunks(), want)
 
 SCANS: list[int] = []     # the files of each dataset scan made, for tests (bounded: reset by them)
 
