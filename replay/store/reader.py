@@ -12,7 +12,6 @@ import datetime as _dt
 import functools
 import os
 import re
-import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
@@ -23,32 +22,20 @@ import pyarrow.parquet as pq
 
 from dcptool.protocol.text import printable
 from dcptool.replay.store.files import arrow_path, arrow_source, shown
-from dcptool.replay.store.footers import footer, in_threads, leaf_index, prefetch_footers, top_names  # noqa: F401 (footer, leaf_index: also for the engines)
+from dcptool.replay.store.errors import CaptureError, NotACapture, UnsupportedFormat  # noqa: F401 (reader.CaptureError ...: the names callers use)
+from dcptool.replay.store.footers import footer, leaf_index, prefetch_footers  # noqa: F401 (footer, leaf_index: also for the engines)
+from dcptool.replay.store.run_reads import RUN_CACHE, SCANS, conform, first_line  # noqa: F401 (SCANS: for tests; conform: also for the checks)
 from dcptool.replay.store.in_progress import DAMAGED_SUFFIX, InProgress, held_by_writer
 from dcptool.replay.store.naming import SEGMENT_NAME_RE
 from dcptool.replay.store.schema import (META_CAPTURE_ID, META_FORMAT, META_PROTOCOL, META_SEGMENT,
                                          META_STARTED_AT, PROTOCOLS, READABLE_VERSIONS, capture_schema,
                                          tool_version)
 from dcptool.replay.store.segment import dictionary_columns
-from dcptool.protocol.errors import DcptoolError, LateUsageError
 
 FINISHED_SUFFIX = ".parquet"
 IN_PROGRESS_SUFFIX = ".arrows"
 
 _NAME_RE = SEGMENT_NAME_RE
-
-
-class CaptureError(DcptoolError):
-    """A path that is not a readable capture, or captures that cannot be replayed together."""
-
-
-class UnsupportedFormat(CaptureError, LateUsageError):
-    """A segment whose `dcptool.format` this build cannot read (a newer one): refused, never
-    read as if it were known. A usage error (exit 2): the capture needs a newer dcptool."""
-
-
-class NotACapture(CaptureError):
-    """A file that holds no dcptool capture (no dcptool.* metadata, or not Parquet/Arrow)."""
 
 
 @dataclass(frozen=True)
@@ -165,9 +152,7 @@ def _not_a_capture_path(p: str) -> str:
 _describe = describe
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return shown(text.splitlines()[0])
+_first_line = first_line
 
 
 _WARNED: set[str] = set()
@@ -271,20 +256,6 @@ def _read_in_progress(path: str) -> pa.Table:
     if damage and not held_by_writer(path):
         warn(f"{shown(path)}: {damage} (`dcptool verify` reports it; `capture --resume` keeps the file)")
     return pa.Table.from_batches(batches, schema=ip.schema)
-
-
-def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """`table` with exactly the columns of `schema` (missing ones null), cast to its types."""
-    cols = []
-    for fld in schema:
-        if fld.name in table.column_names:
-            col = table.column(fld.name)
-            if col.type != fld.type:
-                col = col.cast(fld.type)
-            cols.append(col)
-        else:
-            cols.append(pa.nulls(table.num_rows, fld.type))
-    return pa.Table.from_arrays(cols, schema=schema)
 
 
 def read_file(f: CaptureFile, columns: list[str] | None = None) -> pa.Table:
@@ -473,10 +444,11 @@ def runs(group: list[CaptureFile], batch_rows: int) -> Iterator[list[CaptureFile
 
 def read_segments(files: list[CaptureFile], cols, sort: bool = True) -> pa.Table:
     """The rows of finished segments of one protocol, in their order, as one table of
-    `cols` (None: all), read in one parallel scan (files named in bytes one by one); with
+    `cols` (None: all), read together on a few threads (files named in bytes one by one); with
     sort, in frame_no order whatever the files hold (verify wants them as they are, and its
-    scans check the page checksums). The columns of the last run scanned are kept (RunCache):
-    a later pass over the same files reads only the columns it has not read yet."""
+    reads check the page checksums). The columns of the last runs read are kept
+    (run_reads.RunCache): a later pass over the same files reads only the columns it has not
+    read yet."""
     full = capture_schema(files[0].protocol)
     schema = full if cols is None else pa.schema([full.field(c) for c in cols])
     if len(files) == 1 or any(not isinstance(arrow_path(f.path), str) for f in files):
@@ -488,92 +460,6 @@ def read_segments(files: list[CaptureFile], cols, sort: bool = True) -> pa.Table
     if sort and table.num_rows > 1 and not pc.all(pc.greater(fn.slice(1), fn.slice(0, len(fn) - 1))).as_py():
         table = table.take(pc.sort_indices(fn))
     return table.select(schema.names)
-
-
-def scan_segments(files: list[CaptureFile], names: list[str], checked: bool) -> pa.Table:
-    """Columns `names` of finished segments (paths pyarrow can encode), in file order, as one
-    table of single-chunk columns: each file read whole in one request with the footer
-    already parsed (footers.footer), on a few threads (pyarrow reads without the GIL). With
-    `checked`, the page checksums are verified (as verify does file by file). Per small file
-    this costs about 60% of the CPU of a pyarrow dataset scan of the same files (measured
-    with pyarrow 26: ~0.25 ms a file and ~0.02 ms a column, after ~0.27 ms for its footer)."""
-    SCANS.append(len(files))
-    full = capture_schema(files[0].protocol)
-
-    def one(f: CaptureFile) -> pa.Table:
-        try:
-            md = footer(f.path)
-            present = top_names(md)
-            pf = pq.ParquetFile(f.path, metadata=md, pre_buffer=True, page_checksum_verification=checked)
-            return pf.read(columns=[n for n in names if n in present], use_threads=False)
-        except (OSError, pa.ArrowException) as exc:
-            raise CaptureError(f"{shown(f.path)}: unreadable ({_first_line(exc)})") from exc
-    tables = in_threads(one, files)
-    want = pa.schema([full.field(n) for n in names])
-    try:
-        whole = pa.concat_tables(tables)      # one layout (the usual case): no unification
-    except pa.ArrowException:
-        try:
-            whole = pa.concat_tables(tables, promote_options="permissive")
-        except pa.ArrowException:        # segments of layouts too different to concatenate
-            whole = pa.concat_tables([conform(t, want) for t in tables])
-    return conform(whole.combine_chunks(), want)
-
-
-SCANS: list[int] = []     # the files of each run read (one number a run read: tests count them)
-
-
-# read with any columns of a run of small segments: the frame header columns most passes
-# look at (the cluster-config candidates of replay/rules/topology.py among them), so that a
-# second pass over the run finds them read (a column costs ~0.02 ms a small file, opening
-# and reading the file again ~0.25 ms; measured with pyarrow 26)
-ALWAYS_READ = ("capture_id", "frame_no", "direction", "magic", "opcode", "status")
-
-
-class RunCache:
-    """The columns read from the last runs of small segments scanned, up to BYTES of them, the
-    oldest run dropped first. Keyed by each file's path, size and mtime, so a file rewritten
-    since is read again; a pass asking for columns already read gets them without a scan,
-    one asking for more scans only the missing ones (a scan costs per file, far more than
-    per column, when the files are small)."""
-
-    BYTES = 64 << 20
-
-    def __init__(self):
-        self.runs: dict[tuple, dict[str, pa.ChunkedArray]] = {}
-        self.lock = threading.Lock()     # runs may be read on the replay's worker threads
-
-    def table(self, files: list[CaptureFile], names: list[str], checked: bool) -> pa.Table:
-        names = list(dict.fromkeys(["frame_no", *names]))
-        key = (checked, tuple(_version(f.path) for f in files))
-        with self.lock:
-            have = dict(self.runs.pop(key, {}))
-            missing = [n for n in names if n not in have]
-            if missing:
-                full = capture_schema(files[0].protocol)
-                also = [n for n in ALWAYS_READ if n in full.names and n not in have and n not in missing]
-                got = scan_segments(files, missing + also, checked)
-                have.update(zip(got.column_names, got.columns))
-            self.runs[key] = have          # the newest last
-            while self.runs and sum(c.nbytes for run in self.runs.values() for c in run.values()) > self.BYTES:
-                del self.runs[next(iter(self.runs))]
-        full = capture_schema(files[0].protocol)
-        return pa.Table.from_arrays([have[n] for n in names], schema=pa.schema([full.field(n) for n in names]))
-
-    def clear(self) -> None:
-        with self.lock:
-            self.runs.clear()
-
-
-def _version(path: str) -> tuple:
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise CaptureError(f"{shown(path)}: unreadable ({_first_line(exc)})") from exc
-    return (path, st.st_size, st.st_mtime_ns)
-
-
-RUN_CACHE = RunCache()
 
 
 def _read_plain(f: CaptureFile, schema: pa.Schema) -> pa.Table:
