@@ -88,6 +88,7 @@ def _describe_all(paths: list[tuple[str, bool]], out: Findings) -> tuple[list[re
     """CaptureFiles of the readable candidates, unreadable ones (findings) and foreign files in
     a directory (skipped with a warning)."""
     files, bad, skipped = [], 0, 0
+    reader.prefetch_footers([p for p, _ in paths if p.endswith(FINISHED_SUFFIX)])   # on a few threads
     for path, may_skip in paths:
         if path.endswith(IN_PROGRESS_SUFFIX) and os.path.getsize(path) == 0:
             out.add(Finding("file.in_progress", "in-progress segment with nothing written yet", file=shown(path)))
@@ -456,7 +457,9 @@ def _file_chunks(run, wheres, cols, out, batch_rows, lost) -> Iterator[tuple[pa.
 def _run_chunks(run, wheres, cols, out):
     """A run of small segments as one chunk, and the findings collector that puts each
     finding with a frame number on the file that frame is in."""
-    t = reader.read_segments(run, cols, sort=False)
+    # DCP: with `raw` (its checks read it for every frame): one scan, not two (reader.RunCache)
+    extra = ["raw"] if run[0].protocol == "dcp" else []
+    t = reader.read_segments(run, list(dict.fromkeys(cols + extra)), sort=False).select(cols)
     sizes = [reader.footer(f.path).num_rows for f in run]
     offsets = np.cumsum([0] + sizes[:-1])
     fn = t.column("frame_no").to_numpy()

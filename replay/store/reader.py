@@ -22,32 +22,20 @@ import pyarrow.parquet as pq
 
 from dcptool.protocol.text import printable
 from dcptool.replay.store.files import arrow_path, arrow_source, shown
-from dcptool.replay.store.footers import footer, footer_entry, leaf_index, prefetch_footers  # noqa: F401 (footer, leaf_index: also for the engines)
+from dcptool.replay.store.errors import CaptureError, NotACapture, UnsupportedFormat  # noqa: F401 (reader.CaptureError ...: the names callers use)
+from dcptool.replay.store.footers import footer, leaf_index, prefetch_footers  # noqa: F401 (footer, leaf_index: also for the engines)
+from dcptool.replay.store.run_reads import RUN_CACHE, SCANS, conform, first_line  # noqa: F401 (SCANS: for tests; conform: also for the checks)
 from dcptool.replay.store.in_progress import DAMAGED_SUFFIX, InProgress, held_by_writer
 from dcptool.replay.store.naming import SEGMENT_NAME_RE
 from dcptool.replay.store.schema import (META_CAPTURE_ID, META_FORMAT, META_PROTOCOL, META_SEGMENT,
                                          META_STARTED_AT, PROTOCOLS, READABLE_VERSIONS, capture_schema,
                                          tool_version)
 from dcptool.replay.store.segment import dictionary_columns
-from dcptool.protocol.errors import DcptoolError, LateUsageError
 
 FINISHED_SUFFIX = ".parquet"
 IN_PROGRESS_SUFFIX = ".arrows"
 
 _NAME_RE = SEGMENT_NAME_RE
-
-
-class CaptureError(DcptoolError):
-    """A path that is not a readable capture, or captures that cannot be replayed together."""
-
-
-class UnsupportedFormat(CaptureError, LateUsageError):
-    """A segment whose `dcptool.format` this build cannot read (a newer one): refused, never
-    read as if it were known. A usage error (exit 2): the capture needs a newer dcptool."""
-
-
-class NotACapture(CaptureError):
-    """A file that holds no dcptool capture (no dcptool.* metadata, or not Parquet/Arrow)."""
 
 
 @dataclass(frozen=True)
@@ -164,9 +152,7 @@ def _not_a_capture_path(p: str) -> str:
 _describe = describe
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return shown(text.splitlines()[0])
+_first_line = first_line
 
 
 _WARNED: set[str] = set()
@@ -270,20 +256,6 @@ def _read_in_progress(path: str) -> pa.Table:
     if damage and not held_by_writer(path):
         warn(f"{shown(path)}: {damage} (`dcptool verify` reports it; `capture --resume` keeps the file)")
     return pa.Table.from_batches(batches, schema=ip.schema)
-
-
-def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """`table` with exactly the columns of `schema` (missing ones null), cast to its types."""
-    cols = []
-    for fld in schema:
-        if fld.name in table.column_names:
-            col = table.column(fld.name)
-            if col.type != fld.type:
-                col = col.cast(fld.type)
-            cols.append(col)
-        else:
-            cols.append(pa.nulls(table.num_rows, fld.type))
-    return pa.Table.from_arrays(cols, schema=schema)
 
 
 def read_file(f: CaptureFile, columns: list[str] | None = None) -> pa.Table:
@@ -472,26 +444,18 @@ def runs(group: list[CaptureFile], batch_rows: int) -> Iterator[list[CaptureFile
 
 def read_segments(files: list[CaptureFile], cols, sort: bool = True) -> pa.Table:
     """The rows of finished segments of one protocol, in their order, as one table of
-    `cols` (None: all), read in one parallel scan (files named in bytes one by one); with
-    sort, in frame_no order whatever the files hold (verify wants them as they are)."""
-    import pyarrow.dataset as ds
+    `cols` (None: all), read together on a few threads (files named in bytes one by one); with
+    sort, in frame_no order whatever the files hold (verify wants them as they are, and its
+    reads check the page checksums). The columns of the last runs read are kept
+    (run_reads.RunCache): a later pass over the same files reads only the columns it has not
+    read yet."""
     full = capture_schema(files[0].protocol)
     schema = full if cols is None else pa.schema([full.field(c) for c in cols])
     if len(files) == 1 or any(not isinstance(arrow_path(f.path), str) for f in files):
         tables = [_read_plain(f, schema) if not sort else read_file(f, None if cols is None else list(cols))
                   for f in files]
         return pa.concat_tables(tables) if tables else schema.empty_table()
-    names = list(dict.fromkeys(["frame_no", *schema.names]))   # frame_no: to check the order
-    try:
-        import pyarrow.fs as pafs
-        fmt = ds.ParquetFileFormat() if sort else ds.ParquetFileFormat(   # verify: checksums as file by file
-            default_fragment_scan_options=ds.ParquetFragmentScanOptions(page_checksum_verification=True))
-        frags = [footer_entry(f.path)[1] for f in files]
-        table = ds.FileSystemDataset(frags, full, fmt, pafs.LocalFileSystem()).to_table(
-            columns=names, use_threads=True)
-    except (OSError, pa.ArrowException) as exc:
-        raise CaptureError(f"unreadable segment among {shown(files[0].path)} .. "
-                           f"{shown(files[-1].path)} ({_first_line(exc)})") from exc
+    table = RUN_CACHE.table(files, schema.names, checked=not sort)
     fn = table.column("frame_no")
     if sort and table.num_rows > 1 and not pc.all(pc.greater(fn.slice(1), fn.slice(0, len(fn) - 1))).as_py():
         table = table.take(pc.sort_indices(fn))

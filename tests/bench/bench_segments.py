@@ -12,10 +12,14 @@ in a child process, both captures in the same run, and the ratio is printed per 
 
 Measured 2026-11-26 on the shared 2-core dev machine (5,000 rows; wall s / CPU s):
   before issue 24.15: inspect 39.1 / 26.5, verify 40.0 / 20.5, replay 69.0 / 46.1 (one file 0.8-1.2)
-  after:              inspect 15.0 / 11.2, verify 12.2 /  9.1, replay 18.3 / 17.6 (one file 0.8-1.8)
-The goal (<= 2x one file) is not reached: what is left is per file, not per row: parsing each
-footer once (~1 ms a file here) and pyarrow's cost per column chunk in a scan (~0.3 ms a file
-for the dozen columns inspect reads), which no longer repeats per command step."""
+  session 8:          inspect 15.0 / 11.2, verify 12.2 /  9.1, replay 18.3 / 17.6 (one file 0.8-1.8)
+  session 9, before:  inspect  8.6 / 10.9, verify  8.3 / 11.5, replay 15.3 / 18.1 (one file 0.5-0.6, load 1.2)
+  session 9, after:   inspect  7.7 /  5.6, verify  9.3 /  6.1, replay 13.0 /  7.9 (one file 0.8-1.2 /
+                      0.4-0.6, load 7-12: read the CPU)
+Each file is now parsed once and read once per command (tests/hostile/test_adversary_store.py
+counts it). The goal (<= 2x one file) is not reached: what is left is per file, in pyarrow:
+parsing its footer (~0.27 ms for the DCP schema's ~9 KB footer) and opening and reading it
+(~0.25 ms, plus ~0.02 ms a column); 2x would be ~0.1 ms a file."""
 
 from __future__ import annotations
 

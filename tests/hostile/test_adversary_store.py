@@ -364,3 +364,45 @@ def test_findings_in_a_run_of_small_segments_name_the_segment_of_their_frame(tmp
     report = V.verify([str(tmp_path)])
     got = {f.check: (f.segment, f.frame_no) for f in report.findings}
     assert got == {"file.frames_missing": (60, 60), "dcp.seqno_not_increasing": (80, 81)}, got
+
+
+def test_each_small_segment_is_parsed_and_read_once_per_command(tmp_path):
+    """inspect, verify and replay of 120 one-row segments parse each footer once and read each
+    file once (the cost of many small segments is per file: a second pass over the files, as
+    the cluster-config pass of inspect and replay, reads them from the run read already), and
+    give what one file of the same rows gives."""
+    from dcptool.replay.check import summary, verify as V
+    from dcptool.replay.local import engine as local
+    from dcptool.replay.store import footers, reader
+    from tests.bench.bench_segments import rows, write_capture
+    n = 120
+    t = rows(n)
+    one, many = str(tmp_path / "one"), str(tmp_path / "many")
+    write_capture(one, t, n)
+    write_capture(many, t, 1)
+
+    def counted(command, where):
+        footers.forget()
+        reader.RUN_CACHE.clear()
+        parsed, scans = footers.PARSED[0], len(reader.SCANS)
+        result = command(where)
+        return result, footers.PARSED[0] - parsed, sum(reader.SCANS[scans:])
+
+    def replay(where):                 # as `dcptool replay` does: every table but frames
+        rep = local.replay_local(reader.find_captures([where]))
+        return {name: rep.table(name) for name in rep.names() if name != "frames"}
+
+    commands = {"inspect": lambda where: summary.summarize([where]), "verify": lambda where: V.verify([where]),
+                "replay": replay}
+    for name, command in commands.items():
+        (a, _, _), (b, parsed, read) = counted(command, one), counted(command, many)
+        assert (parsed, read) == (n, n), name
+        if name == "inspect":
+            assert len(a.pop("files")) == 1 and len(b.pop("files")) == n
+            assert [c.pop("segments") for c in a["captures"] + b["captures"]] == [1, n]
+        elif name == "verify":
+            a, b = (a.findings, a.rows, a.counts), (b.findings, b.rows, b.counts)
+        else:
+            a = {k: v.to_pylist() for k, v in a.items()}
+            b = {k: v.to_pylist() for k, v in b.items()}
+        assert a == b and (b["documents"] if name == "replay" else True), name
