@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 
 import pytest
@@ -18,6 +19,7 @@ import pytest
 from dcptool.protocol.dcp.server import chaos
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.server.cluster import Event
+from dcptool.protocol.dcp.client import consumer as dcp_consumer
 from tests.support.chaos_run import BOUND, LOSS, run_schedule
 from tests.support.cluster_state import final_state
 
@@ -238,3 +240,61 @@ def test_a_vbucket_that_moves_away_and_straight_back_is_served_again(tmp_path):
     back = [mv for mv in model.cluster.changes[1].moves]
     assert back and all(mv.old == 3 for mv in back)
     assert {mv.vb: mv.new for mv in back} == {mv.vb: mv.old for mv in model.cluster.changes[0].moves}
+
+
+# --------------------------------------------------------------------------- found by the SDK property
+
+def test_a_rollback_into_a_deduplicated_snapshot_restarts_at_a_whole_snapshot():
+    """A memory snapshot is deduplicated: a key written at 11 and again at 20 comes once, at
+    20. A failover that keeps seqnos up to 15 (KV writes lost, not rewritten) makes the key's
+    version at 11 the live one; a consumer told to roll back to 15 has no state at 15 and
+    must go back to the end of the last whole snapshot (10), or it never learns the key's
+    version at 11 (SDK property seed 1: the replayed documents missed a durable commit)."""
+    from tests.support.dcp_pair import Pair, cfg
+    srv, bucket, vb = _dedup_bucket()
+    first = Pair(srv, cfg(to="now")).run()
+    assert [s for s, _ in first.data()[0]][-9:] == list(range(12, 21))          # 11 deduplicated away
+    state = {v: dataclasses.replace(s, ended_reason=None) for v, s in first.cons.resume_state().items()}
+    r = vb.fail_over(777, 15, bucket.rng, bucket.next_cas())
+    second = Pair(srv, cfg(to="now"), resume=state).run()
+    assert [e.seqno for e in second.of(dcp_consumer.Rollback)] == [r] == [15]
+    held = {}
+    for run in (first, second):       # the rollback drops what is above 15, the restart refills
+        for seqno, key in run.data()[0]:
+            held[key] = seqno
+        if run is first:
+            held = {k: s for k, s in held.items() if s <= r}
+    assert held == {k: it.seqno for k, it in vb.latest().items()}
+
+
+def _dedup_bucket():
+    from dcptool.protocol.dcp.server.bucket import Item
+    srv = P.server_from_options(vbuckets=1, items=10, seed=2, checkpoint_items=100)
+    bucket = srv.buckets["default"]
+    vb = bucket.vbuckets[0]
+    for key in [b"again", b"b1", b"b2", b"b3", b"b4", b"b5", b"b6", b"b7", b"b8", b"again"]:
+        vb.mem.append(Item(vb.high_seqno + 1, key, b'{"v":%d}' % vb.high_seqno, 1, bucket.next_cas(), kv=True))
+    return srv, bucket, vb
+
+
+def test_a_resumed_capture_rolled_back_into_a_deduplicated_snapshot_replays_the_bucket(tmp_path):
+    """The same across processes: `capture --resume` takes the whole-snapshot ends from the
+    capture's rows (replay/store/resume.py), so the resumed run restarts at 10, not 15."""
+    from dcptool.protocol.transport.dcp import ThreadedServer
+    from tests.support.chaos_run import documents_of
+    srv, bucket, vb = _dedup_bucket()
+    out = tmp_path / "cap"
+    with ThreadedServer(srv) as ts:
+        url = f"couchbase://{ts.host}:{ts.port}/default"
+        args = [DCPTOOL, "capture", url, "-o", str(out), "--quiet", "--to", "now", "--timeout", "5s"]
+        first = subprocess.run(args, capture_output=True, text=True, timeout=BOUND)
+        assert first.returncode == 0, first.stderr
+        ts.loop.call_soon_threadsafe(lambda: vb.fail_over(777, 15, bucket.rng, bucket.next_cas()))
+        deadline = time.monotonic() + BOUND
+        while vb.failover_log[0][0] != 777:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        second = subprocess.run(args + ["--resume"], capture_output=True, text=True, timeout=BOUND)
+        assert second.returncode == 0, second.stderr
+    want = {key.decode(): (it.seqno, it.cas) for key, it in vb.latest().items()}
+    assert documents_of(out) == {0: want}
