@@ -298,3 +298,37 @@ def test_a_resumed_capture_rolled_back_into_a_deduplicated_snapshot_replays_the_
         assert second.returncode == 0, second.stderr
     want = {key.decode(): (it.seqno, it.cas) for key, it in vb.latest().items()}
     assert documents_of(out) == {0: want}
+
+
+# --------------------------------------------------------------------------- the SDK writes
+
+SDK_SEEDS = list(range(100, 120))
+SDK_JOBS = 4        # schedules at once (their time is mostly processes starting), one SDK process
+
+
+@pytest.fixture(scope="module")
+def sdk_runs(tmp_path_factory):
+    """Every SDK schedule, run SDK_JOBS at a time: seed -> None or the failure."""
+    pytest.importorskip("couchbase")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.support.chaos_sdk import run_sdk_schedule
+
+    def one(seed):
+        try:
+            run_sdk_schedule(tmp_path_factory.mktemp(f"sdk{seed}"), seed)
+            return seed, None
+        except BaseException as exc:  # noqa: BLE001 - reported by the seed's own test
+            return seed, exc
+    with ThreadPoolExecutor(SDK_JOBS) as pool:
+        return dict(pool.map(one, SDK_SEEDS))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("seed", SDK_SEEDS)
+def test_sdk_writes_during_a_random_schedule_replay_to_what_the_sdk_reads(sdk_runs, seed):
+    """The official SDK writes a seeded mix while a schedule runs and a capture is SIGKILLed
+    and resumed: the replayed documents equal the SDK's read-back, key for key and CAS for
+    CAS, and no acknowledged durable write is missing (tests/support/chaos_sdk.py)."""
+    if sdk_runs[seed] is not None:
+        raise sdk_runs[seed]
