@@ -161,19 +161,28 @@ def replayed(out) -> dict[str, int]:
     return got
 
 
-def latencies(out, sent: dict[tuple[str, int], int]) -> list[float]:
-    """ms from each write's send to its frame's receive `ts` in the capture (its first one)."""
+def latencies(out, sent: dict[tuple[str, int], int], kill_ns: int) -> tuple[list[float], list[float]]:
+    """ms from each write's send to its frame's receive `ts` in the capture (its first one):
+    (every write, the writes the capture running when they were sent received: before the
+    SIGKILL at `kill_ns` by the first run, after the resumed run's first frame by it)."""
     from dcptool.replay.store.reader import read_capture_table
-    t = read_capture_table(find_captures([str(out)]), ["direction", "op", "key", "cas", "ts"])
-    seen = {}
+    t = read_capture_table(find_captures([str(out)]), ["capture_id", "direction", "op", "key", "cas", "ts"])
+    seen, first = {}, {}
     for r in t.to_pylist():
+        ts = r["ts"].value if hasattr(r["ts"], "value") else int(r["ts"].timestamp() * 1e9)
+        first.setdefault(r["capture_id"], ts)
         if r["direction"] == "in" and r["op"] in ("mutation", "deletion", "commit") and r["key"] is not None:
             key = r["key"].decode() if isinstance(r["key"], bytes) else r["key"]
             t_ns = sent.get((key, r["cas"]))
             if t_ns is not None and (key, r["cas"]) not in seen:
-                ts = r["ts"].value if hasattr(r["ts"], "value") else int(r["ts"].timestamp() * 1e9)
-                seen[(key, r["cas"])] = (ts - t_ns) / 1e6
-    return list(seen.values())
+                seen[(key, r["cas"])] = (t_ns, ts, r["capture_id"])
+    runs = sorted(first, key=first.get)
+    every, steady = [], []
+    for t_ns, ts, cid in seen.values():
+        every.append((ts - t_ns) / 1e6)
+        if (cid == runs[0] and t_ns < kill_ns) or (cid != runs[0] and t_ns >= first[cid]):
+            steady.append((ts - t_ns) / 1e6)
+    return every, steady
 
 
 def run_sdk_schedule(tmp_path, seed: int, schedule: chaos.Schedule | None = None, writes: int = WRITES,
@@ -202,9 +211,11 @@ def run_sdk_schedule(tmp_path, seed: int, schedule: chaos.Schedule | None = None
         try:
             mix = Mix(coll, seed)
             pace = _Pace(rate)
+            kill_ns = 0
             for i in range(writes):
                 pace.wait()
                 if i == kill_at:
+                    kill_ns = time.time_ns()
                     proc.send_signal(signal.SIGKILL)
                     proc.wait(BOUND)
                     proc.stderr.close()
@@ -237,6 +248,8 @@ def run_sdk_schedule(tmp_path, seed: int, schedule: chaos.Schedule | None = None
             assert truth.get(key) == cas, f"{where}: acknowledged durable write of {key} lost"
     timing["replay"] = time.monotonic() - t0
     mix.timing = timing
+    mix.steady_latency = []
     if latency is not None:
-        latency.extend(latencies(out, mix.sent))
+        every, mix.steady_latency = latencies(out, mix.sent, kill_ns)
+        latency.extend(every)
     return model, mix

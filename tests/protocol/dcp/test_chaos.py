@@ -111,6 +111,45 @@ def test_events_do_what_they_say():
     assert cl.bucket.vbuckets[vb].failover_log[0][1] == ch["restart"].moves[0].seqno
 
 
+@pytest.mark.parametrize("first", ["hard-failover", "graceful-failover"])
+def test_delta_recovery_keeps_the_node_s_data_and_full_recovery_starts_empty(first):
+    """The node failed over, writes went on, then it is added back: delta recovery keeps
+    what it had (rolled back to the branch a hard failover made) and is sent only the
+    difference; full recovery keeps nothing and is sent everything (docs/CLUSTER.md)."""
+    runs = {}
+    for how in ("delta-recovery", "full-recovery"):
+        sched = chaos.Schedule(None, 3, 1, 2, (Event(1, first, 2, 3 if first == "hard-failover" else None),
+                                               Event(2, "rev-epoch"), Event(3, how, 2)))
+        model = P.server_from_options(vbuckets=16, items=400, seed=4, nodes=3, replicas=1)
+        cl = chaos.install(model, sched, 4, LOSS)
+        model.apply_changes(cl.fire_due(1, LOSS))
+        model.buckets["default"].mutate_random(200)        # the cluster goes on without node 2
+        for at in (2, 3):
+            model.apply_changes(cl.fire_due(at, LOSS))
+        assert cl.broken is None, cl.broken
+        runs[how] = (cl.changes[-1], cl)
+    delta, cl = runs["delta-recovery"]
+    full, _ = runs["full-recovery"]
+    highs = {vb: v.high_seqno for vb, v in enumerate(cl.bucket.vbuckets)}
+    assert full.recovered and all(kept == 0 and sent == highs[vb] for vb, kept, sent in full.recovered)
+    assert delta.recovered and all(kept + sent == highs[vb] for vb, kept, sent in delta.recovered)
+    assert sum(sent for _, _, sent in delta.recovered) < sum(sent for _, _, sent in full.recovered)
+    failed = {mv.vb: mv.seqno for mv in cl.changes[0].moves}       # node 2's actives as it left
+    kept = {vb: k for vb, k, _ in delta.recovered}
+    for vb in set(failed) & set(kept):   # its copy goes back to the branch the failover made
+        assert kept[vb] == failed[vb] if first == "hard-failover" else kept[vb] >= failed[vb]
+
+
+def test_a_delta_recovery_that_drops_the_data_is_caught():
+    sched = chaos.Schedule(None, 3, 1, 2, (Event(1, "graceful-failover", 2), Event(2, "delta-recovery", 2)))
+    model = P.server_from_options(vbuckets=16, items=200, seed=1, nodes=3, replicas=1)
+    cl = chaos.install(model, sched, 1, LOSS)
+    cl.fire_due(1, LOSS)
+    cl.kept_by = lambda node, vb: 0          # a delta recovery that behaves as a full one
+    with pytest.raises(chaos.InvariantBroken, match="dropped its data"):
+        cl.fire_due(2, LOSS)
+
+
 def _break(cl, how: str):
     v = cl.bucket.vbuckets[0]
     if how == "two-copies":
