@@ -2,7 +2,7 @@
 from its first step once the node serves again: a node whose connections drop again and
 again, each time after the capture reconnected, is retried after 0.2 s every time, so a short
 `--timeout` never expires a vbucket the node serves again within it. (Before the fix the
-backoff kept doubling across successful reconnects: the fourth drop waited 1.6 s, past a 1 s
+backoff kept doubling across successful reconnects: the fourth drop waited 1.6 s, past a 1.5 s
 `--timeout`, and the capture exited 1 naming node 1's vbuckets.)"""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def test_the_backoff_starts_again_after_a_successful_reconnect(tmp_path):
     with ThreadedServer(model) as srv:
         url = f"couchbase://{srv.host}:{srv.port}/default"
         proc = subprocess.Popen([DCPTOOL, "capture", url, "-o", str(tmp_path / "c"), "--quiet",
-                                 "--timeout", "1s", "--noop-interval", "1s", "--to", "forever"],
+                                 "--timeout", "1500ms", "--noop-interval", "1s", "--to", "forever"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             seen: set[int] = set()
