@@ -48,6 +48,7 @@ WRITES = 120                 # per schedule, before the fillers that let every e
 KEYS = [f"k-{i:03d}" for i in range(120)]
 LEVELS = (DurabilityLevel.MAJORITY, DurabilityLevel.MAJORITY_AND_PERSIST_TO_ACTIVE,
           DurabilityLevel.PERSIST_TO_MAJORITY)
+KINDS = ("upsert", "insert", "replace", "remove", "touch", "durable")
 REFUSED = (cbe.DocumentExistsException, cbe.DocumentNotFoundException, cbe.CasMismatchException)
 
 
@@ -240,6 +241,7 @@ def run_sdk_schedule(tmp_path, seed: int, schedule: chaos.Schedule | None = None
                 proc.kill()
                 proc.wait(BOUND)
     assert cl.broken is None, cl.broken
+    assert {n.rsplit("-", 1)[0] for n in mix.counts} == set(KINDS), f"{where}: the mix lacked a kind {mix.counts}"
     got = replayed(out)
     diff = {k: (got.get(k), truth.get(k)) for k in set(got) | set(truth) if got.get(k) != truth.get(k)}
     assert not diff, f"{where}: key: (replayed, read back) {diff}"
