@@ -337,6 +337,10 @@ def test_a_resumed_capture_rolled_back_into_a_deduplicated_snapshot_replays_the_
         assert second.returncode == 0, second.stderr
     want = {key.decode(): (it.seqno, it.cas) for key, it in vb.latest().items()}
     assert documents_of(out) == {0: want}
+    # the restart below the rollback seqno is no rewind to verify (it follows the ROLLBACK)
+    check = subprocess.run([DCPTOOL, "verify", str(out), "--format", "jsonl"], capture_output=True, text=True,
+                           timeout=BOUND)
+    assert check.returncode == 0 and "resume_rewind" not in check.stdout, check.stdout + check.stderr
 
 
 # --------------------------------------------------------------------------- the SDK writes
