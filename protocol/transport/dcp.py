@@ -566,6 +566,13 @@ class ThreadedServer:
     async def _shutdown(self) -> None:
         await self.server.close()
         await asyncio.sleep(0)
+        # a connection accepted or dropped while closing left a writer behind: end it here,
+        # not as "Task was destroyed but it is pending" when the loop closes
+        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in rest:
+            t.cancel()
+        if rest:
+            await asyncio.gather(*rest, return_exceptions=True)
         self.loop.stop()
 
     def stop(self) -> None:
