@@ -97,4 +97,5 @@ def _vb_state(r) -> dcp_consumer.VbState:
                                 # "filter empty": every filtered collection was dropped; not reopened
                                 ended_reason=r.stream_end_reason if r.stream_end_reason == StreamEndReason.FILTER_EMPTY
                                 else None,
-                                streams={sid: _vb_state(x) for sid, x in r.streams.items()})
+                                streams={sid: _vb_state(x) for sid, x in r.streams.items()},
+                                points=list(r.points))

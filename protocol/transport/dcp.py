@@ -448,12 +448,12 @@ class ProducerServer:
     what closed connections left behind and trims the heap."""
 
     def __init__(self, model: ServerModel, rate: float = 0.0, tick: float = 0.01,
-                 handshake_timeout: float = HANDSHAKE_TIMEOUT):
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT, freeze_heap: bool = False):
         self.model = model
         self.rate = rate
         self.tick = tick
         self.handshake_timeout = handshake_timeout
-        self.reaper = Reaper(handshake_timeout)
+        self.reaper = Reaper(handshake_timeout, freeze=freeze_heap)   # freeze: the process is ours
         self._reap_task = None
         self.protocols: set[_ServerProtocol] = set()
         self._server = None
@@ -482,6 +482,7 @@ class ProducerServer:
         self.address = self.addresses[0]
         if self.rate > 0:
             self._rate_task = loop.create_task(self._live())
+        self.reaper.tls = tls is not None
         self._reap_task = loop.create_task(self.reaper.run())
         return self.address
 
@@ -569,6 +570,13 @@ class ThreadedServer:
     async def _shutdown(self) -> None:
         await self.server.close()
         await asyncio.sleep(0)
+        # a connection accepted or dropped while closing left a writer behind: end it here,
+        # not as "Task was destroyed but it is pending" when the loop closes
+        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in rest:
+            t.cancel()
+        if rest:
+            await asyncio.gather(*rest, return_exceptions=True)
         self.loop.stop()
 
     def stop(self) -> None:

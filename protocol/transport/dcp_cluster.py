@@ -40,7 +40,8 @@ from dcptool.protocol.transport.dcp import Session, open_connection
 log = logging.getLogger("dcptool.transport.dcp_cluster")
 
 _DEAD = (ErrorCode.DEAD_CONNECTION, ErrorCode.TIMEOUT)
-RETRY_AFTER = 0.2           # seconds before a node that stopped answering is tried again (doubles)
+RETRY_AFTER = 0.2           # seconds before a node that stopped answering is tried again (doubles
+                            # per failure up to 2 s, and starts again once one of its streams opens)
 
 
 @dataclasses.dataclass(eq=False)
@@ -437,6 +438,8 @@ class ClusterSession:
             else:
                 if t is StreamOpened:
                     self.router.served(e.vbucket)
+                    # the node serves again: its next failure backs off from the first step
+                    self._backoff.pop(link.node, None)
                 elif t is StreamFailed or (t is StreamEnded and e.final):
                     self._wake.set()
                 fwd.append(e)

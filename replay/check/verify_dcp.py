@@ -8,8 +8,9 @@ control frames (stream requests and their answers, markers, OSO snapshots, strea
 few; they run through `_Stream`, one at a time, and set that state:
 
 * a stream request that follows an earlier stream of the vbucket must start at the last
-  seqno received (above it: a gap; below it: a rewind), with its start inside its snapshot
-  range and a vbucket uuid from the failover log received;
+  seqno received (above it: a gap; below it: a rewind; right after a ROLLBACK anywhere at or
+  below its seqno: a consumer goes back to the end of a whole snapshot, PROTOCOLS.md), with
+  its start inside its snapshot range and a vbucket uuid from the failover log received;
 * a ROLLBACK answer must name a seqno the request and the failover log allow (kv_engine's
   rule, DCP_DIGEST §6.2): at most the requested start, and, when the request's uuid is in
   the failover log, not below that entry's seqno (0 excepted) nor above the seqno where its
@@ -50,7 +51,7 @@ CTRL_COLUMNS = ["frame_no", "conn", "direction", "op", "status", "vbucket", "opa
 class _Stream:
     """One vbucket (and stream id) as verify follows it."""
     __slots__ = ("vb", "sid", "last", "open", "conn", "marker", "marker_frame", "first_marker",
-                 "oso", "oso_max", "unknown", "log", "req", "streamed", "last_frame")
+                 "oso", "oso_max", "unknown", "log", "req", "streamed", "last_frame", "rolled_back")
 
     def __init__(self, vb: int, sid: int | None):
         self.vb, self.sid = vb, sid
@@ -67,6 +68,7 @@ class _Stream:
         self.req: dict | None = None           # the last stream request sent
         self.streamed = False       # a stream of this vbucket was requested before
         self.last_frame = None
+        self.rolled_back = False    # the last answer was a ROLLBACK: the next request may start below
 
     def mode(self) -> int:
         if self.unknown:
@@ -433,7 +435,7 @@ class DcpChecker:
                 if start > s.last:
                     out.at(where, "dcp.resume_gap", f"vbucket {s.vb}: stream requested from seqno {start} "
                            f"but the last seqno received was {s.last}: {s.last + 1}..{start} never received", **loc)
-                elif start < s.last:
+                elif start < s.last and not s.rolled_back:
                     out.at(where, "dcp.resume_rewind", f"vbucket {s.vb}: stream requested from seqno {start} "
                            f"below the last seqno received {s.last}: {start + 1}..{s.last} come again", **loc)
             if ss is not None and se is not None and not ss <= start <= se:
@@ -443,6 +445,7 @@ class DcpChecker:
                 out.at(where, "dcp.unknown_vbucket_uuid", f"vbucket {s.vb}: stream requested with uuid "
                        f"{uuid:#x}, not in the failover log received ({len(s.log)} entries)", **loc)
         self._close_oso(s, out, None)     # abandoned: the new request starts it again
+        s.rolled_back = False
         s.req = {"start": start, "uuid": uuid, "snap_start": ss, "snap_end": se, "log": list(s.log)}
         s.streamed, s.unknown, s.open = True, False, False
         s.marker, s.first_marker = None, True
@@ -466,6 +469,7 @@ class DcpChecker:
                    **dict(loc, seqno=rb))
         if s.last == NONE or rb < s.last:
             s.last = rb
+        s.rolled_back = True
 
     @staticmethod
     def _forged(rb: int, req: dict | None) -> str | None:

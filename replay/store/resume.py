@@ -60,6 +60,9 @@ class VbResume:
     # a capture with stream ids (--stream-ids): the state of each of the vbucket's streams by
     # stream id; the fields above are then those of the stream that is furthest behind
     streams: dict = dataclasses.field(default_factory=dict)
+    # the ends of whole snapshots received (the consumer's VbState.points, PROTOCOLS.md): a
+    # rollback goes back to the newest of them at or below its seqno
+    points: list = dataclasses.field(default_factory=list, repr=False)
 
     @property
     def vbucket_uuid(self) -> int:
@@ -208,7 +211,9 @@ def dcp_resume_state(files, initial: dict[int, VbResume] | None = None) -> dict[
                 if status == int(Status.ROLLBACK) and cols["rollback_seqno"][i] is not None:
                     rb = cols["rollback_seqno"][i]
                     s.rollbacks += 1
-                    s.last_seqno = min(s.last_seqno, rb)
+                    below = [p for p in s.points if p <= rb]
+                    s.last_seqno = below[-1] if below and rb < s.last_seqno else min(s.last_seqno, rb)
+                    s.points = below
                     s.snap_start = s.snap_end = s.last_seqno
                     s.snapshot_complete = True
                 elif status == 0 and op in ("stream_req", "get_failover_log") \
@@ -218,6 +223,9 @@ def dcp_resume_state(files, initial: dict[int, VbResume] | None = None) -> dict[
             if op == "snapshot_marker":
                 if s.last_seqno >= s.snap_end or (cols["snap_start"][i] or 0) > s.snap_end:
                     s.snapshot_complete = True
+                if s.last_seqno >= s.snap_end and (not s.points or s.points[-1] < s.last_seqno):
+                    s.points.append(s.last_seqno)
+                    del s.points[:-32]
                 s.pending_snapshot = (cols["snap_start"][i] or 0, cols["snap_end"][i] or 0)
             elif op == "stream_end":
                 s.stream_end_reason = cols["stream_end_reason"][i]

@@ -10,7 +10,9 @@ receive `ts` minus the moment the write was sent) at a steady 2k writes/s.
 Goals (issue 25, printed, not asserted): >= 10k upserts/s through the batch API (the SDK
 process the bottleneck, not the server); write-to-capture p99 <= 50 ms at 2k writes/s.
 The server's own CPU time over the throughput run is printed too (user + system seconds
-of the `serve dcp` process per second of the run, from /proc)."""
+of the `serve dcp` process per second of the run, from /proc), and the CPU time per write of
+the server, the SDK process and the capture: on a loaded host the rates measure the run
+queue, the CPU per write says which process would be the bottleneck on its own core."""
 
 from __future__ import annotations
 
@@ -61,22 +63,26 @@ def start(nodes: int, out: str):
     return srv, cap, cluster
 
 
-def throughput(coll, srv_pid: int) -> tuple[float, float, float]:
-    """(upserts/s through upsert_multi, one at a time, server CPU share in the batch run)."""
+def throughput(coll, srv_pid: int, cap_pid: int) -> tuple[float, float, float, dict]:
+    """(upserts/s through upsert_multi, one at a time, server CPU share in the batch run,
+    CPU microseconds per write of the server, the SDK process and the capture in it)."""
     docs = {f"t-{i:07d}": {"i": i, "pad": "x" * 40} for i in range(WRITES)}
     keys = list(docs)
-    cpu0, t0 = cpu_seconds(srv_pid), time.perf_counter()
+    cpu0, sdk0, cap0, t0 = cpu_seconds(srv_pid), time.process_time(), cpu_seconds(cap_pid), time.perf_counter()
     for i in range(0, WRITES, 1000):
         res = coll.upsert_multi({k: docs[k] for k in keys[i:i + 1000]})
         assert res.all_ok, res.exceptions
     batch_s = time.perf_counter() - t0
+    per_write = {"server": (cpu_seconds(srv_pid) - cpu0) / WRITES * 1e6,
+                 "SDK": (time.process_time() - sdk0) / WRITES * 1e6,
+                 "capture": (cpu_seconds(cap_pid) - cap0) / WRITES * 1e6}
     cpu = (cpu_seconds(srv_pid) - cpu0) / batch_s
     n = min(WRITES, 5000)
     t0 = time.perf_counter()
     for k in keys[:n]:
         coll.upsert(k, docs[k])
     single = n / (time.perf_counter() - t0)
-    return WRITES / batch_s, single, cpu
+    return WRITES / batch_s, single, cpu, per_write
 
 
 def paced(coll) -> tuple[dict[tuple[str, int], int], list[float]]:
@@ -109,7 +115,7 @@ def run(nodes: int) -> None:
     srv, cap, cluster = start(nodes, out)
     try:
         coll = cluster.bucket("default").default_collection()
-        multi, single, cpu = throughput(coll, srv.pid)
+        multi, single, cpu, per_write = throughput(coll, srv.pid, cap.pid)
         sent, rtt = paced(coll)
         time.sleep(2.0)                   # let the capture receive the last writes
     finally:
@@ -129,7 +135,9 @@ def run(nodes: int) -> None:
                 lat.append((ts - t_ns) / 1e6)
     lat.sort()
     shutil.rmtree(out, ignore_errors=True)
-    print(f"nodes={nodes}: upsert_multi {multi:,.0f}/s (server CPU {cpu:.2f} core), one at a time {single:,.0f}/s; "
+    print(f"nodes={nodes}: upsert_multi {multi:,.0f}/s (server CPU {cpu:.2f} core; CPU per write: "
+          + ", ".join(f"{k} {v:.0f} us" for k, v in per_write.items())
+          + f"), one at a time {single:,.0f}/s; "
           f"latency at {RATE}/s: {len(lat)}/{len(sent)} writes captured, "
           f"p50 {pct(lat, 0.5):.1f} ms, p99 {pct(lat, 0.99):.1f} ms, max {lat[-1]:.1f} ms "
           f"(the SDK's own round trip per batch: p50 {pct(rtt, 0.5):.1f} ms, p99 {pct(rtt, 0.99):.1f} ms); "

@@ -31,7 +31,7 @@ def _rows(out) -> list[dict]:
     return rows
 
 
-def _documents(out) -> dict[int, dict[str, tuple[int, int]]]:
+def documents_of(out) -> dict[int, dict[str, tuple[int, int]]]:
     """Replayed documents: vbucket -> key -> (by_seqno, cas) (a rewritten tail has the lost
     keys at the same seqnos: only the cas tells the branches apart)."""
     got: dict[int, dict[str, tuple[int, int]]] = {}
@@ -80,7 +80,7 @@ def run_schedule(tmp_path, seed: int, schedule: chaos.Schedule | None = None, it
     want = final_state(model)
     rows = _rows(out)
     assert survivors(rows) == want, f"seed {seed}: {sched.to_json()}"
-    assert _documents(out) == _model_documents(model), f"seed {seed}: {sched.to_json()}"
+    assert documents_of(out) == _model_documents(model), f"seed {seed}: {sched.to_json()}"
     # what was captured and is no longer in the bucket lies in a lossy event's lost tail
     branch = {}
     for ch in cl.changes:

@@ -28,6 +28,13 @@ class VbState:
     # with stream ids (--stream-ids): the state of each of the vbucket's streams, by stream id;
     # the fields above then summarise them (the lowest last seqno; ended when all ended)
     streams: dict = dataclasses.field(default_factory=dict)
+    # seqnos at which what was received equals the vbucket (the ends of whole snapshots), oldest
+    # first: a rollback below the last seqno restarts at the newest of them at or below its
+    # seqno, as a snapshot may be deduplicated and hold no state in between
+    points: list = dataclasses.field(default_factory=list)
+    # every seqno from this one to last_seqno was received (-1: not known): a rollback to a
+    # seqno at or above it restarts there, as nothing in between was deduplicated away
+    exact_from: int = -1
 
     def request_seqnos(self) -> tuple[int, int, int, int]:
         """(start, vbucket uuid, snap start, snap end) of a resuming stream request."""

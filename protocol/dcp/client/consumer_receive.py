@@ -164,6 +164,11 @@ class Receiver:
             self._receive_frames(buf, offsets[a:b].tolist(), lengths[a:b].tolist(), now)
             return
         ends = np.r_[np.nonzero(first)[0][1:] - 1, len(v_sorted) - 1]
+        step = np.where(first, q_sorted - last[v_sorted], np.r_[1, np.diff(q_sorted)])
+        if (step != 1).any():   # a gap in seqnos (deduplicated, filtered): no exact state in it
+            exact = self.streams.exact
+            for vb in np.unique(v_sorted[step != 1]).tolist():
+                exact[vb] = -1
         last = self.streams.last
         for vb, seq in zip(v_sorted[ends].tolist(), q_sorted[ends].tolist()):
             last[vb] = seq
@@ -174,6 +179,7 @@ class Receiver:
         unpack = _DATA.unpack_from
         streams = self.streams
         last = streams.last
+        exact = streams.exact
         sopq = streams.sopq
         unacked = 0
         data = 0
@@ -186,6 +192,8 @@ class Receiver:
             if op in DATA_OPS and ln >= 32 and buf[off] == 0x80:
                 _, _, vb, opaque, seq = unpack(buf, off)
                 if vb < NUM_VB_SLOTS and opaque == sopq[vb] and seq > last[vb]:
+                    if seq != last[vb] + 1:
+                        exact[vb] = -1
                     last[vb] = seq
                     unacked += ln
                     data += 1
@@ -200,6 +208,8 @@ class Receiver:
                 vb, opaque, sid, seq = _DATA_SID.unpack_from(buf, off)
                 k = stream_key(vb, sid)
                 if vb < NUM_VB_SLOTS and sid <= max_sid and opaque == sopq[k] and seq > last[k]:
+                    if seq != last[k] + 1:
+                        exact[k] = -1
                     last[k] = seq
                     unacked += ln
                     data += 1
@@ -262,6 +272,8 @@ class Receiver:
                 if seq <= streams.last[k]:
                     raise RemoteError(ErrorCode.UNEXPECTED_MESSAGE,
                                       f"{streams.name(k)}: seqno {seq} after {streams.last[k]}")
+                if seq != streams.last[k] + 1:
+                    streams.exact[k] = -1
                 streams.last[k] = seq
         elif getattr(msg, "decode_error", None) and op in DATA_OPS:
             raise RemoteError(ErrorCode.BAD_EXTRAS, f"vbucket {vb}: {msg.decode_error}")

@@ -50,8 +50,11 @@ class Streams:
         # per-stream arrays for the hot path, indexed by stream key
         self.last = [0] * (NUM_VB_SLOTS * (self.max_sid + 1))
         self.sopq = [-1] * (NUM_VB_SLOTS * (self.max_sid + 1))   # opaque of the open stream, -1 none
+        # VbState.exact_from per stream key: the receive path sets it to -1 at a gap in seqnos
+        self.exact = [-1] * (NUM_VB_SLOTS * (self.max_sid + 1))
         for k, st in self.states.items():
             self.last[k] = st.last_seqno
+            self.exact[k] = st.exact_from
         self.oso: dict[int, list] = {}      # stream key -> [Y, X] inside an OSO snapshot
         self.phase: dict[int, int] = {}
         self.active = False                 # streaming: the handshake is complete
@@ -74,6 +77,7 @@ class Streams:
     def resume_state(self) -> dict[int, VbState]:
         for k, st in self.states.items():
             st.last_seqno = self.held_last(k)
+            st.exact_from = self.exact[k]
             st.snapshot_complete = st.snapshot_complete or st.last_seqno >= st.snap_end
         return {vb: copy_state(st) for vb, st in self.vb_states().items()}
 
@@ -106,6 +110,7 @@ class Streams:
         for k, st in self._expand(vb, state).items():
             self.states[k] = st
             self.last[k] = st.last_seqno
+            self.exact[k] = st.exact_from
 
     def add(self, vb: int) -> None:
         """Stream this (adopted) vbucket too, on a streaming connection."""
@@ -123,6 +128,7 @@ class Streams:
                 continue
             self.leave_oso(k)
             st.last_seqno = self.last[k]
+            st.exact_from = self.exact[k]
             st.snapshot_complete = st.snapshot_complete or st.last_seqno >= st.snap_end
             mine[key_sid(k)] = st
             self.sopq[k] = -1
@@ -282,9 +288,17 @@ class Streams:
     def _rollback(self, k: int, r: int) -> None:
         st = self.states[k]
         st.failover_log = [e for e in st.failover_log if e[1] <= r]
-        if r < self.last[k] or not st.failover_log:
+        if r < self.last[k] and not 0 <= self.exact[k] <= r:
+            # a deduplicated snapshot has no state at r (a seqno at or below it is missing):
+            # back to the newest whole-snapshot end at or below it, as kv_engine's replicas
+            # roll back to a header (PROTOCOLS.md "Consumer rules")
+            below = [p for p in st.points if p <= r]
+            self.last[k] = below[-1] if below else r
+        elif r < self.last[k] or not st.failover_log:
             self.last[k] = r
         st.last_seqno = self.last[k] = min(self.last[k], r)
+        st.points = [p for p in st.points if p <= st.last_seqno]
+        self.exact[k] = st.exact_from = st.last_seqno
         st.snap_start = st.snap_end = st.last_seqno
         st.snapshot_complete = True
 
@@ -306,7 +320,13 @@ class Streams:
         """A snapshot marker of stream k."""
         st = self.states[k]
         self.leave_oso(k)      # a marker inside an OSO snapshot (verify flags it) ends it unfinished
-        st.last_seqno = self.last[k]
+        st.last_seqno = last = self.last[k]
+        if last >= st.snap_end:         # the snapshot before this one is whole
+            if not st.points or st.points[-1] < last:
+                st.points.append(last)
+                del st.points[:-32]
+            if self.exact[k] < 0:
+                self.exact[k] = last
         st.snap_start, st.snap_end = msg.snap_start, msg.snap_end
         st.snapshot_complete = st.last_seqno >= st.snap_end
 
@@ -355,6 +375,7 @@ class Streams:
             st = self.states[k]
             st.last_seqno = st.snap_start = st.snap_end = self.last[k] = x
             st.snapshot_complete = True
+            self.exact[k] = x          # whole, in key order: nothing below x to restart at
 
     def oso_item(self, k: int, seq: int) -> None:
         held = self.oso[k]
@@ -369,6 +390,7 @@ class Streams:
         held = self.oso.pop(k, None)
         if held is not None:
             self.last[k] = held[0]
+            self.exact[k] = -1
 
     def held_last(self, k: int) -> int:
         """The resume point of `k`: inside an OSO snapshot, the seqno before its start."""
@@ -377,7 +399,7 @@ class Streams:
 
 
 def copy_state(st: VbState) -> VbState:
-    return dataclasses.replace(st, failover_log=list(st.failover_log),
+    return dataclasses.replace(st, failover_log=list(st.failover_log), points=list(st.points),
                                streams={sid: copy_state(x) for sid, x in st.streams.items()})
 
 
@@ -389,6 +411,7 @@ def summary(streams: dict[int, VbState]) -> VbState:
     ended = None if any(x.ended_reason is None for x in ss) else ss[0].ended_reason
     return VbState(failover_log=list(low.failover_log), last_seqno=low.last_seqno, snap_start=low.snap_start,
                    snap_end=low.snap_end, snapshot_complete=low.snapshot_complete, ended_reason=ended,
+                   points=list(low.points), exact_from=low.exact_from,
                    streams=dict(streams))
 
 

@@ -175,14 +175,16 @@ def _advance(state: dict[int, str], kind: str, node, other, degraded: bool) -> b
 # --------------------------------------------------------------------------- invariants
 
 def snapshot(cluster) -> dict:
-    """What `check` compares against: each vbucket's high seqno and failover log."""
+    """What `check` compares against: each vbucket's high seqno and failover log, and the
+    data failed-over nodes left with."""
     return {"high": [v.high_seqno for v in cluster.bucket.vbuckets],
-            "logs": [list(v.failover_log) for v in cluster.bucket.vbuckets]}
+            "logs": [list(v.failover_log) for v in cluster.bucket.vbuckets],
+            "held": {n: dict(h) for n, h in cluster.held.items()}}
 
 
 def check(cluster, change, before: dict) -> list[str]:
     """The invariants after one event; a list of what is broken (empty: all hold)."""
-    problems = _map_problems(cluster)
+    problems = _map_problems(cluster) + _recovery_problems(cluster, change, before)
     moved = {}
     for mv in change.moves:
         if mv.new >= 0:
@@ -208,6 +210,37 @@ def check(cluster, change, before: dict) -> list[str]:
             problems.append(f"vbucket {v.vbid}: the promoted copy was {lost} seqnos behind, above the loss "
                             f"bound {bound} (--failover-loss)")
     return problems
+
+
+def _recovery_problems(cluster, change, before: dict) -> list[str]:
+    """Delta recovery keeps the node's data (rolled back to where each vbucket branched
+    since it left) and streams the difference; full recovery starts empty; either way the
+    node's copies end whole (kept + streamed = the high seqno)."""
+    if change.kind not in ("delta-recovery", "full-recovery"):
+        return []
+    out = []
+    held = before.get("held", {}).get(change.node, {})
+    holds = {vb for vb, row in enumerate(cluster.vbmap) if change.node in row}
+    if {vb for vb, _, _ in change.recovered} != holds:
+        out.append(f"node {change.node}: {change.kind} accounts for vbuckets {sorted(vb for vb, _, _ in change.recovered)}, "
+                   f"it holds {sorted(holds)}")
+    for vb, kept, streamed in change.recovered:
+        v = cluster.bucket.vbuckets[vb]
+        if kept + streamed != v.high_seqno or kept < 0 or streamed < 0:
+            out.append(f"vbucket {vb}: node {change.node} kept {kept} and was sent {streamed} seqnos, "
+                       f"not its high seqno {v.high_seqno}")
+        if change.kind == "full-recovery" and kept:
+            out.append(f"vbucket {vb}: full recovery of node {change.node} kept {kept} seqnos (it starts empty)")
+        if change.kind == "delta-recovery":
+            high, uuids = held.get(vb, (0, frozenset()))
+            branch = min([seqno for u, seqno in v.failover_log if u not in uuids], default=high)
+            if kept > high or kept > branch:
+                out.append(f"vbucket {vb}: delta recovery of node {change.node} kept {kept} seqnos, past its "
+                           f"copy ({high}) or the branch since it left ({branch})")
+            elif kept < min(high, branch):
+                out.append(f"vbucket {vb}: delta recovery of node {change.node} dropped its data ({kept} of "
+                           f"{min(high, branch)} seqnos kept)")
+    return out
 
 
 def _map_problems(cluster) -> list[str]:

@@ -63,6 +63,9 @@ class Change:
     node: int | None = None       # failed or added node
     drop: tuple[int, ...] = ()    # nodes whose open connections close (left, restarted, failed)
     loss: int = 0                 # seqnos each moved or warmed-up vbucket lost (hard failover, restart)
+    # a recovery (chaos delta-recovery / full-recovery): (vb, seqnos the node kept, seqnos
+    # streamed to it from the active) for each vbucket it holds after it
+    recovered: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -107,6 +110,9 @@ class Cluster:
         self.broken: str | None = None       # the first broken invariant (chaos.check)
         self.on_broken = None                # called with it (chaos.install: raise InvariantBroken)
         self.checker = None                  # chaos.install: snapshot() before, check() after an event
+        # a failed-over node's data as it left: node -> {vb: (its copy's high seqno, the failover
+        # uuids the vbucket had then)}; delta recovery starts from it, full recovery drops it
+        self.held: dict[int, dict[int, tuple[int, frozenset]]] = {}
 
     # ---- queries
     def serving_nodes(self) -> list[ClusterNode]:
@@ -164,10 +170,10 @@ class Cluster:
         self._config = None
         self._rendered.clear()
 
-    def _bump(self, change_kind: str, moves=(), node=None, drop=(), loss=0) -> Change:
+    def _bump(self, change_kind: str, moves=(), node=None, drop=(), loss=0, recovered=()) -> Change:
         self.rev += 1
         self._dirty()
-        ch = Change(change_kind, self.rev, tuple(moves), node, tuple(drop), loss)
+        ch = Change(change_kind, self.rev, tuple(moves), node, tuple(drop), loss, tuple(recovered))
         self.changes.append(ch)
         return ch
 
@@ -264,6 +270,7 @@ class Cluster:
         `loss` mutations behind."""
         if not 0 <= node < len(self.nodes) or not self.nodes[node].serving:
             return self._bump("failover", (), node)
+        self._freeze(node)
         self.nodes[node].alive = False
         moves = []
         for vb, row in enumerate(self.vbmap):
@@ -396,6 +403,7 @@ class Cluster:
         """Each active vbucket of the node is promoted on a replica by takeover (nothing is
         lost); the node stays failed over (out of the map) until a recovery adds it back."""
         moves: list[Move] = []
+        self._freeze(node)
         self._move_off(node, moves)
         self.nodes[node].alive = False
         self.vbmap = [[row[0]] + [-1 if r == node else r for r in row[1:]] for row in self.vbmap]
@@ -409,16 +417,42 @@ class Cluster:
         self.changes[-1] = new
         return new
 
+    def _freeze(self, node: int) -> None:
+        """The node's copies as it fails over (a hard failover: its active copies still hold
+        the tail the promoted replicas lack)."""
+        self.held[node] = {vb: (self.bucket.vbuckets[vb].high_seqno,
+                                frozenset(u for u, _ in self.bucket.vbuckets[vb].failover_log))
+                           for vb, row in enumerate(self.vbmap) if node in row}
+
+    def kept_by(self, node: int, vb: int) -> int:
+        """What delta recovery keeps of the node's copy of vb: up to the lowest branch point
+        the vbucket took since the node left (kv_engine rolls its copy back there), 0 when
+        it had no copy."""
+        high, uuids = self.held.get(node, {}).get(vb, (0, frozenset()))
+        v = self.bucket.vbuckets[vb]
+        since = [seqno for u, seqno in v.failover_log if u not in uuids]
+        return max(0, min([high, v.high_seqno] + since))
+
     def recover(self, node: int, delta: bool = True) -> Change:
-        """Add back a failed-over node (delta: with its data, full: emptied and rebuilt;
-        both look the same on a DCP stream) and rebalance actives onto it by takeover."""
+        """Add back a failed-over node and rebalance actives onto it by takeover. Delta: the
+        node keeps its data and each vbucket it holds again catches up from the active (the
+        difference streamed; its copy rolled back to where the vbucket branched since it
+        left); full: the node starts empty and everything is streamed to it. Both look the
+        same on a consumer's DCP stream; `Change.recovered` says what each kept."""
         n = self.nodes[node]
         n.joined = n.alive = True
         self.muted.discard(node)
         moves: list[Move] = []
         self._fill(moves)
         self._top_up()
-        return self._bump("delta-recovery" if delta else "full-recovery", moves, node, drop=(node,))
+        recovered = []
+        for vb, row in enumerate(self.vbmap):
+            if node in row:
+                kept = self.kept_by(node, vb) if delta else 0
+                recovered.append((vb, kept, self.bucket.vbuckets[vb].high_seqno - kept))
+        self.held.pop(node, None)
+        return self._bump("delta-recovery" if delta else "full-recovery", moves, node, drop=(node,),
+                          recovered=recovered)
 
     def full_recovery(self, node: int) -> Change:
         return self.recover(node, delta=False)

@@ -39,7 +39,7 @@ _FLAGS_EXPIRY = struct.Struct(">II")
 _COUNTER = struct.Struct(">QQI")   # delta, initial, expiry
 _U32 = struct.Struct(">I")
 _META = struct.Struct(">IIIQB")    # deleted, flags, expiry, seqno, datatype (GET_META version 2)
-_SNAPPY, _XATTR = int(DatatypeBit.SNAPPY), int(DatatypeBit.XATTR)
+_SNAPPY, _XATTR, _JSON = int(DatatypeBit.SNAPPY), int(DatatypeBit.XATTR), int(DatatypeBit.JSON)
 _KNOWN_DATATYPES = int(DatatypeBit.JSON | DatatypeBit.SNAPPY | DatatypeBit.XATTR)
 _JSON_START = frozenset(b'{["-0123456789tfn \t\r\n')
 
@@ -106,6 +106,8 @@ def _value(req) -> tuple[bytes, int]:
             raise BadRequest(Status.EINVAL, "value does not decompress (Snappy)") from None
     if len(value) > MAX_VALUE:
         raise BadRequest(Status.E2BIG)
+    if dt & _JSON and value:    # the client (HELLO JSON) says so, as kv_engine takes it
+        return value, 1
     return value, 1 if _is_json(value) else 0
 
 

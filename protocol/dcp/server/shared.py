@@ -60,6 +60,9 @@ class ServerModel:
         self.end_reason_done: set[int] = set()
         self.silent_active = False
         self.accepted = 0
+        # tests (tests/support/chaos_sdk.py): every stream, open or to come, ends (OK) once it
+        # has sent the bucket's high seqno, so a `--to forever` capture finishes with all of it
+        self.drain = False
         # one dict per connection, kept after it closes: the last STATS_KEPT only, so a server
         # does not grow with the connections it has seen
         self.stats: collections.deque[dict] = collections.deque(maxlen=STATS_KEPT)

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections import Counter
 
 import pytest
@@ -18,6 +19,7 @@ import pytest
 from dcptool.protocol.dcp.server import chaos
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.server.cluster import Event
+from dcptool.protocol.dcp.client import consumer as dcp_consumer
 from tests.support.chaos_run import BOUND, LOSS, run_schedule
 from tests.support.cluster_state import final_state
 
@@ -107,6 +109,45 @@ def test_events_do_what_they_say():
     # a restart lost its tail: the newest failover entry of node 0's vbuckets is below the old high
     vb = ch["restart"].moves[0].vb
     assert cl.bucket.vbuckets[vb].failover_log[0][1] == ch["restart"].moves[0].seqno
+
+
+@pytest.mark.parametrize("first", ["hard-failover", "graceful-failover"])
+def test_delta_recovery_keeps_the_node_s_data_and_full_recovery_starts_empty(first):
+    """The node failed over, writes went on, then it is added back: delta recovery keeps
+    what it had (rolled back to the branch a hard failover made) and is sent only the
+    difference; full recovery keeps nothing and is sent everything (docs/CLUSTER.md)."""
+    runs = {}
+    for how in ("delta-recovery", "full-recovery"):
+        sched = chaos.Schedule(None, 3, 1, 2, (Event(1, first, 2, 3 if first == "hard-failover" else None),
+                                               Event(2, "rev-epoch"), Event(3, how, 2)))
+        model = P.server_from_options(vbuckets=16, items=400, seed=4, nodes=3, replicas=1)
+        cl = chaos.install(model, sched, 4, LOSS)
+        model.apply_changes(cl.fire_due(1, LOSS))
+        model.buckets["default"].mutate_random(200)        # the cluster goes on without node 2
+        for at in (2, 3):
+            model.apply_changes(cl.fire_due(at, LOSS))
+        assert cl.broken is None, cl.broken
+        runs[how] = (cl.changes[-1], cl)
+    delta, cl = runs["delta-recovery"]
+    full, _ = runs["full-recovery"]
+    highs = {vb: v.high_seqno for vb, v in enumerate(cl.bucket.vbuckets)}
+    assert full.recovered and all(kept == 0 and sent == highs[vb] for vb, kept, sent in full.recovered)
+    assert delta.recovered and all(kept + sent == highs[vb] for vb, kept, sent in delta.recovered)
+    assert sum(sent for _, _, sent in delta.recovered) < sum(sent for _, _, sent in full.recovered)
+    failed = {mv.vb: mv.seqno for mv in cl.changes[0].moves}       # node 2's actives as it left
+    kept = {vb: k for vb, k, _ in delta.recovered}
+    for vb in set(failed) & set(kept):   # its copy goes back to the branch the failover made
+        assert kept[vb] == failed[vb] if first == "hard-failover" else kept[vb] >= failed[vb]
+
+
+def test_a_delta_recovery_that_drops_the_data_is_caught():
+    sched = chaos.Schedule(None, 3, 1, 2, (Event(1, "graceful-failover", 2), Event(2, "delta-recovery", 2)))
+    model = P.server_from_options(vbuckets=16, items=200, seed=1, nodes=3, replicas=1)
+    cl = chaos.install(model, sched, 1, LOSS)
+    cl.fire_due(1, LOSS)
+    cl.kept_by = lambda node, vb: 0          # a delta recovery that behaves as a full one
+    with pytest.raises(chaos.InvariantBroken, match="dropped its data"):
+        cl.fire_due(2, LOSS)
 
 
 def _break(cl, how: str):
@@ -238,3 +279,99 @@ def test_a_vbucket_that_moves_away_and_straight_back_is_served_again(tmp_path):
     back = [mv for mv in model.cluster.changes[1].moves]
     assert back and all(mv.old == 3 for mv in back)
     assert {mv.vb: mv.new for mv in back} == {mv.vb: mv.old for mv in model.cluster.changes[0].moves}
+
+
+# --------------------------------------------------------------------------- found by the SDK property
+
+def test_a_rollback_into_a_deduplicated_snapshot_restarts_at_a_whole_snapshot():
+    """A memory snapshot is deduplicated: a key written at 11 and again at 20 comes once, at
+    20. A failover that keeps seqnos up to 15 (KV writes lost, not rewritten) makes the key's
+    version at 11 the live one; a consumer told to roll back to 15 has no state at 15 and
+    must go back to the end of the last whole snapshot (10), or it never learns the key's
+    version at 11 (SDK property seed 1: the replayed documents missed a durable commit)."""
+    from tests.support.dcp_pair import Pair, cfg
+    srv, bucket, vb = _dedup_bucket()
+    first = Pair(srv, cfg(to="now")).run()
+    assert [s for s, _ in first.data()[0]][-9:] == list(range(12, 21))          # 11 deduplicated away
+    state = {v: dataclasses.replace(s, ended_reason=None) for v, s in first.cons.resume_state().items()}
+    r = vb.fail_over(777, 15, bucket.rng, bucket.next_cas())
+    second = Pair(srv, cfg(to="now"), resume=state).run()
+    assert [e.seqno for e in second.of(dcp_consumer.Rollback)] == [r] == [15]
+    held = {}
+    for run in (first, second):       # the rollback drops what is above 15, the restart refills
+        for seqno, key in run.data()[0]:
+            held[key] = seqno
+        if run is first:
+            held = {k: s for k, s in held.items() if s <= r}
+    assert held == {k: it.seqno for k, it in vb.latest().items()}
+
+
+def _dedup_bucket():
+    from dcptool.protocol.dcp.server.bucket import Item
+    srv = P.server_from_options(vbuckets=1, items=10, seed=2, checkpoint_items=100)
+    bucket = srv.buckets["default"]
+    vb = bucket.vbuckets[0]
+    for key in [b"again", b"b1", b"b2", b"b3", b"b4", b"b5", b"b6", b"b7", b"b8", b"again"]:
+        vb.mem.append(Item(vb.high_seqno + 1, key, b'{"v":%d}' % vb.high_seqno, 1, bucket.next_cas(), kv=True))
+    return srv, bucket, vb
+
+
+def test_a_resumed_capture_rolled_back_into_a_deduplicated_snapshot_replays_the_bucket(tmp_path):
+    """The same across processes: `capture --resume` takes the whole-snapshot ends from the
+    capture's rows (replay/store/resume.py), so the resumed run restarts at 10, not 15."""
+    from dcptool.protocol.transport.dcp import ThreadedServer
+    from tests.support.chaos_run import documents_of
+    srv, bucket, vb = _dedup_bucket()
+    out = tmp_path / "cap"
+    with ThreadedServer(srv) as ts:
+        url = f"couchbase://{ts.host}:{ts.port}/default"
+        args = [DCPTOOL, "capture", url, "-o", str(out), "--quiet", "--to", "now", "--timeout", "5s"]
+        first = subprocess.run(args, capture_output=True, text=True, timeout=BOUND)
+        assert first.returncode == 0, first.stderr
+        ts.loop.call_soon_threadsafe(lambda: vb.fail_over(777, 15, bucket.rng, bucket.next_cas()))
+        deadline = time.monotonic() + BOUND
+        while vb.failover_log[0][0] != 777:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        second = subprocess.run(args + ["--resume"], capture_output=True, text=True, timeout=BOUND)
+        assert second.returncode == 0, second.stderr
+    want = {key.decode(): (it.seqno, it.cas) for key, it in vb.latest().items()}
+    assert documents_of(out) == {0: want}
+    # the restart below the rollback seqno is no rewind to verify (it follows the ROLLBACK)
+    check = subprocess.run([DCPTOOL, "verify", str(out), "--format", "jsonl"], capture_output=True, text=True,
+                           timeout=BOUND)
+    assert check.returncode == 0 and "resume_rewind" not in check.stdout, check.stdout + check.stderr
+
+
+# --------------------------------------------------------------------------- the SDK writes
+
+SDK_SEEDS = list(range(100, 120))
+SDK_JOBS = 4        # schedules at once (their time is mostly processes starting), one SDK process
+
+
+@pytest.fixture(scope="module")
+def sdk_runs(tmp_path_factory):
+    """Every SDK schedule, run SDK_JOBS at a time: seed -> None or the failure."""
+    pytest.importorskip("couchbase")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.support.chaos_sdk import run_sdk_schedule
+
+    def one(seed):
+        try:
+            run_sdk_schedule(tmp_path_factory.mktemp(f"sdk{seed}"), seed)
+            return seed, None
+        except BaseException as exc:  # noqa: BLE001 - reported by the seed's own test
+            return seed, exc
+    with ThreadPoolExecutor(SDK_JOBS) as pool:
+        return dict(pool.map(one, SDK_SEEDS))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("seed", SDK_SEEDS)
+def test_sdk_writes_during_a_random_schedule_replay_to_what_the_sdk_reads(sdk_runs, seed):
+    """The official SDK writes a seeded mix while a schedule runs and a capture is SIGKILLed
+    and resumed: the replayed documents equal the SDK's read-back, key for key and CAS for
+    CAS, and no acknowledged durable write is missing (tests/support/chaos_sdk.py)."""
+    if sdk_runs[seed] is not None:
+        raise sdk_runs[seed]

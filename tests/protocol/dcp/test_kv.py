@@ -379,3 +379,22 @@ def test_get_and_lock_then_only_the_lock_cas_writes_or_unlocks():
     assert kv.upsert(b"l", now=4.0).status == Status.LOCKED
     assert kv.upsert(b"l", now=5.5).status == 0
     assert kv.call(0x94, b"nope", extras=bytes(4)).status == Status.KEY_ENOENT
+
+
+def test_a_kv_mutation_frame_is_the_codec_s():
+    """streams.encode_item packs a mutation at once: the same bytes as m.encode(m.Mutation)."""
+    import types
+
+    from dcptool.protocol.dcp.server.bucket import Item
+    from dcptool.protocol.dcp.server.streams import encode_item
+    from dcptool.protocol.dcp.wire import messages as wm
+    for cid, json_on, no_value in ((None, True, False), (8, True, False), (0, False, False), (None, True, True)):
+        c = types.SimpleNamespace(collections=cid is not None, no_value=no_value, json=json_on, compress=False,
+                                  sync_writes=False, delete_times=False, controls={})
+        it = Item(77, b"key-\xc3\xa9", b'{"a":1}', 5, 0x1234567890ABCDEF, "m", 1, cid=cid or 0, flags=0xDEADBEEF,
+                  expiry=1_800_000_000)
+        want = wm.encode(wm.Mutation(vbucket=513, opaque=0xF00D, cas=it.cas, datatype=1 if json_on and not no_value else 0,
+                                     key=it.key, collection_id=cid if cid is not None else None,
+                                     value=b"" if no_value else it.value, by_seqno=77, rev_seqno=5,
+                                     item_flags=it.flags, expiration=it.expiry))
+        assert encode_item(c, 513, 0xF00D, it) == want
