@@ -1,0 +1,110 @@
+"""The in-process SQL engine: DuckDB runs the plans of replay/rules/plans.py (the same
+definitions Spark runs) over the capture's Parquet, and hands the results over as Arrow.
+
+A `DuckFrames` is one DuckDB connection with two views: `frames` (every frame: the capture
+columns, `ts` as bigint nanoseconds, `_rank` and `_seq` as plans.py describes) and
+`vb_frames` (the vbucket frames, the `--as-of` cut applied, and `_cas_bits`). In-progress
+segments are converted to Parquet first (their complete batches, reader.parquet_paths) in a
+temporary directory, which also holds DuckDB's spill files; `close` removes it.
+
+Memory: DuckDB's `memory_limit` is DCPTOOL_REPLAY_MEMORY (engine.doc_budget: a quarter of the
+machine by default); past it DuckDB spills to that directory. Threads: DuckDB's default (every
+core). External access is off once the views exist (`enable_external_access=false`, then the
+configuration locked), so a query on the connection reads nothing but the capture."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pyarrow as pa
+
+from dcptool.replay.rules import dcp as dcp_rules, plans, tables as T
+from dcptool.replay.store import reader
+
+D = plans.DUCKDB
+# the least memory_limit given to DuckDB: below it a hash aggregate of a few thousand groups
+# already runs out (DuckDB spills, but keeps a working set of its own)
+MIN_MEMORY = 128 << 20
+
+
+class DuckFrames:
+    """One capture's frames in DuckDB (see the module)."""
+
+    def __init__(self, files: list, as_of=None, memory: int | None = None):
+        import duckdb
+        self.files = files
+        self.ranks = reader.capture_ranks(files)
+        self.tmp = tempfile.mkdtemp(prefix="dcptool-duckdb-")
+        try:
+            paths = [os.path.abspath(p) for p in reader.parquet_paths(files, self.tmp)]
+            config = {"temp_directory": os.path.join(self.tmp, "spill")}
+            if memory:
+                config["memory_limit"] = f"{max(int(memory), MIN_MEMORY) >> 20}MiB"
+            self.con = duckdb.connect(":memory:", config=config)
+            self._views(paths, as_of)
+            # the views read these files when a query runs: they stay readable, nothing else
+            self.con.execute("SET allowed_paths = " + _list(paths))
+            self.con.execute("SET enable_external_access = false")
+            self.con.execute("SET lock_configuration = true")
+        except BaseException:
+            self.close()
+            raise
+
+    def _views(self, paths: list[str], as_of) -> None:
+        listed = _list(paths)
+        if len(self.ranks) <= 1:
+            rank = "CAST(0 AS BIGINT)"
+        else:
+            rank = ("CAST(CASE capture_id " + " ".join(f"WHEN {D.string(c)} THEN {r}" for c, r in self.ranks.items())
+                    + " END AS BIGINT)")
+        self.con.execute(
+            "CREATE VIEW frames AS SELECT * REPLACE (epoch_ns(ts) AS ts), "
+            f"{rank} AS _rank, {rank} * {1 << plans.SEQ_SHIFT} + frame_no AS _seq "
+            f"FROM read_parquet({listed}, union_by_name = true)")
+        cut = f" AND ({plans.as_of_sql(as_of)})" if as_of else ""
+        ops = ", ".join(f"'{op}'" for op in dcp_rules.VB_OPS)
+        self.con.execute(
+            "CREATE VIEW vb_frames AS SELECT *, cas AS _cas_bits FROM frames WHERE direction = 'in' "
+            f"AND vbucket IS NOT NULL AND decode_error IS NULL AND op IN ({ops}){cut}")
+
+    def arrow(self, sql: str) -> pa.Table:
+        rel = self.con.sql(sql)
+        fetch = getattr(rel, "to_arrow_table", None) or rel.arrow
+        return fetch()
+
+    def table(self, name: str) -> pa.Table:
+        """One of the plans' tables, canonical (replay/rules/tables.py)."""
+        src, ranks = "vb_frames", self.ranks
+        any_rollback = reader.may_have_values(self.files, "rollback_seqno")
+        if name == "documents":
+            from dcptool.replay.spark.arrow import ops_present
+            ops = ops_present(self.files)
+            sql = plans.documents_sql(D, src, ranks, any_rollback, ops is None or "commit" in ops,
+                                      ops is None or "system_event" in ops)
+        elif name == "undone":
+            sql = plans.undone_sql(D, src, ranks, any_rollback)
+        elif name == "rollbacks":
+            sql = plans.rollbacks_sql(D, src, ranks, any_rollback)
+        elif name == "failover":
+            sql = plans.failover_sql(D, src)
+        elif name == "history":
+            sql = plans.history_sql(D, src, ranks)
+        else:
+            raise KeyError(name)
+        return T.canonical("dcp", name, self.arrow(sql))
+
+    def close(self) -> None:
+        con = getattr(self, "con", None)
+        if con is not None:
+            con.close()
+            self.con = None
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _list(paths: list[str]) -> str:
+    return "[" + ", ".join(D.string(p) for p in paths) + "]"
+
+
+PLAN_TABLES = ("documents", "undone", "rollbacks", "failover", "history")
