@@ -36,6 +36,7 @@ class DuckFrames:
         import duckdb
         self.files = files
         self.ranks = reader.capture_ranks(files)
+        self.facts = None
         self.tmp = tempfile.mkdtemp(prefix="dcptool-duckdb-")
         try:
             paths = [os.path.abspath(p) for p in reader.parquet_paths(files, self.tmp)]
@@ -76,23 +77,10 @@ class DuckFrames:
 
     def table(self, name: str) -> pa.Table:
         """One of the plans' tables, canonical (replay/rules/tables.py)."""
-        src, ranks = "vb_frames", self.ranks
-        any_rollback = reader.may_have_values(self.files, "rollback_seqno")
-        if name == "documents":
+        if self.facts is None:
             from dcptool.replay.spark.arrow import ops_present
-            ops = ops_present(self.files)
-            sql = plans.documents_sql(D, src, ranks, any_rollback, ops is None or "commit" in ops,
-                                      ops is None or "system_event" in ops)
-        elif name == "undone":
-            sql = plans.undone_sql(D, src, ranks, any_rollback)
-        elif name == "rollbacks":
-            sql = plans.rollbacks_sql(D, src, ranks, any_rollback)
-        elif name == "failover":
-            sql = plans.failover_sql(D, src)
-        elif name == "history":
-            sql = plans.history_sql(D, src, ranks)
-        else:
-            raise KeyError(name)
+            self.facts = plans.PlanFacts.of(self.files, ops_present(self.files))
+        sql = plans.table_sql(D, name, "vb_frames", self.facts)
         return T.canonical("dcp", name, self.arrow(sql))
 
     def close(self) -> None:
@@ -107,4 +95,4 @@ def _list(paths: list[str]) -> str:
     return "[" + ", ".join(D.string(p) for p in paths) + "]"
 
 
-PLAN_TABLES = ("documents", "undone", "rollbacks", "failover", "history")
+PLAN_TABLES = plans.PLAN_TABLES

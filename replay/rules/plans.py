@@ -44,6 +44,9 @@ class Dialect:
         """x of the row with the largest y, null or not (DuckDB's max_by skips a null x)."""
         return f"max_by({x}, {y})" if self.name == "spark" else f"arg_max_null({x}, {y})"
 
+    def anti_join(self) -> str:
+        return "LEFT ANTI JOIN" if self.name == "spark" else "ANTI JOIN"
+
     def last_ignore_nulls(self, x: str) -> str:
         return f"last({x}, true)" if self.name == "spark" else f"last({x} IGNORE NULLS)"
 
@@ -70,8 +73,47 @@ DUCKDB = Dialect("duckdb")
 SPARK = Dialect("spark")
 
 
+# the tables defined here, in the order they are usually asked for
+PLAN_TABLES = ("documents", "undone", "rollbacks", "failover", "history")
+
+
+@dataclass(frozen=True)
+class PlanFacts:
+    """What a plan needs to know of the captures: their ranks in frame order, whether any
+    ROLLBACK answer may be there (Parquet statistics), and the ops they may hold (None:
+    unknown); a plan leaves out a join whose side can only be empty."""
+    ranks: dict
+    rollbacks: bool = True
+    ops: frozenset | None = None
+
+    @classmethod
+    def of(cls, files: list, ops) -> "PlanFacts":
+        from dcptool.replay.store import reader
+        return cls(reader.capture_ranks(files), reader.may_have_values(files, "rollback_seqno"),
+                   None if ops is None else frozenset(ops))
+
+    def may_hold(self, op: str) -> bool:
+        return self.ops is None or op in self.ops
+
+
+def table_sql(d: Dialect, name: str, source: str, facts: PlanFacts) -> str:
+    """The SQL of the plan table `name` (PLAN_TABLES) over the vbucket frames `source`."""
+    if name == "documents":
+        return documents_sql(d, source, facts.ranks, facts.rollbacks, facts.may_hold("commit"),
+                             facts.may_hold("system_event"))
+    if name == "undone":
+        return undone_sql(d, source, facts.ranks, facts.rollbacks)
+    if name == "rollbacks":
+        return rollbacks_sql(d, source, facts.ranks, facts.rollbacks)
+    if name == "failover":
+        return failover_sql(d, source)
+    if name == "history":
+        return history_sql(d, source, facts.ranks)
+    raise KeyError(name)
+
+
 def capture_of(d: Dialect, seq: str, ranks: dict[str, int]) -> str:
-    """The capture_id of a `_seq` (or, `seq=None`-like plain rank expressions: see rank_of)."""
+    """The capture_id of the frame whose `_seq` is `seq`."""
     return rank_to_capture(d, d.shr(seq, SEQ_SHIFT), ranks)
 
 
@@ -91,6 +133,13 @@ def rollback_answers(source: str) -> str:
             "AND rollback_seqno IS NOT NULL")
 
 
+def _alive(d: Dialect, source: str, where: str) -> str:
+    """The rows of `source` matching `where` that no later ROLLBACK answer (`_rb`) undid: an
+    anti join with the few answers broadcast (Spark's hint; a comment to DuckDB)."""
+    return (f"SELECT /*+ BROADCAST(_rb) */ c.* FROM {source} c {d.anti_join()} _rb ON _rb.r_vb = c.vbucket "
+            f"AND _rb.r_seq > c._seq AND coalesce(c.by_seqno, -1) > _rb.r_seqno WHERE {where}")
+
+
 def _not_undone(alias: str) -> str:
     return (f"NOT EXISTS (SELECT 1 FROM _rb WHERE _rb.r_vb = {alias}.vbucket AND _rb.r_seq > {alias}._seq "
             f"AND coalesce({alias}.by_seqno, -1) > _rb.r_seqno)")
@@ -107,13 +156,12 @@ def documents_sql(d: Dialect, source: str, ranks: dict[str, int], rollbacks: boo
     `_small`). `rollbacks`, `commits`, `drops` False (the Parquet statistics or dictionaries
     show none) leave out a join whose side can only be empty."""
     ctes = [f"_rb AS (SELECT vbucket AS r_vb, _seq AS r_seq, rollback_seqno AS r_seqno FROM ({rollback_answers(source)}) _a)"]
-    alive = f"SELECT * FROM {source} c WHERE op IN {_in(dcp_sync.DOC_CHANGE_OPS)}"
-    if rollbacks:
-        alive += " AND " + _not_undone("c")
+    changed = f"c.op IN {_in(dcp_sync.DOC_CHANGE_OPS)}"
+    alive = _alive(d, source, changed) if rollbacks else f"SELECT * FROM {source} c WHERE {changed}"
     ctes.append(f"_alive AS ({alive})")
     changes = "_alive"
     if commits:
-        prep = f"SELECT * FROM {source} p WHERE op = 'prepare'" + (" AND " + _not_undone("p") if rollbacks else "")
+        prep = _alive(d, source, "c.op = 'prepare'") if rollbacks else f"SELECT * FROM {source} c WHERE c.op = 'prepare'"
         cols = dcp_sync.FROM_PREPARE + ("_cas_bits",)
         found = ("SELECT c._seq AS c_seq, " + ", ".join(f"{d.max_by('p.' + c, 'p._seq')} AS c_{c}" for c in cols)
                  + f" FROM _alive c JOIN ({prep}) p ON c.op = 'commit' AND p.vbucket = c.vbucket"
@@ -122,13 +170,14 @@ def documents_sql(d: Dialect, source: str, ranks: dict[str, int], rollbacks: boo
         taken = ", ".join(f"CASE WHEN f.c_seq IS NOT NULL THEN f.c_{c} ELSE a.{c} END AS {c}" for c in cols)
         ctes.append(f"_found AS ({found})")
         ctes.append("_changes AS (SELECT a.vbucket, a.collection_id, a.key, a.op, a.by_seqno, a.ts, a._seq, "
-                    f"{taken} FROM _alive a LEFT JOIN _found f ON a._seq = f.c_seq)")
+                    f"{taken} FROM _alive a LEFT JOIN _found f ON a._seq = f.c_seq)".replace(
+                        "SELECT", "SELECT /*+ BROADCAST(f) */", 1))
         changes = "_changes"
     if drops:
         ctes.append(f"_drops AS (SELECT DISTINCT vbucket AS x_vb, collection_id AS x_cid FROM {source} "
                     f"WHERE op = 'system_event' AND system_event_id = {COLLECTION_DROP} AND collection_id IS NOT NULL)")
-        ctes.append(f"_kept AS (SELECT * FROM {changes} k WHERE NOT EXISTS "
-                    "(SELECT 1 FROM _drops WHERE x_vb = k.vbucket AND x_cid = k.collection_id))")
+        ctes.append(f"_kept AS (SELECT /*+ BROADCAST(_drops) */ k.* FROM {changes} k {d.anti_join()} _drops "
+                    "ON x_vb = k.vbucket AND x_cid = k.collection_id)")
         changes = "_kept"
     state = ("CASE op WHEN 'deletion' THEN 1 WHEN 'expiration' THEN 2 ELSE 0 END")
     small = (f"(coalesce(CAST(value_len AS BIGINT), 0) + coalesce(CAST(datatype AS BIGINT), 0) * {1 << 32}"
