@@ -81,7 +81,10 @@ class DuckFrames:
             from dcptool.replay.spark.arrow import ops_present
             self.facts = plans.PlanFacts.of(self.files, ops_present(self.files))
         sql = plans.table_sql(D, name, "vb_frames", self.facts)
-        return T.canonical("dcp", name, self.arrow(sql))
+        # sorted by DuckDB (in parallel, spilling when it must) in the canonical order:
+        # the table's key, nulls first, blobs bytewise
+        keys = ", ".join(f"{k} NULLS FIRST" for k in T.table_specs("dcp")[name][1])
+        return T.canonical("dcp", name, self.arrow(f"SELECT * FROM ({sql}) _t ORDER BY {keys}"), presorted=True)
 
     def close(self) -> None:
         con = getattr(self, "con", None)

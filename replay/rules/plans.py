@@ -44,6 +44,18 @@ class Dialect:
         """x of the row with the largest y, null or not (DuckDB's max_by skips a null x)."""
         return f"max_by({x}, {y})" if self.name == "spark" else f"arg_max_null({x}, {y})"
 
+    def last_by(self, values: dict[str, str], order: str) -> tuple[str, dict[str, str]]:
+        """Aggregates taking `values` (name -> expression) of the row with the largest
+        `order`, as (the select list, name -> the expression reading each afterwards). Spark:
+        a max_by each (a struct would make its hash aggregate sort every row); DuckDB: one
+        arg_max of a struct (measured 1M frames: 1.3 s against 1.9 s for a max_by each)."""
+        if self.name == "spark":
+            return (", ".join((f"max({x})" if x == order else f"max_by({x}, {order})") + f" AS {name}"
+                              for name, x in values.items()),
+                    {name: name for name in values})
+        return (f"arg_max_null({self.struct(**values)}, {order}) AS _r",
+                {name: f"_r.{name}" for name in values})
+
     def anti_join(self) -> str:
         return "LEFT ANTI JOIN" if self.name == "spark" else "ANTI JOIN"
 
@@ -183,21 +195,22 @@ def documents_sql(d: Dialect, source: str, ranks: dict[str, int], rollbacks: boo
     small = (f"(coalesce(CAST(value_len AS BIGINT), 0) + coalesce(CAST(datatype AS BIGINT), 0) * {1 << 32}"
              f" + ({state}) * {1 << 40}"
              + "".join(f" + CASE WHEN {c} IS NULL THEN {1 << b} ELSE 0 END" for c, b in NULL_BIT.items()) + ")")
-    last = {"by_seqno": "by_seqno", "rev_seqno": "rev_seqno", "cas": "_cas_bits", "_small": small,
-            "item_flags": "item_flags", "expiration": "expiration", "ts": "ts"}
-    agg = ("SELECT vbucket, collection_id, key, max(_seq) AS _last, "
-           + ", ".join(f"{d.max_by(x, '_seq')} AS {name}" for name, x in last.items())
-           + f" FROM {changes} GROUP BY vbucket, collection_id, key")
+    values = {"_last": "_seq", "by_seqno": "by_seqno", "rev_seqno": "rev_seqno", "cas": "_cas_bits",
+              "_small": small, "item_flags": "item_flags", "expiration": "expiration", "ts": "ts"}
+    aggs, v = d.last_by(values, "_seq")
+    agg = f"SELECT vbucket, collection_id, key, {aggs} FROM {changes} GROUP BY vbucket, collection_id, key"
     states = " ".join(f"WHEN {i} THEN '{s}'" for i, s in enumerate(DOC_STATES))
 
     def unless_null(name: str, value: str) -> str:
-        return f"CASE WHEN ({d.shr('_small', NULL_BIT[name])} & 1) = 0 THEN {value} END"
+        return f"CASE WHEN ({d.shr(v['_small'], NULL_BIT[name])} & 1) = 0 THEN {value} END"
     return ("WITH " + ",\n".join(ctes) + f",\n_last AS ({agg})\n"
-            "SELECT vbucket, collection_id, key, by_seqno, rev_seqno, cas, "
-            f"CASE {d.shr('_small', 40)} & 3 {states} END AS state, "
-            f"{unless_null('datatype', d.shr('_small', 32) + ' & 255')} AS datatype, item_flags, expiration, "
-            f"{unless_null('value_len', '_small & 4294967295')} AS value_len, "
-            f"{capture_of(d, '_last', ranks)} AS capture_id, {frame_of('_last')} AS frame_no, ts FROM _last")
+            f"SELECT vbucket, collection_id, key, {v['by_seqno']} AS by_seqno, {v['rev_seqno']} AS rev_seqno, "
+            f"{v['cas']} AS cas, CASE {d.shr(v['_small'], 40)} & 3 {states} END AS state, "
+            f"{unless_null('datatype', d.shr(v['_small'], 32) + ' & 255')} AS datatype, "
+            f"{v['item_flags']} AS item_flags, {v['expiration']} AS expiration, "
+            f"{unless_null('value_len', v['_small'] + ' & 4294967295')} AS value_len, "
+            f"{capture_of(d, v['_last'], ranks)} AS capture_id, {frame_of(v['_last'])} AS frame_no, "
+            f"{v['ts']} AS ts FROM _last")
 
 
 def _undone_ctes(source: str, rollbacks: bool) -> str:
