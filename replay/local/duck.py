@@ -44,6 +44,8 @@ class DuckFrames:
             if memory:
                 config["memory_limit"] = f"{max(int(memory), MIN_MEMORY) >> 20}MiB"
             self.con = duckdb.connect(":memory:", config=config)
+            # DuckDB's own progress bar would write to the terminal: stdout carries only data
+            self.con.execute("SET enable_progress_bar = false")
             self._views(paths, as_of)
             # the views read these files when a query runs: they stay readable, nothing else
             self.con.execute("SET allowed_paths = " + _list(paths))
