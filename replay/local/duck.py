@@ -20,6 +20,7 @@ import tempfile
 
 import pyarrow as pa
 
+from dcptool.protocol.errors import DcptoolError
 from dcptool.replay.rules import dcp as dcp_rules, plans, tables as T
 from dcptool.replay.store import reader
 
@@ -51,6 +52,9 @@ class DuckFrames:
             self.con.execute("SET allowed_paths = " + _list(paths))
             self.con.execute("SET enable_external_access = false")
             self.con.execute("SET lock_configuration = true")
+        except duckdb.Error as exc:
+            self.close()
+            raise reader.CaptureError(f"replay: {_first_line(exc)}") from exc
         except BaseException:
             self.close()
             raise
@@ -73,9 +77,19 @@ class DuckFrames:
             f"AND vbucket IS NOT NULL AND decode_error IS NULL AND op IN ({ops}){cut}")
 
     def arrow(self, sql: str) -> pa.Table:
-        rel = self.con.sql(sql)
-        fetch = getattr(rel, "to_arrow_table", None) or rel.arrow
-        return fetch()
+        import duckdb
+        try:
+            rel = self.con.sql(sql)
+            fetch = getattr(rel, "to_arrow_table", None) or rel.arrow
+            return fetch()
+        except duckdb.OutOfMemoryException as exc:
+            raise ReplayMemoryError(f"replay: out of memory ({_first_line(exc)}); raise DCPTOOL_REPLAY_MEMORY "
+                                    "(or 0: no limit)") from exc
+        except duckdb.Error as exc:
+            # DuckDB names no file: the reader names the damaged one, with its own one line
+            for f in self.files:
+                reader.read_file(f)
+            raise reader.CaptureError(f"replay: {_first_line(exc)}") from exc
 
     def table(self, name: str) -> pa.Table:
         """One of the plans' tables, canonical (replay/rules/tables.py)."""
@@ -94,6 +108,15 @@ class DuckFrames:
             con.close()
             self.con = None
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class ReplayMemoryError(DcptoolError):
+    """DuckDB needed more than its memory limit (DCPTOOL_REPLAY_MEMORY) and could not spill."""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _list(paths: list[str]) -> str:
