@@ -1,9 +1,10 @@
-"""The in-process engine (the reference): reads the captures in order and runs the rules of
-REPLAY.md over them, one pass, in bounded memory. The rules live in dcp_rules.py and
-synapse_rules.py / synapse_stream.py, shared with the Spark engine.
+"""The in-process engine. The relational tables of REPLAY.md (`documents`, `undone`,
+`rollbacks`, `failover`, `history`) are the SQL of replay/rules/plans.py, run by DuckDB
+(replay/local/duck.py: the same definitions Spark runs); the tables of the per-vbucket rules
+(`vbuckets`, `snapshots`) and `topology` come from the shared rule modules over the capture in
+frame order, in bounded memory; the Synapse tables from replay/rules/synapse_stream.py.
 
-DCP state is built in one pass over the frames in order, so that memory grows with
-documents, not frames. The rollback answers are read first (a pass skipped when the Parquet
+The per-vbucket pass: the rollback answers are read first (a pass skipped when the Parquet
 statistics show none). One thread reads the chunks in order, two prepare them
 (DcpState.prepare: the work that needs no state) and the caller's thread applies them in
 order (DcpState.apply), with a few chunks in flight at most (`_pipeline`). Documents live in
@@ -25,7 +26,6 @@ from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from dcptool.replay.rules import tables as T
 from dcptool.replay.rules.as_of import AS_OF_COLUMNS, AsOf
