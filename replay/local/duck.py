@@ -96,6 +96,9 @@ class DuckFrames:
         if self.facts is None:
             from dcptool.replay.spark.arrow import ops_present
             self.facts = plans.PlanFacts.of(self.files, ops_present(self.files))
+        if name in ("undone", "rollbacks") and not self.facts.rollbacks:
+            # no ROLLBACK answer by the Parquet statistics: both are empty, no query to plan
+            return T.schema_of("dcp", name).empty_table()
         sql = plans.table_sql(D, name, "vb_frames", self.facts)
         # sorted by DuckDB (in parallel, spilling when it must) in the canonical order:
         # the table's key, nulls first, blobs bytewise
