@@ -28,6 +28,8 @@ D = plans.DUCKDB
 # the least memory_limit given to DuckDB: below it a hash aggregate of a few thousand groups
 # already runs out (DuckDB spills, but keeps a working set of its own)
 MIN_MEMORY = 128 << 20
+# captures of at most this many frames are read into a DuckDB table once, for all the plans
+SMALL_ROWS = 1 << 16
 
 
 class DuckFrames:
@@ -52,9 +54,15 @@ class DuckFrames:
             self.con.execute("SET allowed_paths = " + _list(paths))
             self.con.execute("SET enable_external_access = false")
             self.con.execute("SET lock_configuration = true")
+            self.source = "vb_frames"
+            if _rows(paths) <= SMALL_ROWS:
+                # a small capture is read once into memory: each plan then scans that table,
+                # not the files again (most of a small replay is per-query work)
+                self.con.execute("CREATE TEMP TABLE vb_small AS SELECT * FROM vb_frames")
+                self.source = "vb_small"
         except duckdb.Error as exc:
             self.close()
-            raise reader.CaptureError(f"replay: {_first_line(exc)}") from exc
+            raise self._capture_error(exc) from exc
         except BaseException:
             self.close()
             raise
@@ -86,10 +94,16 @@ class DuckFrames:
             raise ReplayMemoryError(f"replay: out of memory ({_first_line(exc)}); raise DCPTOOL_REPLAY_MEMORY "
                                     "(or 0: no limit)") from exc
         except duckdb.Error as exc:
-            # DuckDB names no file: the reader names the damaged one, with its own one line
-            for f in self.files:
+            raise self._capture_error(exc) from exc
+
+    def _capture_error(self, exc: BaseException) -> DcptoolError:
+        """DuckDB names no file: the reader's own one line names the damaged segment."""
+        for f in self.files:
+            try:
                 reader.read_file(f)
-            raise reader.CaptureError(f"replay: {_first_line(exc)}") from exc
+            except reader.CaptureError as damaged:
+                return damaged
+        return reader.CaptureError(f"replay: {_first_line(exc)}")
 
     def table(self, name: str) -> pa.Table:
         """One of the plans' tables, canonical (replay/rules/tables.py)."""
@@ -99,7 +113,7 @@ class DuckFrames:
         if name in ("undone", "rollbacks") and not self.facts.rollbacks:
             # no ROLLBACK answer by the Parquet statistics: both are empty, no query to plan
             return T.schema_of("dcp", name).empty_table()
-        sql = plans.table_sql(D, name, "vb_frames", self.facts)
+        sql = plans.table_sql(D, name, self.source, self.facts)
         # sorted by DuckDB (in parallel, spilling when it must) in the canonical order:
         # the table's key, nulls first, blobs bytewise
         keys = ", ".join(f"{k} NULLS FIRST" for k in T.table_specs("dcp")[name][1])
@@ -120,6 +134,10 @@ class ReplayMemoryError(DcptoolError):
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _rows(paths: list[str]) -> int:
+    return sum(reader.footer(p).num_rows for p in paths)
 
 
 def _list(paths: list[str]) -> str:
