@@ -1,9 +1,10 @@
-"""The in-process engine (the reference): reads the captures in order and runs the rules of
-REPLAY.md over them, one pass, in bounded memory. The rules live in dcp_rules.py and
-synapse_rules.py / synapse_stream.py, shared with the Spark engine.
+"""The in-process engine. The relational tables of REPLAY.md (`documents`, `undone`,
+`rollbacks`, `failover`, `history`) are the SQL of replay/rules/plans.py, run by DuckDB
+(replay/local/duck.py: the same definitions Spark runs); the tables of the per-vbucket rules
+(`vbuckets`, `snapshots`) and `topology` come from the shared rule modules over the capture in
+frame order, in bounded memory; the Synapse tables from replay/rules/synapse_stream.py.
 
-DCP state is built in one pass over the frames in order, so that memory grows with
-documents, not frames. The rollback answers are read first (a pass skipped when the Parquet
+The per-vbucket pass: the rollback answers are read first (a pass skipped when the Parquet
 statistics show none). One thread reads the chunks in order, two prepare them
 (DcpState.prepare: the work that needs no state) and the caller's thread applies them in
 order (DcpState.apply), with a few chunks in flight at most (`_pipeline`). Documents live in
@@ -25,7 +26,6 @@ from typing import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from dcptool.replay.rules import tables as T
 from dcptool.replay.rules.as_of import AS_OF_COLUMNS, AsOf
@@ -33,6 +33,7 @@ from dcptool.replay.rules.columns import CHUNK_ROWS, as_numpy, ordered_frames
 from dcptool.replay.rules.dcp import (DCP_FILTER_COLUMNS, DCP_ROLLBACK_COLUMNS, DCP_STATE_COLUMNS, DcpState,
                                       dcp_vbucket_frames, rollback_mask)
 from dcptool.replay.rules.history import HistoryState
+from dcptool.replay.local import duck
 from dcptool.replay.store import reader
 from dcptool.replay.store.schema import capture_schema
 from dcptool.protocol.errors import DcptoolError
@@ -59,10 +60,11 @@ class Replay:
             from dcptool.replay.rules import lag   # read when asked for
             self.results[name] = (lag.local_lag(self.files, as_of=self.as_of) if self.protocol == "dcp"
                                   else lag.local_synapse_lag(self.files))
-        if name not in self.results and self.protocol == "dcp" and name in self.names() and name != "frames":
-            # a table the replay was told would not be asked for: replay again for every table
-            self.results.update(_replay_dcp(self.files, reader.capture_ranks(self.files), DCP_CHUNK_ROWS,
-                                            self.as_of, self.memory))
+        if name not in self.results and self.protocol == "dcp" and name in PLAN_TABLES:
+            # a table the replay was told would not be asked for: DuckDB runs its plan now
+            self.results.update(_plan_tables(self.files, [name], self.as_of, self.memory))
+        if name not in self.results and self.protocol == "dcp" and name in STATE_TABLES:
+            self.results.update(_state_tables(self.files, DCP_CHUNK_ROWS, self.as_of, self.memory))
         if name not in self.results:
             if name != "frames":
                 raise KeyError(name)
@@ -82,14 +84,37 @@ def replay_local(files: list, chunk_rows: int | None = None, tables=None, as_of:
     protocol = reader.protocol_of(files)
     ranks = reader.capture_ranks(files)
     if protocol == "dcp":
-        # snapshots are tracked when a table that needs them will be asked for
-        snaps = tables is None or bool({"snapshots", "vbuckets"} & set(tables))
-        hist = tables is None or "history" in tables    # every change: built only when asked for
-        return Replay(protocol, files, _replay_dcp(files, ranks, chunk_rows or DCP_CHUNK_ROWS, as_of or None, memory,
-                                                   snaps, hist), as_of or None, memory)
+        want = set(T.table_names("dcp") if tables is None else tables)
+        results = _plan_tables(files, [n for n in PLAN_TABLES if n in want], as_of or None, memory)
+        if want & set(STATE_TABLES):
+            results.update(_state_tables(files, chunk_rows or DCP_CHUNK_ROWS, as_of or None, memory))
+        return Replay(protocol, files, results, as_of or None, memory)
     if as_of:
         raise ValueError("a point in time (--as-of) applies to DCP captures only")
     return Replay(protocol, files, _replay_synapse(files, ranks, tables, chunk_rows or CHUNK_ROWS))
+
+
+# the tables DuckDB computes from the plans of replay/rules/plans.py (the ones Spark runs as SQL too)
+PLAN_TABLES = duck.PLAN_TABLES
+# the tables of the per-vbucket rules (DcpState, replay/rules/dcp.py), fed in frame order
+STATE_TABLES = ("vbuckets", "snapshots")
+
+
+def _plan_tables(files, names, as_of: AsOf | None, memory: int | None) -> dict[str, pa.Table]:
+    """`names` (of PLAN_TABLES) run by DuckDB in this process, within `memory` bytes (-1:
+    doc_budget(); None: no limit)."""
+    if not names:
+        return {}
+    frames = duck.DuckFrames(files, as_of, doc_budget() if memory == -1 else memory)
+    try:
+        return {name: frames.table(name) for name in names}
+    finally:
+        frames.close()
+
+
+def _state_tables(files, chunk_rows, as_of: AsOf | None, memory: int | None) -> dict[str, pa.Table]:
+    out = _replay_dcp(files, reader.capture_ranks(files), chunk_rows, as_of, memory, True, False)
+    return {name: out[name] for name in STATE_TABLES}
 
 
 # rows per DCP chunk: a reading thread holds about three times a chunk's columns (measured

@@ -2,7 +2,7 @@
 machine. The only module that imports pyspark (lazily, inside functions).
 
 Frames never come to the driver. DCP `documents`, `undone`, `rollbacks`, `failover` and `history` are
-plain Spark SQL (no Python workers). The other tables come from groups of
+the SQL of replay/rules/plans.py (no Python workers), the same definitions DuckDB runs in-process. The other tables come from groups of
 `groupBy(...).applyInArrow` (vbuckets for DCP, (stream, instance) for Synapse); inside the
 group the frames are sorted by their frame order and handed to the same functions the local
 engine runs (dcp_rules.DcpState, synapse_rules.synapse_tables), so the two engines share their
@@ -31,10 +31,9 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 
-from dcptool.protocol.dcp.wire.constants import Status
 from dcptool.replay import apply
-from dcptool.replay.rules import dcp as dcp_rules, dcp_sync, lag, synapse as synapse_rules, tables as T, topology
-from dcptool.replay.spark import documents as spark_documents, sql as spark_sql
+from dcptool.replay.rules import dcp as dcp_rules, lag, plans, synapse as synapse_rules, tables as T, topology
+from dcptool.replay.spark import documents as spark_documents
 
 from dcptool.replay.store import reader
 from dcptool.replay.spark.arrow import (DCP_RESULTS, SYN_RESULTS, apply_group_table, dcp_group, from_spark_arrow,
@@ -42,7 +41,7 @@ from dcptool.replay.spark.arrow import (DCP_RESULTS, SYN_RESULTS, apply_group_ta
                                         to_spark_arrow)
 from dcptool.replay.store.schema import capture_schema
 
-SEQ_SHIFT = spark_documents.SEQ_SHIFT   # _seq = capture rank << SEQ_SHIFT | frame_no
+SEQ_SHIFT = plans.SEQ_SHIFT   # _seq = capture rank << SEQ_SHIFT | frame_no
 VBUCKET_GROUPS = 64
 LOOPBACK = "127.0.0.1"
 
@@ -396,14 +395,13 @@ def replay_spark(spark, files: list, as_of=None) -> SparkReplay:
             return grouped.applyInArrow(dcp_group, spark_schema(packed_schema("dcp", DCP_RESULTS)))
 
         ranks = reader.capture_ranks(files)
-        any_rollback = reader.may_have_values(files, "rollback_seqno")
+        facts = plans.PlanFacts.of(files, ops_present(files))
+
+        def planned(name):
+            # the SQL of replay/rules/plans.py: the text DuckDB runs in-process
+            return lambda: _planned(vb_frames, plans.table_sql(plans.SPARK, name, "{vb}", facts))
         return SparkReplay(protocol, frames, DCP_RESULTS, packed_builder=packed, _tmp=tmp, builders={
-            "documents": lambda: spark_documents.documents(F, vb_frames, ranks, any_rollback, ops_present(files)),
-            "undone": lambda: _dcp_undone(vb_frames, ranks, any_rollback),
-            "rollbacks": lambda: _dcp_rollbacks(vb_frames, ranks, any_rollback),
-            "failover": lambda: _dcp_failover(vb_frames),
-            # every change (replay/rules/history.py), as the SQL of spark_sql.history_query
-            "history": lambda: vb_frames.sparkSession.sql(spark_sql.history_query(), frames=vb_frames),
+            **{name: planned(name) for name in plans.PLAN_TABLES},
             "topology": lambda: topology.spark_dataframe(df, spark_schema, to_spark_arrow, ranks),
             "lag": lambda: lag.spark_dataframe(df, spark_schema, to_spark_arrow, ranks)})
     conn_key = F.shiftleft(F.col("_rank"), 32) + F.col("conn").cast("long")
@@ -432,79 +430,14 @@ def replay_spark(spark, files: list, as_of=None) -> SparkReplay:
         "lag": lambda: lag.spark_synapse_dataframe(df, spark_schema, to_spark_arrow, ranks)})
 
 
-def _rollback_answers(vb_frames):
+def _planned(vb_frames, sql: str):
+    """One plan of replay/rules/plans.py over the vbucket frames; a `cas` (the 64 bits as a
+    long, plans.py) back to the decimal(20,0) Spark reads uint64 as."""
     from pyspark.sql import functions as F
-    return vb_frames.filter((F.col("op") == "stream_req") & (F.col("status") == Status.ROLLBACK)
-                            & F.col("rollback_seqno").isNotNull())
-
-
-def _dcp_undone(vb_frames, ranks: dict[str, int], rollbacks: bool = True, pairs_only: bool = False):
-    """`undone` in Spark SQL alone, the same rules as DcpState: the pairs (change, later
-    ROLLBACK answer of its vbucket rolling back below its by_seqno), of which the earliest
-    rollback undoes the change; `restored` when the document's current change (its last one
-    not undone, as in `documents`) came after that rollback."""
-    from pyspark.sql import Window, functions as F
-
-    changes = vb_frames.filter(F.col("op").isin(*dcp_sync.DOC_CHANGE_OPS))
-    found = _rollback_answers(vb_frames)
-    if not rollbacks:
-        found = found.filter(F.lit(False))
-    found = found.select(F.col("vbucket").alias("_r_vb"), F.col("_seq").alias("_r_seq"),
-                         F.col("rollback_seqno").alias("_r_seqno"), F.col("_rank").alias("_r_rank"),
-                         F.col("frame_no").alias("_r_frame_no"), F.col("ts").alias("_r_ts"))
-    hits = ((F.col("vbucket") == F.col("_r_vb")) & (F.col("_r_seq") > F.col("_seq"))
-            & (F.coalesce(F.col("by_seqno"), F.lit(-1)) > F.col("_r_seqno")))
-    pairs = changes.select("vbucket", "collection_id", "key", "by_seqno", "op", "_rank", "frame_no", "ts",
-                           "_seq").join(F.broadcast(found), hits, "inner")
-    first = F.row_number().over(Window.partitionBy("_seq").orderBy("_r_seq"))
-    undone = pairs.withColumn("_n", first).filter(F.col("_n") == 1)
-    if pairs_only:   # each undone change with the rollback that undid it (_r_*)
-        return undone
-    alive = changes.join(F.broadcast(found), hits, "left_anti")
-    current = alive.groupBy(F.col("vbucket").alias("_d_vb"), F.col("collection_id").alias("_d_cid"),
-                            F.col("key").alias("_d_key")).agg(
-        F.max("_seq").alias("_d_seq"), F.max_by("by_seqno", "_seq").alias("_d_seqno"))
-    same_doc = ((F.col("vbucket") == F.col("_d_vb")) & F.col("collection_id").eqNullSafe(F.col("_d_cid"))
-                & F.col("key").eqNullSafe(F.col("_d_key")))
-    joined = undone.join(current, same_doc, "left")
-    restored = F.coalesce(F.col("_d_seq") > F.col("_r_seq"), F.lit(False))
-    by_rank = F.create_map(*[x for cid, r in ranks.items() for x in (F.lit(r).cast("long"), F.lit(cid))])
-    out = {"capture_id": F.element_at(by_rank, F.col("_r_rank")), "frame_no": F.col("_r_frame_no"),
-           "ts": F.col("_r_ts"), "rollback_seqno": F.col("_r_seqno"),
-           "change_capture_id": F.element_at(by_rank, F.col("_rank")), "change_frame_no": F.col("frame_no"),
-           "change_ts": F.col("ts"), "restored": restored,
-           "restored_seqno": F.when(restored, F.col("_d_seqno"))}
-    return joined.select([out.get(f.name, F.col(f.name)).alias(f.name) for f in T.schema_of("dcp", "undone")])
-
-
-def _dcp_rollbacks(vb_frames, ranks: dict[str, int], rollbacks: bool = True):
-    """`rollbacks` in Spark SQL alone: each ROLLBACK answer with the number of changes it
-    undid (those of `undone` whose earliest rollback it is)."""
-    from pyspark.sql import functions as F
-
-    found = _rollback_answers(vb_frames)
-    if not rollbacks:
-        found = found.filter(F.lit(False))
-    counts = (_dcp_undone(vb_frames, ranks, rollbacks, pairs_only=True)
-              .groupBy(F.col("_r_seq").alias("_c_seq")).agg(F.count(F.lit(1)).alias("_c_undone")))
-    by_rank = F.create_map(*[x for cid, r in ranks.items() for x in (F.lit(r).cast("long"), F.lit(cid))])
-    joined = found.join(counts, F.col("_seq") == F.col("_c_seq"), "left")
-    out = {"capture_id": F.element_at(by_rank, F.col("_rank")),
-           "undone": F.coalesce(F.col("_c_undone"), F.lit(0)).cast("long")}
-    return joined.select([out.get(f.name, F.col(f.name)).alias(f.name) for f in T.schema_of("dcp", "rollbacks")])
-
-
-def _dcp_failover(vb_frames):
-    """`failover` in Spark SQL alone: the failover log of each vbucket's last stream-request
-    success, one row per entry, position 0 = the newest entry as on the wire."""
-    from pyspark.sql import functions as F
-
-    ok = vb_frames.filter((F.col("op") == "stream_req") & (F.col("status") == Status.SUCCESS)
-                          & F.col("failover_log").isNotNull())
-    last = ok.groupBy("vbucket").agg(F.max_by("failover_log", "_seq").alias("_log"))
-    entries = last.select("vbucket", F.posexplode("_log").alias("position", "_e"))
-    return entries.select(F.col("vbucket"), F.col("position").cast("int").alias("position"),
-                          F.col("_e.vbucket_uuid").alias("vbucket_uuid"), F.col("_e.seqno").alias("seqno"))
+    df = vb_frames.sparkSession.sql(sql, vb=vb_frames)
+    if "cas" in df.columns:
+        df = df.withColumn("cas", spark_documents.cas_decimal(F, F.col("cas")))
+    return df
 
 
 # --- user code ----------------------------------------------------------------------------

@@ -9,8 +9,6 @@ global_temp), every table-valued function a generator (no read_files), and no fu
 that reaches the JVM or files (reflect, java_method, try_reflect, from/to_protobuf with a
 descriptor file). Subqueries in expressions and CTE bodies are walked too. The session
 also runs with spark.sql.runSQLOnFiles=false, a second fence (replay/spark/engine.py).
-
-It also holds the SQL text of the engine's `history` table (HISTORY_SQL, run by spark.py).
 """
 
 from __future__ import annotations
@@ -200,71 +198,3 @@ def _position(exc, origin, message: str, sql: str | None) -> str | None:
             frag = _call(q, "fragment")
             return f"(line {line}, pos {pos}" + (f": {frag!r})" if frag else ")")
     return None
-
-
-
-
-# --- engine SQL ---------------------------------------------------------------------------
-
-# The `history` table of REPLAY.md as one Spark SQL query (the rule of replay/rules/history.py,
-# which the local engine runs): `{frames}` is the vbucket frames DataFrame (spark.sql's
-# DataFrame argument), ROLLBACK_STATUS the status of a ROLLBACK answer. `_snap`: the flags of
-# the last marker of the stream (vbucket, stream id) before the row (-1: a stream end, a
-# stream-request answer or an OSO marker came after it); `_p`: the
-# columns of the last prepare of the document before it (a commit takes them).
-HISTORY_SQL = """
-WITH f AS (
-  SELECT vbucket, collection_id, key, by_seqno, op, rev_seqno, cas, datatype, item_flags, expiration,
-         value_len, snap_flags, capture_id, frame_no, ts, _seq, status, rollback_seqno, stream_id
-  FROM {frames}
-  WHERE op IN ('mutation', 'deletion', 'expiration', 'commit', 'prepare', 'snapshot_marker', 'stream_end',
-               'stream_req', 'oso_snapshot')
-),
-rb AS (
-  SELECT vbucket AS r_vb, _seq AS r_seq, rollback_seqno AS r_seqno FROM f
-  WHERE op = 'stream_req' AND status = ROLLBACK_STATUS AND rollback_seqno IS NOT NULL
-),
-snap AS (
-  SELECT *, last(CASE WHEN op = 'snapshot_marker' THEN coalesce(CAST(snap_flags AS BIGINT), -1)
-                      WHEN op IN ('stream_end', 'stream_req', 'oso_snapshot') THEN -1 END, true)
-              OVER (PARTITION BY vbucket, stream_id ORDER BY _seq
-                    ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS _snap
-  FROM f
-),
-alive AS (
-  SELECT * FROM snap s
-  WHERE op IN ('mutation', 'deletion', 'expiration', 'commit', 'prepare')
-    AND NOT EXISTS (SELECT 1 FROM rb WHERE rb.r_vb = s.vbucket AND rb.r_seq > s._seq
-                                         AND coalesce(s.by_seqno, -1) > rb.r_seqno)
-),
-res AS (
-  SELECT *, last(CASE WHEN op = 'prepare' THEN named_struct('rev_seqno', rev_seqno, 'cas', cas,
-                      'datatype', datatype, 'item_flags', item_flags, 'expiration', expiration,
-                      'value_len', value_len) END, true)
-              OVER (PARTITION BY vbucket, collection_id, key ORDER BY _seq
-                    ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS _p
-  FROM alive
-),
-ch AS (
-  SELECT vbucket, collection_id, key, by_seqno, op,
-         CASE WHEN op = 'commit' AND _p IS NOT NULL THEN _p.rev_seqno ELSE rev_seqno END AS rev_seqno,
-         CASE WHEN op = 'commit' AND _p IS NOT NULL THEN _p.cas ELSE cas END AS cas,
-         CASE WHEN op = 'commit' AND _p IS NOT NULL THEN _p.datatype ELSE datatype END AS datatype,
-         CASE WHEN op = 'commit' AND _p IS NOT NULL THEN _p.item_flags ELSE item_flags END AS item_flags,
-         CASE WHEN op = 'commit' AND _p IS NOT NULL THEN _p.expiration ELSE expiration END AS expiration,
-         CASE WHEN op = 'commit' AND _p IS NOT NULL THEN _p.value_len ELSE value_len END AS value_len,
-         CASE WHEN _snap >= 0 THEN _snap END AS snap_flags, capture_id, frame_no, ts,
-         row_number() OVER (PARTITION BY vbucket, collection_id, key, by_seqno ORDER BY _seq DESC) AS _n
-  FROM res WHERE op <> 'prepare'
-)
-SELECT vbucket, collection_id, key, by_seqno, op,
-       CASE op WHEN 'deletion' THEN 'deleted' WHEN 'expiration' THEN 'expired' ELSE 'live' END AS state,
-       rev_seqno, cas, datatype, item_flags, expiration, value_len, snap_flags, capture_id, frame_no, ts
-FROM ch WHERE _n = 1
-"""
-
-
-def history_query() -> str:
-    """HISTORY_SQL ready for spark.sql(query, frames=<vbucket frames>)."""
-    from dcptool.protocol.dcp.wire.constants import Status
-    return HISTORY_SQL.replace("ROLLBACK_STATUS", str(int(Status.ROLLBACK)))

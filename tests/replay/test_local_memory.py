@@ -1,11 +1,15 @@
-"""The local engine's memory model (REPLAY.md "Memory of the local engine"): documents live in
-a compact store (replay/rules/doc_state.py), and a replay whose documents outgrow the budget runs
-in vbucket-range passes. Behaviour only: the passes and the store give the same tables."""
+"""The local engine's memory model (REPLAY.md "Memory of the local engine"): the relational
+tables run in DuckDB under DCPTOOL_REPLAY_MEMORY, spilling to a temporary directory that goes
+away; the per-vbucket rules keep documents in a compact store (replay/rules/doc_state.py), and a
+replay whose documents outgrow the budget runs in vbucket-range passes. Behaviour only: the
+passes and the store give the same tables."""
 
 from __future__ import annotations
 
 import gc
+import os
 import sys
+import tempfile
 
 import numpy as np
 import pyarrow as pa
@@ -13,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from dcptool.replay.rules import doc_state, tables as T
-from dcptool.replay.local import engine as local
+from dcptool.replay.local import duck, engine as local
 from dcptool.replay.store import reader
 from tests.support import capgen, oracle
 
@@ -171,3 +175,47 @@ def test_document_state_is_arrays_not_python_objects(monkeypatch):
     assert s2.n == 0 and table.equals(T.canonical("dcp", "documents", table))
     got = dict(zip(table.column("key").to_pylist(), table.column("by_seqno").to_pylist()))
     assert got == {b"document-%d" % i: int(last[i]) for i in range(big)}
+
+
+def test_duckdb_takes_the_budget_and_a_temporary_directory_it_removes(tmp_path, monkeypatch):
+    files = _files(tmp_path, 5, 80)
+    monkeypatch.setenv("DCPTOOL_REPLAY_MEMORY", "300M")
+    made = []
+    real = duck.DuckFrames.__init__
+
+    def spy(self, *a, **kw):
+        real(self, *a, **kw)
+        made.append((self.tmp, self.con.sql("SELECT current_setting('memory_limit')").fetchall()[0][0]))
+    monkeypatch.setattr(duck.DuckFrames, "__init__", spy)
+    local.replay_local(files, tables=["documents"])
+    (spill, limit), = made
+    assert limit == "300.0 MiB"
+    assert os.path.dirname(spill) == tempfile.gettempdir() and not os.path.exists(spill)
+    monkeypatch.setenv("DCPTOOL_REPLAY_MEMORY", "1K")      # too little for DuckDB: its floor
+    local.replay_local(files, tables=["failover"])
+    assert made[1][1] == f"{duck.MIN_MEMORY >> 20}.0 MiB"
+
+
+def test_the_duckdb_connection_reads_only_the_capture(tmp_path):
+    files = _files(tmp_path, 6, 80)
+    frames = duck.DuckFrames(files)
+    try:
+        assert frames.arrow("SELECT count(*) AS n FROM frames").column("n")[0].as_py() > 0
+        for query in ("SELECT * FROM read_csv('/etc/passwd')", f"COPY (SELECT 1) TO '{tmp_path}/x.csv'",
+                      "SET enable_external_access = true", "INSTALL httpfs"):
+            with pytest.raises(Exception):
+                frames.con.execute(query)
+        assert not (tmp_path / "x.csv").exists()
+    finally:
+        frames.close()
+    assert not os.path.exists(frames.tmp)
+
+
+def test_documents_alone_run_no_python_pass(tmp_path, passes):
+    """`documents` (and the other tables of replay/rules/plans.py) come from DuckDB: no pass of
+    the per-vbucket rules over the frames, unless `vbuckets` or `snapshots` is asked for."""
+    files = _files(tmp_path, 9, 200)
+    rep = local.replay_local(files, tables=list(local.PLAN_TABLES))
+    assert passes == [] and set(rep.results) == set(local.PLAN_TABLES)
+    local.replay_local(files, tables=["vbuckets"])
+    assert passes == [(0, 1 << 16)]

@@ -1,0 +1,147 @@
+"""The in-process SQL engine: DuckDB runs the plans of replay/rules/plans.py (the same
+definitions Spark runs) over the capture's Parquet, and hands the results over as Arrow.
+
+A `DuckFrames` is one DuckDB connection with two views: `frames` (every frame: the capture
+columns, `ts` as bigint nanoseconds, `_rank` and `_seq` as plans.py describes) and
+`vb_frames` (the vbucket frames, the `--as-of` cut applied, and `_cas_bits`). In-progress
+segments are converted to Parquet first (their complete batches, reader.parquet_paths) in a
+temporary directory, which also holds DuckDB's spill files; `close` removes it.
+
+Memory: DuckDB's `memory_limit` is DCPTOOL_REPLAY_MEMORY (engine.doc_budget: a quarter of the
+machine by default); past it DuckDB spills to that directory. Threads: DuckDB's default (every
+core). External access is off once the views exist (`enable_external_access=false`, then the
+configuration locked), so a query on the connection reads nothing but the capture."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pyarrow as pa
+
+from dcptool.protocol.errors import DcptoolError
+from dcptool.replay.rules import dcp as dcp_rules, plans, tables as T
+from dcptool.replay.store import reader
+
+D = plans.DUCKDB
+# the least memory_limit given to DuckDB: below it a hash aggregate of a few thousand groups
+# already runs out (DuckDB spills, but keeps a working set of its own)
+MIN_MEMORY = 128 << 20
+# captures of at most this many frames are read into a DuckDB table once, for all the plans
+SMALL_ROWS = 1 << 16
+
+
+class DuckFrames:
+    """One capture's frames in DuckDB (see the module)."""
+
+    def __init__(self, files: list, as_of=None, memory: int | None = None):
+        import duckdb
+        self.files = files
+        self.ranks = reader.capture_ranks(files)
+        self.facts = None
+        self.tmp = tempfile.mkdtemp(prefix="dcptool-duckdb-")
+        try:
+            paths = [os.path.abspath(p) for p in reader.parquet_paths(files, self.tmp)]
+            config = {"temp_directory": os.path.join(self.tmp, "spill")}
+            if memory:
+                config["memory_limit"] = f"{max(int(memory), MIN_MEMORY) >> 20}MiB"
+            self.con = duckdb.connect(":memory:", config=config)
+            # DuckDB's own progress bar would write to the terminal: stdout carries only data
+            self.con.execute("SET enable_progress_bar = false")
+            self._views(paths, as_of)
+            # the views read these files when a query runs: they stay readable, nothing else
+            self.con.execute("SET allowed_paths = " + _list(paths))
+            self.con.execute("SET enable_external_access = false")
+            self.con.execute("SET lock_configuration = true")
+            self.source = "vb_frames"
+            if _rows(paths) <= SMALL_ROWS:
+                # a small capture is read once into memory: each plan then scans that table,
+                # not the files again (most of a small replay is per-query work)
+                self.con.execute("CREATE TEMP TABLE vb_small AS SELECT * FROM vb_frames")
+                self.source = "vb_small"
+        except duckdb.Error as exc:
+            self.close()
+            raise self._capture_error(exc) from exc
+        except BaseException:
+            self.close()
+            raise
+
+    def _views(self, paths: list[str], as_of) -> None:
+        listed = _list(paths)
+        if len(self.ranks) <= 1:
+            rank = "CAST(0 AS BIGINT)"
+        else:
+            rank = ("CAST(CASE capture_id " + " ".join(f"WHEN {D.string(c)} THEN {r}" for c, r in self.ranks.items())
+                    + " END AS BIGINT)")
+        self.con.execute(
+            "CREATE VIEW frames AS SELECT * REPLACE (epoch_ns(ts) AS ts), "
+            f"{rank} AS _rank, {rank} * {1 << plans.SEQ_SHIFT} + frame_no AS _seq "
+            f"FROM read_parquet({listed}, union_by_name = true)")
+        cut = f" AND ({plans.as_of_sql(as_of)})" if as_of else ""
+        ops = ", ".join(f"'{op}'" for op in dcp_rules.VB_OPS)
+        self.con.execute(
+            "CREATE VIEW vb_frames AS SELECT *, cas AS _cas_bits FROM frames WHERE direction = 'in' "
+            f"AND vbucket IS NOT NULL AND decode_error IS NULL AND op IN ({ops}){cut}")
+
+    def arrow(self, sql: str) -> pa.Table:
+        import duckdb
+        try:
+            rel = self.con.sql(sql)
+            fetch = getattr(rel, "to_arrow_table", None) or rel.arrow
+            return fetch()
+        except duckdb.OutOfMemoryException as exc:
+            raise ReplayMemoryError(f"replay: out of memory ({_first_line(exc)}); raise DCPTOOL_REPLAY_MEMORY "
+                                    "(or 0: no limit)") from exc
+        except duckdb.Error as exc:
+            raise self._capture_error(exc) from exc
+
+    def _capture_error(self, exc: BaseException) -> DcptoolError:
+        """DuckDB names no file: the reader's own one line names the damaged segment."""
+        for f in self.files:
+            try:
+                reader.read_file(f)
+            except reader.CaptureError as damaged:
+                return damaged
+        return reader.CaptureError(f"replay: {_first_line(exc)}")
+
+    def table(self, name: str) -> pa.Table:
+        """One of the plans' tables, canonical (replay/rules/tables.py)."""
+        if self.facts is None:
+            from dcptool.replay.spark.arrow import ops_present
+            self.facts = plans.PlanFacts.of(self.files, ops_present(self.files))
+        if name in ("undone", "rollbacks") and not self.facts.rollbacks:
+            # no ROLLBACK answer by the Parquet statistics: both are empty, no query to plan
+            return T.schema_of("dcp", name).empty_table()
+        sql = plans.table_sql(D, name, self.source, self.facts)
+        # sorted by DuckDB (in parallel, spilling when it must) in the canonical order:
+        # the table's key, nulls first, blobs bytewise
+        keys = ", ".join(f"{k} NULLS FIRST" for k in T.table_specs("dcp")[name][1])
+        return T.canonical("dcp", name, self.arrow(f"SELECT * FROM ({sql}) _t ORDER BY {keys}"), presorted=True)
+
+    def close(self) -> None:
+        con = getattr(self, "con", None)
+        if con is not None:
+            con.close()
+            self.con = None
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class ReplayMemoryError(DcptoolError):
+    """DuckDB needed more than its memory limit (DCPTOOL_REPLAY_MEMORY) and could not spill."""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _rows(paths: list[str]) -> int:
+    return sum(reader.footer(p).num_rows for p in paths)
+
+
+def _list(paths: list[str]) -> str:
+    return "[" + ", ".join(D.string(p) for p in paths) + "]"
+
+
+PLAN_TABLES = plans.PLAN_TABLES
