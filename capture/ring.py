@@ -19,6 +19,7 @@ import os
 import threading
 import time
 
+from dcptool.replay.store.files import arrow_source
 from dcptool.replay.store import retained
 from dcptool.replay.store.naming import IN_PROGRESS_SUFFIX, SEGMENT_NAME_RE
 
@@ -166,7 +167,7 @@ class Ring:
 def fold(rec: dict, f) -> int:
     """Fold the state of segment `f` (a reader.CaptureFile) into the record; its row count."""
     import pyarrow.parquet as pq
-    rows = pq.ParquetFile(f.path).metadata.num_rows
+    rows = pq.ParquetFile(arrow_source(f.path)).metadata.num_rows
     if f.protocol == "dcp":
         from dcptool.replay.store.resume import dcp_resume_state
         state = dcp_resume_state([f], initial=retained.vb_states(rec))

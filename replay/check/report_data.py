@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from dcptool.protocol.dcp.wire.constants import Status, stream_end_reason_name
 from dcptool.replay.store import reader
+from dcptool.replay.store.files import arrow_source
 
 KEY_COMPACT_ROWS = 2_000_000
 MIN_BIN_NS = 1_000_000     # 1 ms: finer bins would only show the receive batches
@@ -266,7 +267,7 @@ def _text(key: bytes | None) -> str:
 def segments(files: list[reader.CaptureFile]) -> list[Segment]:
     out = []
     for f in files:
-        rows = None if f.in_progress else pq.ParquetFile(f.path).metadata.num_rows
+        rows = None if f.in_progress else pq.ParquetFile(arrow_source(f.path)).metadata.num_rows
         out.append(Segment(os.path.basename(f.path), os.path.getsize(f.path), rows))
     return out
 

@@ -42,7 +42,7 @@ class DuckFrames:
         self.facts = None
         self.tmp = tempfile.mkdtemp(prefix="dcptool-duckdb-")
         try:
-            paths = [os.path.abspath(p) for p in reader.parquet_paths(files, self.tmp)]
+            paths = _utf8_paths([os.path.abspath(p) for p in reader.parquet_paths(files, self.tmp)], self.tmp)
             config = {"temp_directory": os.path.join(self.tmp, "spill")}
             if memory:
                 config["memory_limit"] = f"{max(int(memory), MIN_MEMORY) >> 20}MiB"
@@ -134,6 +134,22 @@ class ReplayMemoryError(DcptoolError):
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _utf8_paths(paths: list, tmp: str) -> list[str]:
+    """DuckDB takes paths as UTF-8 text: a path that is not (bytes, or a str carrying the
+    surrogates of undecodable bytes, as under a C locale) is read through a symlink of an
+    ASCII name in the temporary directory."""
+    out = []
+    for i, p in enumerate(paths):
+        try:
+            text = p.decode("utf-8") if isinstance(p, bytes) else p
+            text.encode("utf-8")
+        except UnicodeError:
+            text = os.path.join(tmp, f"segment-{i}.parquet")
+            os.symlink(os.fsencode(p), text)
+        out.append(text)
+    return out
 
 
 def _rows(paths: list[str]) -> int:

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from dcptool.replay import apply
 from dcptool.replay.rules import columns, dcp as dcp_rules, synapse as synapse_rules, tables as T
+from dcptool.replay.store.files import arrow_source
 from dcptool.replay.store.schema import capture_schema
 
 DCP_RESULTS = ["documents", "vbuckets", "snapshots", "rollbacks", "failover", "undone"]
@@ -121,7 +122,7 @@ def ops_present(files: list) -> set[str] | None:
         for f in files:
             if f.in_progress:
                 return None
-            pf = pq.ParquetFile(f.path, read_dictionary=["op"])
+            pf = pq.ParquetFile(arrow_source(f.path), read_dictionary=["op"])
             for i in range(pf.num_row_groups):
                 for chunk in pf.read_row_group(i, columns=["op"]).column(0).chunks:
                     ops.update(x for x in chunk.dictionary.to_pylist() if x is not None)
