@@ -134,17 +134,26 @@ class Receiver:
         # a run ends at every frame that is not a valid data frame
         stop = np.ones(n, dtype=bool)
         stop[idx[ok]] = False
-        stops = np.nonzero(stop)[0].tolist()
+        stops = np.nonzero(stop)[0]
         seqs = _be(u8, offsets[idx] + 24 + fe, 8)
         pos_in_idx = np.full(n, -1, dtype=np.int64)
         pos_in_idx[idx] = np.arange(len(idx))
+        # consecutive stops go through the per-frame loop together, in one call: it takes
+        # them in wire order either way (the data frames that arrive in the same receive as
+        # their stream's answer are such a run, thousands long at the start of a backfill)
+        firsts: list = []
+        ends: list = []
+        if len(stops):
+            gi = np.nonzero(np.r_[True, np.diff(stops) != 1])[0]     # where each group starts
+            firsts = stops[gi].tolist()
+            ends = (stops[np.r_[gi[1:] - 1, len(stops) - 1]] + 1).tolist()
         prev = 0
-        for s in stops + [n]:
+        for s, e in zip(firsts + [n], ends + [n]):
             if s > prev:
                 self._apply_run(buf, offsets, lengths, prev, s, pos_in_idx, vbs, seqs, now)
             if s < n:
-                self._receive_frames(buf, [int(offsets[s])], [int(lengths[s])], now)
-            prev = s + 1
+                self._receive_frames(buf, offsets[s:e].tolist(), lengths[s:e].tolist(), now)
+            prev = e
 
     def _apply_run(self, buf, offsets, lengths, a: int, b: int, pos_in_idx, vbs, seqs, now) -> None:
         import numpy as np
@@ -218,7 +227,8 @@ class Receiver:
             if (magic == 0x80 or magic == 0x08) and op != _NOOP:
                 unacked += ln
             self.unacked += unacked
-            unacked = 0
+            self.data_frames += data     # counted before a frame that may raise
+            unacked = data = 0
             self._slow(parse_frame(buf, off, ln), now)
         self.unacked += unacked
         self.data_frames += data

@@ -220,9 +220,11 @@ class Batch:
 
 
 # opcode -> (expected extras length) for the vectorised path
-_MUT, _DEL, _EXP = Opcode.DCP_MUTATION, Opcode.DCP_DELETION, Opcode.DCP_EXPIRATION
-_MARKER, _NOOP, _END = Opcode.DCP_SNAPSHOT_MARKER, Opcode.DCP_NOOP, Opcode.DCP_STREAM_END
-_ADVANCED, _EVENT = Opcode.DCP_SEQNO_ADVANCED, Opcode.DCP_SYSTEM_EVENT
+# plain ints, not Opcode members: numpy compares an IntEnum member through the enum class's
+# attribute lookups, dozens per batch (issue 26: a fixed cost of every receive)
+_MUT, _DEL, _EXP = int(Opcode.DCP_MUTATION), int(Opcode.DCP_DELETION), int(Opcode.DCP_EXPIRATION)
+_MARKER, _NOOP, _END = int(Opcode.DCP_SNAPSHOT_MARKER), int(Opcode.DCP_NOOP), int(Opcode.DCP_STREAM_END)
+_ADVANCED, _EVENT = int(Opcode.DCP_SEQNO_ADVANCED), int(Opcode.DCP_SYSTEM_EVENT)
 _FAST = {_MUT: 31, _DEL: (18, 21), _EXP: 20, _MARKER: 20, _ADVANCED: 8, _EVENT: 13, _END: 4, _NOOP: 0}
 _ITEM_OPS = (_MUT, _DEL, _EXP)
 _REQUEST_MAGICS = np.array([0x80, 0x82, 0x08], dtype=np.uint8)
