@@ -67,9 +67,10 @@ def _spark_progress(session, label: str):
               help="How tables print: table on a TTY, jsonl in a pipe (default).")
 @click.option("--table", "tables", multiple=True, metavar="NAME",
               help="Tables to print or write (repeatable or comma list; `all` adds frames). Default: every table but frames.")
-@click.option("--sql", help="A read-only Spark SQL query over the tables as temporary views (needs --spark).")
+@click.option("--sql", help="A read-only SQL query over the tables as views (DuckDB in-process; Spark SQL with --spark).")
 @click.option("--unsafe-sql", is_flag=True,
-              help="Let --sql run any statement Spark accepts (files, JDBC, reflect, writes, SET ...).")
+              help="Let --sql run any statement the engine accepts (Spark: files, JDBC, reflect, writes, SET ...; "
+                   "DuckDB: still no files, network, extensions or settings).")
 @click.option("--apply", "apply_spec", metavar="MODULE:FUNCTION",
               help="Run function(key, table) per vbucket / (stream, instance) over its in frames. "
                    "MODULE is found in the working directory or on the Python path, or is a file: ./fn.py:name.")
@@ -95,7 +96,7 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
       dcptool replay captures/ --spark --checksum          # same checksums
       dcptool spark start; dcptool replay captures/ --spark # on the warm server
       dcptool replay captures/ --remote sc://10.0.0.5:15002 --checksum
-      dcptool replay captures/ --spark --sql "SELECT vbucket, count(*) FROM documents GROUP BY 1"
+      dcptool replay captures/ --sql "SELECT vbucket, count(*) FROM documents GROUP BY 1"
       dcptool replay captures/ -o results/
       ls captures/*.parquet | dcptool replay -
       dcptool replay captures/ --as-of 2026-01-02T03:04:05Z --table documents
@@ -112,8 +113,6 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
         use_spark = True
     if remote:
         _check_remote_url(remote)
-    if sql and not use_spark:
-        raise click.UsageError("--sql runs on Spark: add --spark")
     tune_for_replay(in_process=not (use_spark or apply_spec))
     from dcptool.cli.view.console import err_console
     from dcptool.replay import apply
@@ -197,7 +196,7 @@ def _run(ctx, session, files, names, fn, sql, unsafe_sql, checksum, as_of, fmt, 
             rep = spark_engine.replay_spark(session, files, as_of=as_of or None)
         else:
             with console.status("replaying", spinner="dots"):
-                rep = local.replay_local(files, tables=names, as_of=as_of or None)
+                rep = local.replay_local(files, tables=[] if sql else names, as_of=as_of or None)  # --sql: lazy
         progress = _spark_progress(session, "replay") if session is not None else contextlib.nullcontext()
         with progress:
             if sql:
@@ -324,6 +323,9 @@ def _run_sql(ctx, session, rep, sql, unsafe, verbose):
     """--sql: the fence of replay/spark/sql.py (unless --unsafe-sql), then the query. A
     query refused, or one Spark cannot parse or analyse, exits 2; one that fails while it
     runs exits 1; each with one line (error class, message, position)."""
+    if session is None:   # in-process: DuckDB, its own check and one-line errors (exit 2 / 1)
+        from dcptool.replay.local import sql as local_sql
+        return local_sql.run_query(rep, sql, unsafe)
     from dcptool.replay.spark import sql as sql_guard
     rep.register_views()
     try:

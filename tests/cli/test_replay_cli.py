@@ -77,8 +77,8 @@ def test_apply_prints_user_results(tmp_path):
 
 def test_usage_and_runtime_errors(tmp_path):
     d, _ = _capture(tmp_path)
-    r = _run(d, "--sql", "SELECT 1")
-    assert r.exit_code == 2 and "--spark" in r.output
+    r = _run(d, "--sql", "SELEC 1")     # --sql runs in-process (DuckDB) since issue 29
+    assert r.exit_code == 2 and r.stderr.startswith("dcptool: SQL error [Parser Error]"), r.output
     r = _run(d, "--table", "nope")
     assert r.exit_code == 2 and "unknown table" in r.output
     r = _run(d, "--apply", "no_such_module_xyz:f")

@@ -193,3 +193,94 @@ def test_fresh_process_has_no_credentials_no_warehouse_and_a_quiet_verbose(captu
     assert len(proc.stderr.splitlines()) < 200, proc.stderr[-3000:]
     assert "py4j" not in proc.stderr.lower() or "DEBUG" not in proc.stderr
     assert "pw-never-in-the-jvm" not in proc.stderr
+
+
+# --sql in-process (issue 29): DuckDB, checked with DuckDB's own parser before any table is
+# computed; the engine's file and network access off and locked whatever the check says
+DUCK_ATTACKS = [
+    ("SELECT * FROM read_csv('/etc/passwd')", "table function read_csv() is not allowed"),
+    ("SELECT * FROM read_parquet('{tmp}/*.parquet')", "table function read_parquet() is not allowed"),
+    ("SELECT * FROM read_text('/etc/passwd')", "table function read_text() is not allowed"),
+    ("SELECT * FROM glob('/*')", "table function glob() is not allowed"),
+    ("SELECT * FROM query('SELECT 1')", "table function query() is not allowed"),
+    ("SELECT key FROM documents WHERE key IN (SELECT * FROM read_blob('/etc/passwd'))",
+     "table function read_blob() is not allowed"),
+    ("WITH a AS (SELECT * FROM read_csv_auto('/etc/passwd')) SELECT * FROM a", "read_csv_auto()"),
+    ("SELECT * FROM '/etc/passwd'", "unknown table /etc/passwd"),
+    ("SELECT * FROM main.documents", "main.documents is not one of the capture's tables"),
+    ("SELECT * FROM sqlite_master", "unknown table sqlite_master"),
+    ("SELECT getenv('HOME')", "function getenv() reads outside the capture"),
+    ("SELECT current_setting('temp_directory')", "function current_setting()"),
+    ("SUMMARIZE documents", "DESCRIBE / SUMMARIZE / SHOW is not a query"),
+    ("SELECT 1; SELECT 2", "2 statements, not one query"),
+    ("ATTACH '{tmp}/x.db'", "ATTACH is not a query"),
+    ("COPY documents TO '{tmp}/x.csv'", "COPY is not a query"),
+    ("COPY (SELECT 1) TO '{tmp}/x.csv'", "COPY is not a query"),
+    ("INSTALL httpfs", "LOAD is not a query"),
+    ("LOAD httpfs", "LOAD is not a query"),
+    ("SET memory_limit = '64GB'", "SET is not a query"),
+    ("PRAGMA enable_profiling", "PRAGMA is not a query"),
+    ("CREATE TABLE t AS SELECT 1", "CREATE is not a query"),
+    ("EXPORT DATABASE '{tmp}/db'", "EXPORT is not a query"),
+    ("EXPLAIN SELECT 1", "EXPLAIN is not a query"),
+    ("SELECT * FROM nosuchtable", "unknown table nosuchtable"),
+]
+
+
+def _duck(capture_dir, *args):
+    return CliRunner().invoke(cli, ["replay", capture_dir, "--format", "jsonl", *args], catch_exceptions=False)
+
+
+@pytest.mark.parametrize("sql, says", DUCK_ATTACKS)
+def test_in_process_sql_refuses_files_commands_and_settings(capture_dir, tmp_path, sql, says):
+    r = _duck(capture_dir, "--sql", sql.format(tmp=tmp_path))
+    assert r.exit_code == 2 and r.stdout == "", r.output
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dcptool: --sql refused: ") and says in lines[0], r.stderr
+    assert "--unsafe-sql" in lines[0] and len(lines[0].encode()) < 600
+    assert os.listdir(tmp_path) == []
+
+
+def test_in_process_unsafe_sql_still_has_no_file_access(capture_dir, tmp_path):
+    """--unsafe-sql lifts the parser check on DuckDB, never the engine's own fence."""
+    for sql in (f"COPY documents TO '{tmp_path}/x.csv'", "SELECT * FROM read_csv('/etc/passwd')",
+                f"ATTACH '{tmp_path}/x.db'", "SET enable_external_access = true"):
+        r = _duck(capture_dir, "--unsafe-sql", "--sql", sql)
+        lines = r.stderr.strip().splitlines()
+        assert r.exit_code == 2 and len(lines) == 1, (sql, r.output)
+        assert ("Permission Error" in lines[0] or "configuration has been locked" in lines[0]), lines[0]
+    assert os.listdir(tmp_path) == []
+    r = _duck(capture_dir, "--unsafe-sql", "--sql", "SELECT 1 AS one; SELECT count(*) AS n FROM documents")
+    assert r.exit_code == 0 and json.loads(r.stdout)["n"] > 0, r.output
+
+
+@pytest.mark.parametrize("sql, says, code", [
+    ("SELECT key\nFROM documents WHERE key = =", 'SQL error [Parser Error] syntax error at or near "=" (line 2, pos 27)', 2),
+    ("SELECT nosuchcol FROM documents", 'SQL error [Binder Error] Referenced column "nosuchcol" not found', 2),
+    ("SELECT key + 1 FROM documents", "SQL error [Binder Error] No function matches", 2),
+    ("SELECT CAST(key AS INTEGER) FROM documents", "SQL error [Conversion Error]", 1),
+])
+def test_in_process_sql_errors_are_one_short_line(capture_dir, sql, says, code):
+    r = _duck(capture_dir, "--sql", sql)
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == code and r.stdout == "", r.output
+    assert len(lines) == 1 and lines[0].startswith("dcptool: " + says) and len(lines[0].encode()) < 600, r.stderr
+
+
+def test_in_process_sql_computes_only_the_tables_it_names(capture_dir):
+    from dcptool.replay.local import sql as local_sql
+    rep = local.replay_local(reader.find_captures([capture_dir]), tables=[])
+    asked = []
+    table = rep.table
+    rep.table = lambda name: (asked.append(name), table(name))[1]
+    got = local_sql.run_query(rep, "WITH v AS (SELECT vbucket FROM vbuckets) SELECT count(*) AS n FROM documents "
+                                   "WHERE vbucket IN (SELECT vbucket FROM v)")
+    assert asked == ["documents", "vbuckets"] and got.column("n").to_pylist() == [table("documents").num_rows]
+
+
+def test_in_process_sql_gives_the_rows_spark_gives(spark, views, capture_dir):
+    """The same simple SELECTs run on both engines."""
+    r = _duck(capture_dir, "--sql", GOOD["group_by"])
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(rows) > 1 and rows == spark.sql(GOOD["group_by"]).toArrow().to_pylist()
