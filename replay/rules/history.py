@@ -1,6 +1,8 @@
 """The `history` table of REPLAY.md (change history, issue 13): every document change of the
-capture, not only the last one. The local engine's rule module; the Spark engine runs the
-same rule as SQL (replay/spark/sql.py HISTORY_SQL).
+capture, not only the last one. Both engines run it as SQL (replay/rules/plans.py: DuckDB
+in-process, Spark for --spark); this module is the same rule over Arrow (`history_table`), kept
+for `HistoryState`, which only replay/local/engine.py's frame-order pass can feed (unused by the
+engines' default paths).
 
 One row per change (mutation, deletion, expiration, commit) that no rollback undid (the rule
 of `documents`: a later ROLLBACK answer of its vbucket to a seqno below its by_seqno undoes
