@@ -219,9 +219,10 @@ class DcpState:
         else:
             np.maximum(self.high_seqno[v], p.high, out=self.high_seqno[v])
             self.has_high[v] |= p.has_high
-        self.prepares.resolve(p.sync, p.changes)
-        self.docs.apply(p.changes)
-        self.dropped.update(p.drops)
+        if self.with_documents:
+            self.prepares.resolve(p.sync, p.changes)
+            self.docs.apply(p.changes)
+            self.dropped.update(p.drops)
 
     def _undone_by(self, vb, seq, seqno, candidates) -> np.ndarray:
         """For each row, the rollback that undoes it (index into self.rollbacks), or -1."""
