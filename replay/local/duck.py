@@ -1,7 +1,8 @@
 """The in-process SQL engine: DuckDB runs the plans of replay/rules/plans.py (the same
 definitions Spark runs) over the capture's Parquet, and hands the results over as Arrow.
 
-A `DuckFrames` is one DuckDB connection with two views: `frames` (every frame: the capture
+`DuckFrames.document_counts` gives `vbuckets` its live / deleted / expired counts (a GROUP BY
+over the same `documents` plan). A `DuckFrames` is one DuckDB connection with two views: `frames` (every frame: the capture
 columns, `ts` as bigint nanoseconds, `_rank` and `_seq` as plans.py describes) and
 `vb_frames` (the vbucket frames, the `--as-of` cut applied, and `_cas_bits`). In-progress
 segments are converted to Parquet first (their complete batches, reader.parquet_paths) in a
@@ -105,11 +106,22 @@ class DuckFrames:
                 return damaged
         return reader.CaptureError(f"replay: {_first_line(exc)}")
 
-    def table(self, name: str) -> pa.Table:
-        """One of the plans' tables, canonical (replay/rules/tables.py)."""
+    def _facts(self) -> plans.PlanFacts:
         if self.facts is None:
             from dcptool.replay.spark.arrow import ops_present
             self.facts = plans.PlanFacts.of(self.files, ops_present(self.files))
+        return self.facts
+
+    def document_counts(self) -> pa.Table:
+        """(vbucket, live, deleted, expired): the documents of each vbucket in each state, a
+        GROUP BY over the `documents` plan (for `vbuckets`, dcp_rules.with_document_counts)."""
+        sql = plans.table_sql(D, "documents", self.source, self._facts())
+        states = ", ".join(f"count(*) FILTER (WHERE state = '{s}') AS {s}" for s in dcp_rules.DOC_STATES.values())
+        return self.arrow(f"SELECT vbucket, {states} FROM ({sql}) _d GROUP BY vbucket")
+
+    def table(self, name: str) -> pa.Table:
+        """One of the plans' tables, canonical (replay/rules/tables.py)."""
+        self._facts()
         if name in ("undone", "rollbacks") and not self.facts.rollbacks:
             # no ROLLBACK answer by the Parquet statistics: both are empty, no query to plan
             return T.schema_of("dcp", name).empty_table()

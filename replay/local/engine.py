@@ -7,16 +7,17 @@ frame order, in bounded memory; the Synapse tables from replay/rules/synapse_str
 The per-vbucket pass: the rollback answers are read first (a pass skipped when the Parquet
 statistics show none). One thread reads the chunks in order, two prepare them
 (DcpState.prepare: the work that needs no state) and the caller's thread applies them in
-order (DcpState.apply), with a few chunks in flight at most (`_pipeline`). Documents live in
-a compact store (replay/rules/doc_state.py); when it would outgrow the memory budget
-(`doc_budget`) the vbuckets are split into ranges replayed one pass each.
+order (DcpState.apply), with a few chunks in flight at most (`_pipeline`). The pass tracks no
+document: its state grows with vbuckets and snapshots, not documents, so it runs in one pass
+whatever the memory budget. `vbuckets`' live / deleted / expired counts are a GROUP BY over
+DuckDB's `documents` (duck.DuckFrames.document_counts), or over the `documents` table itself
+when the replay built it already.
 Connections are told apart by `_conn` (capture rank << 32 | conn): a reconnect is a change
 of `_conn`."""
 
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import queue
 import threading
@@ -29,14 +30,12 @@ import pyarrow as pa
 
 from dcptool.replay.rules import tables as T
 from dcptool.replay.rules.as_of import AS_OF_COLUMNS, AsOf
-from dcptool.replay.rules.columns import CHUNK_ROWS, as_numpy, ordered_frames
-from dcptool.replay.rules.dcp import (DCP_FILTER_COLUMNS, DCP_ROLLBACK_COLUMNS, DCP_STATE_COLUMNS, DcpState,
-                                      dcp_vbucket_frames, rollback_mask)
-from dcptool.replay.rules.history import HistoryState
+from dcptool.replay.rules.columns import CHUNK_ROWS, as_numpy, as_strings, ordered_frames
+from dcptool.replay.rules.dcp import (DCP_FILTER_COLUMNS, DCP_ROLLBACK_COLUMNS, DCP_STATE_COLUMNS, DOC_STATES,
+                                      DcpState, dcp_vbucket_frames, rollback_mask, with_document_counts)
 from dcptool.replay.local import duck
 from dcptool.replay.store import reader
 from dcptool.replay.store.schema import capture_schema
-from dcptool.protocol.errors import DcptoolError
 
 
 
@@ -64,7 +63,8 @@ class Replay:
             # a table the replay was told would not be asked for: DuckDB runs its plan now
             self.results.update(_plan_tables(self.files, [name], self.as_of, self.memory))
         if name not in self.results and self.protocol == "dcp" and name in STATE_TABLES:
-            self.results.update(_state_tables(self.files, DCP_CHUNK_ROWS, self.as_of, self.memory))
+            self.results.update(_state_tables(self.files, DCP_CHUNK_ROWS, self.as_of, self.memory,
+                                              self.results.get("documents")))
         if name not in self.results:
             if name != "frames":
                 raise KeyError(name)
@@ -80,14 +80,15 @@ def replay_local(files: list, chunk_rows: int | None = None, tables=None, as_of:
     """`tables`: the names that will be asked for (None: any); Synapse skips building
     `rows` when it is not among them. `as_of` (DCP): only the frames it keeps count
     (replay/rules/as_of.py). `memory` (DCP): bytes the documents of one pass may hold (None: no
-    limit; -1: doc_budget())."""
+    limit; -1: doc_budget()): DuckDB's memory limit."""
     protocol = reader.protocol_of(files)
     ranks = reader.capture_ranks(files)
     if protocol == "dcp":
         want = set(T.table_names("dcp") if tables is None else tables)
         results = _plan_tables(files, [n for n in PLAN_TABLES if n in want], as_of or None, memory)
         if want & set(STATE_TABLES):
-            results.update(_state_tables(files, chunk_rows or DCP_CHUNK_ROWS, as_of or None, memory))
+            results.update(_state_tables(files, chunk_rows or DCP_CHUNK_ROWS, as_of or None, memory,
+                                         results.get("documents")))
         return Replay(protocol, files, results, as_of or None, memory)
     if as_of:
         raise ValueError("a point in time (--as-of) applies to DCP captures only")
@@ -112,22 +113,36 @@ def _plan_tables(files, names, as_of: AsOf | None, memory: int | None) -> dict[s
         frames.close()
 
 
-def _state_tables(files, chunk_rows, as_of: AsOf | None, memory: int | None) -> dict[str, pa.Table]:
-    out = _replay_dcp(files, reader.capture_ranks(files), chunk_rows, as_of, memory, True, False)
-    return {name: out[name] for name in STATE_TABLES}
+def _state_tables(files, chunk_rows, as_of: AsOf | None, memory: int | None,
+                  documents: pa.Table | None = None) -> dict[str, pa.Table]:
+    """`vbuckets` and `snapshots`: the per-vbucket pass, and the document counts from
+    `documents` when given (the same table), else from DuckDB's documents plan."""
+    out = _replay_dcp(files, reader.capture_ranks(files), chunk_rows, as_of)
+    if documents is not None:
+        counts = document_counts(documents)
+    else:
+        frames = duck.DuckFrames(files, as_of, doc_budget() if memory == -1 else memory)
+        try:
+            counts = frames.document_counts()
+        finally:
+            frames.close()
+    out["vbuckets"] = with_document_counts(out["vbuckets"], counts)
+    return out
+
+
+def document_counts(documents: pa.Table) -> pa.Table:
+    """(vbucket, live, deleted, expired) of a `documents` table, as DuckFrames.document_counts."""
+    vb = as_numpy(documents.column("vbucket"), dtype=np.int64)
+    state = as_strings(documents.column("state")).to_numpy(zero_copy_only=False)
+    counts = {name: np.bincount(vb[state == name], minlength=1 << 16) for name in DOC_STATES.values()}
+    seen = np.flatnonzero(np.bincount(vb, minlength=1 << 16))
+    return pa.table({"vbucket": pa.array(seen, pa.int64()),
+                     **{name: pa.array(c[seen], pa.int64()) for name, c in counts.items()}})
 
 
 # rows per DCP chunk: a reading thread holds about three times a chunk's columns (measured
 # 10M frames, 100k documents: peak RSS 64k-row chunks 350 MiB, 128k 430 MiB, 256k 500 MiB)
 DCP_CHUNK_ROWS = 1 << 16
-
-
-class _OverBudget(DcptoolError):
-    """The documents of a pass outgrew the memory budget."""
-
-    def __init__(self, done: float, nbytes: int, vbuckets: np.ndarray):
-        # the share of the frames read, the store's bytes, the vbuckets seen
-        self.done, self.nbytes, self.vbuckets = done, nbytes, vbuckets
 
 
 def doc_budget() -> int | None:
@@ -204,12 +219,9 @@ def _pipeline(parts: Iterator, work: Callable, chunk_rows: int, ahead: int = 4) 
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _replay_dcp(files, ranks, chunk_rows, as_of: AsOf | None = None, budget: int | None = -1,
-                snapshots: bool = True, history: bool = True) -> dict[str, pa.Table]:
-    """The DCP tables. The documents of one pass over the capture must fit in `budget` bytes
-    (-1: doc_budget()); when they outgrow it the vbuckets are split into ranges, each
-    replayed in a pass of its own (every rule is per vbucket), and the tables concatenated."""
-    budget = doc_budget() if budget == -1 else budget
+def _replay_dcp(files, ranks, chunk_rows, as_of: AsOf | None = None) -> dict[str, pa.Table]:
+    """`vbuckets` (document counts 0) and `snapshots`: the rollback answers first, then one
+    pass of the per-vbucket rules over the vbucket frames."""
     # the rollbacks first: they are rare, and the Parquet statistics usually tell there are none
     cols = list(dict.fromkeys(DCP_FILTER_COLUMNS + DCP_ROLLBACK_COLUMNS + (AS_OF_COLUMNS if as_of else [])))
     rollbacks = []
@@ -224,7 +236,7 @@ def _replay_dcp(files, ranks, chunk_rows, as_of: AsOf | None = None, budget: int
     rollbacks = pa.concat_tables(rollbacks) if rollbacks else schema.empty_table()
 
     with _engine_pool():
-        return _replay_passes(files, rollbacks, chunk_rows, as_of, budget, snapshots, history)
+        return _dcp_pass(files, rollbacks, chunk_rows, as_of)
 
 
 @contextlib.contextmanager
@@ -245,50 +257,13 @@ def _engine_pool():
         pa.set_memory_pool(before)
 
 
-def _replay_passes(files, rollbacks, chunk_rows, as_of, budget, snapshots, history=True) -> dict[str, pa.Table]:
-    ranges, results = [(0, 1 << 16)], []
-    while ranges:
-        lo, hi = ranges.pop(0)
-        try:
-            results.append(_dcp_pass(files, rollbacks, chunk_rows, as_of, (lo, hi), budget if hi - lo > 1 else None,
-                                     snapshots, history))
-        except _OverBudget as over:
-            ranges[:0] = _split(lo, hi, over.vbuckets, over.nbytes / max(over.done, 1e-3) / budget * 1.5)
-    if len(results) == 1:
-        return results[0]
-    # every table's key starts with the vbucket: ranges in order concatenate in canonical order
-    return {name: pa.concat_tables([r[name] for r in results]).combine_chunks() for name in results[0]}
-
-
-def _split(lo: int, hi: int, seen: np.ndarray, need: float) -> list[tuple[int, int]]:
-    """[lo, hi) as about `need` ranges (at least 2), each smaller than it: cut between the
-    vbuckets seen so far (`seen`, sorted) so that each range holds as many of them."""
-    seen = seen[(seen >= lo) & (seen < hi)]
-    if len(seen) == 1:            # one vbucket alone (a range of one runs whatever its size)
-        v = int(seen[0])
-        cuts = [lo, v, v + 1, hi]
-    elif len(seen) == 0:
-        cuts = [lo, (lo + hi) // 2, hi]
-    else:
-        n = int(min(len(seen), max(2, math.ceil(need))))
-        cuts = [lo] + [int(seen[len(seen) * i // n]) for i in range(1, n)] + [hi]
-    return [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
-
-
-def _dcp_pass(files, rollbacks: pa.Table, chunk_rows, as_of: AsOf | None, vbuckets: tuple[int, int],
-              budget: int | None, snapshots: bool = True, history: bool = True) -> dict[str, pa.Table]:
+def _dcp_pass(files, rollbacks: pa.Table, chunk_rows, as_of: AsOf | None) -> dict[str, pa.Table]:
     """One pass over every vbucket frame, in order, chunk by chunk: worker threads read row
     groups and do the stateless part of the work on them (DcpState.prepare) ahead of the
-    stateful part on this thread (DcpState.apply), for the vbuckets lo <= vb < hi."""
-    lo, hi = vbuckets
-    # the columns the rules read (rollbacks are known already; snapshots only when tracked)
-    state_cols = [c for c in DCP_STATE_COLUMNS if c != "rollback_seqno"
-                  and (snapshots or history or not c.startswith("snap_"))]
+    stateful part on this thread (DcpState.apply). No document is tracked (documents=False)."""
+    # the columns the rules read (rollbacks are known already)
+    state_cols = [c for c in DCP_STATE_COLUMNS if c != "rollback_seqno"]
     cols = list(dict.fromkeys(DCP_FILTER_COLUMNS + state_cols))
-    whole = vbuckets == (0, 1 << 16)
-    if not whole:
-        vb = as_numpy(rollbacks.column("vbucket"), fill=0, dtype=np.int64)
-        rollbacks = rollbacks.filter(pa.array((vb >= lo) & (vb < hi)))
 
     def parts():
         pos = 0
@@ -300,38 +275,14 @@ def _dcp_pass(files, rollbacks: pa.Table, chunk_rows, as_of: AsOf | None, vbucke
         keep = dcp_vbucket_frames(chunk)
         if as_of:
             keep &= as_of.mask(chunk)
-        if not whole:
-            vb = as_numpy(chunk.column("vbucket"), fill=0, dtype=np.int64)   # null: not a vbucket frame
-            keep &= (vb >= lo) & (vb < hi)
-        n = chunk.num_rows
         if not keep.all():
             chunk = chunk.filter(pa.array(keep))
-        return n, state.prepare(chunk.select(state_cols + ["_seq"])), hist.prepare(chunk) if hist else None
+        return state.prepare(chunk.select(state_cols + ["_seq"]))
 
-    state = DcpState(rollbacks, snapshots)
-    hist = HistoryState(state._undone_by) if history else None   # the `history` table (replay/rules/history.py)
-    total = _known_rows(files) if budget else 0
-    seen = 0
-    for rows, prepared, hist_part in _pipeline(parts(), prepare, chunk_rows):
+    state = DcpState(rollbacks, snapshots=True, documents=False)
+    for prepared in _pipeline(parts(), prepare, chunk_rows):
         state.apply(prepared)
-        if hist:
-            hist.apply(hist_part)
-        seen += rows
-        if budget and state.docs.n and state.docs.nbytes() > budget:
-            raise _OverBudget(seen / total if total else 0.5, state.docs.nbytes(), np.flatnonzero(state.seen))
-    out = state.finish()
-    if hist:
-        out["history"] = hist.finish()
-    return out
-
-
-def _known_rows(files) -> int:
-    """Rows of the capture by the Parquet footers (0: unknown, a segment is in progress)."""
-    try:
-        return sum(reader.footer(f.path).num_rows for f in files if not f.in_progress) \
-            if not any(f.in_progress for f in files) else 0
-    except (OSError, pa.ArrowException):
-        return 0
+    return state.finish()
 
 
 def _replay_synapse(files, ranks, tables=None, chunk_rows: int = CHUNK_ROWS) -> dict[str, pa.Table]:

@@ -1,8 +1,13 @@
-"""The DCP rules of REPLAY.md, shared by both engines: which frames move a vbucket
-(`dcp_vbucket_frames`), the rollback answers (`rollback_mask`), and `DcpState`, which builds
-documents, vbuckets, snapshots, rollbacks and failover from a vbucket's frames in capture order.
-The local engine (local.py) feeds it chunk by chunk; the Spark engine (spark.py) runs it per
-group of vbuckets (`dcp_group_tables`).
+"""The DCP rules of REPLAY.md over a vbucket's frames in capture order: which frames move a
+vbucket (`dcp_vbucket_frames`), the rollback answers (`rollback_mask`), and `DcpState`, which
+builds `vbuckets` and `snapshots` (the per-vbucket rules no SQL plan computes). The relational
+tables (`documents`, `undone`, `rollbacks`, `failover`, `history`) are the SQL of
+replay/rules/plans.py, which DuckDB (in-process) and Spark run; `vbuckets`' document counts
+(live, deleted, expired) are a GROUP BY over that `documents` table, joined in by
+`with_document_counts`. The in-process engine (replay/local/engine.py) feeds DcpState chunk by
+chunk with `documents=False`; Spark's applyInArrow groups (replay/spark/arrow.py,
+`dcp_group_tables`) still build the per-document tables here too, with the compact store of
+replay/rules/doc_state.py, as a second implementation the tests compare the SQL against.
 
 Frame order is carried by `_seq`, any int64 below 2**44 that grows with (started_at of the
 capture, capture_id, frame_no). Rollbacks are the one rule that looks ahead (a rollback undoes
@@ -77,10 +82,12 @@ class DcpState:
     `feed` takes the vbucket frames in frame order, in chunks of any size; the state it keeps
     grows with documents, snapshots and vbuckets, not with frames."""
 
-    def __init__(self, rollbacks: pa.Table, snapshots: bool = True):
+    def __init__(self, rollbacks: pa.Table, snapshots: bool = True, documents: bool = True):
         # `snapshots` False: no snapshots are tracked, and `finish` leaves out the two tables
-        # that need them (snapshots, vbuckets)
+        # that need them (snapshots, vbuckets). `documents` False: no document is tracked,
+        # `finish` gives `vbuckets` (its document counts 0: with_document_counts) and `snapshots`
         self.with_snapshots = snapshots
+        self.with_documents = documents
         # a ROLLBACK response to a stream request rolls the vbucket back to rollback_seqno
         self.rollbacks = rollbacks.take(np.argsort(vb_order_key(rollbacks), kind="stable"))
         self.r_vb = as_numpy(self.rollbacks.column("vbucket"), dtype=np.int64)
@@ -159,7 +166,7 @@ class DcpState:
         counted = undone_by[doc_change & (undone_by >= 0)]
         p.undone = np.bincount(counted, minlength=len(self.r_vb)) if len(counted) else None
         p.undone_rows = None
-        if len(counted):
+        if len(counted) and self.with_documents:
             und = np.flatnonzero(doc_change & (undone_by >= 0))
             u = chunk.select(UNDONE_COLUMNS).take(und)
             u = u.set_column(UNDONE_COLUMNS.index("op"), "op", as_strings(u.column("op")))
@@ -180,10 +187,13 @@ class DcpState:
             self._prepare_snapshots(p, chunk, vb if p.sid_key is None else p.sid_key, seq, seqno, is_marker, is_end, is_change | is_sync, is_adv,
                                     is_oso & (oso_flags & OSO_START != 0), is_oso & (oso_flags & OSO_END != 0), hi)
 
-        # mutation, deletion, expiration, commit: the document takes the change; the later frame wins
-        p.changes = prepare_changes(chunk, np.flatnonzero(doc_change & alive))
-        p.drops = _collection_drops(chunk)
-        p.sync = dcp_sync.collect(chunk, np.flatnonzero((is_prep | is_commit) & alive), is_prep)
+        p.changes = p.sync = None
+        p.drops = set()
+        if self.with_documents:
+            # mutation, deletion, expiration, commit: the document takes the change; the later frame wins
+            p.changes = prepare_changes(chunk, np.flatnonzero(doc_change & alive))
+            p.drops = _collection_drops(chunk)
+            p.sync = dcp_sync.collect(chunk, np.flatnonzero((is_prep | is_commit) & alive), is_prep)
         return p
 
     def apply(self, p: "_Prepared | None") -> None:
@@ -209,9 +219,10 @@ class DcpState:
         else:
             np.maximum(self.high_seqno[v], p.high, out=self.high_seqno[v])
             self.has_high[v] |= p.has_high
-        self.prepares.resolve(p.sync, p.changes)
-        self.docs.apply(p.changes)
-        self.dropped.update(p.drops)
+        if self.with_documents:
+            self.prepares.resolve(p.sync, p.changes)
+            self.docs.apply(p.changes)
+            self.dropped.update(p.drops)
 
     def _undone_by(self, vb, seq, seqno, candidates) -> np.ndarray:
         """For each row, the rollback that undoes it (index into self.rollbacks), or -1."""
@@ -350,13 +361,16 @@ class DcpState:
 
     def finish(self) -> dict[str, pa.Table]:
         out: dict[str, pa.Table] = {}
-        # documents (after `undone`, which looks documents up)
-        out["undone"] = self._undone_table()
-        doc_counts = self.docs.state_counts()
-        docs = self.docs.table()
-        if self.dropped:        # a dropped collection's documents are gone (REPLAY.md)
-            docs = without_dropped(docs, self.dropped, doc_counts)
-        out["documents"] = docs
+        if self.with_documents:
+            # documents (after `undone`, which looks documents up)
+            out["undone"] = self._undone_table()
+            doc_counts = self.docs.state_counts()
+            docs = self.docs.table()
+            if self.dropped:        # a dropped collection's documents are gone (REPLAY.md)
+                docs = without_dropped(docs, self.dropped, doc_counts)
+            out["documents"] = docs
+        else:
+            doc_counts = {state: np.zeros(1 << 16, np.int64) for state in DOC_STATES.values()}
         out["snapshots"], m_vb, complete = self._snapshots_table()
         r = self.rollbacks
         out["rollbacks"] = T.canonical("dcp", "rollbacks", pa.table({
@@ -367,6 +381,8 @@ class DcpState:
         out["vbuckets"] = self._vbuckets_table(doc_counts, m_vb, complete, f, fl)
         if not self.with_snapshots:
             del out["snapshots"], out["vbuckets"]
+        if not self.with_documents:
+            del out["rollbacks"], out["failover"]
         return out
 
     def _snapshots_table(self) -> tuple[pa.Table, np.ndarray, np.ndarray]:
@@ -526,3 +542,19 @@ def without_dropped(docs: pa.Table, dropped: set, counts: dict) -> pa.Table:
     for state, arr in counts.items():
         np.subtract.at(arr, vb[gone & (states == state)], 1)
     return docs.filter(pa.array(~gone))
+
+
+def with_document_counts(vbuckets: pa.Table, counts: pa.Table) -> pa.Table:
+    """`vbuckets` with its `live`, `deleted` and `expired` columns from `counts` (vbucket, live,
+    deleted, expired: the documents of each vbucket in each state, a GROUP BY over the
+    `documents` table); a vbucket with no document counts 0."""
+    at = np.zeros(1 << 16, np.int64) - 1
+    if counts.num_rows:
+        at[as_numpy(counts.column("vbucket"), dtype=np.int64)] = np.arange(counts.num_rows)
+    rows = at[as_numpy(vbuckets.column("vbucket"), dtype=np.int64)] if vbuckets.num_rows else np.zeros(0, np.int64)
+    for name in DOC_STATES.values():
+        values = as_numpy(counts.column(name), fill=0, dtype=np.int64) if counts.num_rows else np.zeros(0, np.int64)
+        col = np.where(rows >= 0, values[np.maximum(rows, 0)] if len(values) else 0, 0)
+        vbuckets = vbuckets.set_column(vbuckets.schema.get_field_index(name), vbuckets.schema.field(name),
+                                       pa.array(col.astype(np.int64), pa.int64()))
+    return vbuckets

@@ -1,5 +1,6 @@
-"""Durable writes (sync writes) in the DCP rules of REPLAY.md: for the local engine's
-DcpState, and as Spark SQL for spark.py `_dcp_documents`.
+"""Durable writes (sync writes) in the DCP rules of REPLAY.md, for DcpState (replay/rules/dcp.py:
+the grouped rules Spark's applyInArrow runs per group of vbuckets). Both engines' `documents`
+and `history` tables take the same rule as SQL (replay/rules/plans.py).
 
 A prepare is not a document change: it is remembered per document (vbucket,
 collection_id, key). A commit is the document change, at the commit's seqno, with the
@@ -8,8 +9,7 @@ rollback): rev_seqno, cas, datatype, item_flags, expiration, value_len. A commit
 prepare is not in the capture keeps its own columns. An abort never changes a document.
 
 `collect` (no state, any thread) takes a chunk's prepares and commits; `Prepares.resolve`
-(in frame order) remembers the prepares and patches the commits among a chunk's changes;
-`spark_with_prepares` is the same rule over Spark DataFrames.
+(in frame order) remembers the prepares and patches the commits among a chunk's changes.
 """
 
 from __future__ import annotations
@@ -78,23 +78,3 @@ class Prepares:
                 rec[f][j] = v
             rec["valid"][j] = (rec["valid"][j] & ~_BITS) | bits
 
-
-def spark_with_prepares(F, changes, prepares):
-    """The changes with each commit's columns taken from the last prepare of its document
-    received before it (FROM_PREPARE; a commit without one keeps its own): the rule of
-    `Prepares` in Spark SQL, for spark.py `_dcp_documents`. `F` is pyspark.sql.functions
-    (only spark.py imports pyspark)."""
-    cols = FROM_PREPARE + (("_cas_bits",) if "_cas_bits" in changes.columns else ())   # cas as a long too
-    p = prepares.select(F.col("vbucket").alias("_p_vb"), F.col("collection_id").alias("_p_cid"),
-                        F.col("key").alias("_p_key"), F.col("_seq").alias("_p_seq"),
-                        *[F.col(c).alias("_p_" + c) for c in cols])
-    commits = changes.filter(F.col("op") == "commit").select("vbucket", "collection_id", "key", "_seq")
-    same = ((F.col("vbucket") == F.col("_p_vb")) & F.col("collection_id").eqNullSafe(F.col("_p_cid"))
-            & (F.col("key") == F.col("_p_key")) & (F.col("_p_seq") < F.col("_seq")))
-    found = (commits.join(p, same, "inner").groupBy(F.col("_seq").alias("_c_seq"))
-             .agg(*[F.max_by("_p_" + c, "_p_seq").alias("_c_" + c) for c in cols]))
-    # commits are few next to the changes: broadcast them rather than shuffle every change
-    joined = changes.join(F.broadcast(found), F.col("_seq") == F.col("_c_seq"), "left")
-    hit = F.col("_c_seq").isNotNull()
-    return joined.select(*[F.when(hit, F.col("_c_" + c)).otherwise(F.col(c)).alias(c) if c in cols else F.col(c)
-                           for c in changes.columns])

@@ -1,6 +1,7 @@
 """The `history` table of REPLAY.md (change history, issue 13): every document change of the
-capture, not only the last one. The local engine's rule module; the Spark engine runs the
-same rule as SQL (replay/spark/sql.py HISTORY_SQL).
+capture, not only the last one: the rule as this docstring states it, and `history_table`, the
+same rule over Arrow (a check for the SQL both engines run: replay/rules/plans.py `history`,
+by DuckDB in-process and by Spark).
 
 One row per change (mutation, deletion, expiration, commit) that no rollback undid (the rule
 of `documents`: a later ROLLBACK answer of its vbucket to a seqno below its by_seqno undoes
@@ -12,10 +13,6 @@ marker the change arrived under: the last marker of its stream (vbucket and stre
 before it; null when none came, or a stream end, a stream-request answer or an OSO snapshot
 marker came after it. Changes of a dropped collection stay: the
 history says what happened.
-
-`HistoryState.prepare` (any thread) keeps the rows of a chunk the rule needs, `apply` (in
-frame order) collects them, `finish` builds the canonical table. The rows it keeps are the
-table's: memory follows the changes, not the documents.
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dcptool.replay.rules import tables as T
-from dcptool.replay.rules.columns import as_numpy, as_strings, lookup_codes
+from dcptool.replay.rules.columns import as_numpy, lookup_codes
 from dcptool.replay.rules.dcp_sync import FROM_PREPARE
 
 CHANGE_OPS = ("mutation", "deletion", "expiration", "commit")
@@ -36,47 +33,6 @@ STATE_OF = {"mutation": "live", "deletion": "deleted", "expiration": "expired", 
 # where the capture has it)
 HISTORY_COLUMNS = ["vbucket", "collection_id", "key", "by_seqno", "op", "rev_seqno", "cas", "datatype",
                    "item_flags", "expiration", "value_len", "snap_flags", "capture_id", "frame_no", "ts"]
-
-
-class HistoryState:
-    """Collects the rows of `history` over vbucket frames fed in frame order. `undone_by`
-    is DcpState._undone_by of the same replay (the rollbacks are known up front)."""
-
-    def __init__(self, undone_by):
-        self._undone_by = undone_by
-        self._parts: list[pa.Table] = []
-
-    def prepare(self, chunk: pa.Table) -> pa.Table | None:
-        """The chunk's changes and prepares not undone, and its markers and stream ends."""
-        if chunk.num_rows == 0:
-            return None
-        is_change, is_prep, is_mark = lookup_codes(chunk.column("op"), set(CHANGE_OPS), {"prepare"},
-                                                   {"snapshot_marker"} | SNAPSHOT_CLOSERS)
-        items = is_change | is_prep
-        if not items.any():
-            keep = is_mark
-        else:
-            vb = as_numpy(chunk.column("vbucket"), dtype=np.int64)
-            seq = as_numpy(chunk.column("_seq"), dtype=np.int64)
-            seqno = as_numpy(chunk.column("by_seqno"), fill=-1, dtype=np.int64)
-            keep = (items & (self._undone_by(vb, seq, seqno, items) < 0)) | is_mark
-        if not keep.any():
-            return None
-        sid = ["stream_id"] if "stream_id" in chunk.column_names else []
-        part = chunk.select(HISTORY_COLUMNS + sid + ["_seq"]).filter(pa.array(keep))
-        for name in ("op", "capture_id"):
-            part = part.set_column(part.schema.get_field_index(name), name, as_strings(part.column(name)))
-        return part
-
-    def apply(self, part: pa.Table | None) -> None:
-        if part is not None:
-            self._parts.append(part)
-
-    def finish(self) -> pa.Table:
-        parts, self._parts = self._parts, []
-        if not parts:
-            return T.DCP_TABLES["history"][0].empty_table()
-        return history_table(pa.concat_tables(parts).combine_chunks())
 
 
 def history_table(t: pa.Table) -> pa.Table:

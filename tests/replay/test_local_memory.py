@@ -1,8 +1,9 @@
 """The local engine's memory model (REPLAY.md "Memory of the local engine"): the relational
 tables run in DuckDB under DCPTOOL_REPLAY_MEMORY, spilling to a temporary directory that goes
-away; the per-vbucket rules keep documents in a compact store (replay/rules/doc_state.py), and a
-replay whose documents outgrow the budget runs in vbucket-range passes. Behaviour only: the
-passes and the store give the same tables."""
+away; the per-vbucket pass tracks no document (one pass whatever the budget), and `vbuckets`'
+document counts come from DuckDB's `documents`. The grouped rules Spark runs
+(dcp_rules.dcp_group_tables) still keep documents in a compact store (replay/rules/doc_state.py):
+its tests are here too. Behaviour only."""
 
 from __future__ import annotations
 
@@ -14,15 +15,11 @@ import tempfile
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
 
-from dcptool.replay.rules import doc_state, tables as T
+from dcptool.replay.rules import dcp as dcp_rules, doc_state, tables as T
 from dcptool.replay.local import duck, engine as local
 from dcptool.replay.store import reader
 from tests.support import capgen, oracle
-
-SETTINGS = dict(max_examples=12, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
 def _files(tmp_path, seed: int, n_events: int, in_progress: bool = False):
@@ -34,53 +31,6 @@ def _files(tmp_path, seed: int, n_events: int, in_progress: bool = False):
 
 def _checksums(rep) -> dict[str, str]:
     return {name: T.checksum(name, rep.table(name)) for name in rep.names() if name not in ("frames", "topology")}
-
-
-@pytest.fixture
-def passes(monkeypatch):
-    """The vbucket ranges each replay ran a pass over. The store counts one byte a document
-    here, so that a budget is a number of documents."""
-    monkeypatch.setattr(doc_state.DocumentStore, "nbytes", lambda self: self.n)
-    seen: list[tuple[int, int]] = []
-    real = local._dcp_pass
-
-    def counting(files, rollbacks, chunk_rows, as_of, vbuckets, budget, *rest):
-        seen.append(vbuckets)
-        return real(files, rollbacks, chunk_rows, as_of, vbuckets, budget, *rest)
-    monkeypatch.setattr(local, "_dcp_pass", counting)
-    return seen
-
-
-@settings(**SETTINGS)
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(50, 400), in_progress=st.booleans(),
-       chunk=st.sampled_from([5, 64, 1 << 16]))
-def test_vbucket_range_passes_equal_one_pass(tmp_path_factory, passes, seed, n, in_progress, chunk):
-    files = _files(tmp_path_factory.mktemp("m"), seed, n, in_progress)
-    passes.clear()
-    one = local.replay_local(files, chunk_rows=chunk, memory=None)
-    whole = _checksums(one)
-    assert passes == [(0, 1 << 16)]
-    passes.clear()
-    # a third of the documents: the vbuckets are split into ranges, each with fewer
-    budget = one.table("documents").num_rows // 3 + 1
-    split = _checksums(local.replay_local(files, chunk_rows=chunk, memory=budget))
-    assert split == whole
-    done = [r for r in passes if r != (0, 1 << 16)]
-    if one.table("documents").num_rows >= 3:
-        assert len(done) > 1
-        # the ranges that ran to the end cover every vbucket once, in order
-        finished = [r for r in done if not any(o != r and o[0] <= r[0] and r[1] <= o[1] for o in done)]
-        assert finished[0][0] == 0 and finished[-1][1] == 1 << 16
-        assert all(a[1] == b[0] for a, b in zip(finished, finished[1:]))
-
-
-def test_passes_equal_the_oracle(tmp_path, passes):
-    files = _files(tmp_path, 8, 600)      # 4 vbuckets, about 150 documents
-    want = oracle.dcp(files)
-    got = local.replay_local(files, memory=want["documents"].num_rows // 4)
-    assert len(passes) > 2
-    for name, table in want.items():
-        assert got.table(name).equals(table), name
 
 
 def test_budget_from_the_environment(monkeypatch):
@@ -119,13 +69,50 @@ def test_only_the_tables_asked_for_then_any(tmp_path):
     assert T.checksum("snapshots", rep.table("snapshots")) == full["snapshots"]
 
 
+def _grouped(files) -> dict[str, pa.Table]:
+    """The tables of the grouped rules (what one Spark applyInArrow group computes) over
+    every vbucket frame of `files`."""
+    t = reader.read_capture_table(files)
+    t = t.append_column("_seq", pa.array(np.arange(t.num_rows, dtype=np.int64)))
+    t = t.filter(pa.array(dcp_rules.dcp_vbucket_frames(t))).select(dcp_rules.DCP_STATE_COLUMNS + ["_seq"])
+    return dcp_rules.dcp_group_tables(t)
+
+
 def test_colliding_hashes_keep_documents_apart(tmp_path, monkeypatch):
     """Documents are told apart by their keys, not their hashes: with every hash equal the
-    replay is the same."""
-    files = _files(tmp_path, 11, 600)
-    want = _checksums(local.replay_local(files))
+    grouped rules give the same documents, and they are DuckDB's."""
+    files = _files(tmp_path, 11, 600)     # one capture: file order is frame order
+    files = [f for f in files if f.capture_id == files[0].capture_id]
+    want = local.replay_local(files, tables=["documents"]).table("documents")
+    assert _grouped(files)["documents"].equals(want)
     monkeypatch.setattr(doc_state, "doc_hashes", lambda owner, kh: np.full(len(owner), 42, np.uint64))
-    assert _checksums(local.replay_local(files)) == want
+    assert _grouped(files)["documents"].equals(want)
+
+
+@pytest.fixture
+def passes(monkeypatch):
+    """The passes of the per-vbucket rules each replay ran."""
+    seen: list[int] = []
+    real = local._dcp_pass
+
+    def counting(*args):
+        seen.append(1)
+        return real(*args)
+    monkeypatch.setattr(local, "_dcp_pass", counting)
+    return seen
+
+
+def test_vbuckets_track_no_document_and_count_from_documents(tmp_path, passes, monkeypatch):
+    """One pass whatever the budget, with no document store; the live / deleted / expired
+    counts equal a GROUP BY over `documents`, from DuckDB or from the table already built."""
+    files = _files(tmp_path, 8, 600)
+    want = oracle.dcp(files)
+    monkeypatch.setattr(doc_state.DocumentStore, "apply", lambda self, c: pytest.fail("a document tracked"))
+    alone = local.replay_local(files, tables=["vbuckets"], memory=1)
+    assert passes == [1] and alone.table("vbuckets").equals(want["vbuckets"])
+    both = local.replay_local(files, tables=["documents", "vbuckets"])
+    assert both.table("vbuckets").equals(want["vbuckets"])
+    assert sum(want["vbuckets"].column("live").to_pylist()) > 0
 
 
 def _store_with(n: int, seed: int = 1) -> doc_state.DocumentStore:
@@ -218,4 +205,4 @@ def test_documents_alone_run_no_python_pass(tmp_path, passes):
     rep = local.replay_local(files, tables=list(local.PLAN_TABLES))
     assert passes == [] and set(rep.results) == set(local.PLAN_TABLES)
     local.replay_local(files, tables=["vbuckets"])
-    assert passes == [(0, 1 << 16)]
+    assert passes == [1]
