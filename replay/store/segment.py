@@ -158,6 +158,18 @@ def _leaf_paths(schema: pa.Schema) -> list[str]:
     return [p for f in schema for p in walk(f.name, f.type)]
 
 
+def delta_columns(schema: pa.Schema) -> dict[str, str]:
+    """DELTA_BINARY_PACKED for the 64-bit integer and timestamp columns (`frame_no`, `cas`,
+    the seqnos, `ts`, `mono_ns` ...): they count up or repeat, so their deltas pack into a few
+    bits, which zstd then finds little left in. Cheaper on the encoder thread than zstd over
+    their 8 plain bytes a row, and smaller (tests/bench/bench_capture.py; docs/BENCHMARKS.md).
+    Every Parquet reader dcptool documents (pyarrow, DuckDB, Spark) reads it; unsigned values
+    wrap as the format says."""
+    return {f.name: "DELTA_BINARY_PACKED" for f in schema
+            if f.name not in _DICT_INT_COLUMNS and not pa.types.is_dictionary(f.type)
+            and (pa.types.is_timestamp(f.type) or (pa.types.is_integer(f.type) and f.type.bit_width == 64))}
+
+
 def _statistics_columns(schema: pa.Schema) -> list[str]:
     """Min/max statistics where readers prune with them (numbers, timestamps, names); not
     on the frame bytes and keys, where they cost time and help no query."""
@@ -174,6 +186,7 @@ def parquet_writer(where, schema: pa.Schema, compression: str, key_index: dict |
     of key_index.bloom_options, written with the file when it is finished."""
     return pq.ParquetWriter(where, schema, compression=compression,
                             use_dictionary=dictionary_columns(schema),
+                            column_encoding=delta_columns(schema) or None,
                             write_statistics=_statistics_columns(schema), data_page_version="2.0",
                             bloom_filter_options=key_index)
 
