@@ -43,7 +43,7 @@ class CompactBusy(CaptureError):
 
 @dataclass
 class Compaction:
-    merged: list[dict] = field(default_factory=list)   # {"path", "parts", "rows", "bytes"}
+    merged: list[dict] = field(default_factory=list)   # {"path", "parts", "rows", "bytes", "part_paths"}
     parts_removed: int = 0       # parts deleted (those merged now and leftovers of a crash)
     leftovers_removed: int = 0   # of them: parts a crash left next to their merged segment
     bytes_before: int = 0
@@ -146,7 +146,8 @@ def merge(run: list[reader.CaptureFile]) -> dict:
     for f in run:
         _unlink(f.path)
     fsync_dir(directory)
-    return {"path": final, "parts": len(run), "rows": seg.rows, "bytes": size, "bytes_before": before}
+    return {"path": final, "parts": len(run), "rows": seg.rows, "bytes": size, "bytes_before": before,
+            "part_paths": [f.path for f in run]}
 
 
 def _unlink(path: str) -> None:
