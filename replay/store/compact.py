@@ -49,6 +49,15 @@ class Compaction:
     bytes_before: int = 0
     bytes_after: int = 0
 
+    def summary(self) -> str:
+        """One line: what was merged and removed."""
+        parts = sum(m["parts"] for m in self.merged)
+        text = (f"compacted {parts:,} segments into {len(self.merged):,} ({self.bytes_before:,} -> "
+                f"{self.bytes_after:,} bytes)" if self.merged else "nothing to compact")
+        if self.leftovers_removed:
+            text += f"; removed {self.leftovers_removed:,} parts an interrupted compaction left"
+        return text
+
 
 def _finished(directory: str) -> tuple[list[reader.CaptureFile], list[str]]:
     """The finished (durable: no `.arrows` twin) segments of a directory, and the `.tmp`
