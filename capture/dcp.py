@@ -409,7 +409,8 @@ class DcpCapture:
         if self.bg.error is not None and error is None:
             error = self.bg.error
         files = stop_ring(self.ring, files, self.note)
-        files = compact_finished(self.settings.output, self.opts.source.url, self.opts.shard, files, self.note)
+        if not isinstance(error, WriterError):     # a full disk: no room to merge, nothing tried
+            files = compact_finished(self.settings.output, self.opts.source.url, self.opts.shard, files, self.note)
         return files, error
 
     def _result(self, files, error, consumer, signals: StopSignals) -> CaptureResult:

@@ -240,7 +240,8 @@ def capture_synapse(opts: LiveOptions, settings: CaptureSettings, *, progress=No
         error = error or exc.with_traceback(None)
         segments = list(writer.segments)
     segments = stop_ring(ring, segments, note or (lambda text: None))
-    segments = compact_finished(settings.output, opts.source.url, None, segments, note or (lambda text: None))
+    if not isinstance(error, WriterError):     # a full disk: no room to merge, nothing tried
+        segments = compact_finished(settings.output, opts.source.url, None, segments, note or (lambda text: None))
     fields = {
         "capture_id": writer.capture_id,
         "finished_leftovers": leftovers,

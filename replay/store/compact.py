@@ -59,9 +59,9 @@ class Compaction:
         return text
 
 
-def _finished(directory: str) -> tuple[list[reader.CaptureFile], list[str]]:
-    """The finished (durable: no `.arrows` twin) segments of a directory, and the `.tmp`
-    files an interrupted compaction left."""
+def _finished(directory: str, small_bytes: int) -> tuple[list[reader.CaptureFile], list[str]]:
+    """The finished (durable: no `.arrows` twin) small or merged segments of a directory,
+    and the `.tmp` files an interrupted compaction left."""
     names = sorted(os.listdir(directory))
     present = set(names)
     paths, tmps = [], []
@@ -76,7 +76,14 @@ def _finished(directory: str) -> tuple[list[reader.CaptureFile], list[str]]:
             continue
         if name[:-len(".parquet")] + IN_PROGRESS_SUFFIX in present:
             continue
-        paths.append(os.path.join(directory, name))
+        full = os.path.join(directory, name)
+        r = named_range(name)
+        try:
+            if os.path.getsize(full) >= small_bytes and r is not None and r[0] == r[1]:
+                continue       # neither a part nor a merged segment that may cover one: not read
+        except OSError:
+            continue
+        paths.append(full)
     reader.prefetch_footers(paths)
     files = []
     for p in paths:
@@ -181,7 +188,7 @@ def compact(directory, *, select: Callable[[reader.CaptureFile], bool] | None = 
             if name.endswith(IN_PROGRESS_SUFFIX) and held_by_writer(full):
                 raise CompactBusy(f"{shown(directory)}: a capture is writing into it ({name}); "
                                   "compact it once the capture has ended")
-    files, tmps = _finished(directory)
+    files, tmps = _finished(directory, small_bytes)
     if select is not None:
         files = [f for f in files if select(f)]
     out = Compaction()
