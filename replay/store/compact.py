@@ -135,7 +135,10 @@ def _codec(f: reader.CaptureFile) -> str:
 
 
 def _read(path: str) -> pa.Table:
-    return pq.read_table(arrow_source(path)).replace_schema_metadata(None)
+    """One part whole, its footer as already parsed (a ParquetFile, not the dataset reader:
+    a third of the time a small file)."""
+    return pq.ParquetFile(arrow_source(path), metadata=reader.footer(path)).read(use_threads=False) \
+        .replace_schema_metadata(None)
 
 
 def merge(run: list[reader.CaptureFile]) -> dict:
@@ -151,8 +154,9 @@ def merge(run: list[reader.CaptureFile]) -> dict:
     seg = ParquetSegment(final, schema, _codec(first))
     try:
         with concurrent.futures.ThreadPoolExecutor(READ_THREADS) as pool:
+            plain = schema.remove_metadata()
             for table in pool.map(_read, [f.path for f in run]):
-                for batch in table.cast(schema.remove_metadata()).to_batches():
+                for batch in (table if table.schema.equals(plain) else table.cast(plain)).to_batches():
                     seg.add(batch)
         size = seg.finish()      # fsync, rename, directory fsync: durable before any part goes
     except BaseException:
