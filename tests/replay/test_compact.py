@@ -183,3 +183,17 @@ def test_compact_command(parts, tmp_path):
     assert res.exit_code == 0 and "nothing to compact" in res.stderr
     res = runner.invoke(cli, ["compact", str(tmp_path / "nope")])
     assert res.exit_code == 2
+
+
+def test_compact_refuses_a_directory_a_capture_writes_into(parts, tmp_path):
+    import fcntl
+    d = _copy(parts, tmp_path)
+    first = sorted(os.listdir(d))[0]
+    held = os.path.join(d, first.replace("-000000.parquet", "-000099" + IN_PROGRESS_SUFFIX))
+    with open(held, "wb") as fh:
+        fh.write(b"x")
+        fcntl.flock(fh, fcntl.LOCK_EX)          # what a live writer holds
+        listing = sorted(os.listdir(d))
+        res = CliRunner().invoke(cli, ["compact", d])
+        assert res.exit_code == 1 and "a capture is writing into it" in res.stderr, res.output
+        assert "Traceback" not in res.output and sorted(os.listdir(d)) == listing
