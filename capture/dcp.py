@@ -23,7 +23,7 @@ from dcptool.capture.options import CaptureSettings, LiveOptions
 from dcptool.capture.shard import parse_shard, shard_name, shard_vbuckets
 from dcptool.capture.process import fewer_gc_passes, without_pandas
 from dcptool.capture.result import CaptureResult
-from dcptool.capture.ring import retention, start_ring, stop_ring
+from dcptool.capture.ring import compact_finished, retention, start_ring, stop_ring
 from dcptool.capture.run import (END, MAX_MESSAGES, TO, NoProgress, RunStats, StopSignals, check_vbuckets,
                                  run_until_stopped, unserved_error, unserved_fields)
 from dcptool.protocol.dcp.client import consumer as dcp_consumer
@@ -409,6 +409,8 @@ class DcpCapture:
         if self.bg.error is not None and error is None:
             error = self.bg.error
         files = stop_ring(self.ring, files, self.note)
+        if not isinstance(error, WriterError):     # a full disk: no room to merge, nothing tried
+            files = compact_finished(self.settings.output, self.opts.source.url, self.opts.shard, files, self.note)
         return files, error
 
     def _result(self, files, error, consumer, signals: StopSignals) -> CaptureResult:

@@ -21,7 +21,7 @@ import time
 
 from dcptool.replay.store.files import arrow_source
 from dcptool.replay.store import retained
-from dcptool.replay.store.naming import IN_PROGRESS_SUFFIX, SEGMENT_NAME_RE
+from dcptool.replay.store.naming import IN_PROGRESS_SUFFIX, SEGMENT_NAME_RE, named_range
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,11 +70,12 @@ class Ring:
         except OSError:
             return []
         present = set(names)
+        merged = _merged_ranges(names)
         out = []
         for name in names:
             m = SEGMENT_NAME_RE.match(name)
-            if m is None or m.group(1) != self.protocol or m.group(5) != "parquet":
-                continue
+            if m is None or m.group(1) != self.protocol or m.group(5) != "parquet" or _covered(name, merged):
+                continue      # a part a merged segment covers (a compaction's crash left it) is not one
             path = os.path.join(self.directory, name)
             if not self._is_mine(path):
                 continue
@@ -132,8 +133,13 @@ class Ring:
         rec["rows_dropped"] += rows
         rec["bytes_dropped"] += seg.size
         caps = rec["captures"]
-        caps[f.capture_id] = max(int(caps.get(f.capture_id, -1)), f.segment)
+        caps[f.capture_id] = max(int(caps.get(f.capture_id, -1)), f.last_segment)   # merged: all it covers
         retained.save(self.record_path, rec)        # durable before anything is deleted
+        for part in _covered_by(seg.path):          # a compaction's leftovers first: hidden while it is there
+            try:
+                os.unlink(part)
+            except FileNotFoundError:
+                pass
         os.unlink(seg.path)
         retained.fsync_dir(self.directory)
         self._mine.pop(seg.path, None)
@@ -162,6 +168,37 @@ class Ring:
                 self.apply()
             except Exception as exc:  # noqa: BLE001 - reported by the caller
                 self.error = exc
+
+
+def _merged_ranges(names: list[str]) -> dict[str, list[tuple[int, int]]]:
+    """capture name prefix -> the (first, last) ranges of its merged segments (compaction)."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    for name in names:
+        m, r = SEGMENT_NAME_RE.match(name), named_range(name)
+        if m is not None and r is not None and r[0] != r[1] and m.group(5) == "parquet":
+            out.setdefault(f"{m.group(1)}-{m.group(2)}-{m.group(3)}", []).append(r)
+    return out
+
+
+def _covered(name: str, merged: dict[str, list[tuple[int, int]]]) -> bool:
+    m, r = SEGMENT_NAME_RE.match(name), named_range(name)
+    ranges = merged.get(f"{m.group(1)}-{m.group(2)}-{m.group(3)}", ()) if m else ()
+    return r is not None and any(a <= r[0] and r[1] <= b and (a, b) != r for a, b in ranges)
+
+
+def _covered_by(path: str) -> list[str]:
+    """The parts a merged segment covers still in its directory (a compaction's crash left them)."""
+    directory, name = os.path.split(path)
+    r = named_range(name)
+    if r is None or r[0] == r[1]:
+        return []
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    ranges = {k: [x for x in v if x == r] for k, v in _merged_ranges([name]).items()}
+    return [os.path.join(directory, n) for n in names if n != name and n.endswith(".parquet")
+            and _covered(n, ranges)]
 
 
 def fold(rec: dict, f) -> int:
@@ -216,3 +253,42 @@ def stop_ring(ring: Ring | None, files: list, note) -> list:
         note(f"dcptool: warning: the retention ring stopped deleting segments: {text}")
     gone = set(ring.deleted)
     return [f for f in files if f.get("path") not in gone]
+
+
+# `capture` merges the small finished segments of its source and shard at its end (and so, in
+# a `--resume` run, those an earlier run left) once a run of at least this many is there: a
+# short --rotate-interval or a quiet source leaves many small files, each costing every reader
+COMPACT_MIN_PARTS = 64
+
+
+def compact_finished(directory: str, source: str, shard: str | None, files: list, note) -> list:
+    """Compact the small finished segments of this source and shard in `directory` (after the
+    ring stopped: nothing else deletes them now); `files` (the run's finished segments, dicts
+    with "path") with merged ones in place of their parts. A failure keeps every part (the
+    merged file is written aside and renamed first): `note` says so, the capture stands."""
+    from dcptool.replay.store.compact import compact
+    from dcptool.replay.store.resume import same_source
+
+    def mine(f) -> bool:
+        try:
+            opts = json.loads(f.metadata.get("dcptool.options") or "{}")
+        except ValueError:
+            return False
+        return same_source(f.metadata.get("dcptool.source") or "", source) and \
+            (opts.get("shard") if isinstance(opts, dict) else None) == shard
+
+    if not os.path.isdir(directory):
+        return files
+    try:
+        done = compact(directory, select=mine, min_parts=COMPACT_MIN_PARTS, check_busy=False)
+    except Exception as exc:  # noqa: BLE001 - the parts are all there; said, not fatal
+        text = str(exc).replace("[", "(").replace("]", ")").splitlines()[0] if str(exc) else type(exc).__name__
+        note(f"dcptool: warning: compaction of small segments stopped (every segment kept): {text}")
+        return files
+    if not done.merged and not done.parts_removed:
+        return files
+    gone = {p for m in done.merged for p in m["part_paths"]}
+    kept = [f for f in files if f.get("path") not in gone and os.path.exists(f.get("path", ""))]
+    ours = {f.get("path") for f in files}
+    return kept + [{"path": m["path"], "rows": m["rows"], "bytes": m["bytes"]} for m in done.merged
+                   if ours & set(m["part_paths"])]

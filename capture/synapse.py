@@ -13,7 +13,7 @@ import time
 
 from dcptool.capture.options import CaptureSettings, LiveOptions
 from dcptool.capture.result import CaptureResult
-from dcptool.capture.ring import retention, start_ring, stop_ring
+from dcptool.capture.ring import compact_finished, retention, start_ring, stop_ring
 from dcptool.capture.run import DURATION, MAX_MESSAGES, RunStats, StopSignals, run_until_stopped
 from dcptool.protocol.synapse.client import Gap, ServerError, SynapseClient
 
@@ -240,6 +240,8 @@ def capture_synapse(opts: LiveOptions, settings: CaptureSettings, *, progress=No
         error = error or exc.with_traceback(None)
         segments = list(writer.segments)
     segments = stop_ring(ring, segments, note or (lambda text: None))
+    if not isinstance(error, WriterError):     # a full disk: no room to merge, nothing tried
+        segments = compact_finished(settings.output, opts.source.url, None, segments, note or (lambda text: None))
     fields = {
         "capture_id": writer.capture_id,
         "finished_leftovers": leftovers,

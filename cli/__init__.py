@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "trace": ("dcptool.cli.trace_cmd:trace", "Explain DCP keys: every event that touched each, then a verdict."),
     "import": ("dcptool.cli.import_cmd:import_cmd", "Turn a tcpdump file (pcap, pcapng) into a capture."),
     "export": ("dcptool.cli.export_cmd:export_cmd", "Write captures as TCP packets for Wireshark (pcapng, pcap)."),
+    "compact": ("dcptool.cli.compact_cmd:compact_cmd", "Merge a capture directory's small finished segments."),
     "report": ("dcptool.cli.report_cmd:report", "Draw captures as one self-contained HTML page of charts."),
     "spark": ("dcptool.cli.spark_cmd:spark", "Start, stop or query a warm Spark Connect server for replay."),
 }

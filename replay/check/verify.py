@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dcptool.replay.store import reader
-from dcptool.replay.store.naming import IN_PROGRESS_SUFFIX, TMP_SUFFIX, segment_name
+from dcptool.replay.store.naming import IN_PROGRESS_SUFFIX, TMP_SUFFIX, merged_name, segment_name
 from dcptool.replay.store.schema import capture_schema
 from dcptool.replay.store.files import arrow_source, shown
 from dcptool.replay.store.in_progress import DAMAGED_SUFFIX, InProgress, held_by_writer
@@ -36,7 +36,8 @@ BATCH_ROWS = 1 << 18
 
 # ------------------------------------------------------------------------------ files
 
-_NAME_RE = re.compile(r"^(dcp|synapse)-(\d{8}T\d{6}\.\d{6}Z)-([0-9a-fA-F]{8})-(\d{6})\.(parquet|arrows)$")
+# group 4: the (first) segment number; a merged segment's name adds `-{last:06d}`
+_NAME_RE = re.compile(r"^(dcp|synapse)-(\d{8}T\d{6}\.\d{6}Z)-([0-9a-fA-F]{8})-(\d{6})(?:-\d{6})?\.(parquet|arrows)$")
 
 
 def _candidates(paths: list[str], out: Findings) -> list[tuple[str, bool]]:
@@ -143,7 +144,9 @@ def _check_name(f: reader.CaptureFile, out: Findings) -> None:
                         "{protocol}-{start}-{id8}-{segment:06d}.parquet|.arrows",
                         file=f.path, segment=f.segment, capture_id=f.capture_id))
         return
-    want = segment_name(f.protocol, reader.parse_started(f.started_at), f.capture_id, f.segment)
+    started = reader.parse_started(f.started_at)
+    want = (merged_name(f.protocol, started, f.capture_id, f.segment, f.last_segment)
+            if f.last_segment > f.segment else segment_name(f.protocol, started, f.capture_id, f.segment))
     want = want[:-len(FINISHED_SUFFIX)] + "." + m.group(5)
     if name != want:
         parts = []
@@ -162,7 +165,7 @@ def _check_name(f: reader.CaptureFile, out: Findings) -> None:
 def _group(files: list[reader.CaptureFile], out: Findings) -> list[list[reader.CaptureFile]]:
     """Captures in replay order, each its segments in order (one file per segment)."""
     by_seg: dict[tuple[str, int], reader.CaptureFile] = {}
-    for f in files:
+    for f in reader.without_covered(files)[0]:   # parts a merged segment covers: not read
         key = (f.capture_id, f.segment)
         old = by_seg.get(key)
         if old is None:
@@ -390,7 +393,7 @@ def _verify_capture(rank: int, segs: list[reader.CaptureFile], checker, out: Fin
                        f"before {os.path.basename(f.path)}")
                 frames.unknown()
                 checker.resync()
-            expected_seg = f.segment + 1
+            expected_seg = f.last_segment + 1
             if f.in_progress:
                 out.at(where, "file.in_progress", "unfinished segment (.arrows): the capture is "
                        "running or was killed; `capture --resume` into its directory finishes it")
@@ -433,7 +436,7 @@ def _runs(segs: list[reader.CaptureFile], batch_rows: int) -> Iterator[list[read
     for f in segs:
         ok = reader.small(f)
         n = reader.footer(f.path).num_rows if ok else 0
-        if run and (not ok or f.segment != run[-1].segment + 1 or rows + n > batch_rows
+        if run and (not ok or f.segment != run[-1].last_segment + 1 or rows + n > batch_rows
                     or len(run) >= reader.RUN_FILES):
             yield run
             run, rows = [], 0

@@ -1,5 +1,6 @@
 """Names of capture files: `{protocol}-{run start}-{capture_id[:8]}-{segment:06d}.parquet`,
-its in-progress twin `.arrows` and the temporary `.parquet.tmp` (CAPTURE_FORMAT.md "Files")."""
+its in-progress twin `.arrows`, the temporary `.parquet.tmp`, and a merged segment of
+`dcptool compact`, `...-{first:06d}-{last:06d}.parquet` (CAPTURE_FORMAT.md "Files")."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import datetime as _dt
 import re
 
 IN_PROGRESS_SUFFIX = ".arrows"
+# metadata of a merged segment: the last segment number it covers (dcptool.segment: the first)
+META_SEGMENT_LAST = "dcptool.segment_last"
 TMP_SUFFIX = ".tmp"
 
 
@@ -33,8 +36,25 @@ def final_path(arrows_path: str) -> str:
     return base + ".parquet"
 
 
-# a segment's file name as the writer makes it (readers accept up to 8 hex digits of the id)
-SEGMENT_NAME_RE = re.compile(r"^(dcp|synapse)-(\d{8}T\d{6}\.\d{6}Z)-([0-9a-fA-F]{1,8})-(\d{6})\.(parquet|arrows)$")
+def merged_name(protocol: str, started: _dt.datetime, capture_id: str, first: int, last: int) -> str:
+    """The name of the segment that merges segments `first`..`last`: `...-{first:06d}-{last:06d}.parquet`."""
+    return segment_name(protocol, started, capture_id, first)[:-len(".parquet")] + f"-{last:06d}.parquet"
+
+
+# a segment's file name as the writer or compaction makes it (readers accept up to 8 hex
+# digits of the id); group 4 is the (first) segment number, group 5 the suffix
+SEGMENT_NAME_RE = re.compile(r"^(dcp|synapse)-(\d{8}T\d{6}\.\d{6}Z)-([0-9a-fA-F]{1,8})-(\d{6})(?:-\d{6})?"
+                             r"\.(parquet|arrows)$")
+_LAST_RE = re.compile(r"-(\d{6})-(\d{6})\.parquet$")
+
+
+def named_range(name: str) -> tuple[int, int] | None:
+    """(first, last) segment numbers a segment's name covers; None for a name not made so."""
+    m = SEGMENT_NAME_RE.match(name)
+    if m is None:
+        return None
+    r = _LAST_RE.search(name)
+    return (int(r.group(1)), int(r.group(2))) if r else (int(m.group(4)), int(m.group(4)))
 
 
 def is_segment_name(name: str) -> bool:

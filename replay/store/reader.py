@@ -4,7 +4,9 @@ replay/store/schema.py in frame order (started_at of the capture, capture_id, fr
 
 An in-progress segment is an Arrow IPC *stream* file ending in `.arrows`; after a crash
 its last message may be cut short, so it is read batch by batch and the truncated tail is
-ignored. When both `.arrows` and `.parquet` of one segment exist, the `.parquet` wins."""
+ignored. When both `.arrows` and `.parquet` of one segment exist, the `.parquet` wins; when
+a merged segment (replay/store/compact.py) and any of the parts it covers exist, the merged
+one wins and the parts are not read."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from dcptool.replay.store.errors import CaptureError, NotACapture, UnsupportedFo
 from dcptool.replay.store.footers import footer, leaf_index, prefetch_footers  # noqa: F401 (footer, leaf_index: also for the engines)
 from dcptool.replay.store.run_reads import RUN_CACHE, SCANS, conform, first_line  # noqa: F401 (SCANS: for tests; conform: also for the checks)
 from dcptool.replay.store.in_progress import DAMAGED_SUFFIX, InProgress, held_by_writer
-from dcptool.replay.store.naming import SEGMENT_NAME_RE
+from dcptool.replay.store.naming import META_SEGMENT_LAST, SEGMENT_NAME_RE
 from dcptool.replay.store.schema import (META_CAPTURE_ID, META_FORMAT, META_PROTOCOL, META_SEGMENT,
                                          META_STARTED_AT, PROTOCOLS, READABLE_VERSIONS, capture_schema,
                                          tool_version)
@@ -47,6 +49,35 @@ class CaptureFile:
     started_at: str  # ISO 8601 UTC, as in the dcptool.started_at metadata
     in_progress: bool
     metadata: dict[str, str] = field(hash=False, compare=False)
+
+    @property
+    def last_segment(self) -> int:
+        """The last segment number the file holds (`segment` but for a merged segment)."""
+        try:
+            return max(self.segment, int(self.metadata.get(META_SEGMENT_LAST, self.segment)))
+        except ValueError:
+            return self.segment
+
+
+def without_covered(files: list[CaptureFile]) -> tuple[list[CaptureFile], list[CaptureFile]]:
+    """(files kept, parts covered): a segment whose number lies in the range of a merged
+    segment of the same capture (a crash between compaction's rename and its deletes left
+    both) is covered, the merged one wins. Order kept."""
+    merged: dict[str, list[CaptureFile]] = {}
+    for f in files:
+        if f.last_segment > f.segment and not f.in_progress:
+            merged.setdefault(f.capture_id, []).append(f)
+    if not merged:
+        return list(files), []
+    kept, covered = [], []
+    for f in files:
+        if any(m is not f and m.segment <= f.segment and f.last_segment <= m.last_segment
+               and (m.segment, m.last_segment) != (f.segment, f.last_segment)
+               for m in merged.get(f.capture_id, ())):
+            covered.append(f)
+        else:
+            kept.append(f)
+    return kept, covered
 
 
 def parse_started(text: str) -> _dt.datetime:
@@ -203,7 +234,7 @@ def find_captures(paths: Iterable[str]) -> list[CaptureFile]:
             raise CaptureError(f"{shown(p)}: {_not_a_capture_path(p)}")
     prefetch_footers([c[0] for c in candidates if c[0].endswith(FINISHED_SUFFIX)])
     seen: set[str] = set()
-    by_segment: dict[tuple[str, int], CaptureFile] = {}
+    found: list[CaptureFile] = []
     for path, in_dir, named in candidates:
         real = os.path.realpath(path)
         if real in seen:
@@ -218,12 +249,15 @@ def find_captures(paths: Iterable[str]) -> list[CaptureFile]:
                 warn(f"{shown(path)}: not a dcptool capture segment, skipped")
                 continue
             raise
+        found.append(f)
+    by_segment: dict[tuple[str, int], CaptureFile] = {}
+    for f in without_covered(found)[0]:
         key = (f.capture_id, f.segment)
         old = by_segment.get(key)
         if old is None or (old.in_progress and not f.in_progress):
             by_segment[key] = f
         elif old.in_progress == f.in_progress:
-            raise CaptureError(f"{shown(path)}: segment {f.segment} of capture {f.capture_id} "
+            raise CaptureError(f"{shown(f.path)}: segment {f.segment} of capture {f.capture_id} "
                                f"also in {shown(old.path)}")
     files = sorted(by_segment.values(), key=_order_key)
     protocols = {f.protocol for f in files}

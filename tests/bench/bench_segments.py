@@ -8,7 +8,9 @@ of the same rows).
 Both captures hold the same protocol-clean DCP rows (one stream request and its answer, a
 snapshot marker, then mutations with increasing seqnos), written with the capture writer's
 Parquet settings; one is a single segment, the other one segment per row. Each command runs
-in a child process, both captures in the same run, and the ratio is printed per command.
+in a child process, both captures in the same run, and the ratio is printed per command;
+then `dcptool compact` of the many-segment capture is timed, and the three commands again
+on what it left, against the same one-file times.
 
 Measured 2026-11-26 on the shared 2-core dev machine (5,000 rows; wall s / CPU s):
   before issue 24.15: inspect 39.1 / 26.5, verify 40.0 / 20.5, replay 69.0 / 46.1 (one file 0.8-1.2)
@@ -134,11 +136,20 @@ def main(argv: list[str]) -> None:
     write_capture(one, t, n)
     write_capture(many, t, 1)
     print(f"{n:,} rows: one file vs {n:,} one-row segments ({work})")
+    base = {}
     for cmd in COMMANDS:
         (w1, c1, e1), (w2, c2, e2) = (timed([cmd[0], where, *cmd[1:]]) for where in (one, many))
+        base[cmd[0]] = (w1, c1)
         print(f"  {cmd[0]:8s} one file {w1:6.2f} s ({c1:5.2f} s CPU, exit {e1})   "
               f"{n:,} segments {w2:6.2f} s ({c2:5.2f} s CPU, exit {e2})   "
               f"ratio {w2 / w1:.2f}x wall, {c2 / c1:.2f}x CPU")
+    w, c, e = timed(["compact", many])
+    print(f"  compact  {n:,} segments {w:6.2f} s ({c:5.2f} s CPU, exit {e}) -> {len(os.listdir(many))} file(s)")
+    for cmd in COMMANDS:
+        w1, c1 = base[cmd[0]]
+        w2, c2, e2 = timed([cmd[0], many, *cmd[1:]])
+        print(f"  {cmd[0]:8s} after compact {w2:6.2f} s ({c2:5.2f} s CPU, exit {e2})   "
+              f"ratio {w2 / w1:.2f}x wall, {c2 / c1:.2f}x CPU (one file as above)")
 
 
 if __name__ == "__main__":
