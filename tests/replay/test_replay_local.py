@@ -20,7 +20,7 @@ from dcptool.replay.store import reader
 from tests.support import capgen
 from tests.support import oracle
 
-SETTINGS = dict(max_examples=120, deadline=None, derandomize=True,
+SETTINGS = dict(max_examples=60, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
