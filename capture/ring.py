@@ -19,7 +19,7 @@ import os
 import threading
 import time
 
-from dcptool.replay.store.files import arrow_source
+from dcptool.replay.store.files import arrow_source, fsync_path
 from dcptool.replay.store import retained
 from dcptool.replay.store.naming import IN_PROGRESS_SUFFIX, SEGMENT_NAME_RE, named_range
 
@@ -141,7 +141,7 @@ class Ring:
             except FileNotFoundError:
                 pass
         os.unlink(seg.path)
-        retained.fsync_dir(self.directory)
+        fsync_path(self.directory)
         self._mine.pop(seg.path, None)
 
     # -- the thread

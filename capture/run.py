@@ -22,6 +22,7 @@ import time
 from typing import Awaitable, Callable
 
 from dcptool.protocol.errors import ConnectionLost, Interrupted, LateUsageError, one_line
+from dcptool.protocol.text import ranges_text
 from dcptool.replay.timestamps import iso_ns
 
 # why a run stopped
@@ -229,20 +230,6 @@ def server_vbucket_count(known: list[int] | tuple) -> int:
     of a cluster need not hold the last one)."""
     n = max(known) + 1
     return 1 << (n - 1).bit_length()
-
-
-def ranges_text(vbs) -> str:
-    """[0, 1, 2, 5, 7, 8] -> '0-2,5,7-8'."""
-    out = []
-    vbs = sorted(vbs)
-    i = 0
-    while i < len(vbs):
-        j = i
-        while j + 1 < len(vbs) and vbs[j + 1] == vbs[j] + 1:
-            j += 1
-        out.append(str(vbs[i]) if i == j else f"{vbs[i]}-{vbs[j]}")
-        i = j + 1
-    return ",".join(out)
 
 
 def check_vbuckets(requested: list[int] | None, known) -> None:

@@ -25,3 +25,17 @@ def printable(text) -> str:
     if text.isascii() and text.isprintable():
         return text
     return _UNPRINTABLE.sub(_escape_char, text)
+
+
+def ranges_text(vbs) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2,5,7-8'."""
+    out = []
+    vbs = sorted(vbs)
+    i = 0
+    while i < len(vbs):
+        j = i
+        while j + 1 < len(vbs) and vbs[j + 1] == vbs[j] + 1:
+            j += 1
+        out.append(str(vbs[i]) if i == j else f"{vbs[i]}-{vbs[j]}")
+        i = j + 1
+    return ",".join(out)

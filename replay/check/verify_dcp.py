@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dcptool.protocol.dcp.wire.constants import Status, StreamEndReason
+from dcptool.protocol.text import ranges_text
 from dcptool.replay.rules.columns import as_numpy, lookup_codes
 from dcptool.replay.check.findings import Finding, Findings, Where
 
@@ -527,17 +528,7 @@ def check_shards(files, checker: DcpChecker, out: Findings) -> None:
         universe = sorted(given) if given else range(count)
         missing = [vb for vb in universe if vb % n + 1 in absent]
         names = ", ".join(f"{k}/{n}" for k in absent)
-        out.add(Finding("dcp.shard_missing", f"shard {names} absent: vbuckets {_ranges(missing)} not captured"
+        out.add(Finding("dcp.shard_missing", f"shard {names} absent: vbuckets {ranges_text(missing) or 'none'} not captured"
                         f" ({len(missing)} of {len(universe)})"))
 
 
-def _ranges(vbs) -> str:
-    """[0, 1, 2, 5] -> '0-2,5'."""
-    out, vbs, i = [], sorted(vbs), 0
-    while i < len(vbs):
-        j = i
-        while j + 1 < len(vbs) and vbs[j + 1] == vbs[j] + 1:
-            j += 1
-        out.append(str(vbs[i]) if i == j else f"{vbs[i]}-{vbs[j]}")
-        i = j + 1
-    return ",".join(out) or "none"

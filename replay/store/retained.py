@@ -16,6 +16,7 @@ import json
 import os
 
 from dcptool.protocol.errors import DcptoolError
+from dcptool.replay.store.files import fsync_path
 
 RECORD_PREFIX = "dcptool-retained"
 RECORD_SUFFIX = ".json"
@@ -85,15 +86,7 @@ def save(path: str, record: dict) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path) or ".")
-
-
-def fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(os.path.dirname(path) or ".")   # strict: a record not durable stops the delete
 
 
 def dropped_through(records: list[dict]) -> dict[str, int]:
