@@ -1,13 +1,11 @@
 """The DCP rules of REPLAY.md over a vbucket's frames in capture order: which frames move a
 vbucket (`dcp_vbucket_frames`), the rollback answers (`rollback_mask`), and `DcpState`, which
-builds `vbuckets` and `snapshots` (the per-vbucket rules no SQL plan computes). The relational
-tables (`documents`, `undone`, `rollbacks`, `failover`, `history`) are the SQL of
-replay/rules/plans.py, which DuckDB (in-process) and Spark run; `vbuckets`' document counts
-(live, deleted, expired) are a GROUP BY over that `documents` table, joined in by
+builds `vbuckets` and `snapshots` (the per-vbucket rules no SQL plan computes) and tracks no
+document. The relational tables (`documents`, `undone`, `rollbacks`, `failover`, `history`) are
+the SQL of replay/rules/plans.py, which DuckDB (in-process) and Spark run; `vbuckets`' document
+counts (live, deleted, expired) are a GROUP BY over that `documents` table, joined in by
 `with_document_counts`. The in-process engine (replay/local/engine.py) feeds DcpState chunk by
-chunk with `documents=False`; Spark's applyInArrow groups (replay/spark/arrow.py,
-`dcp_group_tables`) still build the per-document tables here too, with the compact store of
-replay/rules/doc_state.py, as a second implementation the tests compare the SQL against.
+chunk; Spark's applyInArrow groups (replay/spark/arrow.py) call `dcp_group_tables`.
 
 Frame order is carried by `_seq`, any int64 below 2**44 that grows with (started_at of the
 capture, capture_id, frame_no). Rollbacks are the one rule that looks ahead (a rollback undoes
@@ -22,8 +20,6 @@ import pyarrow.compute as pc
 from dcptool.protocol.dcp.wire.constants import NUM_VB_SLOTS, Status, key_vb, stream_key
 from dcptool.replay.rules import tables as T
 from dcptool.replay.store.schema import capture_schema
-from dcptool.replay.rules.doc_state import DocumentStore, prepare_changes
-from dcptool.replay.rules import dcp_sync
 from dcptool.replay.rules.columns import NONE_TS, Grow, as_numpy, as_strings, equals, is_in, lookup_codes, ts_array, ts_ns
 
 SEQ_BITS = 44
@@ -62,8 +58,6 @@ def vb_order_key(t: pa.Table) -> np.ndarray:
 
 MARKER_COLUMNS = ["vbucket", "capture_id", "frame_no", "ts", "snap_version", "snap_start", "snap_end",
                   "snap_flags", "_seq"]
-# an undone change, for the `undone` table (with `_r`, the rollback that undid it)
-UNDONE_COLUMNS = ["vbucket", "collection_id", "key", "by_seqno", "op", "capture_id", "frame_no", "ts"]
 INT64_MIN = np.iinfo(np.int64).min
 INT64_MAX = np.iinfo(np.int64).max
 OSO_START, OSO_END = 0x01, 0x02      # flags of an oso_snapshot frame (its snap_flags column)
@@ -80,20 +74,18 @@ class DcpState:
     `rollbacks` holds the ROLLBACK answers (`rollback_mask`) of every vbucket that will be
     fed: they are the only rule that looks ahead (a rollback undoes changes made before it).
     `feed` takes the vbucket frames in frame order, in chunks of any size; the state it keeps
-    grows with documents, snapshots and vbuckets, not with frames."""
+    grows with snapshots and vbuckets, not with documents or frames. `finish` gives
+    `vbuckets` (its document counts 0: with_document_counts) and `snapshots`."""
 
-    def __init__(self, rollbacks: pa.Table, snapshots: bool = True, documents: bool = True):
-        # `snapshots` False: no snapshots are tracked, and `finish` leaves out the two tables
-        # that need them (snapshots, vbuckets). `documents` False: no document is tracked,
-        # `finish` gives `vbuckets` (its document counts 0: with_document_counts) and `snapshots`
-        self.with_snapshots = snapshots
-        self.with_documents = documents
+    def __init__(self, rollbacks: pa.Table, snapshots: bool = True, documents: bool = False):
+        # the keywords are what replay/local/engine.py passes; no other choice is left
+        if documents or not snapshots:
+            raise ValueError("DcpState builds vbuckets and snapshots; documents are plans.py's SQL")
         # a ROLLBACK response to a stream request rolls the vbucket back to rollback_seqno
         self.rollbacks = rollbacks.take(np.argsort(vb_order_key(rollbacks), kind="stable"))
         self.r_vb = as_numpy(self.rollbacks.column("vbucket"), dtype=np.int64)
         self.r_seq = as_numpy(self.rollbacks.column("_seq"), dtype=np.int64)
         self.r_seqno = as_numpy(self.rollbacks.column("rollback_seqno"), dtype=np.int64)
-        self.undone = np.zeros(len(self.r_vb), np.int64)
 
         size = 1 << 16
         self.seen = np.zeros(size, bool)
@@ -113,11 +105,6 @@ class DcpState:
         self._markers: list[pa.Table] = []
         self._failover: list[pa.Table] = []   # stream-request successes with a failover log
         self._ends: list[pa.Table] = []       # stream ends
-        # the last surviving change per document (replay/rules/doc_state.py)
-        self.docs = DocumentStore()
-        self.prepares = dcp_sync.Prepares()      # durable writes (replay/rules/dcp_sync.py)
-        self._undone_rows: list[pa.Table] = []   # the changes rollbacks undid (rare)
-        self.dropped: set[tuple[int, int]] = set()   # (vbucket, collection id) of collection drops
 
     def feed(self, chunk: pa.Table) -> None:
         """Apply the next vbucket frames (in frame order)."""
@@ -149,7 +136,6 @@ class DcpState:
         p.counts = {name: np.bincount(vb[m], minlength=nvb)
                     for name, m in (("mutation", is_mut), ("deletion", is_del), ("expiration", is_exp))}
         is_change = is_mut | is_del | is_exp
-        doc_change = is_change | is_commit       # a commit changes its document (dcp_sync.py)
         seqno = as_numpy(chunk.column("by_seqno"), fill=-1, dtype=np.int64)
 
         # a stream-request success sets the vbucket's failover log, a stream end its reason
@@ -161,39 +147,18 @@ class DcpState:
                   if is_end.any() else None)
 
         # rollback: a change with by_seqno above rollback_seqno, made before the rollback and
-        # not already undone, is undone by it
-        undone_by = self._undone_by(vb, seq, seqno, is_change | is_adv | is_sync)
-        counted = undone_by[doc_change & (undone_by >= 0)]
-        p.undone = np.bincount(counted, minlength=len(self.r_vb)) if len(counted) else None
-        p.undone_rows = None
-        if len(counted) and self.with_documents:
-            und = np.flatnonzero(doc_change & (undone_by >= 0))
-            u = chunk.select(UNDONE_COLUMNS).take(und)
-            u = u.set_column(UNDONE_COLUMNS.index("op"), "op", as_strings(u.column("op")))
-            u = u.set_column(UNDONE_COLUMNS.index("capture_id"), "capture_id", as_strings(u.column("capture_id")))
-            p.undone_rows = u.append_column("_r", pa.array(undone_by[und], pa.int64()))
-        alive = undone_by < 0
+        # not already undone, is undone by it (which changes `undone` lists: plans.py's SQL)
+        alive = self._undone_by(vb, seq, seqno, is_change | is_adv | is_sync) < 0
 
         # high_seqno: the highest seqno not undone (items and seqno-advanced)
         hi = (is_change | is_adv | is_sync) & alive
-        p.high = np.full(nvb, -1, np.int64)
-        np.maximum.at(p.high, vb[hi], seqno[hi])
-        p.has_high = np.bincount(vb[hi], minlength=nvb) > 0
 
-        if self.with_snapshots:
-            # OSO snapshots (REPLAY.md): their `snap_flags` column holds the OSO flags
-            oso_flags = as_numpy(chunk.column("snap_flags"), fill=0, dtype=np.int64) if is_oso.any() else 0
-            p.sid_key = _stream_key(chunk, vb)
-            self._prepare_snapshots(p, chunk, vb if p.sid_key is None else p.sid_key, seq, seqno, is_marker, is_end, is_change | is_sync, is_adv,
-                                    is_oso & (oso_flags & OSO_START != 0), is_oso & (oso_flags & OSO_END != 0), hi)
-
-        p.changes = p.sync = None
-        p.drops = set()
-        if self.with_documents:
-            # mutation, deletion, expiration, commit: the document takes the change; the later frame wins
-            p.changes = prepare_changes(chunk, np.flatnonzero(doc_change & alive))
-            p.drops = _collection_drops(chunk)
-            p.sync = dcp_sync.collect(chunk, np.flatnonzero((is_prep | is_commit) & alive), is_prep)
+        # OSO snapshots (REPLAY.md): their `snap_flags` column holds the OSO flags
+        oso_flags = as_numpy(chunk.column("snap_flags"), fill=0, dtype=np.int64) if is_oso.any() else 0
+        p.sid_key = _stream_key(chunk, vb)
+        self._prepare_snapshots(p, chunk, vb if p.sid_key is None else p.sid_key, seq, seqno, is_marker, is_end,
+                                is_change | is_sync, is_adv, is_oso & (oso_flags & OSO_START != 0),
+                                is_oso & (oso_flags & OSO_END != 0), hi)
         return p
 
     def apply(self, p: "_Prepared | None") -> None:
@@ -209,20 +174,9 @@ class DcpState:
             self._failover.append(p.failover)
         if p.ends is not None:
             self._ends.append(p.ends)
-        if p.undone is not None:
-            self.undone += p.undone
-        if p.undone_rows is not None:
-            self._undone_rows.append(p.undone_rows)
-        if self.with_snapshots:     # high_seqno there: an OSO snapshot's seqnos count at its end
-            self.with_sids |= p.sid_key is not None
-            self._apply_snapshots(p)
-        else:
-            np.maximum(self.high_seqno[v], p.high, out=self.high_seqno[v])
-            self.has_high[v] |= p.has_high
-        if self.with_documents:
-            self.prepares.resolve(p.sync, p.changes)
-            self.docs.apply(p.changes)
-            self.dropped.update(p.drops)
+        # high_seqno there too: an OSO snapshot's seqnos count at its end
+        self.with_sids |= p.sid_key is not None
+        self._apply_snapshots(p)
 
     def _undone_by(self, vb, seq, seqno, candidates) -> np.ndarray:
         """For each row, the rollback that undoes it (index into self.rollbacks), or -1."""
@@ -331,59 +285,12 @@ class DcpState:
         """The vbuckets of snapshot keys (_stream_key)."""
         return key_vb(keys) if self.with_sids else keys
 
-    def _undone_table(self) -> pa.Table:
-        """`undone`: each change a rollback undid, with the rollback, and whether the document's
-        current change (the last one not undone) was received after the rollback: `restored`,
-        at `restored_seqno` (its by_seqno)."""
-        schema = T.DCP_TABLES["undone"][0]
-        if not self._undone_rows:
-            return schema.empty_table()
-        u = pa.concat_tables(self._undone_rows).combine_chunks()
-        r = as_numpy(u.column("_r"), dtype=np.int64)
-        rb = self.rollbacks.take(pa.array(r))
-        r_seq = self.r_seq[r]
-        # the current change of each document concerned
-        cid = u.column("collection_id")
-        code = self.docs.lookup(as_numpy(u.column("vbucket"), dtype=np.int64), as_numpy(cid, fill=0, dtype=np.int64),
-                                as_numpy(cid.is_valid(), dtype=bool), u.column("key"))
-        at = np.maximum(code, 0)
-        ok = (code >= 0) & (self.docs.field("seq")[at] > r_seq) if self.docs.n else np.zeros(len(code), bool)
-        has_seqno = ok & self.docs.valid("by_seqno")[at] if self.docs.n else ok
-        restored = pa.array(ok, pa.bool_())
-        restored_seqno = pa.array(self.docs.field("by_seqno")[at] if self.docs.n else np.zeros(len(code), np.int64),
-                                  pa.int64(), mask=~has_seqno)
-        return T.canonical("dcp", "undone", pa.table({
-            "vbucket": u.column("vbucket"), "capture_id": as_strings(rb.column("capture_id")),
-            "frame_no": rb.column("frame_no"), "ts": rb.column("ts"), "rollback_seqno": rb.column("rollback_seqno"),
-            "collection_id": u.column("collection_id"), "key": u.column("key"), "by_seqno": u.column("by_seqno"),
-            "op": u.column("op"), "change_capture_id": u.column("capture_id"), "change_frame_no": u.column("frame_no"),
-            "change_ts": u.column("ts"), "restored": restored, "restored_seqno": restored_seqno}))
-
     def finish(self) -> dict[str, pa.Table]:
-        out: dict[str, pa.Table] = {}
-        if self.with_documents:
-            # documents (after `undone`, which looks documents up)
-            out["undone"] = self._undone_table()
-            doc_counts = self.docs.state_counts()
-            docs = self.docs.table()
-            if self.dropped:        # a dropped collection's documents are gone (REPLAY.md)
-                docs = without_dropped(docs, self.dropped, doc_counts)
-            out["documents"] = docs
-        else:
-            doc_counts = {state: np.zeros(1 << 16, np.int64) for state in DOC_STATES.values()}
-        out["snapshots"], m_vb, complete = self._snapshots_table()
-        r = self.rollbacks
-        out["rollbacks"] = T.canonical("dcp", "rollbacks", pa.table({
-            "vbucket": r.column("vbucket"), "capture_id": as_strings(r.column("capture_id")),
-            "frame_no": r.column("frame_no"), "ts": r.column("ts"),
-            "rollback_seqno": r.column("rollback_seqno"), "undone": pa.array(self.undone, pa.int64())}))
-        out["failover"], f, fl = self._failover_table()
-        out["vbuckets"] = self._vbuckets_table(doc_counts, m_vb, complete, f, fl)
-        if not self.with_snapshots:
-            del out["snapshots"], out["vbuckets"]
-        if not self.with_documents:
-            del out["rollbacks"], out["failover"]
-        return out
+        """`vbuckets` (document counts 0) and `snapshots`."""
+        doc_counts = {state: np.zeros(1 << 16, np.int64) for state in DOC_STATES.values()}
+        snapshots, m_vb, complete = self._snapshots_table()
+        f, fl = self._last_failover_logs()
+        return {"vbuckets": self._vbuckets_table(doc_counts, m_vb, complete, f, fl), "snapshots": snapshots}
 
     def _snapshots_table(self) -> tuple[pa.Table, np.ndarray, np.ndarray]:
         """`snapshots`, by (vbucket, frame order): complete by an item at snap_end, or the next
@@ -426,21 +333,14 @@ class DcpState:
             "complete": pa.array(complete, pa.bool_())}))
         return table, m_vb, complete
 
-    def _failover_table(self) -> tuple[pa.Table, pa.Table, pa.Array]:
-        """`failover`: the newest failover log, position 0 = newest entry as on the wire. Also
-        the last failover row of each vbucket and its logs (for `vbuckets`)."""
+    def _last_failover_logs(self) -> tuple[pa.Table, pa.Array]:
+        """The last stream-request success (with a failover log) of each vbucket, and those
+        logs (for `vbuckets`' vbucket_uuid)."""
         fo_type = capture_schema("dcp").field("failover_log").type
         f = _last_per_vbucket(pa.concat_tables(self._failover) if self._failover else pa.schema(
             [("vbucket", pa.uint16()), ("failover_log", fo_type), ("_seq", pa.int64())]).empty_table())
         fl = f.column("failover_log").combine_chunks() if f.num_rows else pa.array([], fo_type)
-        lens = as_numpy(pc.list_value_length(fl), fill=0, dtype=np.int64) if len(fl) else np.zeros(0, np.int64)
-        flat = pc.list_flatten(fl) if len(fl) else pa.array([], fl.type.value_type)
-        vbs = np.repeat(as_numpy(f.column("vbucket"), dtype=np.int64), lens) if f.num_rows else np.zeros(0, np.int64)
-        pos = (np.arange(len(vbs)) - np.repeat(np.cumsum(lens) - lens, lens)) if len(vbs) else np.zeros(0, np.int64)
-        table = T.canonical("dcp", "failover", pa.table({
-            "vbucket": pa.array(vbs, pa.uint16()), "position": pa.array(pos, pa.int32()),
-            "vbucket_uuid": flat.field("vbucket_uuid"), "seqno": flat.field("seqno")}))
-        return table, f, fl
+        return f, fl
 
     def _vbuckets_table(self, doc_counts: dict, m_vb: np.ndarray, complete: np.ndarray, f: pa.Table,
                         fl: pa.Array) -> pa.Table:
@@ -506,42 +406,14 @@ def _last_per_vbucket(t: pa.Table) -> pa.Table:
 
 
 def dcp_group_tables(frames: pa.Table) -> dict[str, pa.Table]:
-    """All DCP tables (but `frames`) for vbucket frames held in memory (any order)."""
+    """`vbuckets` (document counts 0) and `snapshots` of vbucket frames held in memory (any
+    order)."""
     seq = as_numpy(frames.column("_seq"), dtype=np.int64)
     if len(seq) > 1 and not (seq[1:] >= seq[:-1]).all():
         frames = frames.take(np.argsort(seq, kind="stable"))
     state = DcpState(frames.filter(pa.array(rollback_mask(frames))))
     state.feed(frames)
     return state.finish()
-
-
-def _collection_drops(chunk: pa.Table) -> set[tuple[int, int]]:
-    """(vbucket, collection id) of the collection-drop system events in a chunk."""
-    ev = as_numpy(chunk.column("system_event_id").cast(pa.int64()), fill=-1, dtype=np.int64)
-    hit = (ev == COLLECTION_DROP) & equals(chunk.column("op"), "system_event") \
-        & as_numpy(chunk.column("collection_id").is_valid(), dtype=bool)
-    if not hit.any():
-        return set()
-    idx = np.flatnonzero(hit)
-    vb = as_numpy(chunk.column("vbucket"), dtype=np.int64)[idx]
-    cid = as_numpy(chunk.column("collection_id"), fill=0, dtype=np.int64)[idx]
-    return set(zip(vb.tolist(), cid.tolist()))
-
-
-def without_dropped(docs: pa.Table, dropped: set, counts: dict) -> pa.Table:
-    """`documents` without the documents of dropped collections (a collection id is never
-    used again, so every document of it is gone), and `counts` (state -> per-vbucket
-    counts, for `vbuckets`) lowered by them."""
-    vb = as_numpy(docs.column("vbucket"), dtype=np.int64)
-    cid = as_numpy(docs.column("collection_id").cast(pa.int64()), fill=-1, dtype=np.int64)
-    keys = (vb << 32) | (cid & 0xFFFFFFFF)
-    gone = np.isin(keys, np.array([(v << 32) | c for v, c in dropped], np.int64)) & (cid >= 0)
-    if not gone.any():
-        return docs
-    states = as_strings(docs.column("state")).to_numpy(zero_copy_only=False)
-    for state, arr in counts.items():
-        np.subtract.at(arr, vb[gone & (states == state)], 1)
-    return docs.filter(pa.array(~gone))
 
 
 def with_document_counts(vbuckets: pa.Table, counts: pa.Table) -> pa.Table:

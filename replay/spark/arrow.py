@@ -1,7 +1,8 @@
 """The Arrow side of the Spark engine (replay/spark/engine.py), without pyspark: the types between
 Arrow-as-captured and Arrow-as-Spark-sees-it, and the functions that run in the Python
 workers of `applyInArrow` groups (the rules of dcp_rules / synapse_rules on one group of
-frames, their result tables packed into one wide output).
+frames, their result tables packed into one wide output: `vbuckets` and `snapshots` for DCP,
+whose other tables are SQL).
 
 Spark has no unsigned types and no nanosecond timestamps: inside Spark, uint8/16/32 are
 widened to the next signed type, uint64 becomes decimal(20,0), and timestamps are bigint
@@ -20,7 +21,8 @@ from dcptool.replay.rules import columns, dcp as dcp_rules, synapse as synapse_r
 from dcptool.replay.store.files import arrow_source
 from dcptool.replay.store.schema import capture_schema
 
-DCP_RESULTS = ["documents", "vbuckets", "snapshots", "rollbacks", "failover", "undone"]
+# the tables of the per-vbucket rules (DcpState: no document; the rest is plans.py's SQL)
+DCP_RESULTS = ["vbuckets", "snapshots"]
 SYN_RESULTS = ["positions", "rows", "gaps"]
 
 

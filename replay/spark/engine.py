@@ -3,10 +3,11 @@ machine. The only module that imports pyspark (lazily, inside functions).
 
 Frames never come to the driver. DCP `documents`, `undone`, `rollbacks`, `failover` and `history` are
 the SQL of replay/rules/plans.py (no Python workers), the same definitions DuckDB runs in-process. The other tables come from groups of
-`groupBy(...).applyInArrow` (vbuckets for DCP, (stream, instance) for Synapse); inside the
-group the frames are sorted by their frame order and handed to the same functions the local
-engine runs (dcp_rules.DcpState, synapse_rules.synapse_tables), so the two engines share their
-semantics and the result does not depend on partitioning.
+`groupBy(...).applyInArrow` (vbuckets for DCP: `vbuckets` and `snapshots`, no document
+tracked; (stream, instance) for Synapse); inside the group the frames are sorted by their
+frame order and handed to the same functions the local engine runs (dcp_rules.DcpState,
+synapse_rules.synapse_tables), so the two engines share their semantics and the result does
+not depend on partitioning.
 
 Sessions: an embedded one (make_session, py4j and a JVM in this process) or a Spark Connect
 client (connect_session: the warm server of replay/spark/connect_server.py, or `--remote`); the

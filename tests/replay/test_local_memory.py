@@ -1,22 +1,16 @@
 """The local engine's memory model (REPLAY.md "Memory of the local engine"): the relational
 tables run in DuckDB under DCPTOOL_REPLAY_MEMORY, spilling to a temporary directory that goes
 away; the per-vbucket pass tracks no document (one pass whatever the budget), and `vbuckets`'
-document counts come from DuckDB's `documents`. The grouped rules Spark runs
-(dcp_rules.dcp_group_tables) still keep documents in a compact store (replay/rules/doc_state.py):
-its tests are here too. Behaviour only."""
+document counts come from DuckDB's `documents`. Behaviour only."""
 
 from __future__ import annotations
 
-import gc
 import os
-import sys
 import tempfile
 
-import numpy as np
-import pyarrow as pa
 import pytest
 
-from dcptool.replay.rules import dcp as dcp_rules, doc_state, tables as T
+from dcptool.replay.rules import tables as T
 from dcptool.replay.local import duck, engine as local
 from dcptool.replay.store import reader
 from tests.support import capgen, oracle
@@ -69,26 +63,6 @@ def test_only_the_tables_asked_for_then_any(tmp_path):
     assert T.checksum("snapshots", rep.table("snapshots")) == full["snapshots"]
 
 
-def _grouped(files) -> dict[str, pa.Table]:
-    """The tables of the grouped rules (what one Spark applyInArrow group computes) over
-    every vbucket frame of `files`."""
-    t = reader.read_capture_table(files)
-    t = t.append_column("_seq", pa.array(np.arange(t.num_rows, dtype=np.int64)))
-    t = t.filter(pa.array(dcp_rules.dcp_vbucket_frames(t))).select(dcp_rules.DCP_STATE_COLUMNS + ["_seq"])
-    return dcp_rules.dcp_group_tables(t)
-
-
-def test_colliding_hashes_keep_documents_apart(tmp_path, monkeypatch):
-    """Documents are told apart by their keys, not their hashes: with every hash equal the
-    grouped rules give the same documents, and they are DuckDB's."""
-    files = _files(tmp_path, 11, 600)     # one capture: file order is frame order
-    files = [f for f in files if f.capture_id == files[0].capture_id]
-    want = local.replay_local(files, tables=["documents"]).table("documents")
-    assert _grouped(files)["documents"].equals(want)
-    monkeypatch.setattr(doc_state, "doc_hashes", lambda owner, kh: np.full(len(owner), 42, np.uint64))
-    assert _grouped(files)["documents"].equals(want)
-
-
 @pytest.fixture
 def passes(monkeypatch):
     """The passes of the per-vbucket rules each replay ran."""
@@ -102,66 +76,16 @@ def passes(monkeypatch):
     return seen
 
 
-def test_vbuckets_track_no_document_and_count_from_documents(tmp_path, passes, monkeypatch):
+def test_vbuckets_track_no_document_and_count_from_documents(tmp_path, passes):
     """One pass whatever the budget, with no document store; the live / deleted / expired
     counts equal a GROUP BY over `documents`, from DuckDB or from the table already built."""
     files = _files(tmp_path, 8, 600)
     want = oracle.dcp(files)
-    monkeypatch.setattr(doc_state.DocumentStore, "apply", lambda self, c: pytest.fail("a document tracked"))
     alone = local.replay_local(files, tables=["vbuckets"], memory=1)
     assert passes == [1] and alone.table("vbuckets").equals(want["vbuckets"])
     both = local.replay_local(files, tables=["documents", "vbuckets"])
     assert both.table("vbuckets").equals(want["vbuckets"])
     assert sum(want["vbuckets"].column("live").to_pylist()) > 0
-
-
-def _store_with(n: int, seed: int = 1) -> doc_state.DocumentStore:
-    """A store fed n distinct documents (and as many changes of them again) in chunks."""
-    rng = np.random.default_rng(seed)
-    store = doc_state.DocumentStore()
-    ids = np.concatenate([np.arange(n), rng.integers(0, n, n)])
-    for lo in range(0, len(ids), 1 << 14):
-        part = ids[lo:lo + (1 << 14)]
-        m = len(part)
-        keys = pa.array([b"document-%d" % i for i in part.tolist()], pa.binary())
-        chunk = pa.table({
-            "vbucket": pa.array(part % 1024, pa.uint16()), "collection_id": pa.array(part % 3, pa.uint32()),
-            "key": keys, "by_seqno": pa.array(np.arange(lo, lo + m)), "rev_seqno": pa.array(np.ones(m, np.int64)),
-            "cas": pa.array(np.arange(m, dtype=np.uint64)), "op": pa.array(["mutation"] * m).dictionary_encode(),
-            "datatype": pa.array(np.zeros(m, np.uint8)), "item_flags": pa.array(np.zeros(m, np.uint32)),
-            "expiration": pa.array(np.zeros(m, np.uint32)), "value_len": pa.array(np.full(m, 10, np.uint32)),
-            "capture_id": pa.array(["c"] * m).dictionary_encode(), "frame_no": pa.array(np.arange(lo, lo + m)),
-            "ts": pa.array(np.arange(lo, lo + m)).cast(T.TS), "_seq": pa.array(np.arange(lo, lo + m))})
-        store.apply(doc_state.prepare_changes(chunk, np.arange(m)))
-    return store
-
-
-def test_document_state_is_arrays_not_python_objects(monkeypatch):
-    small, big = 20_000, 120_000
-    _store_with(1_000)                 # caches and lazy imports on the way are made once
-    gc.collect()
-    before = sys.getallocatedblocks()
-    s1 = _store_with(small)
-    gc.collect()
-    blocks_small = sys.getallocatedblocks() - before      # Python objects the small store kept
-    s2 = _store_with(big)
-    gc.collect()
-    blocks_big = sys.getallocatedblocks() - before - blocks_small
-    assert (s1.n, s2.n) == (small, big)
-    # Python objects do not grow with documents (one per document would be 100k more)
-    assert blocks_big - blocks_small < 2_000
-    # and the arrays cost a bounded number of bytes per document, capacity included
-    per_doc = (s2.nbytes() - s1.nbytes()) / (big - small)
-    assert 0 < per_doc <= 300
-    # each document holds its last change: by_seqno is the position of its last change
-    ids = np.concatenate([np.arange(big), np.random.default_rng(1).integers(0, big, big)])
-    last = np.zeros(big, np.int64)
-    np.maximum.at(last, ids, np.arange(len(ids)))
-    monkeypatch.setattr(doc_state, "TABLE_ROWS", 5_000)    # the table built in many vbucket ranges
-    table = s2.table()
-    assert s2.n == 0 and table.equals(T.canonical("dcp", "documents", table))
-    got = dict(zip(table.column("key").to_pylist(), table.column("by_seqno").to_pylist()))
-    assert got == {b"document-%d" % i: int(last[i]) for i in range(big)}
 
 
 def test_duckdb_takes_the_budget_and_a_temporary_directory_it_removes(tmp_path, monkeypatch):

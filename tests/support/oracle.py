@@ -29,8 +29,9 @@ def dcp(files) -> dict[str, pa.Table]:
     open_snap: dict[int, dict] = {}
     last_marker: dict[int, dict] = {}
     rollbacks: list[dict] = []
+    undone_rows: list[dict] = []              # each undone document change, with its rollback
     vbs: dict[int, dict] = {}
-    for f in rows:
+    for at, f in enumerate(rows):
         vb = f["vbucket"]
         if f["direction"] != "in" or vb is None or f["decode_error"] is not None or f["op"] not in VB_OPS:
             continue
@@ -48,6 +49,8 @@ def dcp(files) -> dict[str, pa.Table]:
                     if not c["undone"] and c["by_seqno"] is not None and c["by_seqno"] > f["rollback_seqno"]:
                         c["undone"] = True
                         undone += c["doc"]
+                        if c["doc"]:
+                            undone_rows.append(dict(change=c, rollback=f, rollback_at=at))
                 rollbacks.append(dict(vbucket=vb, capture_id=f["capture_id"], frame_no=f["frame_no"],
                                       ts=f["ts"], rollback_seqno=f["rollback_seqno"], undone=undone))
                 v["rollbacks"] += 1
@@ -78,7 +81,7 @@ def dcp(files) -> dict[str, pa.Table]:
                     if s["first_seqno"] is None:
                         s["first_seqno"] = seq
                     s["last_seqno"] = seq
-            changes.setdefault(vb, []).append(dict(f, by_seqno=seq, doc=doc, undone=False))
+            changes.setdefault(vb, []).append(dict(f, by_seqno=seq, doc=doc, undone=False, at=at))
     documents: dict[tuple, dict] = {}
     for vb, cs in changes.items():
         for c in cs:
@@ -90,6 +93,7 @@ def dcp(files) -> dict[str, pa.Table]:
                  value_len=c["value_len"], capture_id=c["capture_id"], frame_no=c["frame_no"], ts=c["ts"])
             for c in documents.values()]
     vrows = []
+    undone = [_undone_row(u, documents) for u in undone_rows]
     for vb, v in vbs.items():
         states = [d["state"] for d in docs if d["vbucket"] == vb]
         alive = [c["by_seqno"] for c in changes.get(vb, []) if not c["undone"]]
@@ -104,7 +108,20 @@ def dcp(files) -> dict[str, pa.Table]:
     frows = [dict(vbucket=vb, position=i, vbucket_uuid=e["vbucket_uuid"], seqno=e["seqno"])
              for vb, log in failover.items() for i, e in enumerate(log)]
     return _tables("dcp", documents=docs, vbuckets=vrows, snapshots=snapshots, rollbacks=rollbacks,
-                   failover=frows)
+                   failover=frows, undone=undone)
+
+
+def _undone_row(u: dict, documents: dict) -> dict:
+    """A row of `undone`: the change, its rollback, and whether the document's current change
+    (its last one not undone) was received after the rollback (restored, at its by_seqno)."""
+    c, r = u["change"], u["rollback"]
+    cur = documents.get((c["vbucket"], c["collection_id"], c["key"]))
+    restored = cur is not None and cur["at"] > u["rollback_at"]
+    return dict(vbucket=c["vbucket"], capture_id=r["capture_id"], frame_no=r["frame_no"], ts=r["ts"],
+                rollback_seqno=r["rollback_seqno"], collection_id=c["collection_id"], key=c["key"],
+                by_seqno=c["by_seqno"], op=c["op"], change_capture_id=c["capture_id"],
+                change_frame_no=c["frame_no"], change_ts=c["ts"], restored=restored,
+                restored_seqno=cur["by_seqno"] if restored else None)
 
 
 def synapse(files) -> dict[str, pa.Table]:
