@@ -13,7 +13,10 @@ frame_no), across every connection and node of the capture.
 
 Both engines call `lag_table` on the candidate frames (`CANDIDATE_COLUMNS`, `raw` only for
 GET_ALL_VB_SEQNOS frames): locally `local_lag` reads them (raw only of the row groups holding
-a poll), in Spark `spark_dataframe` filters the same rows into one partition."""
+a poll), in Spark `spark_dataframe` filters the same rows into one partition. Synapse's `lag`
+has the same two shapes (`local_synapse_lag`, `spark_synapse_dataframe`): each engine's side is
+one helper for both protocols (`_from_candidates`, `_one_partition`), given the columns and the
+table function."""
 
 from __future__ import annotations
 
@@ -150,13 +153,17 @@ def lag_table(candidates: pa.Table, ranks: dict[str, int]) -> pa.Table:
     i = candidates.column_names.index("ts")
     if pa.types.is_timestamp(candidates.column(i).type):
         candidates = candidates.set_column(i, "ts", candidates.column(i).cast(pa.int64()))
-    out = lag_rows(candidates, ranks)
-    schema = T.schema_of("dcp", "lag")
+    return _lag_of_rows("dcp", lag_rows(candidates, ranks))
+
+
+def _lag_of_rows(protocol: str, rows: list[dict]) -> pa.Table:
+    """The canonical `lag` of `protocol` from its rows (dicts; `ts` as int64 nanoseconds)."""
+    schema = T.schema_of(protocol, "lag")
     cols = {}
     for fld in schema:
         typ = pa.int64() if pa.types.is_timestamp(fld.type) else fld.type
-        cols[fld.name] = pa.array([r[fld.name] for r in out], typ).cast(fld.type)
-    return T.canonical("dcp", "lag", pa.table(cols, schema=schema))
+        cols[fld.name] = pa.array([r[fld.name] for r in rows], typ).cast(fld.type)
+    return T.canonical(protocol, "lag", pa.table(cols, schema=schema))
 
 
 def _file_candidates(f, as_of) -> Iterable[pa.Table]:
@@ -182,31 +189,45 @@ def _file_candidates(f, as_of) -> Iterable[pa.Table]:
         yield small.select(SMALL_COLUMNS).append_column("raw", raw).filter(mask)
 
 
-def local_lag(files, ranks: dict[str, int] | None = None, as_of=None) -> pa.Table:
-    """`lag` of DCP captures (the in-process engine)."""
-    ranks = reader.capture_ranks(files) if ranks is None else ranks
-    parts = [t for f in files for t in _file_candidates(f, as_of or None)]
-    cap = capture_schema("dcp")
-    empty = pa.schema([cap.field(c) for c in CANDIDATE_COLUMNS]).empty_table()
+def _from_candidates(protocol: str, columns: list[str], table_fn, parts: list[pa.Table],
+                     ranks: dict[str, int]) -> pa.Table:
+    """In-process: `table_fn(candidates, ranks)` over the candidate parts (`columns`) as one
+    table in the capture's types (an empty one when there are none)."""
+    cap = capture_schema(protocol)
+    empty = pa.schema([cap.field(c) for c in columns]).empty_table()
     parts = [p.cast(empty.schema) if p.schema != empty.schema else p for p in parts]
-    return lag_table(pa.concat_tables(parts) if parts else empty, ranks)
+    return table_fn(pa.concat_tables(parts) if parts else empty, ranks)
 
 
-def spark_dataframe(df, spark_schema, to_spark_arrow, ranks: dict[str, int]):
-    """`lag` as a Spark DataFrame from the frames DataFrame `df` (replay/spark/engine.py
-    read_frames): the candidate frames go to one partition, where the same `lag_table` builds
-    it. `spark_schema` and `to_spark_arrow` are the engine's type mappings."""
-    schema = T.schema_of("dcp", "lag")
+def _one_partition(df, protocol: str, where: str, columns: list[str], table_fn, ranks: dict[str, int],
+                   spark_schema, to_spark_arrow):
+    """In Spark: the rows of the frames DataFrame `df` that match `where`, with `columns` (SQL
+    expressions), in one partition, where `table_fn(candidates, ranks)` builds `lag`.
+    `spark_schema` and `to_spark_arrow` are the engine's type mappings (this module does not
+    import the engine)."""
+    schema = T.schema_of(protocol, "lag")
 
     def build(batches):
         parts = list(batches)
         if not parts:
             return
-        yield from to_spark_arrow(lag_table(pa.Table.from_batches(parts), ranks)).to_batches()
+        yield from to_spark_arrow(table_fn(pa.Table.from_batches(parts), ranks)).to_batches()
 
+    return df.filter(where).selectExpr(*columns).repartition(1).mapInArrow(build, spark_schema(schema))
+
+
+def local_lag(files, ranks: dict[str, int] | None = None, as_of=None) -> pa.Table:
+    """`lag` of DCP captures (the in-process engine)."""
+    ranks = reader.capture_ranks(files) if ranks is None else ranks
+    parts = [t for f in files for t in _file_candidates(f, as_of or None)]
+    return _from_candidates("dcp", CANDIDATE_COLUMNS, lag_table, parts, ranks)
+
+
+def spark_dataframe(df, spark_schema, to_spark_arrow, ranks: dict[str, int]):
+    """`lag` as a Spark DataFrame from the frames DataFrame `df` (replay/spark/engine.py
+    read_frames): the candidate frames, `raw` only of the polls."""
     cols = SMALL_COLUMNS + [f"CASE WHEN opcode = {GET_ALL_VB_SEQNOS} THEN raw END AS raw"]
-    return (df.filter(SPARK_FILTER).selectExpr(*cols).repartition(1)
-              .mapInArrow(build, spark_schema(schema)))
+    return _one_partition(df, "dcp", SPARK_FILTER, cols, lag_table, ranks, spark_schema, to_spark_arrow)
 
 
 # ----------------------------------------------------------------------------- Synapse
@@ -266,12 +287,7 @@ def synapse_lag_table(candidates: pa.Table, ranks: dict[str, int]) -> pa.Table:
                             position=r["new_token"], rdata_token=rd,
                             lag_tokens=None if rd is None else max(0, r["new_token"] - rd),
                             capture_id=r["capture_id"], frame_no=r["frame_no"]))
-    schema = T.schema_of("synapse", "lag")
-    cols = {}
-    for fld in schema:
-        typ = pa.int64() if pa.types.is_timestamp(fld.type) else fld.type
-        cols[fld.name] = pa.array([r[fld.name] for r in out], typ).cast(fld.type)
-    return T.canonical("synapse", "lag", pa.table(cols, schema=schema))
+    return _lag_of_rows("synapse", out)
 
 
 def local_synapse_lag(files, ranks: dict[str, int] | None = None) -> pa.Table:
@@ -283,21 +299,11 @@ def local_synapse_lag(files, ranks: dict[str, int] | None = None) -> pa.Table:
         pos, rdata = synapse_mask(part)
         if (pos | rdata).any():
             parts.append(part.filter(pa.array(pos | rdata)))
-    cap = capture_schema("synapse")
-    empty = pa.schema([cap.field(c) for c in SYN_COLUMNS]).empty_table()
-    parts = [p.cast(empty.schema) if p.schema != empty.schema else p for p in parts]
-    return synapse_lag_table(pa.concat_tables(parts) if parts else empty, ranks)
+    return _from_candidates("synapse", SYN_COLUMNS, synapse_lag_table, parts, ranks)
 
 
 def spark_synapse_dataframe(df, spark_schema, to_spark_arrow, ranks: dict[str, int]):
     """Synapse `lag` in Spark: the candidates in one partition, the same `synapse_lag_table`."""
-    schema = T.schema_of("synapse", "lag")
-
-    def build(batches):
-        parts = list(batches)
-        if not parts:
-            return
-        yield from to_spark_arrow(synapse_lag_table(pa.Table.from_batches(parts), ranks)).to_batches()
-
-    return (df.filter(SYN_SPARK_FILTER).select(*SYN_COLUMNS).repartition(1)
-              .mapInArrow(build, spark_schema(schema)))
+    cols = [f"`{c}`" for c in SYN_COLUMNS]
+    return _one_partition(df, "synapse", SYN_SPARK_FILTER, cols, synapse_lag_table, ranks, spark_schema,
+                          to_spark_arrow)
