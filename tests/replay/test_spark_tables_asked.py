@@ -1,0 +1,44 @@
+"""Spark builds and runs only the plans of the tables asked for (REPLAY.md "How the engines
+run"): `replay --spark --table documents` (SQL of replay/rules/plans.py) runs no Python worker
+and never builds the per-vbucket groups; `snapshots` does (so the check can fail)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dcptool.replay.store import reader
+from tests.support import capgen
+
+pytestmark = pytest.mark.spark
+
+# physical plan nodes that run Python workers (pyspark's Arrow and pandas UDF operators)
+PYTHON_NODES = ("FlatMapGroupsInArrow", "MapInArrow", "FlatMapGroupsInPandas", "MapInPandas",
+                "ArrowEvalPython", "BatchEvalPython")
+
+
+def _python_nodes(df, capsys) -> list[str]:
+    capsys.readouterr()
+    df.explain()
+    plan = capsys.readouterr().out
+    assert "== Physical Plan ==" in plan
+    return [n for n in PYTHON_NODES if n in plan]
+
+
+def test_sql_tables_build_no_group_and_run_no_python(spark, tmp_path, capsys):
+    from dcptool.replay.spark import engine as spark_engine
+    capgen.write_captures(capgen.generate("dcp", 4, n_events=150), str(tmp_path), seed=4)
+    rep = spark_engine.replay_spark(spark, reader.find_captures([str(tmp_path)]))
+    built = []
+    groups = rep.packed_builder
+
+    def counted():
+        built.append(1)
+        return groups()
+    rep.packed_builder = counted
+    try:
+        assert _python_nodes(rep.dataframe("documents"), capsys) == []
+        assert built == []
+        assert _python_nodes(rep.dataframe("snapshots"), capsys) == ["FlatMapGroupsInArrow"]
+        assert built == [1]
+    finally:
+        rep.close()
