@@ -234,6 +234,9 @@ def run_sdk_schedule(tmp_path, seed: int, schedule: chaos.Schedule | None = None
             deadline = time.monotonic() + BOUND
             while len(cl.changes) < len(sched.events) and cl.broken is None:   # the schedule runs to its end
                 assert time.monotonic() < deadline and proc.poll() is None, f"{where}: stuck at {len(cl.changes)} events"
+                if not _streaming(srv):   # fillers drive frames only once the resumed capture streams
+                    time.sleep(0.01)      # (polling, bounded by the deadline)
+                    continue
                 pace.wait()
                 mix.write()
             timing["fill"] = time.monotonic() - t0
