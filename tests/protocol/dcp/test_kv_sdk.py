@@ -38,7 +38,7 @@ USER, PASSWORD = "Administrator", "kv-sdk-pw"
 ENV = dict(os.environ, DCPTOOL_PASSWORD=PASSWORD)
 BOUND = 120
 KEYS = [f"user-{i:03d}" for i in range(40)]
-LOCKED_RETRIES = 2   # seconds the SDK retries a write to a locked document (the KV timeout, 10 s, otherwise)
+LOCKED_RETRIES = 1   # seconds the SDK retries a write to a locked document (the KV timeout, 10 s, otherwise)
 
 
 @pytest.fixture
