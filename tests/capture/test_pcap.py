@@ -420,7 +420,13 @@ def test_redis_pub_sub_of_synapse_imports_as_lines_with_their_channel_and_no_cre
         assert secret not in (tmp_path / "imp" / name).read_bytes()
 
 
+IN_LINES = 1 + 52   # the client's own REPLICATE echoed on the channel, and the 52 lines published
+
+
 def test_tcpdump_of_a_redis_session_imports_to_the_same_rows(tmp_path):
+    """tcpdump of `capture synapse+redis://` imports to the rows the capture itself recorded.
+    The capture stops at its IN_LINES-th received line (the last one published), not after a
+    fixed duration."""
     require_tcpdump()
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (run scripts/setup.sh --test)")
@@ -429,8 +435,8 @@ def test_tcpdump_of_a_redis_session_imports_to_the_same_rows(tmp_path):
         dump = Tcpdump(str(tmp_path / "r.pcap"), redis_srv.port)
         cap = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "dcptool"), "capture",
                                 f"synapse+redis://127.0.0.1:{redis_srv.port}?server_name=hs", "-o",
-                                str(tmp_path / "own"), "--quiet", "--duration", "6"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                str(tmp_path / "own"), "--quiet", "--json", "--max-messages", str(IN_LINES),
+                                "--duration", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         pub = redis_srv.client()
         deadline = time.monotonic() + 30
         while pub.pubsub_numsub("hs")[0][1] < 1 and time.monotonic() < deadline:   # bounded wait: subscribed
@@ -440,7 +446,9 @@ def test_tcpdump_of_a_redis_session_imports_to_the_same_rows(tmp_path):
         for tok in range(2, 52):
             pub.publish("hs", f'RDATA events master {tok} ["ev", {{"k": {tok}}}]')
         pub.close()
-        assert cap.wait(60) == 0, cap.stderr.read().decode()
+        assert cap.wait(90) == 0, cap.stderr.read().decode()
+        assert json.loads(cap.stdout.read())["stopped"] == "max-messages"   # not the --duration bound
+        cap.stdout.close()
         cap.stderr.close()
         dump.stop_after_close(connections=3)
     finally:

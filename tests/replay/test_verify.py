@@ -297,11 +297,17 @@ def test_producer_failover_capture_and_killed_resumed_captures_are_clean(tmp_pat
 
 @pytest.mark.integration
 def test_synapse_capture_with_reconnects_and_resume_is_clean(tmp_path):
-    with ServeSynapse("--items", "300", "--drop-after", "100", "--seed", "4") as srv:
+    """Two runs (the second `--resume`s the first), each dropped by the server after 100 RDATA
+    lines and reconnected: both captures verify clean. 400 items leave the second run more
+    than 150 messages (the first takes at most two connections' worth), so each run ends at
+    --max-messages (--duration is only a bound) after at least one reconnect."""
+    with ServeSynapse("--items", "400", "--drop-after", "100", "--seed", "4") as srv:
         for extra in ([], ["--resume"]):
             res = subprocess.run([DCPTOOL, "capture", f"synapse://{srv.address}", "-o", str(tmp_path / "s"),
-                                  "--quiet", "--max-messages", "150", "--duration", "30s", *extra],
-                                 capture_output=True, text=True, timeout=60)
+                                  "--quiet", "--json", "--max-messages", "150", "--duration", "60s", *extra],
+                                 capture_output=True, text=True, timeout=90)
             assert res.returncode == 0, res.stderr
+            summary = json.loads(res.stdout)
+            assert summary["stopped"] == "max-messages" and summary["connections"] >= 2, summary
     report = V.verify([str(tmp_path / "s")])
     assert report.captures == 2 and report.findings == [], report.findings[:3]

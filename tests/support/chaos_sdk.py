@@ -52,13 +52,20 @@ KINDS = ("upsert", "insert", "replace", "remove", "touch", "durable")
 REFUSED = (cbe.DocumentExistsException, cbe.DocumentNotFoundException, cbe.CasMismatchException)
 
 
-def connect(host: str, port: int):
-    opts = ClusterOptions(PasswordAuthenticator(USER, PASSWORD), config_poll_interval=timedelta(milliseconds=200),
-                          timeout_options=ClusterTimeoutOptions(kv_timeout=timedelta(seconds=1),
-                                                                kv_durable_timeout=timedelta(seconds=2),
-                                                                connect_timeout=timedelta(seconds=10)))
+def connect(host: str, port: int, *, password: str = PASSWORD, kv_timeout: float = 1.0,
+            durable_timeout: float = 2.0, connect_timeout: float = 10.0):
+    """The official SDK connected to `serve dcp` at host:port as USER, its KV service ready:
+    (cluster, the default collection). The cluster map is polled every 200 ms (the SDK's
+    default is 2.5 s) so that it follows a topology change at once; the timeouts are seconds
+    (the chaos schedules' short ones by default: a write to a hung node is uncertain soon)."""
+    timeouts = ClusterTimeoutOptions(kv_timeout=timedelta(seconds=kv_timeout),
+                                     kv_durable_timeout=timedelta(seconds=durable_timeout),
+                                     connect_timeout=timedelta(seconds=connect_timeout))
+    opts = ClusterOptions(PasswordAuthenticator(USER, password), config_poll_interval=timedelta(milliseconds=200),
+                          timeout_options=timeouts)
     cluster = Cluster(f"couchbase://{host}:{port}", opts)
-    cluster.wait_until_ready(timedelta(seconds=10), WaitUntilReadyOptions(service_types=[ServiceType.KeyValue]))
+    cluster.wait_until_ready(timedelta(seconds=connect_timeout),
+                             WaitUntilReadyOptions(service_types=[ServiceType.KeyValue]))
     return cluster, cluster.bucket("default").default_collection()
 
 
@@ -227,6 +234,9 @@ def run_sdk_schedule(tmp_path, seed: int, schedule: chaos.Schedule | None = None
             deadline = time.monotonic() + BOUND
             while len(cl.changes) < len(sched.events) and cl.broken is None:   # the schedule runs to its end
                 assert time.monotonic() < deadline and proc.poll() is None, f"{where}: stuck at {len(cl.changes)} events"
+                if not _streaming(srv):   # fillers drive frames only once the resumed capture streams
+                    time.sleep(0.01)      # (polling, bounded by the deadline)
+                    continue
                 pace.wait()
                 mix.write()
             timing["fill"] = time.monotonic() - t0

@@ -25,14 +25,12 @@ import pytest
 couchbase = pytest.importorskip("couchbase")
 
 from couchbase import exceptions as cbe  # noqa: E402
-from couchbase.auth import PasswordAuthenticator  # noqa: E402
-from couchbase.cluster import Cluster  # noqa: E402
 from couchbase.durability import DurabilityLevel, ServerDurability  # noqa: E402
-from couchbase.diagnostics import ServiceType  # noqa: E402
-from couchbase.options import (ClusterOptions, ClusterTimeoutOptions, DecrementOptions, DeltaValue,  # noqa: E402
-                               GetOptions, IncrementOptions, ReplaceOptions, SignedInt64, UpsertOptions,
-                               WaitUntilReadyOptions)
+from couchbase.options import (DecrementOptions, DeltaValue, GetOptions, IncrementOptions,  # noqa: E402
+                               ReplaceOptions, SignedInt64, UpsertOptions)
 from couchbase.transcoder import RawBinaryTranscoder  # noqa: E402
+
+from tests.support.chaos_sdk import connect as sdk_connect  # noqa: E402
 
 pytestmark = pytest.mark.integration
 DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
@@ -40,6 +38,7 @@ USER, PASSWORD = "Administrator", "kv-sdk-pw"
 ENV = dict(os.environ, DCPTOOL_PASSWORD=PASSWORD)
 BOUND = 120
 KEYS = [f"user-{i:03d}" for i in range(40)]
+LOCKED_RETRIES = 1   # seconds the SDK retries a write to a locked document (the KV timeout, 10 s, otherwise)
 
 
 @pytest.fixture
@@ -62,13 +61,11 @@ def serve():
 
 
 def connect(addr: str):
-    opts = ClusterOptions(PasswordAuthenticator(USER, PASSWORD),
-                          timeout_options=ClusterTimeoutOptions(kv_timeout=timedelta(seconds=10),
-                                                                connect_timeout=timedelta(seconds=20),
-                                                                kv_durable_timeout=timedelta(seconds=10)))
-    cluster = Cluster(f"couchbase://{addr}", opts)
-    cluster.wait_until_ready(timedelta(seconds=20), WaitUntilReadyOptions(service_types=[ServiceType.KeyValue]))
-    return cluster, cluster.bucket("default").default_collection()
+    """The SDK connected as tests/support/chaos_sdk.py connects it, with timeouts long enough
+    that every write of the workload gets its answer on a loaded machine."""
+    host, port = addr.rsplit(":", 1)
+    return sdk_connect(host, int(port), password=PASSWORD, kv_timeout=10.0, durable_timeout=10.0,
+                       connect_timeout=20.0)
 
 
 def workload(coll, seed: int, durable_ok: bool) -> dict:
@@ -144,8 +141,8 @@ def workload(coll, seed: int, durable_ok: bool) -> dict:
     assert coll.get("bin", GetOptions(transcoder=raw)).value == b"start-mid-end"
     locked = next(k for k in keys if k in exists)      # a lock: only its CAS writes
     lock = coll.get_and_lock(locked, timedelta(seconds=15)).cas
-    with pytest.raises(cbe.DocumentLockedException):
-        coll.upsert(locked, {"locked": True})
+    with pytest.raises(cbe.DocumentLockedException):   # (the SDK retries LOCKED until its timeout)
+        coll.upsert(locked, {"locked": True}, UpsertOptions(timeout=timedelta(seconds=LOCKED_RETRIES)))
     exists[locked] = coll.replace(locked, {"unlocked": True}, ReplaceOptions(cas=lock)).cas
     for key in keys + ["ctr-0", "ctr-1", "bin"]:       # the SDK reads back what it was told
         if key in exists:
