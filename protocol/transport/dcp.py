@@ -21,6 +21,7 @@ import asyncio
 import logging
 import socket
 import ssl
+import sys
 import threading
 import time
 from typing import Callable, Protocol
@@ -44,6 +45,10 @@ MIN_READ_BUFFER = 256 * 1024     # the smallest fresh one
 # is copied out and the buffer kept, so a trickle of small receives never pins a large
 # buffer each (what a batch holds is at most 1 / HAND_ON_SHARE of what it pins).
 HAND_ON_SHARE = 4
+# Buffers handed on are taken back once nothing else holds them (the batches built over them
+# are written): fresh memory costs page faults and zeroing in the kernel's copy (the copy
+# saved, paid again). At most this many are watched; an older one is left to be freed.
+SPARE_BUFFERS = 8
 HANDSHAKE_TIMEOUT = 10.0     # seconds a TLS client has to complete its handshake (serve dcp)
 
 
@@ -94,6 +99,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
         self.on_events = on_events
         self.max_body = max_body
         self._buf = np.empty(READ_BUFFER, dtype=np.uint8)   # not zeroed: the kernel writes it
+        self._lent: list[np.ndarray] = []    # buffers handed on, taken back when free (_spare)
         self._end = 0
         self.transport: asyncio.Transport | None = None
         self.done: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -124,9 +130,20 @@ class ClientProtocol(asyncio.BufferedProtocol):
     def _renew(self, size: int, start: int) -> None:
         """A fresh buffer of `size` bytes holding what the old one has from `start` on."""
         tail = self._end - start
-        fresh = np.empty(max(size, tail + 65536), dtype=np.uint8)
+        fresh = self._spare(max(size, tail + 65536))
         fresh[:tail] = self._buf[start:self._end]
         self._buf, self._end = fresh, tail
+
+    def _spare(self, size: int) -> np.ndarray:
+        """A buffer handed on earlier that nothing refers to any more (no view, no batch: only
+        this list and the call hold it), at least `size` bytes; else a new one."""
+        lent = self._lent
+        for i in range(len(lent)):
+            if len(lent[i]) >= size and sys.getrefcount(lent[i]) == 2:
+                buf = lent[i]
+                del lent[i]
+                return buf
+        return np.empty(size, dtype=np.uint8)   # not zeroed: the kernel writes it
 
     def buffer_updated(self, nbytes: int) -> None:
         self._end += nbytes
@@ -183,6 +200,9 @@ class ClientProtocol(asyncio.BufferedProtocol):
         if consumed * HAND_ON_SHARE >= len(buf):
             size = min(READ_BUFFER, max(MIN_READ_BUFFER, 2 * self._end))
             self._renew(size, consumed)
+            self._lent.append(buf)
+            if len(self._lent) > SPARE_BUFFERS:
+                del self._lent[0]
             return memoryview(buf)[:consumed].toreadonly()
         chunk = buf[:consumed].tobytes()
         tail = self._end - consumed

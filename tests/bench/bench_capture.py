@@ -21,6 +21,10 @@ Issue 26: for the 128 B case the same run also captures with `--lag-interval 0` 
 alternating, BENCH_MONITOR_RUNS (default 2) of each, and prints the best rate of each and the
 cost of monitoring (goal <= 3%).
 
+Each case also prints CPU per mutation: the bare client's (its thread), the producer's during
+the bare drain and during the capture (from /proc), and the capture process's (user + sys,
+start-up included): the inputs of the CPU budget in docs/BENCHMARKS.md.
+
 BENCH_PROFILE=1 adds, per case, one more capture run under cProfile in a child process with
 a profiler per thread timed by `time.thread_time` (issue 26: "profile the hot path per
 thread"): CPU seconds of the network loop, the segment writer and the Parquet encoder, and

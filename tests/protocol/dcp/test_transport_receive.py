@@ -116,3 +116,38 @@ def test_a_hostile_length_ends_the_batch_after_the_frames_before_it():
     with pytest.raises(RemoteError) as err:
         proto.done.result()
     assert err.value.code == ErrorCode.BODY_TOO_LARGE
+
+
+def test_a_buffer_nothing_holds_any_more_is_received_into_again(monkeypatch):
+    class Forgetful(_Tap):
+        handed = 0
+
+        def on_received(self, buf, offsets, lengths, ts_ns, mono_ns):
+            self.handed += type(buf) is memoryview
+            self.kept.append((bytes(buf), offsets.copy(), lengths.copy()))   # a copy: buf is let go
+
+    allocated = []
+    empty = transport.np.empty
+
+    def counted(size, *a, **kw):
+        allocated.append(size)
+        return empty(size, *a, **kw)
+
+    frames = _frames(random.Random(3), 20000)
+    stream = b"".join(frames)
+    step = 2_500_000
+    tap = Forgetful()
+
+    async def run():
+        proto = transport.ClientProtocol(_Consumer(), tap, None)
+        monkeypatch.setattr(transport.np, "empty", counted)
+        for pos in range(0, len(stream), step):
+            chunk = stream[pos:pos + step]
+            view = proto.get_buffer(-1)
+            view[:len(chunk)] = chunk
+            del view
+            proto.buffer_updated(len(chunk))
+    asyncio.run(run())
+    monkeypatch.undo()
+    assert _kept_frames(tap) == frames
+    assert tap.handed >= 10 and len(allocated) <= 3
