@@ -47,8 +47,10 @@ MIN_READ_BUFFER = 256 * 1024     # the smallest fresh one
 HAND_ON_SHARE = 4
 # Buffers handed on are taken back once nothing else holds them (the batches built over them
 # are written): fresh memory costs page faults and zeroing in the kernel's copy (the copy
-# saved, paid again). At most this many are watched; an older one is left to be freed.
-SPARE_BUFFERS = 8
+# saved, paid again). At most this many are watched; an older one is left to be freed. The
+# store holds 15-20 receives of 16 KiB values at a time (the writer's backlog, the row group
+# filling, the encoder's queue), so 8 were all still held when a fresh one was needed.
+SPARE_BUFFERS = 16
 HANDSHAKE_TIMEOUT = 10.0     # seconds a TLS client has to complete its handshake (serve dcp)
 
 
