@@ -1,6 +1,7 @@
 """The I/O edge of DCP: an asyncio client connection that feeds the sans-IO consumer
-(big reads into one buffer, whole frames handed over in batches, writes coalesced, an
-optional tap that sees every frame both ways), a session loop that reconnects and resumes
+(big reads into a buffer that is handed on with the whole frames it holds, so the bytes of a
+busy stream are copied once, by the kernel; writes coalesced; an optional tap that sees every
+frame both ways), a session loop that reconnects and resumes
 streams, and an asyncio server for the sans-IO producer.
 
 Errors: connection refused, DNS failure, TLS failure and timeouts raise ConnectFailed; a
@@ -20,9 +21,12 @@ import asyncio
 import logging
 import socket
 import ssl
+import sys
 import threading
 import time
 from typing import Callable, Protocol
+
+import numpy as np
 
 from dcptool.protocol.dcp.wire import columnar
 from dcptool.protocol.dcp.client.consumer import Consumer, ConsumerConfig, VbState
@@ -34,13 +38,27 @@ from dcptool.protocol.transport.reaper import Reaper
 
 log = logging.getLogger("dcptool.transport.dcp")
 
-READ_BUFFER = 8 * 1024 * 1024
+READ_BUFFER = 8 * 1024 * 1024    # the largest receive buffer
+MIN_READ_BUFFER = 256 * 1024     # the smallest fresh one
+# A receive that fills at least this share of its buffer hands the buffer itself on (frames are
+# slices of it; the next receive goes into a fresh buffer sized from this one); a smaller one
+# is copied out and the buffer kept, so a trickle of small receives never pins a large
+# buffer each (what a batch holds is at most 1 / HAND_ON_SHARE of what it pins).
+HAND_ON_SHARE = 4
+# Buffers handed on are taken back once nothing else holds them (the batches built over them
+# are written): fresh memory costs page faults and zeroing in the kernel's copy (the copy
+# saved, paid again). At most this many are watched; an older one is left to be freed. The
+# store holds 15-20 receives of 16 KiB values at a time (the writer's backlog, the row group
+# filling, the encoder's queue), so 8 were all still held when a fresh one was needed.
+SPARE_BUFFERS = 16
 HANDSHAKE_TIMEOUT = 10.0     # seconds a TLS client has to complete its handshake (serve dcp)
 
 
 class Tap(Protocol):
-    """Sees every frame. `buf` holds whole frames only and is valid during the call only
-    (it is a bytes object: keep it, or copy what you need)."""
+    """Sees every frame. `buf` holds whole frames only (at `offsets`, `lengths`) and is never
+    written again: keep it, or slices of it. It is bytes or a read-only memoryview (a busy
+    stream's receive buffer handed on without a copy): `bytes(buf[a:b])` where a value must be
+    bytes."""
 
     def on_received(self, buf, offsets, lengths, ts_ns: int, mono_ns: int) -> None: ...
 
@@ -71,14 +89,19 @@ def _tune_socket(transport, rcvbuf: int | None = None) -> None:
         pass
 
 
-class _ClientProtocol(asyncio.BufferedProtocol):
+class ClientProtocol(asyncio.BufferedProtocol):
+    """One client connection (what open_connection returns): receives into a buffer, hands
+    the whole frames of each receive to the tap and the consumer, writes what the consumer
+    asks to send."""
+
     def __init__(self, consumer: Consumer, tap: Tap | None, on_events: Callable | None,
                  max_body: int = DEFAULT_MAX_BODY):
         self.consumer = consumer
         self.tap = tap
         self.on_events = on_events
         self.max_body = max_body
-        self._buf = bytearray(READ_BUFFER)
+        self._buf = np.empty(READ_BUFFER, dtype=np.uint8)   # not zeroed: the kernel writes it
+        self._lent: list[np.ndarray] = []    # buffers handed on, taken back when free (_spare)
         self._end = 0
         self.transport: asyncio.Transport | None = None
         self.done: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -103,8 +126,26 @@ class _ClientProtocol(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int):
         if self._end >= len(self._buf) - 65536:
-            self._buf.extend(bytes(len(self._buf)))   # a frame larger than the buffer
+            self._renew(2 * len(self._buf), 0)   # a frame larger than the buffer
         return memoryview(self._buf)[self._end:]
+
+    def _renew(self, size: int, start: int) -> None:
+        """A fresh buffer of `size` bytes holding what the old one has from `start` on."""
+        tail = self._end - start
+        fresh = self._spare(max(size, tail + 65536))
+        fresh[:tail] = self._buf[start:self._end]
+        self._buf, self._end = fresh, tail
+
+    def _spare(self, size: int) -> np.ndarray:
+        """A buffer handed on earlier that nothing refers to any more (no view, no batch: only
+        this list and the call hold it), at least `size` bytes; else a new one."""
+        lent = self._lent
+        for i in range(len(lent)):
+            if len(lent[i]) >= size and sys.getrefcount(lent[i]) == 2:
+                buf = lent[i]
+                del lent[i]
+                return buf
+        return np.empty(size, dtype=np.uint8)   # not zeroed: the kernel writes it
 
     def buffer_updated(self, nbytes: int) -> None:
         self._end += nbytes
@@ -134,11 +175,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         offsets, lengths, consumed, err = columnar.scan(mv, self.max_body)
         del mv
         if consumed:
-            with memoryview(self._buf) as whole:   # one copy (a slice would copy twice)
-                chunk = bytes(whole[:consumed])
-            tail = self._end - consumed
-            self._buf[:tail] = self._buf[consumed:self._end]
-            self._end = tail
+            chunk = self._take(consumed)
             now = time.monotonic()
             if self.tap is not None:
                 self.tap.on_received(chunk, offsets, lengths, time.time_ns(), time.monotonic_ns())
@@ -156,6 +193,24 @@ class _ClientProtocol(asyncio.BufferedProtocol):
         elif consumed or self._partial_since is None:
             self._partial_since = time.monotonic()
         self._maybe_pause()
+
+    def _take(self, consumed: int):
+        """The first `consumed` bytes (whole frames), the rest moved to the buffer's start:
+        the buffer itself when the receive filled a good share of it (the kernel's copy is
+        the only one), else a copy of those bytes."""
+        buf = self._buf
+        if consumed * HAND_ON_SHARE >= len(buf):
+            size = min(READ_BUFFER, max(MIN_READ_BUFFER, 2 * self._end))
+            self._renew(size, consumed)
+            self._lent.append(buf)
+            if len(self._lent) > SPARE_BUFFERS:
+                del self._lent[0]
+            return memoryview(buf)[:consumed].toreadonly()
+        chunk = buf[:consumed].tobytes()
+        tail = self._end - consumed
+        buf[:tail] = buf[consumed:self._end]   # numpy copies overlapping ranges safely
+        self._end = tail
+        return chunk
 
     def flush(self) -> None:
         self.consumer.stamp_sent(time.monotonic())
@@ -219,7 +274,7 @@ class _ClientProtocol(asyncio.BufferedProtocol):
             return
         want = "?"
         if self._end >= 12:
-            want = str(24 + int.from_bytes(self._buf[8:12], "big"))
+            want = str(24 + int.from_bytes(self._buf[8:12].tobytes(), "big"))
         raise RemoteError(ErrorCode.TIMEOUT, f"a frame stopped half way: {self._end} of {want} bytes "
                           f"arrived, then nothing more for {now - since:.1f} s (--timeout {timeout:g} s)")
 
@@ -237,12 +292,12 @@ class _ClientProtocol(asyncio.BufferedProtocol):
 
 async def open_connection(consumer: Consumer, host: str, port: int, *, tls: ssl.SSLContext | None = None,
                           server_hostname: str | None = None, tap: Tap | None = None,
-                          on_events: Callable | None = None, timeout: float = 10.0) -> _ClientProtocol:
+                          on_events: Callable | None = None, timeout: float = 10.0) -> ClientProtocol:
     loop = asyncio.get_running_loop()
     where = f"{host}:{port}"
     try:
         _, proto = await asyncio.wait_for(
-            loop.create_connection(lambda: _ClientProtocol(consumer, tap, on_events), host, port, ssl=tls,
+            loop.create_connection(lambda: ClientProtocol(consumer, tap, on_events), host, port, ssl=tls,
                                    server_hostname=(server_hostname or host) if tls else None),
             timeout)
     except ConnectionRefusedError:
@@ -286,7 +341,7 @@ class Session:
         self.connect_timeout = connect_timeout or cfg.timeout or 30.0
         self.conn = 0
         self.consumer: Consumer | None = None
-        self._proto: _ClientProtocol | None = None
+        self._proto: ClientProtocol | None = None
         self._stop: asyncio.Event | None = None
         self.stopped = False
 
@@ -296,7 +351,7 @@ class Session:
         if self._stop is not None:
             self._stop.set()
 
-    async def run(self, first: _ClientProtocol | None = None) -> Consumer:
+    async def run(self, first: ClientProtocol | None = None) -> Consumer:
         """first: a connection already made (by a cluster session's bootstrap) to continue on."""
         self._stop = asyncio.Event()
         if self.stopped:
@@ -347,7 +402,7 @@ class Session:
                 stop_wait.cancel()
                 proto.close()
 
-    async def _close_streams(self, proto: _ClientProtocol, wait: float = 1.0) -> None:
+    async def _close_streams(self, proto: ClientProtocol, wait: float = 1.0) -> None:
         consumer = proto.consumer
         if consumer.phase == "streaming" and not consumer.finished:
             consumer.close_streams()

@@ -72,6 +72,9 @@ class RowGroupEncoder:
                     fut.set_result(fn(*args))
                 except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on it
                     fut.set_exception(exc)
+            # the row group is in its file: its batches (and the receive buffers under them)
+            # go now, not when the next job comes
+            fut = fn = args = None
             with self._cv:
                 self._outstanding -= 1
                 self.done += 1

@@ -21,6 +21,10 @@ Issue 26: for the 128 B case the same run also captures with `--lag-interval 0` 
 alternating, BENCH_MONITOR_RUNS (default 2) of each, and prints the best rate of each and the
 cost of monitoring (goal <= 3%).
 
+Each case also prints CPU per mutation: the bare client's (its thread), the producer's during
+the bare drain and during the capture (from /proc), and the capture process's (user + sys,
+start-up included): the inputs of the CPU budget in docs/BENCHMARKS.md.
+
 BENCH_PROFILE=1 adds, per case, one more capture run under cProfile in a child process with
 a profiler per thread timed by `time.thread_time` (issue 26: "profile the hot path per
 thread"): CPU seconds of the network loop, the segment writer and the Parquet encoder, and
@@ -76,6 +80,13 @@ def capture(host, port, outdir, compression="zstd", extra=(), scrape=False) -> t
     if p.returncode != 0:
         raise RuntimeError(err.decode())
     return wall, json.loads(out), usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
+
+
+def _proc_cpu(pid: int) -> float:
+    """User + system CPU seconds of a running process (the producer), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _scrape_every_second(p) -> None:
@@ -211,13 +222,17 @@ def main() -> None:
         large = value_size >= LARGE
         try:
             bench_stream.ITEMS = items
+            prod0, client0 = _proc_cpu(proc.pid), time.thread_time()
             bare_s, bare_n, bare_bytes = bench_stream.bare_client(host, port)
+            prod1, client1 = _proc_cpu(proc.pid), time.thread_time()
             wall, summary, rss, cpu = capture(host, port, tmp)
+            prod2 = _proc_cpu(proc.pid)
             if large:
                 lz4_dir = os.path.join(tmp, "lz4")
                 _, lz4, lz4_rss, _ = capture(host, port, lz4_dir, "lz4")
             bare_s2, _, _ = bench_stream.bare_client(host, port)
-            monitor = monitoring_cost(host, port, tmp) if value_size == CASES[0][0] else None
+            monitor = monitoring_cost(host, port, tmp) \
+                if value_size == CASES[0][0] and int(os.environ.get("BENCH_MONITOR_RUNS", "2")) > 0 else None
             profiled = profile_threads(host, port, os.path.join(tmp, "profiled")) \
                 if os.environ.get("BENCH_PROFILE") else ""
         finally:
@@ -236,6 +251,10 @@ def main() -> None:
               f"   ratio to bare {bare / session:5.2f} (issue 26: >= 0.6 at 128 B)")
         print(f"  same, wall incl. start-up:{frames / wall:12,.0f} frames/s    {bare_bytes / wall / 1e6:9,.1f} MB/s")
         print(f"  peak RSS of the capture:  {rss / 2**20:9,.0f} MiB;  CPU {cpu:.2f} s (user + sys, start-up included)")
+        per = 1e6 / items
+        print(f"  CPU per mutation (us): bare client {(client1 - client0) * per:.2f} + producer "
+              f"{(prod1 - prod0) * per:.2f}; capture process {cpu * per:.2f} (start-up included) + producer "
+              f"{(prod2 - prod1) * per:.2f}; load average {os.getloadavg()[0]:.1f}")
         if monitor is not None:
             plain, watched, cpu_plain, cpu_watched = monitor
             print(f"  --lag-interval 0:         {plain:12,.0f} frames/s (session, best of the runs); "

@@ -26,6 +26,7 @@ import dataclasses
 import struct
 from typing import Callable
 
+from dcptool.protocol.dcp.wire import columnar
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire import snappy
 from dcptool.protocol.dcp.wire.columnar import be_uint as _be
@@ -107,8 +108,9 @@ class Receiver:
         import numpy as np
         n = len(offsets)
         u8 = np.frombuffer(buf, dtype=np.uint8)
-        magic = u8[offsets]
-        data = np.isin(u8[offsets + 1], _DATA_OPS_ARRAY) & (magic == 0x80) & (lengths >= 32)
+        h, _ = columnar.headers(buf, offsets)   # the transport's scan gathered them already
+        magic = h["magic"]
+        data = np.isin(h["opcode"], _DATA_OPS_ARRAY) & (magic == 0x80) & (lengths >= 32)
         if self.max_sid:    # stream ids: alt-framed data frames with exactly the sid frame info
             alt = (magic == 0x08) & (lengths >= 35)
             a = np.nonzero(alt)[0]
@@ -116,8 +118,8 @@ class Receiver:
                 np.isin(u8[offsets[a] + 1], _DATA_OPS_ARRAY)
             data |= alt
         idx = np.nonzero(data)[0]
-        vbs = _be(u8, offsets[idx] + 6, 2).astype(np.int64)
-        opq = _be(u8, offsets[idx] + 12, 4).astype(np.int64)
+        vbs = h["vbucket_or_status"][idx].astype(np.int64)
+        opq = h["opaque"][idx].astype(np.int64)
         fe = np.zeros(len(idx), dtype=np.int64)
         if self.max_sid:
             ia = alt[idx]

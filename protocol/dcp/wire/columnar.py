@@ -103,8 +103,12 @@ def scan(buf, max_body: int = DEFAULT_MAX_BODY, start: int = 0):
     if len(offsets):
         # the loop trusted every length field; the first bad magic or inconsistent header
         # ends the batch there, and its error replaces any later one
-        bad_magic = np.nonzero(np.frombuffer(_MAGIC_OK, np.uint8)[np.frombuffer(buf, np.uint8)[offsets]] == 0)[0]
-        bad_len = _bad_lengths(buf, offsets, lengths)
+        h = records(_u8(buf), offsets, HEADER)
+        bad_magic = np.nonzero(np.frombuffer(_MAGIC_OK, np.uint8)[h["magic"]] == 0)[0]
+        fields = _header(h)
+        _, _, fe, kl, el, bl = fields
+        bad = np.nonzero(fe + el + kl > bl)[0]
+        bad_len = int(bad[0]) if len(bad) else None
         candidates = ([int(bad_magic[0])] if len(bad_magic) else []) + ([bad_len] if bad_len is not None else [])
         first = min(candidates, default=None)
         if first is not None:
@@ -115,13 +119,35 @@ def scan(buf, max_body: int = DEFAULT_MAX_BODY, start: int = 0):
                 err = RemoteError(ErrorCode.BAD_LENGTHS,
                                   f"extras, key and framing extras exceed the body at byte {p}")
             offsets, lengths, pos = offsets[:first], lengths[:first], p
+        else:
+            _remember(offsets, h, fields)
     return offsets, lengths, pos - start, err
 
 
-def _bad_lengths(buf, offsets, lengths):
-    _, _, fe, kl, el, bl = _header(records(_u8(buf), offsets, HEADER))
-    bad = np.nonzero(fe + el + kl > bl)[0]
-    return int(bad[0]) if len(bad) else None
+# The headers scan gathered, for the decoder and the consumer that get the same frames next
+# (the transport hands both scan's own `offsets` array): one gather of the 24-byte headers per
+# receive, not three. Keyed by the identity of that array, which the entry keeps alive; its
+# arrays are read-only. A batch with other offsets gathers its own.
+_last_headers: tuple = (None, None, None)
+
+
+def _remember(offsets, h, fields) -> None:
+    global _last_headers
+    offsets.flags.writeable = False
+    h.flags.writeable = False
+    for a in fields:
+        a.flags.writeable = False
+    _last_headers = (offsets, h, fields)
+
+
+def headers(buf, offsets):
+    """(records of HEADER, _header fields) of the frames at offsets of buf: scan's when
+    `offsets` is the array scan returned for buf, else gathered now."""
+    last = _last_headers
+    if last[0] is offsets:
+        return last[1], last[2]
+    h = records(_u8(buf), offsets, HEADER)
+    return h, _header(h)
 
 
 def _u8(buf):
@@ -200,6 +226,10 @@ class Batch:
 
     def set(self, name, idx, values):
         col = self.numeric.get(name)
+        if col is None and type(idx) is not int and len(idx) == self.n and self.n:
+            # every frame has it (idx: distinct rows, in order): the values are the column
+            self.numeric[name] = (np.asarray(values).astype(NUMERIC[name]), np.ones(self.n, dtype=bool))
+            return
         if col is None:
             col = (np.zeros(self.n, dtype=NUMERIC[name]), np.zeros(self.n, dtype=bool))
             self.numeric[name] = col
@@ -261,8 +291,8 @@ def decode_batch(buf, offsets: np.ndarray, lengths: np.ndarray, *, collections: 
     if n == 0:
         b.key = (offsets, lengths, np.zeros(0, dtype=bool))
         return b
-    h = records(u8, offsets, HEADER)
-    magic, flex, fe, kl, el, bl = _header(h)
+    h, fields = headers(buf, offsets)
+    magic, flex, fe, kl, el, bl = fields
     lay = _Layout(u8, offsets, lengths, h, fe, kl, el, bl)
     b.set_all("magic", magic)
     b.set_all("opcode", lay.opcode)
@@ -401,6 +431,17 @@ ROW_ORDER = ("magic", "opcode", "op", "status", "vbucket", "opaque", "cas", "dat
              "req_snap_end", "system_event_id", "decode_error")
 
 
+class _BytesSlicer:
+    """Slices of a buffer as bytes (a memoryview's slices are memoryviews)."""
+    __slots__ = ("mv",)
+
+    def __init__(self, buf):
+        self.mv = memoryview(buf)
+
+    def __getitem__(self, s: slice) -> bytes:
+        return self.mv[s].tobytes()
+
+
 def _present_columns(batch: Batch, raw: bool):
     """(names, columns, valid masks) of the columns some frame of the batch carries, in
     ROW_ORDER (then `raw`): numeric columns as numpy arrays, the rest as object arrays."""
@@ -408,6 +449,8 @@ def _present_columns(batch: Batch, raw: bool):
     n = batch.n
     names, cols, valids = [], [], []
     buf = batch.buf
+    if type(buf) is not bytes:   # a receive buffer handed on (memoryview): values as bytes
+        buf = _BytesSlicer(buf)
     for name in ROW_ORDER:
         if name == "op":
             names.append(name)
