@@ -225,10 +225,17 @@ class ClientProtocol(asyncio.BufferedProtocol):
 
     def _maybe_pause(self) -> None:
         sp = self.consumer.should_pause
-        if sp is not None and not self._paused and sp():
+        if sp is None or self._paused:
+            return
+        if sp():
             self._paused = True
             self.transport.pause_reading()
             asyncio.get_running_loop().call_later(0.005, self._unpause)
+        elif self.consumer.flush_acks(check_pause=False):
+            # the consumer held its ack back at its own look (the queue was full then) and we
+            # do not pause: send it now, or a producer blocked on a full window waits for the
+            # next periodic check
+            self.flush()
 
     def _unpause(self) -> None:
         if self.transport is None or self.transport.is_closing():

@@ -152,9 +152,8 @@ def test_noops_answered_and_silent_consumer_dropped():
 def test_flow_control_with_a_slow_consumer():
     """A consumer whose queue is full on every other look: the producer blocks on the 64 KiB
     window (never more than one frame over it) and the acks free it until the last item.
-    (An ack held back because the queue was full at that look, the transport then not pausing,
-    goes out at the session's next periodic check, every noop_interval / 4: a noop interval of
-    0.5 s instead of 10 s makes that 0.125 s, not 0.5 s, a window.)"""
+    (An ack held back because the queue was full at the consumer's look goes out at the
+    transport's look when that finds room: tests/protocol/dcp/test_transport_receive.py.)"""
     model = P.server_from_options(vbuckets=8, items=8000, seed=3)
     buffer = 64 * 1024
     with ThreadedServer(model) as srv:

@@ -321,14 +321,16 @@ class Consumer:
         """Ask the producer to close every open stream (Ctrl-C, --max-messages)."""
         self.streams.close_all()
 
-    def flush_acks(self, check_pause: bool = True) -> None:
-        """Send the pending buffer ack if it is due and nothing asks us to pause."""
+    def flush_acks(self, check_pause: bool = True) -> bool:
+        """Send the pending buffer ack if it is due and nothing asks us to pause; True if sent."""
         unacked = self.receiver.unacked
         if (self.buffer_active and unacked >= self.cfg.buffer_size * self.cfg.ack_ratio
                 and not (check_pause and self.should_pause is not None and self.should_pause())):
             self.link.send(m.BufferAck(bytes_acked=unacked))
             self.acked_total += unacked
             self.receiver.unacked = 0
+            return True
+        return False
 
     # ---- introspection
     def open_streams(self) -> int:

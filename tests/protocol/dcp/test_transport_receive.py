@@ -151,3 +151,54 @@ def test_a_buffer_nothing_holds_any_more_is_received_into_again(monkeypatch):
     monkeypatch.undo()
     assert _kept_frames(tap) == frames
     assert tap.handed >= 10 and len(allocated) <= 3
+
+
+def test_an_ack_held_back_at_the_consumers_look_goes_out_when_the_transport_does_not_pause():
+    """The consumer holds its buffer ack back when the capture's queue is full at its look;
+    if the queue has room by the transport's own look, nothing pauses, so the transport must
+    send that ack at once (before, it waited for the next periodic check while the producer
+    sat blocked on a full window)."""
+    class Held(_Consumer):
+        def __init__(self):
+            super().__init__()
+            self.looks = iter([True, False])    # full at the consumer's look, room at the transport's
+            self.should_pause = lambda: next(self.looks)
+            self.held = self.sent = False
+
+        def receive(self, buf, offsets, lengths, now):
+            super().receive(buf, offsets, lengths, now)
+            self.held = self.should_pause()     # what consumer.flush_acks does on a full queue
+            return []
+
+        def flush_acks(self, check_pause=True):
+            self.sent = self.held and not check_pause
+            return self.sent
+
+        def outgoing(self):
+            return [b"ack"] if self.sent else []
+
+    class Wire:
+        def __init__(self):
+            self.written: list[bytes] = []
+
+        def write(self, data):
+            self.written.append(data)
+
+        def is_closing(self):
+            return False
+
+        def pause_reading(self):
+            raise AssertionError("nothing asked to pause at the transport's look")
+
+    async def run():
+        cons, wire = Held(), Wire()
+        proto = transport.ClientProtocol(cons, _Tap(), None)
+        proto.transport = wire
+        frame = _frames(random.Random(1), 1)[0]
+        view = proto.get_buffer(-1)
+        view[:len(frame)] = frame
+        proto.buffer_updated(len(frame))
+        return cons, wire
+    cons, wire = asyncio.run(run())
+    assert len(cons.frames) == 1
+    assert wire.written == [b"ack"]
