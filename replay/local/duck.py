@@ -124,10 +124,12 @@ class DuckFrames:
 
     def _facts(self) -> plans.PlanFacts:
         if self.facts is None:
-            from dcptool.replay.spark.arrow import ops_present
-            self.facts = plans.PlanFacts.of(self.files, ops_present(self.files))
-            # the reads of `op` leave pyarrow's pool holding pages DuckDB's query cannot use
-            pa.default_memory_pool().release_unused()
+            # the ops the vbucket frames hold, asked of DuckDB: its memory is the query's to reuse
+            # (pyarrow's reading of the `op` dictionaries, spark/arrow.py ops_present, left
+            # 20 MiB in pyarrow's pool at 1M frames)
+            with self._errors():
+                ops = {op for (op,) in self.con.sql(f"SELECT DISTINCT op FROM {self.source}").fetchall()}
+            self.facts = plans.PlanFacts.of(self.files, ops)
         return self.facts
 
     def document_counts(self) -> pa.Table:
@@ -144,16 +146,16 @@ class DuckFrames:
             return T.schema_of("dcp", name).empty_table()
         return T.canonical("dcp", name, self.arrow(sql), presorted=True)
 
-    def batches(self, name: str, rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
-        """`table(name)` as canonical record batches of about `rows` rows, in order: DuckDB's
-        sorted result streamed, never the whole table in this process's memory at once."""
+    def batches(self, name: str, rows: int | None = None) -> Iterator[pa.RecordBatch]:
+        """`table(name)` as canonical record batches of about `rows` rows (BATCH_ROWS), in
+        order: DuckDB's sorted result streamed, never the whole table in this process at once."""
         sql = self._sorted_sql(name)
         if sql is None:
             return
         with self._errors():
             rel = self.con.sql(sql)
             stream = getattr(rel, "to_arrow_reader", None) or rel.fetch_record_batch
-            for batch in stream(rows):
+            for batch in stream(rows or BATCH_ROWS):
                 yield T.canonical_batch("dcp", name, batch)
 
     def _sorted_sql(self, name: str) -> str | None:
