@@ -6,7 +6,8 @@ import click
 
 from dcptool.capture.options import CaptureSettings
 from dcptool.capture.shard import check_shard
-from dcptool.cli.live import build_options, connection_options, output_dir_option, runner
+from dcptool.cli.live import build_options, connection_options, runner
+from dcptool.cli.sources import output_dir_option
 from dcptool.cli.sources import parse_duration, parse_size
 from dcptool.replay.store import COMPRESSIONS
 

@@ -11,7 +11,6 @@ import click
 from dcptool.capture.controls import collection_filter, stream_controls
 from dcptool.capture.options import LiveOptions
 from dcptool.protocol.errors import BadSource
-from dcptool.replay.results import output_dir_problem
 from dcptool.cli.sources import parse_duration, parse_size, parse_source, parse_vbuckets, read_password, user_from
 
 
@@ -175,27 +174,3 @@ RUNNERS = {
 def runner(protocol: str, command: str):
     module, _, name = RUNNERS[(protocol, command)].partition(":")
     return getattr(importlib.import_module(module), name)
-
-
-def output_dir_option(help_text: str, default: str | None = None):
-    """`-o/--output DIR` as every command spells it, with `--out` kept as a hidden alias
-    (replay's first spelling; scripts may use it). The value arrives as `output`, checked
-    by OutputDir."""
-    def deco(fn):
-        fn = click.option("--out", "output_alias", type=OutputDir(), hidden=True,
-                          help="Alias of --output.")(fn)
-        return click.option("-o", "--output", type=OutputDir(), default=None,
-                            show_default=default, help=help_text)(fn)
-    return deco
-
-
-class OutputDir(click.ParamType):
-    """A directory, or a path one can be made at: a file, a device (/dev/null), a path under
-    one or a symlink loop is a usage error (exit 2) saying it is not a directory."""
-    name = "directory"
-
-    def convert(self, value, param, ctx):
-        problem = output_dir_problem(os.fspath(value))
-        if problem:
-            self.fail(problem, param, ctx)
-        return value

@@ -11,10 +11,9 @@ import time
 
 import click
 
-from dcptool.cli.live import output_dir_option
-from dcptool.cli.view.output import Sink, default_format
-from dcptool.cli.sources import capture_paths
+from dcptool.cli.sources import capture_paths, output_dir_option
 from dcptool.capture.process import tune_for_replay
+from dcptool.protocol.errors import one_line
 from dcptool.replay import results
 
 
@@ -102,8 +101,10 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
       dcptool replay captures/ --as-of 2026-01-02T03:04:05Z --table documents
     """
     out_dir = output or output_alias
-    if out_dir:
-        _output_outside_captures(out_dir, captures)
+    if out_dir and results.is_capture_dir(out_dir, captures):   # -o never writes into a capture directory
+        from dcptool.replay.store.files import shown
+        raise click.UsageError(f"-o {shown(out_dir)} is a capture directory: results never go into one "
+                               "(they would be read as part of the capture); give another directory")
     verbose = bool((ctx.find_root().obj or {}).get("verbose"))
     source = ctx.get_parameter_source("master")
     master_given = source is not None and source.name != "DEFAULT"
@@ -114,8 +115,7 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
     if remote:
         _check_remote_url(remote)
     tune_for_replay(in_process=not (use_spark or apply_spec))
-    from dcptool.cli.view.console import err_console
-    from dcptool.replay import apply
+    from dcptool.cli.view.console import err_console, status_console
     from dcptool.replay.store import reader, retained
 
     if sum(bool(x) for x in (sql, apply_spec, checksum)) > 1:
@@ -141,10 +141,11 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
         raise click.UsageError("--as-of / --as-of-seqno apply to DCP captures only")
     fn = None
     if apply_spec:
+        from dcptool.replay import apply
         try:
             fn = apply.load_function(apply_spec)
         except Exception as exc:  # noqa: BLE001 - the user's module may raise anything on import
-            _usage_line(ctx, f"--apply {apply_spec}: {_first_line(exc)}", exc, verbose)
+            _usage_line(ctx, f"--apply {apply_spec}: {one_line(exc)}", exc, verbose)
     try:
         names = results.table_choice(protocol, tables, default_all=True)
     except ValueError as exc:
@@ -155,7 +156,7 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
             doc_budget()
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
-    console = err_console()
+    console = err_console() if use_spark else status_console()   # rich only when it draws something
 
     session = None
     keep_alive = contextlib.nullcontext()
@@ -173,12 +174,14 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
 
 
 def _run(ctx, session, files, names, fn, sql, unsafe_sql, checksum, as_of, fmt, out_dir, console, verbose):
-    from dcptool.replay import apply
     from dcptool.replay.local import engine as local
     if session is not None:
         from dcptool.replay.spark import engine as spark_engine
+    # in-process, each table read once (written, checksummed): DuckDB's result streams through
+    streamed = session is None and not sql and bool(checksum or (out_dir and fmt is None))
     try:
         if fn is not None:
+            from dcptool.replay import apply
             try:
                 if session is not None:
                     with _spark_progress(session, "apply"):
@@ -196,28 +199,25 @@ def _run(ctx, session, files, names, fn, sql, unsafe_sql, checksum, as_of, fmt, 
             rep = spark_engine.replay_spark(session, files, as_of=as_of or None)
         else:
             with console.status("replaying", spinner="dots"):
-                rep = local.replay_local(files, tables=[] if sql else names, as_of=as_of or None)  # --sql: lazy
+                rep = local.replay_local(files, tables=[] if sql else names, as_of=as_of or None,  # --sql: lazy
+                                         stream=streamed)
         progress = _spark_progress(session, "replay") if session is not None else contextlib.nullcontext()
         with progress:
             if sql:
                 result = _run_sql(ctx, session, rep, sql, unsafe_sql, verbose)
                 _emit(ctx, {"sql": result}, fmt, out_dir)
                 return
-            chosen = {n: rep.table(n) for n in names}
+            chosen = {n: rep.stream(n) if streamed else rep.table(n) for n in names}
         if checksum:
-            if out_dir:
-                _write(out_dir, chosen, console)
-            _print_checksums(chosen, fmt)
-            return
-        if out_dir:
-            _write(out_dir, chosen, console)
-            if fmt is None:
-                return
-        _print_tables(chosen, fmt)
+            with console.status("replaying", spinner="dots") if streamed else contextlib.nullcontext():
+                _write(out_dir, chosen, console, sums := {})
+            sys.stdout.writelines(results.checksum_lines(sums, fmt))
+            return sys.stdout.flush()
+        _emit(ctx, chosen, fmt, out_dir)
     finally:
+        with contextlib.suppress(Exception):
+            rep.close()  # noqa: F821 - bound when the replay ran
         if session is not None:
-            with contextlib.suppress(Exception):
-                rep.close()  # noqa: F821 - bound when the replay ran
             spark_engine.stop_session(session)
 
 
@@ -289,23 +289,18 @@ def _open_session(ctx, console, master, master_given, remote, conf, verbose, fen
         try:
             session = spark_engine.connect_session(url, token, verbose=verbose)
         except Exception as exc:  # noqa: BLE001 - gRPC and Spark errors come as many classes
-            _usage_line(ctx, f"cannot use the Spark Connect server at {url}: {_first_line(exc)}", exc, verbose,
+            _usage_line(ctx, f"cannot use the Spark Connect server at {url}: {one_line(exc)}", exc, verbose,
                         code=EXIT_CONNECT)
         for k, v in conf.items():
             try:
                 session.conf.set(k, v)
             except Exception as exc:  # noqa: BLE001 - static settings cannot change on a running server
                 spark_engine.stop_session(session)
-                _usage_line(ctx, f"--conf {k}: {_first_line(exc)}", exc, verbose)
+                _usage_line(ctx, f"--conf {k}: {one_line(exc)}", exc, verbose)
     return session, keep_alive, label
 
 
 REMOTE_WAIT = 10.0   # seconds --remote may take to accept a connection and answer as gRPC (CLI.md)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _usage_line(ctx, message: str, exc: BaseException | None = None, verbose: bool = False,
@@ -340,25 +335,13 @@ def _run_sql(ctx, session, rep, sql, unsafe, verbose):
         _usage_line(ctx, str(sql_guard.spark_error(exc, sql)), exc, verbose, code=1)
 
 
-def _print_checksums(chosen, fmt):
-    sys.stdout.writelines(results.checksum_lines(chosen, fmt))
-    sys.stdout.flush()
-
-
-def _output_outside_captures(out_dir, captures) -> None:
-    """-o never writes into a capture directory (replay/results.py is_capture_dir)."""
-    if results.is_capture_dir(out_dir, captures):
-        from dcptool.replay.store.files import shown
-        raise click.UsageError(f"-o {shown(out_dir)} is a capture directory: results never go into one "
-                               "(they would be read as part of the capture); give another directory")
-
-
-def _write(out_dir, chosen, console):
-    for path, n in results.write_tables(out_dir, chosen):
+def _write(out_dir, chosen, console, sums=None):
+    for path, n in results.write_tables(out_dir, chosen, sums):
         console.print(f"wrote {path} ({n} rows)", highlight=False)
 
 
 def _print_tables(chosen, fmt):
+    from dcptool.cli.view.output import Sink, default_format
     fmt = default_format(fmt)
     several = len(chosen) > 1
     for name, table in chosen.items():
@@ -377,9 +360,9 @@ def _print_tables(chosen, fmt):
 
 
 def _emit(ctx, chosen, fmt, out_dir):
-    from dcptool.cli.view.console import err_console
+    from dcptool.cli.view.console import status_console
     if out_dir:
-        _write(out_dir, chosen, err_console())
+        _write(out_dir, chosen, status_console())
         if fmt is None:
             return
     _print_tables(chosen, fmt)

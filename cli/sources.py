@@ -11,6 +11,7 @@ import click
 from dcptool.capture import values
 from dcptool.capture.sources import Source, parse_source as _parse_source, user_from
 from dcptool.protocol.errors import BadSource
+from dcptool.replay.results import output_dir_problem
 
 __all__ = ["Source", "parse_source", "user_from", "read_password", "capture_paths", "parse_vbuckets",
            "parse_size", "parse_duration"]
@@ -83,3 +84,27 @@ def parse_size(text: str, hint: str) -> int:
 
 def parse_duration(text: str, hint: str) -> float:
     return _usage(values.duration_seconds, text, hint)
+
+
+def output_dir_option(help_text: str, default: str | None = None):
+    """`-o/--output DIR` as every command spells it, with `--out` kept as a hidden alias
+    (replay's first spelling; scripts may use it). The value arrives as `output`, checked
+    by OutputDir."""
+    def deco(fn):
+        fn = click.option("--out", "output_alias", type=OutputDir(), hidden=True,
+                          help="Alias of --output.")(fn)
+        return click.option("-o", "--output", type=OutputDir(), default=None,
+                            show_default=default, help=help_text)(fn)
+    return deco
+
+
+class OutputDir(click.ParamType):
+    """A directory, or a path one can be made at: a file, a device (/dev/null), a path under
+    one or a symlink loop is a usage error (exit 2) saying it is not a directory."""
+    name = "directory"
+
+    def convert(self, value, param, ctx):
+        problem = output_dir_problem(os.fspath(value))
+        if problem:
+            self.fail(problem, param, ctx)
+        return value

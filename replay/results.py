@@ -7,6 +7,7 @@ Parquet files of `-o DIR` (write_tables) and whether a directory may take them
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 
@@ -76,27 +77,56 @@ def display_columns(table) -> list[str]:
     return cols
 
 
-def checksum_lines(chosen: dict, fmt: str | None):
-    """`--checksum`: one line per table, `SHA256  NAME` or (jsonl) {table, sha256, rows}."""
+def checksum_lines(sums: dict, fmt: str | None):
+    """`--checksum`: one line per table, `SHA256  NAME` or (jsonl) {table, sha256, rows};
+    `sums`: name -> (checksum, rows), as write_tables fills it."""
     import orjson
-
-    from dcptool.replay.rules import tables as T
-    for name, table in chosen.items():
-        digest = T.checksum(name, table)
+    for name, (digest, rows) in sums.items():
         if fmt == "jsonl":
-            yield orjson.dumps({"table": name, "sha256": digest, "rows": table.num_rows}).decode() + "\n"
+            yield orjson.dumps({"table": name, "sha256": digest, "rows": rows}).decode() + "\n"
         else:
             yield f"{digest}  {name}\n"
 
 
-def write_tables(out_dir: str, chosen: dict):
-    """Each table to out_dir/NAME.parquet (zstd; out_dir made); yields (path, rows) per file."""
+def write_tables(out_dir: str | None, chosen: dict, sums: dict | None = None):
+    """Each table to out_dir/NAME.parquet (zstd; out_dir made; None: no files); yields (path,
+    rows) per file. `sums`: filled in the same pass with name -> (checksum, rows). A table
+    given as record batches (tables.Batches: DuckDB's sorted result as it streams) is written
+    one row group per batch and checksummed batch by batch, never whole in memory; a partial
+    file is removed when the stream fails."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
-    os.makedirs(out_dir, exist_ok=True)
+
+    from dcptool.replay.rules import tables as T
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
     for name, table in chosen.items():
-        path = os.path.join(out_dir, f"{name}.parquet")
-        pq.write_table(table, path, compression="zstd")
-        yield path, table.num_rows
+        path = os.path.join(out_dir, f"{name}.parquet") if out_dir else None
+        if isinstance(table, pa.Table):
+            if path:
+                pq.write_table(table, path, compression="zstd")
+            if sums is not None:
+                sums[name] = (T.checksum(name, table), table.num_rows)
+            rows = table.num_rows
+        else:
+            digest = T.Checksum(name, table.schema) if sums is not None else None
+            rows = 0
+            try:
+                with pq.ParquetWriter(path, table.schema, compression="zstd") if path else contextlib.nullcontext() as w:
+                    for batch in table.batches:
+                        if w is not None:
+                            w.write_batch(batch)
+                        if digest is not None:
+                            digest.update(batch)
+                        rows += batch.num_rows
+            except BaseException:
+                if path and os.path.exists(path):
+                    os.remove(path)
+                raise
+            if digest is not None:
+                sums[name] = (digest.hexdigest(), rows)
+        if path:
+            yield path, rows
 
 
 def is_capture_dir(out_dir: str, captures) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 _console = None
@@ -17,9 +18,23 @@ def err_console():
     return _console
 
 
-def stdout_is_tty() -> bool:
+def status_console():
+    """err_console() where stderr is a terminal; elsewhere (no spinner to draw, no style) a
+    writer of plain lines, so that a command in a pipe or a script never imports rich."""
+    return err_console() if stdout_is_tty(sys.stderr) else _PlainConsole()
+
+
+class _PlainConsole:
+    def status(self, *args, **kwargs):
+        return contextlib.nullcontext()
+
+    def print(self, text: str, **kwargs) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+
+def stdout_is_tty(file=None) -> bool:
     try:
-        return sys.stdout.isatty()
+        return (file or sys.stdout).isatty()
     except (AttributeError, ValueError):
         return False
 

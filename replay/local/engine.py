@@ -47,6 +47,7 @@ class Replay:
     results: dict[str, pa.Table]
     as_of: AsOf | None = None
     memory: int | None = -1       # DCP: the budget of the replay (see replay_local)
+    streaming: duck.DuckFrames | None = None   # the connection of stream()
 
     def names(self) -> list[str]:
         return T.table_names(self.protocol)
@@ -74,18 +75,37 @@ class Replay:
             self.results[name] = T.canonical(self.protocol, "frames", frames)
         return self.results[name]
 
+    def stream(self, name: str) -> pa.Table | T.Batches:
+        """`table(name)`, or for a DCP plan table not built yet, its canonical record batches
+        as DuckDB streams its sorted result (T.Batches, read once): written and checksummed
+        batch by batch (replay/results.py write_tables), never whole in memory. The tables
+        streamed share one DuckDB connection, which `close` ends."""
+        if name in self.results or self.protocol != "dcp" or name not in PLAN_TABLES:
+            return self.table(name)
+        if self.streaming is None:
+            self.streaming = duck.DuckFrames(self.files, self.as_of, doc_budget() if self.memory == -1 else self.memory)
+        return T.Batches(T.schema_of("dcp", name), self.streaming.batches(name))
+
+    def close(self) -> None:
+        if self.streaming is not None:
+            self.streaming.close()
+            self.streaming = None
+
 
 def replay_local(files: list, chunk_rows: int | None = None, tables=None, as_of: AsOf | None = None,
-                 memory: int | None = -1) -> Replay:
+                 memory: int | None = -1, stream: bool = False) -> Replay:
     """`tables`: the names that will be asked for (None: any); Synapse skips building
     `rows` when it is not among them. `as_of` (DCP): only the frames it keeps count
     (replay/rules/as_of.py). `memory` (DCP): bytes the documents of one pass may hold (None: no
-    limit; -1: doc_budget()): DuckDB's memory limit."""
+    limit; -1: doc_budget()): DuckDB's memory limit. `stream` (DCP): the plan tables are left
+    for Replay.stream to hand on as DuckDB makes them (`documents` is built here all the same
+    when `vbuckets` counts its states)."""
     protocol = reader.protocol_of(files)
     ranks = reader.capture_ranks(files)
     if protocol == "dcp":
         want = set(T.table_names("dcp") if tables is None else tables)
-        results = _plan_tables(files, [n for n in PLAN_TABLES if n in want], as_of or None, memory)
+        built = [n for n in PLAN_TABLES if n in want and (not stream or (n == "documents" and "vbuckets" in want))]
+        results = _plan_tables(files, built, as_of or None, memory)
         if want & set(STATE_TABLES):
             results.update(_state_tables(files, chunk_rows or DCP_CHUNK_ROWS, as_of or None, memory,
                                          results.get("documents")))

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from typing import Iterable
+from dataclasses import dataclass
+from typing import Iterable, Iterator
 
 import orjson
 import pyarrow as pa
@@ -135,16 +136,34 @@ def canonical(protocol: str, name: str, table: pa.Table, presorted: bool = False
     """`table` cast to the schema of `name` and sorted by its key (nulls first); `presorted`:
     the caller built it in that order already (replay/rules/history.py), so no sort."""
     schema, keys = table_specs(protocol)[name]
-    cols = []
-    for fld in schema:
-        col = table.column(fld.name)
-        if col.type != fld.type:
-            col = col.cast(fld.type)
-        cols.append(col)
-    t = pa.Table.from_arrays(cols, schema=schema)
+    t = pa.Table.from_arrays(_conformed(schema, table), schema=schema)
     if t.num_rows > 1 and not presorted:
         t = t.take(_sort_indices(t, keys))
     return t.combine_chunks()
+
+
+def canonical_batch(protocol: str, name: str, batch: pa.RecordBatch) -> pa.RecordBatch:
+    """One record batch of a table already in canonical order (a part of DuckDB's sorted
+    result stream), cast to the schema of `name` as `canonical` casts a whole table."""
+    schema = schema_of(protocol, name)
+    return pa.RecordBatch.from_arrays(_conformed(schema, batch), schema=schema)
+
+
+def _conformed(schema: pa.Schema, data) -> list:
+    cols = []
+    for fld in schema:
+        col = data.column(fld.name)
+        cols.append(col if col.type == fld.type else col.cast(fld.type))
+    return cols
+
+
+@dataclass
+class Batches:
+    """A canonical table handed on as record batches in canonical order, to be read once
+    (DuckDB's result stream, replay/local/duck.py): written and checksummed batch by batch,
+    never whole in memory (replay/results.py write_tables)."""
+    schema: pa.Schema
+    batches: Iterator[pa.RecordBatch]
 
 
 def _sort_indices(t: pa.Table, keys) -> pa.Array:
@@ -168,13 +187,22 @@ def _encode_column(col: pa.ChunkedArray | pa.Array) -> list:
 
 def iter_canonical_lines(name: str, table: pa.Table, batch_rows: int = 65536) -> Iterable[bytes]:
     """The lines the checksum hashes, for an already canonical table."""
-    yield orjson.dumps({"table": name, "columns": table.column_names}) + b"\n"
-    names = table.column_names
+    yield header_line(name, table.column_names)
     for start in range(0, table.num_rows, batch_rows):
-        part = table.slice(start, batch_rows)
-        cols = [_encode_column(part.column(n)) for n in names]
-        for values in zip(*cols):
-            yield orjson.dumps(dict(zip(names, values))) + b"\n"
+        yield from row_lines(table.slice(start, batch_rows))
+
+
+def header_line(name: str, columns: list[str]) -> bytes:
+    """The checksum's first line."""
+    return orjson.dumps({"table": name, "columns": columns}) + b"\n"
+
+
+def row_lines(part: pa.Table | pa.RecordBatch) -> Iterable[bytes]:
+    """The checksum's lines of the rows of `part` (canonical rows, in order)."""
+    names = part.column_names
+    cols = [_encode_column(part.column(n)) for n in names]
+    for values in zip(*cols):
+        yield orjson.dumps(dict(zip(names, values))) + b"\n"
 
 
 def checksum(name: str, table: pa.Table) -> str:
@@ -183,3 +211,18 @@ def checksum(name: str, table: pa.Table) -> str:
     for line in iter_canonical_lines(name, table):
         h.update(line)
     return h.hexdigest()
+
+
+class Checksum:
+    """`checksum` of a table fed batch by batch in canonical order (Batches): the same digest."""
+
+    def __init__(self, name: str, schema: pa.Schema):
+        self.hash = hashlib.sha256(header_line(name, schema.names))
+
+    def update(self, batch: pa.RecordBatch, batch_rows: int = 65536) -> None:
+        for start in range(0, batch.num_rows, batch_rows):
+            for line in row_lines(batch.slice(start, batch_rows)):
+                self.hash.update(line)
+
+    def hexdigest(self) -> str:
+        return self.hash.hexdigest()
