@@ -280,7 +280,7 @@ def _engine_pool():
 def _dcp_pass(files, rollbacks: pa.Table, chunk_rows, as_of: AsOf | None) -> dict[str, pa.Table]:
     """One pass over every vbucket frame, in order, chunk by chunk: worker threads read row
     groups and do the stateless part of the work on them (DcpState.prepare) ahead of the
-    stateful part on this thread (DcpState.apply). No document is tracked (documents=False)."""
+    stateful part on this thread (DcpState.apply). No document is tracked."""
     # the columns the rules read (rollbacks are known already)
     state_cols = [c for c in DCP_STATE_COLUMNS if c != "rollback_seqno"]
     cols = list(dict.fromkeys(DCP_FILTER_COLUMNS + state_cols))
@@ -299,7 +299,7 @@ def _dcp_pass(files, rollbacks: pa.Table, chunk_rows, as_of: AsOf | None) -> dic
             chunk = chunk.filter(pa.array(keep))
         return state.prepare(chunk.select(state_cols + ["_seq"]))
 
-    state = DcpState(rollbacks, snapshots=True, documents=False)
+    state = DcpState(rollbacks)
     for prepared in _pipeline(parts(), prepare, chunk_rows):
         state.apply(prepared)
     return state.finish()

@@ -77,10 +77,8 @@ class DcpState:
     grows with snapshots and vbuckets, not with documents or frames. `finish` gives
     `vbuckets` (its document counts 0: with_document_counts) and `snapshots`."""
 
-    def __init__(self, rollbacks: pa.Table, snapshots: bool = True, documents: bool = False):
-        # the keywords are what replay/local/engine.py passes; no other choice is left
-        if documents or not snapshots:
-            raise ValueError("DcpState builds vbuckets and snapshots; documents are plans.py's SQL")
+    def __init__(self, rollbacks: pa.Table):
+        # vbuckets and snapshots only: documents are plans.py's SQL
         # a ROLLBACK response to a stream request rolls the vbucket back to rollback_seqno
         self.rollbacks = rollbacks.take(np.argsort(vb_order_key(rollbacks), kind="stable"))
         self.r_vb = as_numpy(self.rollbacks.column("vbucket"), dtype=np.int64)
