@@ -315,17 +315,18 @@ def _usage_line(ctx, message: str, exc: BaseException | None = None, verbose: bo
 
 
 def _run_sql(ctx, session, rep, sql, unsafe, verbose):
-    """--sql: the fence of replay/spark/sql.py (unless --unsafe-sql), then the query. A
-    query refused, or one Spark cannot parse or analyse, exits 2; one that fails while it
-    runs exits 1; each with one line (error class, message, position)."""
+    """--sql: the fence of replay/spark/sql.py (unless --unsafe-sql), then the query over the
+    tables it reads. Refused, unparsable or unanalysable: exit 2; failing as it runs: exit 1."""
     if session is None:   # in-process: DuckDB, its own check and one-line errors (exit 2 / 1)
         from dcptool.replay.local import sql as local_sql
         return local_sql.run_query(rep, sql, unsafe)
     from dcptool.replay.spark import sql as sql_guard
-    rep.register_views()
     try:
-        if not unsafe:
-            sql_guard.check_query(session, sql, rep.names())
+        used = None if unsafe else sql_guard.check_query(session, sql, rep.names())
+    except Exception as exc:  # noqa: BLE001 - Spark's errors come as many classes
+        _usage_line(ctx, str(sql_guard.spark_error(exc, sql)), exc, verbose)
+    rep.register_views(used)   # only the tables the query reads are planned (all: --unsafe-sql)
+    try:
         df = session.sql(sql)
     except Exception as exc:  # noqa: BLE001 - Spark's errors come as many classes
         _usage_line(ctx, str(sql_guard.spark_error(exc, sql)), exc, verbose)

@@ -333,9 +333,11 @@ class SparkReplay:
         return self.packed_df.filter(F.col("_t") == i).select(
             [F.col(f"{name}__{f.name}").alias(f.name) for f in T.schema_of(self.protocol, name)])
 
-    def register_views(self) -> None:
+    def register_views(self, only: set[str] | None = None) -> None:
+        """Each table (or each of `only`, lower-case names) as a temporary view."""
         for name in self.names():
-            self.dataframe(name).createOrReplaceTempView(name)
+            if only is None or name.lower() in only:
+                self.dataframe(name).createOrReplaceTempView(name)
 
     def table(self, name: str) -> pa.Table:
         if name not in self._results:

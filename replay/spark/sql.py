@@ -69,9 +69,10 @@ def _name(parts) -> list[str]:
     return [str(p) for p in _seq(parts)]
 
 
-def check_query(spark, sql: str, tables) -> None:
+def check_query(spark, sql: str, tables) -> set[str]:
     """Raise UnsafeSqlError unless `sql` is one read-only query over `tables` (names of the
-    registered temporary views); SqlError when Spark cannot parse it."""
+    replay's tables); SqlError when Spark cannot parse it. Returns the tables it reads (lower
+    case), so only those need to be registered as views."""
     jvm = spark._jvm
     try:
         plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(sql)
@@ -127,6 +128,7 @@ def check_query(spark, sql: str, tables) -> None:
             refuse(f"{'.'.join(parts)} is not one of the capture's tables")
         if parts[0].lower() not in allowed and parts[0].lower() not in ctes:
             refuse(f"unknown table {parts[0]}")
+    return {parts[0].lower() for parts in relations} & allowed
 
 
 def _describe(kind: str) -> str:

@@ -42,3 +42,34 @@ def test_sql_tables_build_no_group_and_run_no_python(spark, tmp_path, capsys):
         assert built == [1]
     finally:
         rep.close()
+
+
+def test_sql_registers_only_the_tables_the_query_reads(spark, tmp_path):
+    """`replay --spark --sql`: the read-only check returns the tables the query reads (CTE
+    names aside) and only those become views, so a query over `documents` builds no
+    per-vbucket group."""
+    from dcptool.replay.spark import engine as spark_engine
+    from dcptool.replay.spark import sql as sql_guard
+    capgen.write_captures(capgen.generate("dcp", 4, n_events=150), str(tmp_path), seed=5)
+    rep = spark_engine.replay_spark(spark, reader.find_captures([str(tmp_path)]))
+    built = []
+    groups = rep.packed_builder
+
+    def counted():
+        built.append(1)
+        return groups()
+    rep.packed_builder = counted
+    try:
+        joined = ("WITH d AS (SELECT vbucket FROM Documents) "
+                  "SELECT count(*) FROM d JOIN vbuckets USING (vbucket)")
+        assert sql_guard.check_query(spark, joined, rep.names()) == {"documents", "vbuckets"}
+        used = sql_guard.check_query(spark, "WITH x AS (SELECT key FROM documents) SELECT * FROM x",
+                                     rep.names())
+        assert used == {"documents"}
+        spark.catalog.dropTempView("vbuckets")
+        rep.register_views(used)
+        assert built == []
+        assert spark.sql("SELECT count(*) AS n FROM documents").toArrow().column("n")[0].as_py() > 0
+        assert not spark.catalog.tableExists("vbuckets")
+    finally:
+        rep.close()
