@@ -16,7 +16,7 @@ that command's output; everything is read after the whole batch ended, so the fi
 command's files also hold whatever the JVM it started wrote to its inherited stdout later.
 
 Used as `run_batch([Call(argv), ...], env=, cwd=)`; the child is `python -m
-tests.support.cli_batch REQUEST.json` (docs/TESTING.md, "Shared fresh processes")."""
+tests.support.cli_batch REQUEST.json` (docs/TESTING.md, "Fresh Spark processes, shared")."""
 
 from __future__ import annotations
 
