@@ -1,5 +1,6 @@
 """Shared fixtures: the test run's own state directory, one local SparkSession for the whole
-run (bound to 127.0.0.1), and a failover capture made once. Helpers that tests import live
+run (bound to 127.0.0.1), a failover capture made once, and the fresh-process `replay
+--spark` commands run once in one process. Helpers that tests import live
 in tests/support/ (paths, ports, ...), never here: no test imports conftest."""
 
 from __future__ import annotations
@@ -46,6 +47,15 @@ def failover_capture(tmp_path_factory):
                               "--quiet"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     return model, find_captures([str(out)])
+
+
+@pytest.fixture(scope="session")
+def fresh_spark_cli(tmp_path_factory):
+    """The `replay --spark` commands about a fresh process (SQL safety, local[1], the
+    embedded fallback) run once, in ONE fresh process: one JVM start for the three
+    (tests/support/fresh_spark.py says which runs first and why)."""
+    from tests.support import fresh_spark
+    return fresh_spark.run_all(str(tmp_path_factory.mktemp("fresh-spark")))
 
 
 @pytest.fixture

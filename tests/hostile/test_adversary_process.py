@@ -129,13 +129,12 @@ def test_unusable_state_directory_is_named_with_the_variable_to_set(tmp_path):
 
 
 @pytest.mark.spark
-def test_replay_spark_falls_back_to_the_embedded_session_without_a_state_directory(tmp_path):
-    cap = _captures(tmp_path / "cap")
-    home = tmp_path / "home-is-a-file"
-    home.write_text("")
+def test_replay_spark_falls_back_to_the_embedded_session_without_a_state_directory(fresh_spark_cli):
+    # `replay CAP --spark --checksum` with HOME a file and no DCPTOOL_STATE_DIR, run in the
+    # shared fresh process of tests/support/fresh_spark.py (one JVM start for three tests)
+    cap = fresh_spark_cli.captures["fallback"]
     local = subprocess.run([DCPTOOL, "replay", cap, "--checksum"], capture_output=True, text=True, timeout=300)
-    res = subprocess.run([DCPTOOL, "replay", cap, "--spark", "--checksum"], capture_output=True, text=True,
-                         timeout=600, env=_no_state_env(home))
+    res = fresh_spark_cli.runs["fallback"]
     assert res.returncode == 0, res.stderr
     assert res.stdout == local.stdout and local.stdout
     assert "DCPTOOL_STATE_DIR" in res.stderr and "embedded local[*] session" in res.stderr

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -18,8 +17,7 @@ from dcptool.replay import apply
 from dcptool.replay.local import engine as local
 from dcptool.replay.spark import engine as spark_engine, sql as sql_guard
 from dcptool.replay.store import reader
-from tests.support import capgen
-from tests.support.paths import ROOT
+from tests.support import capgen, fresh_spark
 
 pytestmark = pytest.mark.spark
 
@@ -173,26 +171,19 @@ def test_apply_by_path_on_spark_ships_the_file(spark, capture_dir, tmp_path, mon
         sys.modules.pop("cs_spark_apply_mod", None)
 
 
-def test_fresh_process_has_no_credentials_no_warehouse_and_a_quiet_verbose(capture_dir, tmp_path):
-    """One new JVM (the expensive part): started with DCPTOOL_PASSWORD in the environment,
-    it cannot see it even with --unsafe-sql and reflect; -v stays short; the working
-    directory stays empty."""
-    work = tmp_path / "cwd"
-    work.mkdir()
-    env = dict(os.environ, PYTHONPATH=ROOT, DCPTOOL_PASSWORD="pw-never-in-the-jvm", SOME_SECRET="x")
-    sql = ("SELECT reflect('java.lang.System', 'getenv', 'DCPTOOL_PASSWORD') AS pw, "
-           "reflect('java.lang.System', 'getenv', 'SOME_SECRET') AS other, "
-           "reflect('java.lang.System', 'getenv', 'PATH') IS NOT NULL AS has_path")
-    proc = subprocess.run([sys.executable, "-m", "dcptool.cli", "-v", "replay", capture_dir, "--spark",
-                           "--master", "local[1]", "--unsafe-sql", "--sql", sql, "--format", "jsonl"],
-                          capture_output=True, text=True, timeout=300, env=env, cwd=work)
+def test_fresh_process_has_no_credentials_no_warehouse_and_a_quiet_verbose(fresh_spark_cli):
+    """One new JVM (the expensive part, shared: tests/support/fresh_spark.py, where this
+    command runs first and so starts the JVM): started with DCPTOOL_PASSWORD in the
+    environment, it cannot see it even with --unsafe-sql and reflect; -v stays short; the
+    working directory stays empty (also after the other commands of that process)."""
+    proc = fresh_spark_cli.runs["sql-safety"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     # reflect gives String.valueOf(getenv(...)): "null" when the variable is absent
     assert json.loads(proc.stdout) == {"pw": "null", "other": "null", "has_path": True}
-    assert os.listdir(work) == []
+    assert os.listdir(fresh_spark_cli.cwd) == []
     assert len(proc.stderr.splitlines()) < 200, proc.stderr[-3000:]
     assert "py4j" not in proc.stderr.lower() or "DEBUG" not in proc.stderr
-    assert "pw-never-in-the-jvm" not in proc.stderr
+    assert fresh_spark.PASSWORD not in proc.stderr
 
 
 # --sql in-process (issue 29): DuckDB, checked with DuckDB's own parser before any table is

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pyarrow as pa
 import pytest
@@ -19,8 +17,7 @@ from dcptool.replay.spark import engine as spark_engine
 from dcptool.replay.rules import tables as T
 
 from dcptool.replay.store import reader
-from tests.support import capgen
-from tests.support.paths import ROOT
+from tests.support import capgen, fresh_spark
 
 pytestmark = pytest.mark.spark
 
@@ -108,22 +105,17 @@ def test_apply_is_the_same_on_both_engines(spark, tmp_path, protocol):
     assert a.num_rows > 0 and a.equals(b)
 
 
-def test_local1_and_local2_give_the_same_checksums(spark, tmp_path):
-    files = _files(tmp_path, "dcp", 31, n=300)
-    d = os.path.dirname(files[0].path)
-    # the tables whose rows depend on shuffles and grouping (the others are covered against
-    # local by test_spark_equals_local): one core and three partitions give the same rows
-    names = ("documents", "undone", "rollbacks", "vbuckets", "snapshots", "history")
+def test_local1_and_local2_give_the_same_checksums(spark, fresh_spark_cli):
+    # `replay --spark --master local[1]` with 3 shuffle partitions (tests/support/fresh_spark.py:
+    # a fresh process shared with two other tests) against this session's local[2] and 4
+    names = fresh_spark.LOCAL1_TABLES
+    files = reader.find_captures([fresh_spark_cli.captures["local1"]])
     rep = spark_engine.replay_spark(spark, files)
     try:
         in_session = {n: T.checksum(n, rep.table(n)) for n in names}
     finally:
         rep.close()
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    proc = subprocess.run([sys.executable, "-m", "dcptool.cli", "replay", "--spark", "--master", "local[1]",
-                           "--conf", "spark.sql.shuffle.partitions=3", "--checksum", "--format", "jsonl", d,
-                           *[x for n in names for x in ("--table", n)]],
-                          capture_output=True, text=True, timeout=240, env=env)
+    proc = fresh_spark_cli.runs["local1"]
     assert proc.returncode == 0, proc.stderr
     sums = {r["table"]: r["sha256"] for r in map(json.loads, proc.stdout.splitlines())}
     assert sums == in_session

@@ -1,19 +1,18 @@
 """A user's Spark SQL error is one line on stderr (issue 29): pyspark's own loggers
 (SQLQueryContextLogger writes the analysed plan as ~30 KB of JSON) and the JVM's stay off
-the terminal; -v shows Spark's detail. Real `dcptool replay --spark --sql` subprocesses on
-an embedded local[1] session (no warm server), one small generated capture."""
+the terminal; -v shows Spark's detail. Real `dcptool replay --spark --sql` commands on an
+embedded local[1] session (no warm server), one small generated capture, all four in one
+fresh process (tests/support/cli_batch.py): the first, the unknown column, starts the JVM
+as a user's command does and pins its stderr whole; the others reuse that JVM (a new
+session each), which saves three JVM starts; -v goes last (it configures logging)."""
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
 
 import pytest
 
 from dcptool.replay.spark import engine as spark_engine
 from tests.support import capgen
-from tests.support.paths import ROOT
+from tests.support.cli_batch import Call, run_batch
 
 pytestmark = pytest.mark.spark
 
@@ -29,18 +28,27 @@ def capture(tmp_path_factory) -> str:
     return str(d)
 
 
-def _replay(capture: str, sql: str, *extra: str, verbose: bool = False) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    argv = [sys.executable, "-m", "dcptool.cli", *(["-v"] if verbose else []), "replay", "--spark",
-            "--master", "local[1]", "--conf", "spark.sql.shuffle.partitions=2", *extra, "--sql", sql, capture]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=240, env=env)
+def _call(capture: str, sql: str, *extra: str, verbose: bool = False) -> Call:
+    return Call([*(["-v"] if verbose else []), "replay", "--spark", "--master", "local[1]", "--conf",
+                 "spark.sql.shuffle.partitions=2", *extra, "--sql", sql, capture])
 
 
-@pytest.mark.parametrize("case,extra", [(UNKNOWN_COLUMN, ()), (SYNTAX, ("--unsafe-sql",)), (TYPE_MISMATCH, ())],
-                         ids=["unknown-column", "syntax-unsafe", "type-mismatch"])
-def test_sql_error_is_one_short_line(capture, case, extra):
-    sql, error_class = case
-    proc = _replay(capture, sql, *extra)
+CASES = {"unknown-column": (UNKNOWN_COLUMN, ()), "syntax-unsafe": (SYNTAX, ("--unsafe-sql",)),
+         "type-mismatch": (TYPE_MISMATCH, ())}
+
+
+@pytest.fixture(scope="module")
+def ran(capture) -> dict:
+    """Each case's command and the verbose one, run in one fresh process (unknown column first)."""
+    calls = {name: _call(capture, case[0], *extra) for name, (case, extra) in CASES.items()}
+    calls["verbose"] = _call(capture, UNKNOWN_COLUMN[0], verbose=True)
+    return dict(zip(calls, run_batch(list(calls.values()), timeout=480)))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_sql_error_is_one_short_line(ran, name):
+    (_, error_class), _ = CASES[name]
+    proc = ran[name]
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stdout == ""
     lines = proc.stderr.splitlines()
@@ -50,9 +58,9 @@ def test_sql_error_is_one_short_line(capture, case, extra):
     assert "(line 1, pos " in lines[0]
 
 
-def test_verbose_shows_sparks_detail(capture):
-    sql, error_class = UNKNOWN_COLUMN
-    proc = _replay(capture, sql, verbose=True)
+def test_verbose_shows_sparks_detail(ran):
+    _, error_class = UNKNOWN_COLUMN
+    proc = ran["verbose"]
     assert proc.returncode == 2
     lines = proc.stderr.splitlines()
     assert lines[-1].startswith("dcptool: SQL error [") and error_class in lines[-1]
