@@ -24,10 +24,12 @@ def _python_nodes(df, capsys) -> list[str]:
     return [n for n in PYTHON_NODES if n in plan]
 
 
-def test_sql_tables_build_no_group_and_run_no_python(spark, tmp_path, capsys):
+def _counted_replay(spark, path: str, seed: int):
+    """A Spark replay of a generated capture, and the list that grows each time it builds
+    its per-vbucket groups."""
     from dcptool.replay.spark import engine as spark_engine
-    capgen.write_captures(capgen.generate("dcp", 4, n_events=150), str(tmp_path), seed=4)
-    rep = spark_engine.replay_spark(spark, reader.find_captures([str(tmp_path)]))
+    capgen.write_captures(capgen.generate("dcp", 4, n_events=150), path, seed=seed)
+    rep = spark_engine.replay_spark(spark, reader.find_captures([path]))
     built = []
     groups = rep.packed_builder
 
@@ -35,6 +37,11 @@ def test_sql_tables_build_no_group_and_run_no_python(spark, tmp_path, capsys):
         built.append(1)
         return groups()
     rep.packed_builder = counted
+    return rep, built
+
+
+def test_sql_tables_build_no_group_and_run_no_python(spark, tmp_path, capsys):
+    rep, built = _counted_replay(spark, str(tmp_path), 4)
     try:
         assert _python_nodes(rep.dataframe("documents"), capsys) == []
         assert built == []
@@ -48,17 +55,8 @@ def test_sql_registers_only_the_tables_the_query_reads(spark, tmp_path):
     """`replay --spark --sql`: the read-only check returns the tables the query reads (CTE
     names aside) and only those become views, so a query over `documents` builds no
     per-vbucket group."""
-    from dcptool.replay.spark import engine as spark_engine
     from dcptool.replay.spark import sql as sql_guard
-    capgen.write_captures(capgen.generate("dcp", 4, n_events=150), str(tmp_path), seed=5)
-    rep = spark_engine.replay_spark(spark, reader.find_captures([str(tmp_path)]))
-    built = []
-    groups = rep.packed_builder
-
-    def counted():
-        built.append(1)
-        return groups()
-    rep.packed_builder = counted
+    rep, built = _counted_replay(spark, str(tmp_path), 5)
     try:
         joined = ("WITH d AS (SELECT vbucket FROM Documents) "
                   "SELECT count(*) FROM d JOIN vbuckets USING (vbucket)")
