@@ -113,7 +113,10 @@ class Streams:
             self.exact[k] = st.exact_from
 
     def add(self, vb: int) -> None:
-        """Stream this (adopted) vbucket too, on a streaming connection."""
+        """Stream this (adopted) vbucket too, on a streaming connection. A connection whose
+        last stream just ended is not finished any more: in the same receive, a vbucket that
+        ended "state changed" can be handed straight back to it by the map."""
+        self.finished = False
         for k in self.keys_of(vb):
             self._reopens.pop(k, None)
             self.phase[k] = WAIT

@@ -139,6 +139,24 @@ def test_consumer_asks_the_map_waits_for_route_then_hands_vbuckets_back():
     assert set(c.take_states([5])) == {5}
 
 
+def test_a_vbucket_handed_back_to_a_connection_whose_last_stream_just_ended_keeps_it_open():
+    """The last open stream of a connection ends "state changed" and the map hands it straight
+    back to the same connection (in the same receive): the connection is not finished until
+    that stream ends too (before, it stayed finished, the session ended it, and the vbucket
+    was never streamed again: seen under load as a flaky cluster test)."""
+    c = Consumer(ConsumerConfig(bucket="default", name="t", fetch_config=True))
+    c.start(0.0)
+    _handshake(c, _config([1], [[0]] * 8).render())
+    for vb in (3, 4):
+        c.feed(m.encode(m.StreamEnd(vbucket=vb, reason=2, opaque=c.stream_opaque(vb))), 2.0)
+    states = c.take_states([3, 4])        # the session takes what was handed off
+    assert c.finished and c.unfinished() == []
+    c.add_vbuckets({4: states[4]})        # ... and the map gives 4 straight back
+    assert not c.finished and c.unfinished() == [4]
+    (req,) = [m.decode_bytes(f) for f in c.outgoing()]
+    assert type(req) is m.StreamRequest and req.vbucket == 4
+
+
 # --------------------------------------------------------------------------- against serve dcp
 
 def test_stream_follows_rebalance_and_failover_every_survivor_once():
