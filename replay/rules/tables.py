@@ -207,10 +207,9 @@ def row_lines(part: pa.Table | pa.RecordBatch) -> Iterable[bytes]:
 
 def checksum(name: str, table: pa.Table) -> str:
     """SHA-256 (hex) of a canonical table, as documented in the module docstring."""
-    h = hashlib.sha256()
-    for line in iter_canonical_lines(name, table):
-        h.update(line)
-    return h.hexdigest()
+    digest = Checksum(name, table.schema)
+    digest.update(table)
+    return digest.hexdigest()
 
 
 class Checksum:
@@ -219,7 +218,7 @@ class Checksum:
     def __init__(self, name: str, schema: pa.Schema):
         self.hash = hashlib.sha256(header_line(name, schema.names))
 
-    def update(self, batch: pa.RecordBatch, batch_rows: int = 65536) -> None:
+    def update(self, batch: pa.RecordBatch | pa.Table, batch_rows: int = 65536) -> None:
         for start in range(0, batch.num_rows, batch_rows):
             for line in row_lines(batch.slice(start, batch_rows)):
                 self.hash.update(line)
