@@ -37,6 +37,19 @@ NULL_BIT = {"value_len": 42, "datatype": 43}
 class Dialect:
     name: str
 
+    @property
+    def pick_by_join(self) -> bool:
+        """Whether `documents` finds each document's last change as max(_seq) per document
+        joined back to the changes (DuckDB: measured 1M frames 0.46 s against 0.71 s for one
+        arg_max of a struct, 10M 1.4 s against 2.9 s, and less memory), rather than one
+        aggregate carrying every column (Spark: `last_by`)."""
+        return self.name == "duckdb"
+
+    def inline(self, name: str, body: str) -> str:
+        """A CTE read twice and computed where it is read (DuckDB would otherwise materialize
+        it: every change in memory at once); Spark inlines CTEs by itself."""
+        return f"{name} AS NOT MATERIALIZED ({body})" if self.name == "duckdb" else f"{name} AS ({body})"
+
     def shr(self, x: str, n: int) -> str:
         return f"shiftright({x}, {n})" if self.name == "spark" else f"(({x}) >> {n})"
 
@@ -163,14 +176,15 @@ def _in(values) -> str:
 
 def documents_sql(d: Dialect, source: str, ranks: dict[str, int], rollbacks: bool = True,
                   commits: bool = True, drops: bool = True) -> str:
-    """`documents`: each document's last change not undone, one hash aggregate of numbers
-    (frame_no and the capture come from max(_seq); the small columns travel packed in
-    `_small`). `rollbacks`, `commits`, `drops` False (the Parquet statistics or dictionaries
+    """`documents`: each document's last change not undone. DuckDB: max(_seq) per document
+    and a semi join back (_documents_by_join); Spark: one hash aggregate of numbers (frame_no
+    and the capture come from max(_seq); the small columns travel packed in `_small`). `rollbacks`, `commits`, `drops` False (the Parquet statistics or dictionaries
     show none) leave out a join whose side can only be empty."""
     ctes = [f"_rb AS (SELECT vbucket AS r_vb, _seq AS r_seq, rollback_seqno AS r_seqno FROM ({rollback_answers(source)}) _a)"]
     changed = f"c.op IN {_in(dcp_sync.DOC_CHANGE_OPS)}"
     alive = _alive(d, source, changed) if rollbacks else f"SELECT * FROM {source} c WHERE {changed}"
-    ctes.append(f"_alive AS ({alive})")
+    plain = not (rollbacks or commits or drops)   # the changes are a filter of the frames
+    ctes.append(d.inline("_alive", alive) if plain and d.pick_by_join else f"_alive AS ({alive})")
     changes = "_alive"
     if commits:
         prep = _alive(d, source, "c.op = 'prepare'") if rollbacks else f"SELECT * FROM {source} c WHERE c.op = 'prepare'"
@@ -191,6 +205,8 @@ def documents_sql(d: Dialect, source: str, ranks: dict[str, int], rollbacks: boo
         ctes.append(f"_kept AS (SELECT /*+ BROADCAST(_drops) */ k.* FROM {changes} k {d.anti_join()} _drops "
                     "ON x_vb = k.vbucket AND x_cid = k.collection_id)")
         changes = "_kept"
+    if d.pick_by_join:
+        return _documents_by_join(d, ctes, changes, ranks)
     state = ("CASE op WHEN 'deletion' THEN 1 WHEN 'expiration' THEN 2 ELSE 0 END")
     small = (f"(coalesce(CAST(value_len AS BIGINT), 0) + coalesce(CAST(datatype AS BIGINT), 0) * {1 << 32}"
              f" + ({state}) * {1 << 40}"
@@ -211,6 +227,19 @@ def documents_sql(d: Dialect, source: str, ranks: dict[str, int], rollbacks: boo
             f"{unless_null('value_len', v['_small'] + ' & 4294967295')} AS value_len, "
             f"{capture_of(d, v['_last'], ranks)} AS capture_id, {frame_of(v['_last'])} AS frame_no, "
             f"{v['ts']} AS ts FROM _last")
+
+
+def _documents_by_join(d: Dialect, ctes: list[str], changes: str, ranks: dict[str, int]) -> str:
+    """`documents` as each document's max(_seq), its change taken from the changes by a semi
+    join (`_seq` is unique): the aggregate carries one number per document. The changes are
+    read twice; a plain filter of the frames is read again rather than held (NOT MATERIALIZED),
+    a chain with joins is computed once."""
+    ctes = ctes + [f"_pick AS (SELECT max(_seq) AS _m FROM {changes} GROUP BY vbucket, collection_id, key)"]
+    return ("WITH " + ",\n".join(ctes) + "\n"
+            "SELECT vbucket, collection_id, key, by_seqno, rev_seqno, _cas_bits AS cas, CASE op WHEN 'deletion' "
+            "THEN 'deleted' WHEN 'expiration' THEN 'expired' ELSE 'live' END AS state, datatype, item_flags, "
+            f"expiration, value_len, {capture_of(d, '_seq', ranks)} AS capture_id, {frame_of('_seq')} AS frame_no, "
+            f"ts FROM {changes} k SEMI JOIN _pick ON k._seq = _pick._m")
 
 
 def _undone_ctes(source: str, rollbacks: bool) -> str:
