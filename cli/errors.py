@@ -61,11 +61,13 @@ def describe(exc: BaseException) -> str:
 
 
 def error_line(message: str) -> None:
-    """One clear line on stderr (the message is text, never rich markup)."""
-    from rich.markup import escape
-
-    from dcptool.cli.view.console import err_console
-    err_console().print(f"[bold red]dcptool:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    """One clear line on stderr (text, never rich markup); plain if rich cannot load (EMFILE)."""
+    try:
+        from rich.markup import escape
+        from dcptool.cli.view.console import err_console
+        err_console().print(f"[bold red]dcptool:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    except (ImportError, OSError):   # no file descriptor left to import with: still the one line
+        sys.stderr.write(f"dcptool: {message}\n")
 
 
 def handle(ctx: click.Context, exc: BaseException):
@@ -79,13 +81,11 @@ def handle(ctx: click.Context, exc: BaseException):
     if isinstance(exc, (KeyboardInterrupt, Interrupted)):
         signum = getattr(exc, "signum", 2)
         import signal
-
         STOP_REPORTED.append(signum)   # the last resort of process.install_stop_signals says nothing more
         error_line("interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}")
         ctx.exit(exit_code_for(exc))
     if (ctx.obj or {}).get("verbose"):
         import traceback
-
         from dcptool.protocol.text import printable
         for chunk in traceback.format_exception(exc):   # messages may quote the server: escaped
             sys.stderr.write("\n".join(printable(ln) for ln in chunk.rstrip("\n").split("\n")) + "\n")

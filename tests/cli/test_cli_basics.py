@@ -61,3 +61,19 @@ def test_password_in_url_is_refused():
     res = CliRunner().invoke(cli, ["stream", "couchbase://u:secret@127.0.0.1/b"])
     assert res.exit_code == 2 and "password in the URL is refused" in res.output
     assert "secret" not in res.output
+
+
+def test_error_line_without_file_descriptors_is_still_one_line():
+    """No descriptor left (EMFILE) when the error is printed: rich cannot be imported, the one
+    line is written plainly, no traceback, the exit code kept (was a traceback)."""
+    code = ("import errno, sys\n"
+            "class NoFd:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'rich' or name.startswith('rich.'):\n"
+            "            raise OSError(errno.EMFILE, 'Too many open files')\n"
+            "sys.meta_path.insert(0, NoFd())\n"
+            "from dcptool.cli import main\n"
+            "main(['replay', '/nonexistent/capture'])\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1, p.stderr
+    assert p.stderr == "dcptool: /nonexistent/capture: no such file or directory\n", p.stderr
