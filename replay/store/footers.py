@@ -226,10 +226,11 @@ def read_footer(path) -> Footer:
 def parse_footer(data: bytes) -> Footer:
     """FileMetaData from its Thrift compact encoding (FooterError on anything else)."""
     try:
-        fields, end = _Reader(data).struct(0, 0)
+        reader = _Reader(data)
+        fields = reader.struct(0, _FILE_META)
     except (IndexError, ValueError, TypeError, RecursionError) as exc:
         raise FooterError(f"not a Parquet footer ({exc})") from None
-    if end > len(data):
+    if reader.pos > len(data):
         raise FooterError("footer cut short")
     num_rows = fields.get(3)
     groups = fields.get(4, [])
@@ -260,9 +261,19 @@ def _row_group(g) -> RowGroup:
     return RowGroup(g[3], nulls)
 
 
+# what parse_footer keeps of FileMetaData, by Thrift field id (a list: its elements' spec;
+# None: the value whole); every other field is walked over, nothing built of it
+_STATISTICS = {3: None}                                  # null_count
+_COLUMN_META = {3: None, 12: _STATISTICS}                # path_in_schema, statistics
+_ROW_GROUP = {1: {3: _COLUMN_META}, 3: None}             # columns (ColumnChunk.meta_data), num_rows
+_FILE_META = {3: None, 4: _ROW_GROUP, 5: {1: None, 2: None}}   # num_rows, row_groups, key_value_metadata
+_SKIP = False
+
+
 class _Reader:
-    """Thrift compact protocol over one buffer: structs as {field id: value}, lists as lists,
-    binary as bytes, integers as int (zigzag undone); maps and doubles are skipped over."""
+    """Thrift compact protocol over one buffer, by a spec of what to keep: structs as {field
+    id: value}, lists as lists, binary as bytes, integers as int (zigzag undone); what the spec
+    leaves out (and maps, doubles) is walked over and checked, not built."""
 
     def __init__(self, data: bytes):
         self.data = data
@@ -283,26 +294,22 @@ class _Reader:
         self.pos = pos
         return result
 
-    def zigzag(self) -> int:
-        n = self.varint()
-        return (n >> 1) ^ -(n & 1)
-
-    def value(self, kind: int, depth: int):
+    def value(self, kind: int, depth: int, spec=None):
         if kind in (_I16, _I32, _I64):
-            return self.zigzag()
+            n = self.varint()
+            return (n >> 1) ^ -(n & 1)
         if kind == _BINARY:
             n = self.varint()
             end = self.pos + n
             if end > len(self.data):
                 raise ValueError("binary past the end")
-            out = self.data[self.pos:end]
+            out = self.data[self.pos:end] if spec is not _SKIP else None
             self.pos = end
             return out
         if kind == _STRUCT:
-            out, self.pos = self.struct(self.pos, depth + 1)
-            return out
+            return self.struct(depth + 1, spec if isinstance(spec, dict) else _SKIP)
         if kind in (_LIST, _SET):
-            return self.list(depth + 1)
+            return self.list(depth + 1, spec)
         if kind == _BYTE:
             self.pos += 1
             return self.data[self.pos - 1]
@@ -317,15 +324,15 @@ class _Reader:
                 types = self.data[self.pos]
                 self.pos += 1
                 for _ in range(n):
-                    self.value(types >> 4, depth + 1)
-                    self.value(types & 15, depth + 1)
+                    self.value(types >> 4, depth + 1, _SKIP)
+                    self.value(types & 15, depth + 1, _SKIP)
             return None
         if kind in (_TRUE, _FALSE):      # a boolean in a list: one byte
             self.pos += 1
             return self.data[self.pos - 1] == _TRUE
         raise ValueError(f"unknown type {kind}")
 
-    def list(self, depth: int) -> list:
+    def list(self, depth: int, spec) -> list | None:
         if depth > MAX_DEPTH:
             raise ValueError("nested too deep")
         head = self.data[self.pos]
@@ -335,13 +342,16 @@ class _Reader:
             n = self.varint()
         if n > len(self.data) - self.pos:      # every element takes a byte at least
             raise ValueError("list longer than the footer")
-        return [self.value(kind, depth) for _ in range(n)]
+        if spec is _SKIP:
+            for _ in range(n):
+                self.value(kind, depth, _SKIP)
+            return None
+        return [self.value(kind, depth, spec) for _ in range(n)]
 
-    def struct(self, pos: int, depth: int) -> tuple[dict, int]:
+    def struct(self, depth: int, spec) -> dict | None:
         if depth > MAX_DEPTH:
             raise ValueError("nested too deep")
-        self.pos = pos
-        out = {}
+        out = {} if spec is not _SKIP else None
         fid = 0
         data = self.data
         while True:
@@ -349,10 +359,17 @@ class _Reader:
             self.pos += 1
             kind = head & 15
             if kind == _STOP:
-                return out, self.pos
+                return out
             delta = head >> 4
-            fid = fid + delta if delta else self.zigzag()
-            if kind == _TRUE or kind == _FALSE:
-                out[fid] = kind == _TRUE
+            if delta:
+                fid += delta
             else:
-                out[fid] = self.value(kind, depth)
+                n = self.varint()
+                fid = (n >> 1) ^ -(n & 1)
+            if kind == _TRUE or kind == _FALSE:
+                if out is not None:
+                    out[fid] = kind == _TRUE
+            elif out is not None and fid in spec:
+                out[fid] = self.value(kind, depth, spec[fid])
+            else:
+                self.value(kind, depth, _SKIP)
