@@ -155,12 +155,12 @@ def write_files(files: list, names: list[str], out_dir: str, as_of=None):
     them), the others as write_tables writes them; the files read back the same either way."""
     from dcptool.replay.local import duck
     direct = duckdb_writes(files, names, out_dir)
-    os.makedirs(out_dir, exist_ok=True)
     paths = {n: os.path.join(out_dir, f"{n}.parquet") for n in direct}
     rep = frames = None
     try:
         frames = duck.DuckFrames(files, as_of, duck.doc_budget(),
                                  outputs=tuple(os.path.abspath(p) for p in paths.values()))
+        os.makedirs(out_dir, exist_ok=True)     # once the capture is found readable, as write_tables
         for name in names:
             if name in paths:
                 yield paths[name], frames.write(name, os.path.abspath(paths[name]))
