@@ -182,19 +182,23 @@ class DuckFrames:
     def _sorted_sql(self, name: str) -> str | None:
         """The plan of `name` sorted by DuckDB (in parallel, spilling when it must) in the
         canonical order: the table's key, nulls first, blobs bytewise; None: the table is empty."""
+        sql = self._plan_sql(name)
+        return None if sql is None else f"SELECT * FROM ({sql}) _t ORDER BY {_order(name)}"
+
+    def _plan_sql(self, name: str) -> str | None:
+        """The plan of `name`, unsorted; None: the table is empty."""
         self._facts()
         if name in ("undone", "rollbacks") and not self.facts.rollbacks:
             # no ROLLBACK answer by the Parquet statistics: both are empty, no query to plan
             return None
-        sql = plans.table_sql(D, name, self.source, self.facts)
-        return f"SELECT * FROM ({sql}) _t ORDER BY {_order(name)}"
+        return plans.table_sql(D, name, self.source, self.facts)
 
     def write(self, name: str, path: str) -> int:
         """The plan table `name` written by DuckDB to the Parquet file `path` (one of the
         `outputs`), its rows: the canonical table (sorted, each column cast to its type of
         replay/rules/table_types.py), zstd, BATCH_ROWS rows a row group; read back by pyarrow
         it equals `table(name)`. A file left partial by a failed query is removed."""
-        sql = self._sorted_sql(name)
+        sql = self._plan_sql(name)     # sorted below, once its columns are cast
         columns = PLAN_COLUMNS[name]
         if sql is None:      # no rows: the schema alone
             body = ("SELECT " + ", ".join(f"CAST(NULL AS {t}) AS {c}" for c, t in columns)
