@@ -24,13 +24,16 @@ import contextlib
 import os
 import shutil
 import tempfile
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from dcptool.protocol.errors import DcptoolError
 from dcptool.replay.rules import dcp_names, plans
 from dcptool.replay.rules.table_types import PLAN_COLUMNS, PLAN_KEYS
 from dcptool.replay.store import discovery, footers
 from dcptool.replay.store.errors import CaptureError
+
+if TYPE_CHECKING:      # pyarrow is loaded only where a result is handed over as Arrow
+    import pyarrow as pa
 
 D = plans.DUCKDB
 # the least memory_limit given to DuckDB: below it a hash aggregate of a few thousand groups

@@ -12,6 +12,11 @@ from __future__ import annotations
 import datetime as _dt
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:      # loaded by mask only
+    import numpy as np
+    import pyarrow as pa
 
 # the columns `mask` reads
 AS_OF_COLUMNS = ["ts", "vbucket", "op", "by_seqno", "snap_start"]

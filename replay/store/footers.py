@@ -17,9 +17,13 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from dcptool.protocol.errors import DcptoolError
 from dcptool.replay.store.files import arrow_source
+
+if TYPE_CHECKING:      # pyarrow is loaded by the functions that need it
+    import pyarrow.parquet as pq
 
 
 _FOOTERS: dict[tuple, "pq.FileMetaData"] = {}     # (path, size, mtime_ns) -> footer

@@ -1,12 +1,12 @@
-"""Reading captures at rest: finds capture files (finished Parquet segments and in-progress
-Arrow IPC streams), orders them, and returns their rows in the capture schema of
-replay/store/schema.py in frame order (started_at of the capture, capture_id, frame_no).
+"""Reading captures at rest: the rows of capture files (finished Parquet segments and
+in-progress Arrow IPC streams) in the capture schema of replay/store/schema.py, in frame order
+(started_at of the capture, capture_id, frame_no). Finding, describing and ordering the files
+is replay/store/discovery.py (no pyarrow), whose names this module re-exports
+(reader.find_captures, reader.CaptureFile ...).
 
 An in-progress segment is an Arrow IPC *stream* file ending in `.arrows`; after a crash
 its last message may be cut short, so it is read batch by batch and the truncated tail is
-ignored. When both `.arrows` and `.parquet` of one segment exist, the `.parquet` wins; when
-a merged segment (replay/store/compact.py) and any of the parts it covers exist, the merged
-one wins and the parts are not read."""
+ignored."""
 
 from __future__ import annotations
 
