@@ -191,3 +191,21 @@ def test_hostile_footers_are_refused_cleanly_and_pyarrow_reports_them(caps, tmp_
         with pytest.raises(reader.NotACapture, match="not a readable capture file"):
             discovery.describe(str(d / name))
     footers.forget()
+
+
+def test_a_damaged_segment_is_the_same_one_line_error_and_leaves_no_file(caps, tmp_path):
+    # data pages overwritten, footer intact: found and planned, then DuckDB fails to read it
+    import shutil
+
+    from tests.support.cli_util import error_line, run
+    d = tmp_path / "damaged"
+    shutil.copytree(caps[0], d)
+    seg = sorted(p for p in os.listdir(d) if p.endswith(".parquet"))[0]
+    data = bytearray((d / seg).read_bytes())
+    for i in range(200, min(1200, len(data) - 2000)):
+        data[i] ^= 0x5A
+    (d / seg).write_bytes(bytes(data))
+    res = run("replay", str(d), "--table", "documents", "-o", str(tmp_path / "o"))
+    assert res.returncode == 1
+    assert error_line(res).startswith(f"dcptool: {d / seg}: unreadable (")
+    assert not (tmp_path / "o" / "documents.parquet").exists()
