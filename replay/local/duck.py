@@ -138,11 +138,14 @@ class DuckFrames:
 
     def _facts(self) -> plans.PlanFacts:
         if self.facts is None:
-            # the ops the vbucket frames hold, asked of DuckDB: its memory is the query's to reuse
-            # (pyarrow's reading of the `op` dictionaries, spark/arrow.py ops_present, left
-            # 20 MiB in pyarrow's pool at 1M frames)
+            # the ops the vbucket frames may hold, asked of DuckDB: its memory is the query's to
+            # reuse (pyarrow's reading of the `op` dictionaries, spark/arrow.py ops_present, left
+            # 20 MiB in pyarrow's pool at 1M frames). Over the files, every frame's op: a
+            # superset is as true ("may hold") and reads one column, not the view's five (1M
+            # frames: 0.015 s against 0.03 s); a small capture's table is in memory already
+            source = "frames" if self.source == "vb_frames" else self.source
             with self._errors():
-                ops = {op for (op,) in self.con.sql(f"SELECT DISTINCT op FROM {self.source}").fetchall()}
+                ops = {op for (op,) in self.con.sql(f"SELECT DISTINCT op FROM {source}").fetchall()}
             # whether a ROLLBACK answer may be there, from the Parquet statistics when they tell
             # (PlanFacts.of, without loading pyarrow)
             none = discovery.null_by_statistics(self.files, "rollback_seqno")
