@@ -116,7 +116,7 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
         _check_remote_url(remote)
     tune_for_replay(in_process=not (use_spark or apply_spec))
     from dcptool.cli.view.console import err_console, status_console
-    from dcptool.replay.store import reader, retained
+    from dcptool.replay.store import discovery, retained
 
     if sum(bool(x) for x in (sql, apply_spec, checksum)) > 1:
         raise click.UsageError("choose one of --sql, --apply, --checksum")
@@ -133,10 +133,10 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
         if not sep:
             raise click.UsageError(f"--conf wants KEY=VALUE, got {item!r}")
         conf[k] = v
-    files = reader.find_captures(paths := capture_paths(captures))
+    files = discovery.find_captures(paths := capture_paths(captures))
     if note := retained.note(paths):     # a retention ring deleted the oldest segments
         click.echo(f"dcptool: note: {note}", err=True)
-    protocol = reader.protocol_of(files)
+    protocol = discovery.protocol_of(files)
     if as_of and protocol != "dcp":
         raise click.UsageError("--as-of / --as-of-seqno apply to DCP captures only")
     fn = None
@@ -148,14 +148,11 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
             _usage_line(ctx, f"--apply {apply_spec}: {one_line(exc)}", exc, verbose)
     try:
         names = results.table_choice(protocol, tables, default_all=True)
+        if not use_spark and protocol == "dcp":    # DCPTOOL_REPLAY_MEMORY must be a size
+            from dcptool.replay.local.duck import doc_budget
+            doc_budget()
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    if not use_spark and protocol == "dcp":
-        from dcptool.replay.local.engine import doc_budget
-        try:
-            doc_budget()
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from None
     console = err_console() if use_spark else status_console()   # rich only when it draws something
 
     session = None
@@ -174,7 +171,6 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
 
 
 def _run(ctx, session, files, names, fn, sql, unsafe_sql, checksum, as_of, fmt, out_dir, console, verbose):
-    from dcptool.replay.local import engine as local
     if session is not None:
         from dcptool.replay.spark import engine as spark_engine
     # in-process, each table read once (written, checksummed): DuckDB's result streams through
@@ -195,9 +191,13 @@ def _run(ctx, session, files, names, fn, sql, unsafe_sql, checksum, as_of, fmt, 
                 _usage_line(ctx, text, exc, verbose, code=1)
             _emit(ctx, {"apply": result} if result is not None else {}, fmt, out_dir)
             return
+        if session is None and not (sql or checksum or fmt) and results.duckdb_writes(files, names, out_dir):
+            with console.status("replaying", spinner="dots"):   # DuckDB writes the plan tables itself
+                return _write(results.write_files(files, names, out_dir, as_of or None), console)
         if session is not None:
             rep = spark_engine.replay_spark(session, files, as_of=as_of or None)
         else:
+            from dcptool.replay.local import engine as local
             with console.status("replaying", spinner="dots"):
                 rep = local.replay_local(files, tables=[] if sql else names, as_of=as_of or None,  # --sql: lazy
                                          stream=streamed)
@@ -210,7 +210,7 @@ def _run(ctx, session, files, names, fn, sql, unsafe_sql, checksum, as_of, fmt, 
             chosen = {n: rep.stream(n) if streamed else rep.table(n) for n in names}
         if checksum:
             with console.status("replaying", spinner="dots") if streamed else contextlib.nullcontext():
-                _write(out_dir, chosen, console, sums := {})
+                _write(results.write_tables(out_dir, chosen, sums := {}), console)
             sys.stdout.writelines(results.checksum_lines(sums, fmt))
             return sys.stdout.flush()
         _emit(ctx, chosen, fmt, out_dir)
@@ -336,8 +336,8 @@ def _run_sql(ctx, session, rep, sql, unsafe, verbose):
         _usage_line(ctx, str(sql_guard.spark_error(exc, sql)), exc, verbose, code=1)
 
 
-def _write(out_dir, chosen, console, sums=None):
-    for path, n in results.write_tables(out_dir, chosen, sums):
+def _write(written, console):
+    for path, n in written:
         console.print(f"wrote {path} ({n} rows)", highlight=False)
 
 
@@ -363,7 +363,7 @@ def _print_tables(chosen, fmt):
 def _emit(ctx, chosen, fmt, out_dir):
     from dcptool.cli.view.console import status_console
     if out_dir:
-        _write(out_dir, chosen, status_console())
+        _write(results.write_tables(out_dir, chosen), status_console())
         if fmt is None:
             return
     _print_tables(chosen, fmt)

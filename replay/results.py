@@ -1,7 +1,8 @@
 """Replay's result tables as a command shows them, without the CLI: which tables a request
 names (table_choice), rows as dicts in chunks with timestamps and DCP keys/values as the
 output contract says (table_rows, display_columns), the checksum lines (checksum_lines), the
-Parquet files of `-o DIR` (write_tables) and whether a directory may take them
+Parquet files of `-o DIR` (write_tables; write_files, where DuckDB writes the plan tables
+itself) and whether a directory may take them
 (is_capture_dir), and why a path cannot be an output directory at all
 (output_dir_problem). `dcptool replay` (cli/replay.py) parses options, calls these and prints."""
 
@@ -17,8 +18,10 @@ _TS_FACTOR = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 def table_choice(protocol: str, requested: tuple[str, ...], default_all: bool) -> list[str]:
     """The tables `--table` names (repeatable, comma lists, `all`); none named: every table
     but frames (default_all) or the first. ValueError for a name the protocol has not."""
-    from dcptool.replay.rules import tables as T
-    names = T.table_names(protocol)
+    from dcptool.replay.rules.table_types import TABLE_NAMES
+    if protocol not in TABLE_NAMES:
+        raise ValueError(f"unknown protocol {protocol!r}")
+    names = list(TABLE_NAMES[protocol])
     wanted = [n.strip() for r in requested for n in r.split(",") if n.strip()]
     if not wanted:
         return [n for n in names if n != "frames"] if default_all else [names[0]]
@@ -127,6 +130,50 @@ def write_tables(out_dir: str | None, chosen: dict, sums: dict | None = None):
                 sums[name] = (digest.hexdigest(), rows)
         if path:
             yield path, rows
+
+
+def duckdb_writes(files: list, names: list[str], out_dir: str | None) -> list[str]:
+    """The tables of `names` that DuckDB writes to `-o DIR` itself (write_files; REPLAY.md
+    "Running a replay"), for an in-process replay that writes files only (no --sql,
+    --checksum, --format: the caller checks those): the DCP plan tables
+    (replay/rules/plans.py), but `documents` when `vbuckets` is asked too (its counts come
+    from that table, built in memory), and none when DIR is no UTF-8 path (DuckDB's kind)."""
+    if not out_dir or not files or files[0].protocol != "dcp":
+        return []
+    try:
+        os.fsencode(os.path.abspath(out_dir)).decode("utf-8")
+    except UnicodeError:
+        return []
+    from dcptool.replay.rules.plans import PLAN_TABLES
+    return [n for n in names if n in PLAN_TABLES and not (n == "documents" and "vbuckets" in names)]
+
+
+def write_files(files: list, names: list[str], out_dir: str, as_of=None):
+    """`-o DIR` of an in-process DCP replay: each table of `names` to DIR/NAME.parquet, in that
+    order, yielding (path, rows) per file. The tables of duckdb_writes are written by DuckDB
+    itself (replay/local/duck.py DuckFrames.write: neither pyarrow nor numpy is loaded for
+    them), the others as write_tables writes them; the files read back the same either way."""
+    from dcptool.replay.local import duck
+    direct = duckdb_writes(files, names, out_dir)
+    paths = {n: os.path.join(out_dir, f"{n}.parquet") for n in direct}
+    rep = frames = None
+    try:
+        frames = duck.DuckFrames(files, as_of, duck.doc_budget(),
+                                 outputs=tuple(os.path.abspath(p) for p in paths.values()))
+        os.makedirs(out_dir, exist_ok=True)     # once the capture is found readable, as write_tables
+        for name in names:
+            if name in paths:
+                yield paths[name], frames.write(name, os.path.abspath(paths[name]))
+                continue
+            if rep is None:
+                from dcptool.replay.local import engine as local
+                rep = local.replay_local(files, tables=[n for n in names if n not in paths], as_of=as_of,
+                                         stream=True)
+            yield from write_tables(out_dir, {name: rep.stream(name)})
+    finally:
+        for done in (frames, rep):
+            if done is not None:
+                done.close()
 
 
 def is_capture_dir(out_dir: str, captures) -> bool:

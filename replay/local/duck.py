@@ -1,5 +1,8 @@
 """The in-process SQL engine: DuckDB runs the plans of replay/rules/plans.py (the same
-definitions Spark runs) over the capture's Parquet, and hands the results over as Arrow.
+definitions Spark runs) over the capture's Parquet, and hands the results over as Arrow, or
+writes a plan table to a Parquet file itself (`write`: `replay -o DIR`, the path that loads
+neither pyarrow nor numpy; this module loads them only when a result is handed over as Arrow
+or a segment in progress is converted).
 
 `DuckFrames.document_counts` gives `vbuckets` its live / deleted / expired counts (a GROUP BY
 over the same `documents` plan). A `DuckFrames` is one DuckDB connection with two views: `frames` (every frame: the capture
@@ -8,10 +11,12 @@ columns, `ts` as bigint nanoseconds, `_rank` and `_seq` as plans.py describes) a
 segments are converted to Parquet first (their complete batches, reader.parquet_paths) in a
 temporary directory, which also holds DuckDB's spill files; `close` removes it.
 
-Memory: DuckDB's `memory_limit` is DCPTOOL_REPLAY_MEMORY (engine.doc_budget: a quarter of the
+Memory: DuckDB's `memory_limit` is DCPTOOL_REPLAY_MEMORY (doc_budget: a quarter of the
 machine by default); past it DuckDB spills to that directory. Threads: DuckDB's default (every
 core). External access is off once the views exist (`enable_external_access=false`, then the
-configuration locked), so a query on the connection reads nothing but the capture."""
+configuration locked), so a query on the connection reads nothing but the capture and writes
+nothing but the files named as `outputs`. The session's time zone is UTC, so a bigint of
+nanoseconds cast to TIMESTAMPTZ_NS is that instant whatever the machine's zone."""
 
 from __future__ import annotations
 
@@ -19,13 +24,16 @@ import contextlib
 import os
 import shutil
 import tempfile
-from typing import Iterator
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Iterator
 
 from dcptool.protocol.errors import DcptoolError
-from dcptool.replay.rules import dcp as dcp_rules, plans, tables as T
-from dcptool.replay.store import reader
+from dcptool.replay.rules import dcp_names, plans
+from dcptool.replay.rules.table_types import PLAN_COLUMNS, PLAN_KEYS
+from dcptool.replay.store import discovery, footers
+from dcptool.replay.store.errors import CaptureError
+
+if TYPE_CHECKING:      # pyarrow is loaded only where a result is handed over as Arrow
+    import pyarrow as pa
 
 D = plans.DUCKDB
 # the least memory_limit given to DuckDB: below it a hash aggregate of a few thousand groups
@@ -33,21 +41,23 @@ D = plans.DUCKDB
 MIN_MEMORY = 128 << 20
 # captures of at most this many frames are read into a DuckDB table once, for all the plans
 SMALL_ROWS = 1 << 16
-# rows per record batch of a streamed table (DuckFrames.batches; one row group each in -o files)
+# rows per record batch of a streamed table (DuckFrames.batches), and per row group of a file
+# DuckDB writes (DuckFrames.write)
 BATCH_ROWS = 1 << 17
 
 
 class DuckFrames:
     """One capture's frames in DuckDB (see the module)."""
 
-    def __init__(self, files: list, as_of=None, memory: int | None = None):
+    def __init__(self, files: list, as_of=None, memory: int | None = None, outputs: tuple = ()):
+        """`outputs`: the files `write` may write (absolute UTF-8 paths)."""
         import duckdb
         self.files = files
-        self.ranks = reader.capture_ranks(files)
+        self.ranks = discovery.capture_ranks(files)
         self.facts = None
         self.tmp = tempfile.mkdtemp(prefix="dcptool-duckdb-")
         try:
-            paths = _utf8_paths([os.path.abspath(p) for p in reader.parquet_paths(files, self.tmp)], self.tmp)
+            paths = _utf8_paths([os.path.abspath(p) for p in _parquet_paths(files, self.tmp)], self.tmp)
             config = {"temp_directory": os.path.join(self.tmp, "spill")}
             if memory:
                 config["memory_limit"] = f"{max(int(memory), MIN_MEMORY) >> 20}MiB"
@@ -60,9 +70,12 @@ class DuckFrames:
             # 100k documents: peak RSS 19 MiB less)
             with contextlib.suppress(duckdb.Error):   # a setting of DuckDB >= 1.2
                 self.con.execute("SET allocator_bulk_deallocation_flush_threshold = '1MiB'")
+            with contextlib.suppress(duckdb.Error):   # without ICU, TIMESTAMPTZ is UTC already
+                self.con.execute("SET TimeZone = 'UTC'")
             self._views(paths, as_of)
-            # the views read these files when a query runs: they stay readable, nothing else
-            self.con.execute("SET allowed_paths = " + _list(paths))
+            # the views read these files when a query runs: they stay readable, and the
+            # outputs writable, nothing else
+            self.con.execute("SET allowed_paths = " + _list(paths + list(outputs)))
             self.con.execute("SET enable_external_access = false")
             self.con.execute("SET lock_configuration = true")
             self.source = "vb_frames"
@@ -90,12 +103,12 @@ class DuckFrames:
             f"{rank} AS _rank, {rank} * {1 << plans.SEQ_SHIFT} + frame_no AS _seq "
             f"FROM read_parquet({listed}, union_by_name = true)")
         cut = f" AND ({plans.as_of_sql(as_of)})" if as_of else ""
-        ops = ", ".join(f"'{op}'" for op in dcp_rules.VB_OPS)
+        ops = ", ".join(f"'{op}'" for op in dcp_names.VB_OPS)
         self.con.execute(
             "CREATE VIEW vb_frames AS SELECT *, cas AS _cas_bits FROM frames WHERE direction = 'in' "
             f"AND vbucket IS NOT NULL AND decode_error IS NULL AND op IN ({ops}){cut}")
 
-    def arrow(self, sql: str) -> pa.Table:
+    def arrow(self, sql: str) -> "pa.Table":
         with self._errors():
             rel = self.con.sql(sql)
             fetch = getattr(rel, "to_arrow_table", None) or rel.arrow
@@ -115,40 +128,54 @@ class DuckFrames:
 
     def _capture_error(self, exc: BaseException) -> DcptoolError:
         """DuckDB names no file: the reader's own one line names the damaged segment."""
+        from dcptool.replay.store import reader
         for f in self.files:
             try:
                 reader.read_file(f)
             except reader.CaptureError as damaged:
                 return damaged
-        return reader.CaptureError(f"replay: {_first_line(exc)}")
+        return CaptureError(f"replay: {_first_line(exc)}")
 
     def _facts(self) -> plans.PlanFacts:
         if self.facts is None:
-            # the ops the vbucket frames hold, asked of DuckDB: its memory is the query's to reuse
-            # (pyarrow's reading of the `op` dictionaries, spark/arrow.py ops_present, left
-            # 20 MiB in pyarrow's pool at 1M frames)
+            # the ops the vbucket frames may hold, asked of DuckDB: its memory is the query's to
+            # reuse (pyarrow's reading of the `op` dictionaries, spark/arrow.py ops_present, left
+            # 20 MiB in pyarrow's pool at 1M frames). Over the files, every frame's op: a
+            # superset is as true ("may hold") and reads one column, not the view's five (1M
+            # frames: 0.015 s against 0.03 s); a small capture's table is in memory already
+            source = "frames" if self.source == "vb_frames" else self.source
             with self._errors():
-                ops = {op for (op,) in self.con.sql(f"SELECT DISTINCT op FROM {self.source}").fetchall()}
-            self.facts = plans.PlanFacts.of(self.files, ops)
+                ops = {op for (op,) in self.con.sql(f"SELECT DISTINCT op FROM {source}").fetchall()}
+            # whether a ROLLBACK answer may be there, from the Parquet statistics when they tell
+            # (PlanFacts.of, without loading pyarrow)
+            none = discovery.null_by_statistics(self.files, "rollback_seqno")
+            if none is None:
+                from dcptool.replay.store import reader
+                rollbacks = reader.may_have_values(self.files, "rollback_seqno")
+            else:
+                rollbacks = not none
+            self.facts = plans.PlanFacts(self.ranks, rollbacks, frozenset(ops))
         return self.facts
 
-    def document_counts(self) -> pa.Table:
+    def document_counts(self) -> "pa.Table":
         """(vbucket, live, deleted, expired): the documents of each vbucket in each state, a
         GROUP BY over the `documents` plan (for `vbuckets`, dcp_rules.with_document_counts)."""
         sql = plans.table_sql(D, "documents", self.source, self._facts())
-        states = ", ".join(f"count(*) FILTER (WHERE state = '{s}') AS {s}" for s in dcp_rules.DOC_STATES.values())
+        states = ", ".join(f"count(*) FILTER (WHERE state = '{s}') AS {s}" for s in dcp_names.DOC_STATES.values())
         return self.arrow(f"SELECT vbucket, {states} FROM ({sql}) _d GROUP BY vbucket")
 
-    def table(self, name: str) -> pa.Table:
+    def table(self, name: str) -> "pa.Table":
         """One of the plans' tables, canonical (replay/rules/tables.py)."""
+        from dcptool.replay.rules import tables as T
         sql = self._sorted_sql(name)
         if sql is None:
             return T.schema_of("dcp", name).empty_table()
         return T.canonical("dcp", name, self.arrow(sql), presorted=True)
 
-    def batches(self, name: str, rows: int | None = None) -> Iterator[pa.RecordBatch]:
+    def batches(self, name: str, rows: int | None = None) -> "Iterator[pa.RecordBatch]":
         """`table(name)` as canonical record batches of about `rows` rows (BATCH_ROWS), in
         order: DuckDB's sorted result streamed, never the whole table in this process at once."""
+        from dcptool.replay.rules import tables as T
         sql = self._sorted_sql(name)
         if sql is None:
             return
@@ -161,13 +188,42 @@ class DuckFrames:
     def _sorted_sql(self, name: str) -> str | None:
         """The plan of `name` sorted by DuckDB (in parallel, spilling when it must) in the
         canonical order: the table's key, nulls first, blobs bytewise; None: the table is empty."""
+        sql = self._plan_sql(name)
+        return None if sql is None else f"SELECT * FROM ({sql}) _t ORDER BY {_order(name)}"
+
+    def _plan_sql(self, name: str) -> str | None:
+        """The plan of `name`, unsorted; None: the table is empty."""
         self._facts()
         if name in ("undone", "rollbacks") and not self.facts.rollbacks:
             # no ROLLBACK answer by the Parquet statistics: both are empty, no query to plan
             return None
-        sql = plans.table_sql(D, name, self.source, self.facts)
-        keys = ", ".join(f"{k} NULLS FIRST" for k in T.table_specs("dcp")[name][1])
-        return f"SELECT * FROM ({sql}) _t ORDER BY {keys}"
+        return plans.table_sql(D, name, self.source, self.facts)
+
+    def write(self, name: str, path: str) -> int:
+        """The plan table `name` written by DuckDB to the Parquet file `path` (one of the
+        `outputs`), its rows: the canonical table (sorted, each column cast to its type of
+        replay/rules/table_types.py), zstd, BATCH_ROWS rows a row group; read back by pyarrow
+        it equals `table(name)`. A file left partial by a failed query is removed."""
+        sql = self._plan_sql(name)     # sorted below, once its columns are cast
+        columns = PLAN_COLUMNS[name]
+        if sql is None:      # no rows: the schema alone
+            body = ("SELECT " + ", ".join(f"CAST(NULL AS {t}) AS {c}" for c, t in columns)
+                    + " WHERE false")
+        else:
+            with self._errors():
+                given = {r[0]: r[1] for r in self.con.execute(f"DESCRIBE {sql}").fetchall()}
+            body = (f"SELECT {', '.join(_cast(c, t, given.get(c, t)) for c, t in columns)} "
+                    f"FROM ({sql}) _t ORDER BY {_order(name)}")
+        copy = (f"COPY ({body}) TO {D.string(path)} (FORMAT parquet, COMPRESSION zstd, "
+                f"ROW_GROUP_SIZE {BATCH_ROWS}, USE_TMP_FILE false)")
+        try:
+            with self._errors():
+                (rows,), = self.con.execute(copy).fetchall()
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            raise
+        return int(rows)
 
     def close(self) -> None:
         con = getattr(self, "con", None)
@@ -203,7 +259,53 @@ def _utf8_paths(paths: list, tmp: str) -> list[str]:
 
 
 def _rows(paths: list[str]) -> int:
-    return sum(reader.footer(p).num_rows for p in paths)
+    return sum(footers.num_rows(p) for p in paths)
+
+
+def _parquet_paths(files: list, tmp: str) -> list:
+    """The Parquet files of `files`: segments in progress converted in `tmp` (pyarrow's work,
+    loaded only then: reader.parquet_paths)."""
+    if not any(f.in_progress for f in files):
+        return [f.path for f in files]
+    from dcptool.replay.store import reader
+    return reader.parquet_paths(files, tmp)
+
+
+def _order(name: str) -> str:
+    return ", ".join(f"{k} NULLS FIRST" for k in PLAN_KEYS[name])
+
+
+def _cast(column: str, to: str, given: str) -> str:
+    """`column` as DuckDB type `to`, nullable in the file as in pyarrow's (DuckDB writes a
+    column it knows holds no null, such as a key the view filters on, as REQUIRED: the CASE
+    hides that); a time as bigint nanoseconds (the plans' `ts`) becomes that instant (the
+    session's zone is UTC)."""
+    value = column
+    if to == "TIMESTAMPTZ_NS" and given in ("BIGINT", "HUGEINT", "INTEGER"):
+        value = f"CAST(make_timestamp_ns(CAST({column} AS BIGINT)) AS {to})"
+    elif to != given:
+        value = f"CAST({column} AS {to})"
+    return f"CASE WHEN {column} IS NULL THEN NULL ELSE {value} END AS {column}"
+
+
+def doc_budget() -> int | None:
+    """Bytes DuckDB's memory limit allows (DCPTOOL_REPLAY_MEMORY, e.g. `2G`; `0`: no
+    limit); by default a quarter of the machine's memory."""
+    given = os.environ.get("DCPTOOL_REPLAY_MEMORY", "").strip()
+    if given:
+        text = given.upper().removesuffix("B")
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(text[-1:], 1)
+        try:
+            value = int(float(text.rstrip("KMGT") or "x") * scale)
+        except (ValueError, OverflowError):
+            value = -1
+        if value < 0:
+            raise ValueError(f"DCPTOOL_REPLAY_MEMORY={given!r}: not a size (like 512M or 4G)")
+        return value or None
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _list(paths: list[str]) -> str:

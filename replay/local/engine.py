@@ -34,6 +34,7 @@ from dcptool.replay.rules.columns import CHUNK_ROWS, as_numpy, as_strings, order
 from dcptool.replay.rules.dcp import (DCP_FILTER_COLUMNS, DCP_ROLLBACK_COLUMNS, DCP_STATE_COLUMNS, DOC_STATES,
                                       DcpState, dcp_vbucket_frames, rollback_mask, with_document_counts)
 from dcptool.replay.local import duck
+from dcptool.replay.local.duck import doc_budget  # noqa: F401 (engine.doc_budget: the name callers use)
 from dcptool.replay.store import reader
 from dcptool.replay.store.schema import capture_schema
 
@@ -163,26 +164,6 @@ def document_counts(documents: pa.Table) -> pa.Table:
 # rows per DCP chunk: a reading thread holds about three times a chunk's columns (measured
 # 10M frames, 100k documents: peak RSS 64k-row chunks 350 MiB, 128k 430 MiB, 256k 500 MiB)
 DCP_CHUNK_ROWS = 1 << 16
-
-
-def doc_budget() -> int | None:
-    """Bytes the documents of one pass may hold (DCPTOOL_REPLAY_MEMORY, e.g. `2G`; `0`: no
-    limit); by default a quarter of the machine's memory."""
-    given = os.environ.get("DCPTOOL_REPLAY_MEMORY", "").strip()
-    if given:
-        text = given.upper().removesuffix("B")
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(text[-1:], 1)
-        try:
-            value = int(float(text.rstrip("KMGT") or "x") * scale)
-        except (ValueError, OverflowError):
-            value = -1
-        if value < 0:
-            raise ValueError(f"DCPTOOL_REPLAY_MEMORY={given!r}: not a size (like 512M or 4G)")
-        return value or None
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def _chunks(t: pa.Table, rows: int) -> Iterator[pa.Table]:

@@ -63,8 +63,7 @@ def run_query(rep, sql: str, unsafe: bool = False, memory: int | None = -1) -> p
             raise
         named = _tables_of(sql, tables)
     if memory == -1:
-        from dcptool.replay.local.engine import doc_budget
-        memory = doc_budget()
+        memory = duck.doc_budget()
     tmp = tempfile.mkdtemp(prefix="dcptool-sql-")
     config = {"temp_directory": tmp, "python_enable_replacements": False}
     if memory:

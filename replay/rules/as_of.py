@@ -12,15 +12,15 @@ from __future__ import annotations
 import datetime as _dt
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
-import pyarrow as pa
-
-from dcptool.replay.rules.columns import NONE_TS, as_numpy, equals, ts_ns
+if TYPE_CHECKING:      # loaded by mask only
+    import numpy as np
+    import pyarrow as pa
 
 # the columns `mask` reads
 AS_OF_COLUMNS = ["ts", "vbucket", "op", "by_seqno", "snap_start"]
-INT64_MIN = np.iinfo(np.int64).min
+INT64_MIN = -(1 << 63)
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,13 @@ class AsOf:
     def __bool__(self) -> bool:
         return self.ts_ns is not None or bool(self.seqnos)
 
-    def mask(self, t: pa.Table) -> np.ndarray:
+    def mask(self, t: "pa.Table") -> "np.ndarray":
         """The rows of `t` (with AS_OF_COLUMNS) that count."""
+        # numpy and pyarrow only here: the option parsing below loads neither (a replay whose
+        # tables DuckDB writes itself never loads them)
+        import numpy as np
+
+        from dcptool.replay.rules.columns import NONE_TS, as_numpy, equals, ts_ns
         keep = np.ones(t.num_rows, bool)
         if self.ts_ns is not None:
             ts = ts_ns(t.column("ts"))

@@ -19,23 +19,17 @@ import pyarrow.compute as pc
 
 from dcptool.protocol.dcp.wire.constants import NUM_VB_SLOTS, Status, key_vb, stream_key
 from dcptool.replay.rules import tables as T
+from dcptool.replay.rules.dcp_names import COLLECTION_DROP, DOC_STATES, VB_OPS  # noqa: F401 (dcp.VB_OPS ...: the names callers use)
 from dcptool.replay.store.schema import capture_schema
 from dcptool.replay.rules.columns import NONE_TS, Grow, as_numpy, as_strings, equals, is_in, lookup_codes, ts_array, ts_ns
 
 SEQ_BITS = 44
-DOC_STATES = {"mutation": "live", "deletion": "deleted", "expiration": "expired"}
-# ops that belong to a vbucket's stream; `in` frames with these ops and a vbucket are the
-# "vbucket frames" the DCP state is built from
-VB_OPS = ("stream_req", "get_failover_log", "stream_end", "snapshot_marker", "mutation",
-          "deletion", "expiration", "seqno_advanced", "system_event", "oso_snapshot", "prepare",
-          "commit", "abort")
 
 DCP_FILTER_COLUMNS = ["direction", "vbucket", "op", "decode_error"]
 DCP_STATE_COLUMNS = ["capture_id", "frame_no", "ts", "vbucket", "op", "status", "cas", "datatype",
                      "collection_id", "key", "value_len", "by_seqno", "rev_seqno", "item_flags",
                      "expiration", "snap_version", "snap_start", "snap_end", "snap_flags",
                      "stream_end_reason", "rollback_seqno", "failover_log", "system_event_id", "stream_id"]
-COLLECTION_DROP = 1      # system_event_id of a collection drop (kv_engine system_event.md)
 DCP_ROLLBACK_COLUMNS = ["capture_id", "frame_no", "ts", "vbucket", "op", "status", "rollback_seqno"]
 
 

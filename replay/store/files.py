@@ -16,6 +16,12 @@ def one_line(exc: BaseException) -> str:
     return text.splitlines()[0]
 
 
+def first_line(exc: BaseException) -> str:
+    """An error's first line, for a message that names a file (undecodable bytes escaped)."""
+    text = str(exc).strip() or type(exc).__name__
+    return shown(text.splitlines()[0])
+
+
 def fsync_dir(directory: str) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)

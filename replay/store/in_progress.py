@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from dcptool.replay.store.files import arrow_path, shown
+from dcptool.replay.store.naming import DAMAGED_SUFFIX  # noqa: F401 (in_progress.DAMAGED_SUFFIX: the name callers use)
 
-DAMAGED_SUFFIX = ".damaged"     # appended to the `.arrows` name of a file kept aside
 
 
 class InProgress:

@@ -1,6 +1,8 @@
 """Names of capture files: `{protocol}-{run start}-{capture_id[:8]}-{segment:06d}.parquet`,
 its in-progress twin `.arrows`, the temporary `.parquet.tmp`, and a merged segment of
-`dcptool compact`, `...-{first:06d}-{last:06d}.parquet` (CAPTURE_FORMAT.md "Files")."""
+`dcptool compact`, `...-{first:06d}-{last:06d}.parquet` (CAPTURE_FORMAT.md "Files"); the
+names of the key-value metadata every file carries and the format versions (schema.py
+re-exports them: here they need no pyarrow)."""
 
 from __future__ import annotations
 
@@ -8,9 +10,32 @@ import datetime as _dt
 import re
 
 IN_PROGRESS_SUFFIX = ".arrows"
+DAMAGED_SUFFIX = ".damaged"     # appended to the `.arrows` name of a file kept aside
 # metadata of a merged segment: the last segment number it covers (dcptool.segment: the first)
 META_SEGMENT_LAST = "dcptool.segment_last"
 TMP_SUFFIX = ".tmp"
+
+FORMAT_VERSION = "2"
+# versions readers accept; a version 1 file has no `node` column (it reads as null)
+READABLE_VERSIONS = ("1", "2")
+PROTOCOLS = ("dcp", "synapse")
+
+# key-value metadata keys on every file
+META_FORMAT = "dcptool.format"
+META_PROTOCOL = "dcptool.protocol"
+META_CAPTURE_ID = "dcptool.capture_id"
+META_SEGMENT = "dcptool.segment"
+META_STARTED_AT = "dcptool.started_at"
+META_VERSION = "dcptool.version"
+META_SOURCE = "dcptool.source"
+META_OPTIONS = "dcptool.options"
+META_KEYS = (META_FORMAT, META_PROTOCOL, META_CAPTURE_ID, META_SEGMENT, META_STARTED_AT,
+             META_VERSION, META_SOURCE, META_OPTIONS)
+
+
+def tool_version() -> str:
+    from dcptool import __version__
+    return __version__
 
 
 def utcnow() -> _dt.datetime:

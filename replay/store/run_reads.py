@@ -12,14 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dcptool.replay.store.errors import CaptureError
-from dcptool.replay.store.files import shown
+from dcptool.replay.store.files import first_line, shown  # noqa: F401 (run_reads.first_line: the name callers use)
 from dcptool.replay.store.footers import footer, in_threads, top_names
 from dcptool.replay.store.schema import capture_schema
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return shown(text.splitlines()[0])
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:

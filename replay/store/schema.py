@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-FORMAT_VERSION = "2"
-# versions readers accept; a version 1 file has no `node` column (it reads as null)
-READABLE_VERSIONS = ("1", "2")
+from dcptool.replay.store.naming import (FORMAT_VERSION, META_CAPTURE_ID, META_FORMAT, META_KEYS,  # noqa: F401 (the names callers use)
+                                         META_OPTIONS, META_PROTOCOL, META_SEGMENT, META_SOURCE, META_STARTED_AT,
+                                         META_VERSION, PROTOCOLS, READABLE_VERSIONS, tool_version)
 
 DICT_STR = pa.dictionary(pa.int32(), pa.string())
 
@@ -78,19 +78,6 @@ SYNAPSE_FIELDS: list[tuple[str, pa.DataType]] = [
     ("args", pa.string()),
 ]
 
-PROTOCOLS = ("dcp", "synapse")
-
-# key-value metadata keys on every file
-META_FORMAT = "dcptool.format"
-META_PROTOCOL = "dcptool.protocol"
-META_CAPTURE_ID = "dcptool.capture_id"
-META_SEGMENT = "dcptool.segment"
-META_STARTED_AT = "dcptool.started_at"
-META_VERSION = "dcptool.version"
-META_SOURCE = "dcptool.source"
-META_OPTIONS = "dcptool.options"
-META_KEYS = (META_FORMAT, META_PROTOCOL, META_CAPTURE_ID, META_SEGMENT, META_STARTED_AT,
-             META_VERSION, META_SOURCE, META_OPTIONS)
 
 
 def fields(protocol: str) -> list[tuple[str, pa.DataType]]:
@@ -112,7 +99,3 @@ def capture_schema(protocol: str, metadata: dict[str, str] | None = None) -> pa.
 def column_names(protocol: str) -> list[str]:
     return [name for name, _ in fields(protocol)]
 
-
-def tool_version() -> str:
-    from dcptool import __version__
-    return __version__

@@ -573,3 +573,45 @@ def write_captures(captures, directory: str, seed: int = 0, max_segments: int = 
                 pq.write_table(part, path, compression="zstd", row_group_size=row_group_size, use_dictionary=enc)
             paths.append(path)
     return paths
+
+
+SYNC_OPCODES = {"prepare": 0x68, "commit": 0x6A, "abort": 0x6B, "system_event": 0x5F}
+
+
+def with_sync_and_drop(captures: list[tuple[dict, pa.Table]], seed: int) -> list[tuple[dict, pa.Table]]:
+    """`captures` (generate's DCP output) with durable writes and a collection drop appended to
+    each capture, on a vbucket it streams and above its seqnos: a prepare and its commit, a
+    prepare and its abort, a commit whose prepare is not in the capture, then the drop of
+    collection 8 (system event 1). Seeded; the rules of REPLAY.md all get some work."""
+    rng = random.Random(seed)
+    out = []
+    for meta, table in captures:
+        ts = table.schema.get_field_index("ts")
+        rows = table.set_column(ts, "ts", table.column("ts").cast(pa.int64())).to_pylist()
+        items = [r for r in rows if r["direction"] == "in" and r.get("by_seqno") is not None and r["vbucket"] is not None]
+        if not items:
+            out.append((meta, table))
+            continue
+        vb = rng.choice(items)["vbucket"]
+        seqno = max(r["by_seqno"] for r in items if r["vbucket"] == vb)
+        last = rows[-1]
+        keys = [r["key"] for r in items if r["vbucket"] == vb] + [b"doc-sync"]
+        cid = rng.choice([0, 8]) if any(r.get("collection_id") is not None for r in items) else None
+        extra = [("prepare", keys[0]), ("commit", keys[0]), ("prepare", keys[-1]), ("abort", keys[-1]),
+                 ("commit", b"doc-lone"), ("system_event", None)]
+        for i, (op, key) in enumerate(extra):
+            seqno += 1
+            row = {"capture_id": last["capture_id"], "frame_no": last["frame_no"] + 1 + i, "conn": last["conn"],
+                   "ts": last["ts"] + 1000 * (i + 1),
+                   "direction": "in", "magic": 0x80, "opcode": SYNC_OPCODES[op], "op": op, "vbucket": vb,
+                   "by_seqno": seqno}
+            if op == "system_event":
+                row.update(system_event_id=1, collection_id=8 if cid is not None else None)
+            else:
+                row.update(key=key, collection_id=cid, rev_seqno=rng.randrange(1, 50), cas=rng.getrandbits(64),
+                           datatype=1, value_len=rng.randrange(0, 300) if op != "abort" else 0,
+                           item_flags=rng.getrandbits(32) if op == "prepare" else None,
+                           expiration=0 if op == "prepare" else None)
+            rows.append(row)
+        out.append((meta, to_table("dcp", rows, meta)))
+    return out
