@@ -144,7 +144,6 @@ def _segment_candidates(f, cols: list[str], as_of) -> Iterable[pa.Table]:
     if f.in_progress:
         groups = [None]
     else:
-        import pyarrow.parquet as pq
         groups = list(range(reader.footer(f.path).num_row_groups))
     for rg in groups:
         small = (reader.read_file(f, cols) if rg is None else
