@@ -8,8 +8,9 @@ State lives in one directory (DCPTOOL_STATE_DIR, else $XDG_STATE_HOME/dcptool, e
   spark-connect.used   touched by every replay that uses the server (its mtime is the last use)
   spark-connect.log    the server's and the watchdog's output
   spark-connect.lock   held while starting or stopping, so two starts make one server
-  spark-connect.session  the id of the server session replays share (shared_session), and
-                       spark-connect.session.lock, held by the one replay using it
+  spark-connect.session  the id of the server session replays share (shared_session);
+                       spark-connect.session.lock, held by the one replay using it, and
+                       spark-connect.session.busy, there while a replay is in it
 
 The server is `spark-submit --class ...SparkConnectServer` on `local[*]`, its gRPC port bound
 to 127.0.0.1 (or the host asked for), the driver bound to 127.0.0.1, no UI, the settings of
@@ -167,6 +168,10 @@ def shared_session(renew: bool = False) -> tuple[str, int] | None:
         os.close(fd)
         return None
     path = _path("session")
+    busy = _path("session.busy")
+    # left by a replay that ended without stop_session (killed): whatever it set in the session
+    # may still be there, so the session is not joined again
+    renew = renew or os.path.exists(busy)
     sid = None
     if not renew:
         with contextlib.suppress(OSError, ValueError):
@@ -182,7 +187,24 @@ def shared_session(renew: bool = False) -> tuple[str, int] | None:
         except OSError:
             os.close(fd)
             return None
+    try:
+        with open(busy, "w"):
+            pass
+    except OSError:
+        os.close(fd)
+        return None
     return sid, fd
+
+
+def leave_shared_session(fd: int, kept: bool) -> None:
+    """The end of a replay in the shared session (shared_session's descriptor): `kept`, it
+    left the session as it found it, and the next replay may join it."""
+    try:
+        if kept:
+            with contextlib.suppress(OSError):
+                os.unlink(_path("session.busy"))
+    finally:
+        os.close(fd)
 
 
 def last_used(rec: Record) -> float:

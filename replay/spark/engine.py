@@ -252,7 +252,7 @@ def _shared_session(url: str):
         except Exception:  # noqa: BLE001 - closed on the server (SESSION_CLOSED): take a new id
             with contextlib.suppress(Exception):
                 session.stop()
-            os.close(lock)
+            connect_server.leave_shared_session(lock, kept=False)
             continue
         _SHARED[id(session)] = _Shared(lock, settings)
         return session
@@ -305,6 +305,7 @@ def stop_session(session) -> None:
     session (_shared_session) stays on the server for the next replay unless this one
     changed it (a setting, `--conf`; a view; an artifact): then it is released there too."""
     shared = _SHARED.pop(id(session), None)
+    changed = True
     try:
         if shared is not None:
             try:
@@ -315,7 +316,8 @@ def stop_session(session) -> None:
         session.stop()   # a Connect session: releases it on the server, which keeps running
     finally:
         if shared is not None:
-            os.close(shared.lock)
+            from dcptool.replay.spark import connect_server
+            connect_server.leave_shared_session(shared.lock, kept=not changed)
         warehouse = _WAREHOUSES.pop(id(session), None)
         if warehouse:
             shutil.rmtree(warehouse, ignore_errors=True)

@@ -180,7 +180,8 @@ def test_replays_share_one_server_session_and_leave_nothing_in_it(state, server,
     """Replays on the warm server join one server session (Spark compiles generated code per
     session: a new one per replay recompiled the plan), one replay at a time: another one
     meanwhile gets a session of its own. A replay that changed the shared session (here a
-    setting, as --conf does) releases it, so the next starts a clean one with a new id."""
+    setting, as --conf does) releases it, so the next starts a clean one with a new id; so does
+    one killed in it (its mark stays)."""
     rec = connect_server.read_record()
     monkeypatch.setenv(connect_server.TOKEN_ENV, "")   # connect_session sets it; restored after
     shared_file = os.path.join(state["dir"], "spark-connect.session")
@@ -205,6 +206,13 @@ def test_replays_share_one_server_session_and_leave_nothing_in_it(state, server,
     r = dcptool(state, "replay", "--spark", "--table", "documents", "--checksum", d)
     assert r.returncode == 0, r.stderr
     assert open(shared_file).read() == sid   # that replay left nothing: the same session
+    open(shared_file + ".busy", "w").close()   # as a replay killed in it leaves
+    after_kill = spark_engine.connect_session(rec.url, rec.token)
+    try:
+        assert after_kill.session_id not in (sid, None)
+    finally:
+        spark_engine.stop_session(after_kill)
+    assert not os.path.exists(shared_file + ".busy")
 
 
 def test_unreachable_remote_is_one_line_and_exit_3(tmp_path):
