@@ -184,6 +184,9 @@ def test_replays_share_one_server_session_and_leave_nothing_in_it(state, server,
     one killed in it (its mark stays)."""
     rec = connect_server.read_record()
     monkeypatch.setenv(connect_server.TOKEN_ENV, "")   # connect_session sets it; restored after
+    # pyspark sets this for a Connect session and never unsets it; this process's later
+    # embedded session (the `spark` fixture) would take it for Spark Connect
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "")
     shared_file = os.path.join(state["dir"], "spark-connect.session")
     d = _captures(tmp_path, "dcp", 6, n=100)
     s = spark_engine.connect_session(rec.url, rec.token)
