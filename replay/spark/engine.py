@@ -194,8 +194,10 @@ def connect_session(url: str, token: str | None = None, verbose: bool = False):
     """A Spark Connect client session on `url` (sc://HOST:PORT[/;params]) with the runtime
     settings of make_session (a server not started by dcptool may lack them). `token`, when
     given, authenticates (through the environment, as pyspark reads it, never the URL): it is
-    the warm server of replay/spark/connect_server.py, started with those settings. The
-    server's log stays on the server; pyspark's client-side loggers: quiet_spark_loggers."""
+    the warm server of replay/spark/connect_server.py, started with those settings, and the
+    replay joins the server session that replays share (connect_server.shared_session) when
+    no other replay is in it. The server's log stays on the server; pyspark's client-side
+    loggers: quiet_spark_loggers."""
     import logging
 
     from pyspark.sql import SparkSession
@@ -205,11 +207,65 @@ def connect_session(url: str, token: str | None = None, verbose: bool = False):
     quiet_spark_loggers(verbose)
     if token is not None:
         os.environ["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = token
+        session = _shared_session(url)
+        if session is not None:
+            return session
     session = SparkSession.builder.remote(url).getOrCreate()
     if token is None:   # dcptool's own server (it has a token) starts with these: no round trips
         for k, v in CONNECT_CONF.items():
             session.conf.set(k, v)
     return session
+
+
+@dataclass
+class _Shared:
+    """A session joined by _shared_session: its lock, its settings when joined, and whether
+    this replay left something in it (a view, an artifact) that the next must not see."""
+    lock: int
+    settings: dict
+    dirty: bool = False
+
+
+_SHARED: dict[int, _Shared] = {}
+
+
+def _shared_session(url: str):
+    """The warm server's shared session (connect_server.shared_session), or None (another
+    replay is in it, or the state directory cannot be used). Its settings are read as it is
+    joined: the first round trip, which also finds a session the server has closed (then a
+    new id is taken, once)."""
+    from pyspark.sql import SparkSession
+
+    from dcptool.replay.spark import connect_server
+    for renew in (False, True):
+        try:
+            held = connect_server.shared_session(renew)
+        except connect_server.StateDirError:
+            return None
+        if held is None:
+            return None
+        sid, lock = held
+        session = SparkSession.builder.remote(url + ("" if "/;" in url else "/") + f";session_id={sid}").getOrCreate()
+        session.release_session_on_close = False   # stop() closes this client; the server keeps the session
+        try:
+            settings = dict(session.conf.getAll)
+        except Exception:  # noqa: BLE001 - closed on the server (SESSION_CLOSED): take a new id
+            with contextlib.suppress(Exception):
+                session.stop()
+            connect_server.leave_shared_session(lock, kept=False)
+            continue
+        _SHARED[id(session)] = _Shared(lock, settings)
+        return session
+    return None
+
+
+def _leaves_state(session) -> None:
+    """Mark a shared session as holding something of this replay's (a temporary view, a
+    module sent as an artifact): stop_session releases it on the server, so the next replay
+    starts a clean one."""
+    shared = _SHARED.get(id(session))
+    if shared is not None:
+        shared.dirty = True
 
 
 def connect_answers(url: str, deadline: float) -> bool:
@@ -245,10 +301,23 @@ def is_connect(session) -> bool:
 
 
 def stop_session(session) -> None:
-    """Stop a session from make_session and remove its warehouse directory."""
+    """Stop a session from make_session and remove its warehouse directory. A shared Connect
+    session (_shared_session) stays on the server for the next replay unless this one
+    changed it (a setting, `--conf`; a view; an artifact): then it is released there too."""
+    shared = _SHARED.pop(id(session), None)
+    changed = True
     try:
+        if shared is not None:
+            try:
+                changed = shared.dirty or dict(session.conf.getAll) != shared.settings
+            except Exception:  # noqa: BLE001 - the server is gone: nothing to keep
+                changed = True
+            session.release_session_on_close = changed
         session.stop()   # a Connect session: releases it on the server, which keeps running
     finally:
+        if shared is not None:
+            from dcptool.replay.spark import connect_server
+            connect_server.leave_shared_session(shared.lock, kept=not changed)
         warehouse = _WAREHOUSES.pop(id(session), None)
         if warehouse:
             shutil.rmtree(warehouse, ignore_errors=True)
@@ -276,19 +345,22 @@ def read_frames(spark, files: list, tmpdir: str):
     if cas_long:   # the vectorised reader takes plain uint64 pages as longs of the same bits
         schema = ST.StructType([ST.StructField(f.name, ST.LongType()) if f.name == "cas" else f for f in schema])
     df = spark.read.schema(schema).parquet(*paths)
+    # the added columns in one withColumns: an embedded session analyses the whole plan at each
+    # call (a fresh JVM: 0.2-0.5 s each)
+    cols = {}
     if protocol == "dcp":   # `_cas_bits`: cas as a long of its bits; `cas` the decimal(20,0) it was
         if cas_long:
-            df = df.withColumn("_cas_bits", F.col("cas")).withColumn("cas", spark_documents.cas_decimal(F, F.col("cas")))
+            cols = {"_cas_bits": F.col("cas"), "cas": spark_documents.cas_decimal(F, F.col("cas"))}
         else:
-            df = df.withColumn("_cas_bits", spark_documents.cas_bits(F, F.col("cas")))
+            cols = {"_cas_bits": spark_documents.cas_bits(F, F.col("cas"))}
     ranks = reader.capture_ranks(files)
     if len(ranks) == 1:   # one capture: a constant, and capture_id is not read at all
         rank = F.lit(0).cast("long")
     else:
         pairs = [x for cid, r in ranks.items() for x in (F.lit(cid), F.lit(r))]
         rank = F.element_at(F.create_map(*pairs), F.col("capture_id")).cast("long")
-    return (df.withColumn("_rank", rank)
-              .withColumn("_seq", F.shiftleft(F.col("_rank"), SEQ_SHIFT) + F.col("frame_no")))
+    cols.update({"_rank": rank, "_seq": F.shiftleft(rank, SEQ_SHIFT) + F.col("frame_no")})
+    return df.withColumns(cols)
 
 
 # --- the engine -------------------------------------------------------------------------
@@ -335,6 +407,7 @@ class SparkReplay:
 
     def register_views(self, only: set[str] | None = None) -> None:
         """Each table (or each of `only`, lower-case names) as a temporary view."""
+        _leaves_state(self.frames_df.sparkSession)
         for name in self.names():
             if only is None or name.lower() in only:
                 self.dataframe(name).createOrReplaceTempView(name)
@@ -402,7 +475,8 @@ def replay_spark(spark, files: list, as_of=None) -> SparkReplay:
 
         def planned(name):
             # the SQL of replay/rules/plans.py: the text DuckDB runs in-process
-            return lambda: _planned(vb_frames, plans.table_sql(plans.SPARK, name, "{vb}", facts))
+            cas = "cas" in T.schema_of("dcp", name).names
+            return lambda: _planned(vb_frames, plans.table_sql(plans.SPARK, name, "{vb}", facts), cas)
         rep = SparkReplay(protocol, frames, DCP_RESULTS, packed_builder=packed, _tmp=tmp, builders={
             **{name: planned(name) for name in plans.PLAN_TABLES},
             "topology": lambda: topology.spark_dataframe(df, spark_schema, to_spark_arrow, ranks),
@@ -450,12 +524,14 @@ def _vbuckets_with_counts(rep):
                           for n in names])
 
 
-def _planned(vb_frames, sql: str):
-    """One plan of replay/rules/plans.py over the vbucket frames; a `cas` (the 64 bits as a
-    long, plans.py) back to the decimal(20,0) Spark reads uint64 as."""
+def _planned(vb_frames, sql: str, cas: bool):
+    """One plan of replay/rules/plans.py over the vbucket frames; its `cas` (when the table
+    has one: the 64 bits as a long, plans.py) back to the decimal(20,0) Spark reads uint64 as.
+    The table's schema says whether there is one: asking the DataFrame (`df.columns`) is an
+    analysis of the whole plan, a round trip to a Connect server (0.2 s at 1M frames)."""
     from pyspark.sql import functions as F
     df = vb_frames.sparkSession.sql(sql, vb=vb_frames)
-    if "cas" in df.columns:
+    if cas:
         df = df.withColumn("cas", spark_documents.cas_decimal(F, F.col("cas")))
     return df
 
@@ -480,6 +556,7 @@ def ship_user_module(spark, fn) -> str | None:
     if any(path.startswith(p + os.sep) for p in installed):
         return None
     if is_connect(spark):
+        _leaves_state(spark)
         spark.addArtifacts(path, pyfile=True)   # to this session's Python workers on the server
     else:
         spark.sparkContext.addPyFile(path)

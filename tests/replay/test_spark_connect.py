@@ -176,6 +176,48 @@ def test_remote_url_and_apply_over_connect(state, server, tmp_path):
     assert "warm Spark Connect server" in got.stderr
 
 
+def test_replays_share_one_server_session_and_leave_nothing_in_it(state, server, tmp_path, monkeypatch):
+    """Replays on the warm server join one server session (Spark compiles generated code per
+    session: a new one per replay recompiled the plan), one replay at a time: another one
+    meanwhile gets a session of its own. A replay that changed the shared session (here a
+    setting, as --conf does) releases it, so the next starts a clean one with a new id; so does
+    one killed in it (its mark stays)."""
+    rec = connect_server.read_record()
+    monkeypatch.setenv(connect_server.TOKEN_ENV, "")   # connect_session sets it; restored after
+    # pyspark sets this for a Connect session and never unsets it; this process's later
+    # embedded session (the `spark` fixture) would take it for Spark Connect
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "")
+    shared_file = os.path.join(state["dir"], "spark-connect.session")
+    d = _captures(tmp_path, "dcp", 6, n=100)
+    s = spark_engine.connect_session(rec.url, rec.token)
+    try:
+        sid = s.session_id
+        assert open(shared_file).read() == sid
+        r = dcptool(state, "replay", "--spark", "--table", "documents", "--checksum", d)   # meanwhile
+        assert r.returncode == 0 and "warm Spark Connect server" in r.stderr, r.stderr
+        assert open(shared_file).read() == sid
+        s.conf.set("spark.sql.shuffle.partitions", "7")
+    finally:
+        spark_engine.stop_session(s)
+    again = spark_engine.connect_session(rec.url, rec.token)
+    try:
+        assert again.session_id != sid and open(shared_file).read() == again.session_id
+        assert again.conf.get("spark.sql.shuffle.partitions") != "7"
+        sid = again.session_id
+    finally:
+        spark_engine.stop_session(again)
+    r = dcptool(state, "replay", "--spark", "--table", "documents", "--checksum", d)
+    assert r.returncode == 0, r.stderr
+    assert open(shared_file).read() == sid   # that replay left nothing: the same session
+    open(shared_file + ".busy", "w").close()   # as a replay killed in it leaves
+    after_kill = spark_engine.connect_session(rec.url, rec.token)
+    try:
+        assert after_kill.session_id not in (sid, None)
+    finally:
+        spark_engine.stop_session(after_kill)
+    assert not os.path.exists(shared_file + ".busy")
+
+
 def test_unreachable_remote_is_one_line_and_exit_3(tmp_path):
     d = _captures(tmp_path, "dcp", 1, n=50)
     runner = CliRunner()
