@@ -176,46 +176,65 @@ def test_remote_url_and_apply_over_connect(state, server, tmp_path):
     assert "warm Spark Connect server" in got.stderr
 
 
-def test_replays_share_one_server_session_and_leave_nothing_in_it(state, server, tmp_path, monkeypatch):
+_SHARED_SESSION_STEPS = """
+import json, os, subprocess, sys
+from dcptool.replay.spark import connect_server, engine as E
+capture, shared = sys.argv[1], sys.argv[2]
+rec = connect_server.read_record()
+replay = [sys.executable, "-m", "dcptool.cli", "replay", "--spark", "--table", "documents", "--checksum", capture]
+out = {}
+s = E.connect_session(rec.url, rec.token)
+try:
+    out["sid"], out["recorded"] = s.session_id, open(shared).read()
+    r = subprocess.run(replay, capture_output=True, text=True, timeout=300)   # meanwhile
+    out["meanwhile"] = [r.returncode, r.stderr]
+    out["recorded_after"] = open(shared).read()
+    s.conf.set("spark.sql.shuffle.partitions", "7")
+finally:
+    E.stop_session(s)
+again = E.connect_session(rec.url, rec.token)
+try:
+    out["again"], out["recorded_again"] = again.session_id, open(shared).read()
+    out["partitions"] = again.conf.get("spark.sql.shuffle.partitions")
+finally:
+    E.stop_session(again)
+r = subprocess.run(replay, capture_output=True, text=True, timeout=300)
+out["clean"], out["recorded_clean"] = [r.returncode, r.stderr], open(shared).read()
+open(shared + ".busy", "w").close()   # as a replay killed in it leaves
+k = E.connect_session(rec.url, rec.token)
+try:
+    out["after_kill"] = k.session_id
+finally:
+    E.stop_session(k)
+out["busy_left"] = os.path.exists(shared + ".busy")
+print(json.dumps(out))
+"""
+
+
+def test_replays_share_one_server_session_and_leave_nothing_in_it(state, server, tmp_path):
     """Replays on the warm server join one server session (Spark compiles generated code per
     session: a new one per replay recompiled the plan), one replay at a time: another one
     meanwhile gets a session of its own. A replay that changed the shared session (here a
     setting, as --conf does) releases it, so the next starts a clean one with a new id; so does
-    one killed in it (its mark stays)."""
-    rec = connect_server.read_record()
-    monkeypatch.setenv(connect_server.TOKEN_ENV, "")   # connect_session sets it; restored after
-    # pyspark sets this for a Connect session and never unsets it; this process's later
-    # embedded session (the `spark` fixture) would take it for Spark Connect
-    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "")
+    one killed in it (its mark stays). In a process of its own: pyspark refuses a Connect
+    session in a process that has an embedded one (this suite's shared `spark` fixture)."""
     shared_file = os.path.join(state["dir"], "spark-connect.session")
     d = _captures(tmp_path, "dcp", 6, n=100)
-    s = spark_engine.connect_session(rec.url, rec.token)
-    try:
-        sid = s.session_id
-        assert open(shared_file).read() == sid
-        r = dcptool(state, "replay", "--spark", "--table", "documents", "--checksum", d)   # meanwhile
-        assert r.returncode == 0 and "warm Spark Connect server" in r.stderr, r.stderr
-        assert open(shared_file).read() == sid
-        s.conf.set("spark.sql.shuffle.partitions", "7")
-    finally:
-        spark_engine.stop_session(s)
-    again = spark_engine.connect_session(rec.url, rec.token)
-    try:
-        assert again.session_id != sid and open(shared_file).read() == again.session_id
-        assert again.conf.get("spark.sql.shuffle.partitions") != "7"
-        sid = again.session_id
-    finally:
-        spark_engine.stop_session(again)
-    r = dcptool(state, "replay", "--spark", "--table", "documents", "--checksum", d)
-    assert r.returncode == 0, r.stderr
-    assert open(shared_file).read() == sid   # that replay left nothing: the same session
-    open(shared_file + ".busy", "w").close()   # as a replay killed in it leaves
-    after_kill = spark_engine.connect_session(rec.url, rec.token)
-    try:
-        assert after_kill.session_id not in (sid, None)
-    finally:
-        spark_engine.stop_session(after_kill)
-    assert not os.path.exists(shared_file + ".busy")
+    env = dict(os.environ, PYTHONPATH=ROOT, **{connect_server.STATE_ENV: state["dir"]})
+    for k in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE", connect_server.TOKEN_ENV):
+        env.pop(k, None)
+    p = subprocess.run([sys.executable, "-c", _SHARED_SESSION_STEPS, d, shared_file], capture_output=True,
+                       text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    sid = out["sid"]
+    assert out["recorded"] == sid and out["recorded_after"] == sid
+    assert out["meanwhile"][0] == 0 and "warm Spark Connect server" in out["meanwhile"][1], out["meanwhile"]
+    # the setting released the session: a new one, without it
+    assert out["again"] != sid and out["recorded_again"] == out["again"] and out["partitions"] != "7"
+    assert out["clean"][0] == 0, out["clean"]
+    assert out["recorded_clean"] == out["again"]   # that replay left nothing: the same session
+    assert out["after_kill"] not in (out["again"], None) and not out["busy_left"]
 
 
 def test_unreachable_remote_is_one_line_and_exit_3(tmp_path):
