@@ -146,15 +146,7 @@ class DuckFrames:
             source = "frames" if self.source == "vb_frames" else self.source
             with self._errors():
                 ops = {op for (op,) in self.con.sql(f"SELECT DISTINCT op FROM {source}").fetchall()}
-            # whether a ROLLBACK answer may be there, from the Parquet statistics when they tell
-            # (PlanFacts.of, without loading pyarrow)
-            none = discovery.null_by_statistics(self.files, "rollback_seqno")
-            if none is None:
-                from dcptool.replay.store import reader
-                rollbacks = reader.may_have_values(self.files, "rollback_seqno")
-            else:
-                rollbacks = not none
-            self.facts = plans.PlanFacts(self.ranks, rollbacks, frozenset(ops))
+            self.facts = plans.PlanFacts.of(self.files, ops)
         return self.facts
 
     def document_counts(self) -> "pa.Table":

@@ -113,9 +113,16 @@ class PlanFacts:
 
     @classmethod
     def of(cls, files: list, ops) -> "PlanFacts":
-        from dcptool.replay.store import reader
-        return cls(reader.capture_ranks(files), reader.may_have_values(files, "rollback_seqno"),
-                   None if ops is None else frozenset(ops))
+        """Whether a ROLLBACK answer may be there comes from the Parquet statistics when they
+        tell (no pyarrow loaded: the DuckDB-written `-o` path), else the column is read."""
+        from dcptool.replay.store import discovery
+        none = discovery.null_by_statistics(files, "rollback_seqno")
+        if none is None:
+            from dcptool.replay.store import reader
+            rollbacks = reader.may_have_values(files, "rollback_seqno")
+        else:
+            rollbacks = not none
+        return cls(discovery.capture_ranks(files), rollbacks, None if ops is None else frozenset(ops))
 
     def may_hold(self, op: str) -> bool:
         return self.ops is None or op in self.ops
