@@ -20,12 +20,22 @@ import numpy as np
 from dcptool.capture.dcp_resume import keep_filter, resume_from
 from dcptool.capture.lag import DcpWatch
 from dcptool.capture.options import CaptureSettings, LiveOptions
-from dcptool.capture.shard import parse_shard, shard_name, shard_vbuckets
 from dcptool.capture.process import fewer_gc_passes, without_pandas
 from dcptool.capture.result import CaptureResult
 from dcptool.capture.ring import compact_finished, retention, start_ring, stop_ring
-from dcptool.capture.run import (END, MAX_MESSAGES, TO, NoProgress, RunStats, StopSignals, check_vbuckets,
-                                 run_until_stopped, unserved_error, unserved_fields)
+from dcptool.capture.run import (
+    END,
+    MAX_MESSAGES,
+    TO,
+    NoProgress,
+    RunStats,
+    StopSignals,
+    check_vbuckets,
+    run_until_stopped,
+    unserved_error,
+    unserved_fields,
+)
+from dcptool.capture.shard import parse_shard, shard_name, shard_vbuckets
 from dcptool.protocol.dcp.client import consumer as dcp_consumer
 from dcptool.protocol.dcp.client import routing
 from dcptool.protocol.dcp.client.consumer_api import FilterResolved, FilterUnknown

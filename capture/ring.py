@@ -19,8 +19,8 @@ import os
 import threading
 import time
 
-from dcptool.replay.store.files import arrow_source, fsync_path
 from dcptool.replay.store import retained
+from dcptool.replay.store.files import arrow_source, fsync_path
 from dcptool.replay.store.naming import IN_PROGRESS_SUFFIX, SEGMENT_NAME_RE, named_range
 
 

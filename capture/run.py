@@ -21,7 +21,12 @@ import signal
 import time
 from typing import Awaitable, Callable
 
-from dcptool.protocol.errors import ConnectionLost, Interrupted, LateUsageError, one_line
+from dcptool.protocol.errors import (
+    ConnectionLost,
+    Interrupted,
+    LateUsageError,
+    one_line,
+)
 from dcptool.protocol.text import ranges_text
 from dcptool.replay.timestamps import iso_ns
 

@@ -67,7 +67,11 @@ def serve_synapse_recording(recording, *, bind: str, port: int, server_name: str
                             corrupt_at, on_listening) -> None:
     """A recorded Synapse capture (replay/playback.py load_synapse) served over TCP until a
     stop signal; on_listening(host, port) once it listens."""
-    from dcptool.protocol.synapse.playback import LineFaults, PlaybackFeed, PlaybackSession
+    from dcptool.protocol.synapse.playback import (
+        LineFaults,
+        PlaybackFeed,
+        PlaybackSession,
+    )
     from dcptool.protocol.transport.synapse_playback import serve_playback
 
     feed = PlaybackFeed(recording.connections, pace=pace,

@@ -14,7 +14,13 @@ import time
 from dcptool.capture.options import CaptureSettings, LiveOptions
 from dcptool.capture.result import CaptureResult
 from dcptool.capture.ring import compact_finished, retention, start_ring, stop_ring
-from dcptool.capture.run import DURATION, MAX_MESSAGES, RunStats, StopSignals, run_until_stopped
+from dcptool.capture.run import (
+    DURATION,
+    MAX_MESSAGES,
+    RunStats,
+    StopSignals,
+    run_until_stopped,
+)
 from dcptool.protocol.synapse.client import Gap, ServerError, SynapseClient
 
 # Knobs the tests turn down (keep-alive and reconnects); the protocol's own values otherwise.

@@ -6,9 +6,9 @@ import sys
 
 import click
 
+from dcptool.cli.view.output import FORMATS, Sink, default_format
 from dcptool.replay.display import VALUE_COLUMNS, with_key_base64
 from dcptool.replay.rows import bulk_rows, decode_stream
-from dcptool.cli.view.output import FORMATS, Sink, default_format
 
 # what a person wants to see per frame; JSON lines carry every column
 TABLE_COLUMNS = ["op", "magic", "status", "vbucket", "opaque", "stream_id", "collection_id", "key",

@@ -6,8 +6,17 @@ import sys
 
 import click
 
-from dcptool.protocol.errors import (AuthRefused, ConnectFailed, ConnectionLost, DcptoolError, ErrorCode,
-                                     Interrupted, LateUsageError, ProtocolError, one_line)
+from dcptool.protocol.errors import (
+    AuthRefused,
+    ConnectFailed,
+    ConnectionLost,
+    DcptoolError,
+    ErrorCode,
+    Interrupted,
+    LateUsageError,
+    ProtocolError,
+    one_line,
+)
 
 __all__ = ["Interrupted", "LateUsageError", "exit_code_for", "describe", "error_line", "handle"]
 
@@ -64,6 +73,7 @@ def error_line(message: str) -> None:
     """One clear line on stderr (text, never rich markup); plain if rich cannot load (EMFILE)."""
     try:
         from rich.markup import escape
+
         from dcptool.cli.view.console import err_console
         err_console().print(f"[bold red]dcptool:[/] {escape(message)}", highlight=False, soft_wrap=True)
     except (ImportError, OSError):   # no file descriptor left to import with: still the one line
@@ -86,6 +96,7 @@ def handle(ctx: click.Context, exc: BaseException):
         ctx.exit(exit_code_for(exc))
     if (ctx.obj or {}).get("verbose"):
         import traceback
+
         from dcptool.protocol.text import printable
         for chunk in traceback.format_exception(exc):   # messages may quote the server: escaped
             sys.stderr.write("\n".join(printable(ln) for ln in chunk.rstrip("\n").split("\n")) + "\n")

@@ -10,8 +10,15 @@ import click
 
 from dcptool.capture.controls import collection_filter, stream_controls
 from dcptool.capture.options import LiveOptions
+from dcptool.cli.sources import (
+    parse_duration,
+    parse_size,
+    parse_source,
+    parse_vbuckets,
+    read_password,
+    user_from,
+)
 from dcptool.protocol.errors import BadSource
-from dcptool.cli.sources import parse_duration, parse_size, parse_source, parse_vbuckets, read_password, user_from
 
 
 def connection_options(fn):

@@ -79,7 +79,9 @@ def install_stop_signals() -> None:
     from dcptool.cli.errors import Interrupted
 
     def on_stop(signum, _frame):
-        from dcptool.capture.stdout_pipe import note_signal   # loaded by every command that prints rows
+        from dcptool.capture.stdout_pipe import (
+            note_signal,  # loaded by every command that prints rows
+        )
         note_signal(signum)
         _arm_exit(signum)
         if signum == signal.SIGINT:
@@ -109,10 +111,12 @@ def _arm_exit(signum: int) -> None:
 
 def _exit_later(signum: int) -> None:
     import os
-
-    from dcptool.cli.errors import STOP_REPORTED   # loaded already: install_stop_signals imported it
     import signal
     import time
+
+    from dcptool.cli.errors import (
+        STOP_REPORTED,  # loaded already: install_stop_signals imported it
+    )
     time.sleep(STOP_EXIT_WITHIN)   # a deadline, not an ordering: the command had its chance to end
     text = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
     if not STOP_REPORTED:

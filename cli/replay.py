@@ -11,8 +11,8 @@ import time
 
 import click
 
-from dcptool.cli.sources import capture_paths, output_dir_option
 from dcptool.capture.process import tune_for_replay
+from dcptool.cli.sources import capture_paths, output_dir_option
 from dcptool.protocol.errors import one_line
 from dcptool.replay import results
 
@@ -247,7 +247,8 @@ def _open_session(ctx, console, master, master_given, remote, conf, verbose, fen
     from urllib.parse import urlparse
 
     from dcptool.cli.errors import EXIT_CONNECT, EXIT_USAGE
-    from dcptool.replay.spark import connect_server, engine as spark_engine
+    from dcptool.replay.spark import connect_server
+    from dcptool.replay.spark import engine as spark_engine
     keep_alive = contextlib.nullcontext()
     url = token = None
     if remote:

@@ -9,7 +9,8 @@ import sys
 import click
 
 from dcptool.capture import values
-from dcptool.capture.sources import Source, parse_source as _parse_source, user_from
+from dcptool.capture.sources import Source, user_from
+from dcptool.capture.sources import parse_source as _parse_source
 from dcptool.protocol.errors import BadSource
 from dcptool.replay.results import output_dir_problem
 

@@ -75,7 +75,8 @@ def trace(args, collection, vbucket, event_ids, use_spark, master, fmt):
     raw = [k.encode("utf-8", "surrogateescape") for k in keys]
     try:
         if event_ids:
-            from dcptool.replay.check.trace_synapse import SYNAPSE_COLUMNS as columns, trace_synapse
+            from dcptool.replay.check.trace_synapse import SYNAPSE_COLUMNS as columns  # noqa: N811 - the columns of this trace
+            from dcptool.replay.check.trace_synapse import trace_synapse
             rows = trace_synapse(capture_paths(caps), list(event_ids))
         elif use_spark:
             from dcptool.replay.spark.trace import trace_on_spark

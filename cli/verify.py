@@ -49,9 +49,9 @@ def verify(ctx, captures, fmt, limit, summary_json, explain):
       dcptool verify monday/ tuesday/ --summary-json verify.json
       dcptool verify captures/ --explain --format jsonl | jq -c 'select(.rollback_seqno)'
     """
+    from dcptool.cli.sources import capture_paths
     from dcptool.cli.view.console import err_console
     from dcptool.cli.view.output import printable
-    from dcptool.cli.sources import capture_paths
     from dcptool.replay.check import verify as V
     from dcptool.replay.check.findings import FINDING_COLUMNS
     paths = capture_paths(captures)

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dcptool.protocol.errors import DcptoolError
-from dcptool.replay.store import reader
 from dcptool.replay.rules.columns import as_numpy, as_strings, equals
+from dcptool.replay.store import reader
 
 
 def load_function(spec: str) -> Callable:

@@ -24,11 +24,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dcptool.protocol.dcp.server.playback import DcpRecording, RecordedStream
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.constants import Opcode
-from dcptool.protocol.dcp.server.playback import DcpRecording, RecordedStream
-from dcptool.replay.store.reader import CaptureError, schema_of, find_captures, iter_capture_tables, protocol_of
 from dcptool.protocol.errors import DcptoolError
+from dcptool.replay.store.reader import (
+    CaptureError,
+    find_captures,
+    iter_capture_tables,
+    protocol_of,
+    schema_of,
+)
 
 STREAM_OPCODES = (0x55, 0x56, 0x57, 0x58, 0x59, 0x5F, 0x60, 0x62, 0x63, 0x64, 0x65)
 REQUEST_MAGICS = (0x80, 0x08)

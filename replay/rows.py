@@ -16,8 +16,14 @@ import gc
 import orjson
 
 from dcptool.protocol.dcp.wire import columnar
-from dcptool.replay.display import (OSO_FLAG_NAMES, VALUE_COLUMNS, json_default, snap_flag_names, value_fields,
-                                    with_key_base64)
+from dcptool.replay.display import (
+    OSO_FLAG_NAMES,
+    VALUE_COLUMNS,
+    json_default,
+    snap_flag_names,
+    value_fields,
+    with_key_base64,
+)
 from dcptool.replay.store.redact import mask_sasl_credentials
 
 

@@ -156,7 +156,11 @@ def export_pcap(paths: list[str], output: str, *, port: int | None = None, mss: 
                 kind: str | None = None) -> ExportResult:
     """Write the captures named by `paths` to `output` as pcapng (or pcap: `kind`, else the
     suffix of `output`). Raises CaptureError for paths that are not captures."""
-    from dcptool.replay.store.reader import find_captures, iter_capture_tables, protocol_of
+    from dcptool.replay.store.reader import (
+        find_captures,
+        iter_capture_tables,
+        protocol_of,
+    )
     files = find_captures(paths)
     protocol = protocol_of(files)
     kind = kind or ("pcap" if output.lower().endswith(".pcap") else "pcapng")

@@ -19,8 +19,8 @@ from typing import Iterator, NamedTuple
 
 import dpkt
 import dpkt.pcap
-import numpy as np
 import dpkt.pcapng as ng
+import numpy as np
 
 from dcptool.capture.pcap.errors import NotAPacketFile
 

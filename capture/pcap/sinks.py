@@ -144,17 +144,17 @@ class DcpSink(Sink):
             conn, is_out, collections = group[0][1], group[0][2], group[0][-1]
             bufs, offs, lens, fnos, tss = [], [], [], [], []
             base = 0
-            for _, _, _, buf, o, l, order, ts, _ in group:
+            for _, _, _, buf, o, ln, order, ts, _ in group:
                 bufs.append(buf)
                 offs.append(o + base)
-                lens.append(l)
+                lens.append(ln)
                 fnos.append(order)
                 tss.append(ts)
                 base += len(buf)
             buf = bufs[0] if len(bufs) == 1 else b"".join(bufs)   # one piece (the usual): no copy
-            o, l = np.concatenate(offs), np.concatenate(lens)
+            o, ln = np.concatenate(offs), np.concatenate(lens)
             from dcptool.protocol.dcp.wire import columnar
-            b = columnar.decode_batch(buf, o, l, collections=collections, opaque_vbuckets=conn.opaque_vb)
+            b = columnar.decode_batch(buf, o, ln, collections=collections, opaque_vbuckets=conn.opaque_vb)
             ts = np.concatenate(tss)
             out.append(to_record_batch(
                 b, frame_no=np.concatenate(fnos), conn=conn.no, ts_ns=ts, mono_ns=ts,

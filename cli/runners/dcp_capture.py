@@ -6,8 +6,8 @@ from __future__ import annotations
 from dcptool.capture.dcp import capture_dcp
 from dcptool.capture.options import CaptureSettings, LiveOptions
 from dcptool.capture.run import StopSignals
-from dcptool.cli.view.console import err_console
 from dcptool.cli.runners.dcp_live import EventLog
+from dcptool.cli.view.console import err_console
 
 
 def run_capture(opts: LiveOptions, settings: CaptureSettings) -> None:

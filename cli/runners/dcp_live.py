@@ -11,22 +11,43 @@ from collections import Counter
 
 import numpy as np
 
-from dcptool.capture.dcp import DcpEvents, every_stream_failed, finish_reason, make_session, run_session
+from dcptool.capture.dcp import (
+    DcpEvents,
+    every_stream_failed,
+    finish_reason,
+    make_session,
+    run_session,
+)
 from dcptool.capture.lag import DcpWatch
 from dcptool.capture.options import LiveOptions
-from dcptool.capture.run import MAX_MESSAGES, RunStats, StopSignals, unserved_error, unserved_fields
-from dcptool.cli.view.console import err_console
-from dcptool.cli.errors import Interrupted
-from dcptool.replay.display import display_columns
-from dcptool.replay.rows import frame_columns, jsonl_of, row_columns, rows_of
-from dcptool.cli.view.output import Sink, default_format, iso_ns, markup_safe
+from dcptool.capture.run import (
+    MAX_MESSAGES,
+    RunStats,
+    StopSignals,
+    unserved_error,
+    unserved_fields,
+)
 from dcptool.capture.stdout_pipe import OutputStalled, note_stop_signals, run_deadline
-from dcptool.cli.view.run_summary import add_rates, print_stream_summary, run_and_close, stream_sink
+from dcptool.cli.errors import Interrupted
+from dcptool.cli.view.console import err_console
+from dcptool.cli.view.output import Sink, default_format, iso_ns, markup_safe
+from dcptool.cli.view.run_summary import (
+    add_rates,
+    print_stream_summary,
+    run_and_close,
+    stream_sink,
+)
 from dcptool.protocol.dcp.client import consumer as dcp_consumer
 from dcptool.protocol.dcp.client import manifest as dcp_collections
 from dcptool.protocol.dcp.client import routing
 from dcptool.protocol.dcp.client.consumer_api import FilterResolved
-from dcptool.protocol.dcp.wire.constants import Status, status_name, stream_end_reason_name
+from dcptool.protocol.dcp.wire.constants import (
+    Status,
+    status_name,
+    stream_end_reason_name,
+)
+from dcptool.replay.display import display_columns
+from dcptool.replay.rows import frame_columns, jsonl_of, row_columns, rows_of
 
 TABLE_COLUMNS = ["conn", "direction", "op", "vbucket", "status", "opaque", "by_seqno", "key", "value_len",
                  "snap_start", "snap_end", "snap_flag_names", "stream_end_reason", "rollback_seqno"]

@@ -6,14 +6,20 @@ from __future__ import annotations
 
 import time
 
-from dcptool.capture import metrics, synapse as synapse_capture
+from dcptool.capture import metrics
+from dcptool.capture import synapse as synapse_capture
 from dcptool.capture.options import CaptureSettings, LiveOptions
-from dcptool.capture.synapse_stream import StreamHandler
 from dcptool.capture.run import END, MAX_MESSAGES, StopSignals
-from dcptool.cli.view.console import err_console
 from dcptool.capture.stdout_pipe import note_stop_signals, run_deadline
+from dcptool.capture.synapse_stream import StreamHandler
+from dcptool.cli.view.console import err_console
 from dcptool.cli.view.output import markup_safe
-from dcptool.cli.view.run_summary import add_rates, print_stream_summary, run_and_close, stream_sink
+from dcptool.cli.view.run_summary import (
+    add_rates,
+    print_stream_summary,
+    run_and_close,
+    stream_sink,
+)
 from dcptool.protocol.synapse.client import Gap
 
 TABLE_COLUMNS = ["frame_no", "conn", "direction", "command", "stream", "instance", "token",

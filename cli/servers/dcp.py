@@ -10,8 +10,12 @@ import sys
 
 import click
 
-from dcptool.cli.servers.playback import check_unused, playback_options, serve_dcp_capture
 from dcptool.capture.servers import server_stop_event
+from dcptool.cli.servers.playback import (
+    check_unused,
+    playback_options,
+    serve_dcp_capture,
+)
 from dcptool.cli.sources import parse_duration
 
 

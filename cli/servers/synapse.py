@@ -8,8 +8,12 @@ import time
 
 import click
 
-from dcptool.cli.servers.playback import check_unused, playback_options, serve_synapse_capture
 from dcptool.capture.servers import run_server, server_stop_event
+from dcptool.cli.servers.playback import (
+    check_unused,
+    playback_options,
+    serve_synapse_capture,
+)
 from dcptool.cli.sources import parse_duration
 
 
@@ -56,7 +60,12 @@ def serve_synapse(bind, port, server_name, items, seed, from_file, rate, ping_in
       dcptool serve synapse --items 100000 &
       dcptool stream synapse://127.0.0.1:PORT --max-messages 10
     """
-    from dcptool.protocol.synapse.server import Feed, ServerConnection, generated_lines, recorded_lines
+    from dcptool.protocol.synapse.server import (
+        Feed,
+        ServerConnection,
+        generated_lines,
+        recorded_lines,
+    )
     from dcptool.protocol.transport.synapse import serve_tcp
 
     check_unused(click.get_current_context(), from_capture, pace, disconnect_at, stall_at, corrupt_at)

@@ -11,12 +11,12 @@ from typing import Iterable
 
 import orjson
 
-FORMATS = ("table", "jsonl", "text")
-
-from dcptool.protocol.text import printable
-from dcptool.replay.timestamps import iso_ns
-from dcptool.replay.display import JSONL_OPTS, dcp_display, json_default, jsonl_bytes
 from dcptool.capture.stdout_pipe import private_pipe_fd, write_pipe
+from dcptool.protocol.text import printable
+from dcptool.replay.display import JSONL_OPTS, dcp_display, json_default, jsonl_bytes
+from dcptool.replay.timestamps import iso_ns
+
+FORMATS = ("table", "jsonl", "text")
 
 __all__ = ["iso_ns", "printable", "dcp_display", "Sink", "FORMATS"]   # iso_ns: replay/timestamps.py, printable: protocol/text.py
 

@@ -28,12 +28,17 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from dcptool.protocol.dcp.wire import columnar
 from dcptool.protocol.dcp.client.consumer import Consumer, ConsumerConfig, VbState
-from dcptool.protocol.dcp.wire.constants import DEFAULT_MAX_BODY
 from dcptool.protocol.dcp.server.producer import ServerModel, rate_items
-from dcptool.protocol.errors import (ConnectFailed, ConnectionLost, ErrorCode, ProtocolError,
-                                     RemoteError)
+from dcptool.protocol.dcp.wire import columnar
+from dcptool.protocol.dcp.wire.constants import DEFAULT_MAX_BODY
+from dcptool.protocol.errors import (
+    ConnectFailed,
+    ConnectionLost,
+    ErrorCode,
+    ProtocolError,
+    RemoteError,
+)
 from dcptool.protocol.transport.reaper import Reaper
 
 log = logging.getLogger("dcptool.transport.dcp")

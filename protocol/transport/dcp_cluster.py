@@ -30,11 +30,29 @@ import time
 from typing import Callable
 
 from dcptool.protocol.dcp.client import routing
-from dcptool.protocol.dcp.client.consumer import (NUM_VB_SLOTS, ConfigPushed, ConfigReceived, Consumer, ConsumerConfig,
-                                           Handoff, NotMyVbucket, PushIgnored, ServerVbuckets, StreamEnded,
-                                           StreamFailed, StreamOpened, VbState)
+from dcptool.protocol.dcp.client.consumer import (
+    NUM_VB_SLOTS,
+    ConfigPushed,
+    ConfigReceived,
+    Consumer,
+    ConsumerConfig,
+    Handoff,
+    NotMyVbucket,
+    PushIgnored,
+    ServerVbuckets,
+    StreamEnded,
+    StreamFailed,
+    StreamOpened,
+    VbState,
+)
 from dcptool.protocol.dcp.client.routing import MapApplied, Rerouted, Router, Unserved
-from dcptool.protocol.errors import ConnectFailed, ConnectionLost, ErrorCode, ProtocolError, RemoteError
+from dcptool.protocol.errors import (
+    ConnectFailed,
+    ConnectionLost,
+    ErrorCode,
+    ProtocolError,
+    RemoteError,
+)
 from dcptool.protocol.transport.dcp import Session, open_connection
 
 log = logging.getLogger("dcptool.transport.dcp_cluster")

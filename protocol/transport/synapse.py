@@ -15,12 +15,18 @@ import ssl as ssl_mod
 import time
 from typing import Callable, Protocol
 
-from dcptool.protocol.errors import ConnectFailed, ConnectionLost, DcptoolError, ErrorCode, RemoteError
-from dcptool.protocol.synapse.bulk import Scan, SplitLines, split_lines
+from dcptool.protocol.errors import (
+    ConnectFailed,
+    ConnectionLost,
+    DcptoolError,
+    ErrorCode,
+    RemoteError,
+)
 from dcptool.protocol.synapse import commands as C
+from dcptool.protocol.synapse.bulk import Scan, SplitLines, split_lines
 from dcptool.protocol.synapse.client import SynapseClient
-from dcptool.protocol.text import printable
 from dcptool.protocol.synapse.framing import MAX_LINE, LineFramer
+from dcptool.protocol.text import printable
 
 log = logging.getLogger("dcptool.synapse")
 
@@ -252,6 +258,7 @@ async def _redis_subscribe(pubsub, channels, connect_timeout, clock, where: str)
     POSITION answers could arrive before we listen (Synapse does the same). Refused
     credentials are AuthRefused, other refusals ConnectFailed; connection errors propagate."""
     import redis.exceptions as rexc
+
     from dcptool.protocol.errors import AuthRefused
     try:
         await pubsub.subscribe(*channels)

@@ -8,7 +8,11 @@ import time
 from typing import Callable
 
 from dcptool.protocol.synapse.framing import LineFramer
-from dcptool.protocol.transport.synapse import close_served, read_client_lines, serve_until_stopped
+from dcptool.protocol.transport.synapse import (
+    close_served,
+    read_client_lines,
+    serve_until_stopped,
+)
 
 
 async def serve_playback(bind: str, port: int, make_session: Callable, *, on_listening,

@@ -19,7 +19,13 @@ import pyarrow as pa
 from dcptool.protocol.dcp.wire.constants import Status
 from dcptool.replay.local import engine as local
 from dcptool.replay.rules.as_of import AS_OF_COLUMNS, AsOf
-from dcptool.replay.rules.columns import as_numpy, as_strings, equals, is_in, ordered_frames
+from dcptool.replay.rules.columns import (
+    as_numpy,
+    as_strings,
+    equals,
+    is_in,
+    ordered_frames,
+)
 from dcptool.replay.rules.dcp import DOC_STATES, dcp_vbucket_frames
 from dcptool.replay.store import reader
 from dcptool.replay.timestamps import iso_ns

@@ -21,12 +21,16 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dcptool.protocol.dcp.wire.constants import Status, status_name, stream_end_reason_name
+from dcptool.protocol.dcp.wire.constants import (
+    Status,
+    status_name,
+    stream_end_reason_name,
+)
 from dcptool.protocol.errors import DcptoolError
-from dcptool.replay.rules.dcp import COLLECTION_DROP, DOC_STATES
 from dcptool.replay.check import trace_read as R
-from dcptool.replay.store import reader
 from dcptool.replay.display import key_fields as key_text
+from dcptool.replay.rules.dcp import COLLECTION_DROP, DOC_STATES
+from dcptool.replay.store import reader
 from dcptool.replay.timestamps import iso_ns
 
 TRACE_COLUMNS = ["event", "key", "collection_id", "vbucket", "capture_id", "frame_no", "ts", "node", "conn",

@@ -23,12 +23,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dcptool.replay.check.findings import (
+    Finding,
+    Findings,
+    MixedProtocols,
+    Report,
+    VerifyError,
+    Where,
+)
 from dcptool.replay.store import reader
-from dcptool.replay.store.naming import IN_PROGRESS_SUFFIX, TMP_SUFFIX, merged_name, segment_name
-from dcptool.replay.store.schema import capture_schema
 from dcptool.replay.store.files import arrow_source, shown
 from dcptool.replay.store.in_progress import DAMAGED_SUFFIX, InProgress, held_by_writer
-from dcptool.replay.check.findings import Finding, Findings, MixedProtocols, Report, VerifyError, Where
+from dcptool.replay.store.naming import (
+    IN_PROGRESS_SUFFIX,
+    TMP_SUFFIX,
+    merged_name,
+    segment_name,
+)
+from dcptool.replay.store.schema import capture_schema
 
 FINISHED_SUFFIX = ".parquet"
 BATCH_ROWS = 1 << 18

@@ -33,8 +33,8 @@ import pyarrow.compute as pc
 
 from dcptool.protocol.dcp.wire.constants import Status, StreamEndReason
 from dcptool.protocol.text import ranges_text
-from dcptool.replay.rules.columns import as_numpy, lookup_codes
 from dcptool.replay.check.findings import Finding, Findings, Where
+from dcptool.replay.rules.columns import as_numpy, lookup_codes
 
 SEQNO_OPS = {"mutation", "deletion", "expiration", "prepare", "commit", "abort", "system_event",
              "seqno_advanced"}

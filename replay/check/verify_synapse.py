@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from dcptool.replay.rules.columns import as_numpy, lookup_codes
 from dcptool.replay.check.findings import Findings, Where
+from dcptool.replay.rules.columns import as_numpy, lookup_codes
 
 COLUMNS = ["capture_id", "frame_no", "conn", "direction", "command", "stream", "instance", "token",
            "batch", "prev_token", "new_token", "decode_error"]

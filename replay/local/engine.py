@@ -18,7 +18,6 @@ of `_conn`."""
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -28,16 +27,28 @@ from typing import Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from dcptool.replay.rules import tables as T
-from dcptool.replay.rules.as_of import AS_OF_COLUMNS, AsOf
-from dcptool.replay.rules.columns import CHUNK_ROWS, as_numpy, as_strings, ordered_frames
-from dcptool.replay.rules.dcp import (DCP_FILTER_COLUMNS, DCP_ROLLBACK_COLUMNS, DCP_STATE_COLUMNS, DOC_STATES,
-                                      DcpState, dcp_vbucket_frames, rollback_mask, with_document_counts)
 from dcptool.replay.local import duck
 from dcptool.replay.local.duck import doc_budget  # noqa: F401 (engine.doc_budget: the name callers use)
+from dcptool.replay.rules import tables as T
+from dcptool.replay.rules.as_of import AS_OF_COLUMNS, AsOf
+from dcptool.replay.rules.columns import (
+    CHUNK_ROWS,
+    as_numpy,
+    as_strings,
+    ordered_frames,
+)
+from dcptool.replay.rules.dcp import (
+    DCP_FILTER_COLUMNS,
+    DCP_ROLLBACK_COLUMNS,
+    DCP_STATE_COLUMNS,
+    DOC_STATES,
+    DcpState,
+    dcp_vbucket_frames,
+    rollback_mask,
+    with_document_counts,
+)
 from dcptool.replay.store import reader
 from dcptool.replay.store.schema import capture_schema
-
 
 
 @dataclass
@@ -55,10 +66,12 @@ class Replay:
 
     def table(self, name: str) -> pa.Table:
         if name not in self.results and name == "topology" and self.protocol == "dcp":
-            from dcptool.replay.rules.topology import local_topology   # read when asked for
+            from dcptool.replay.rules.topology import (
+                local_topology,  # read when asked for
+            )
             self.results[name] = local_topology(self.files, as_of=self.as_of)
         if name not in self.results and name == "lag":
-            from dcptool.replay.rules import lag   # read when asked for
+            from dcptool.replay.rules import lag  # read when asked for
             self.results[name] = (lag.local_lag(self.files, as_of=self.as_of) if self.protocol == "dcp"
                                   else lag.local_synapse_lag(self.files))
         if name not in self.results and self.protocol == "dcp" and name in PLAN_TABLES:
@@ -202,7 +215,7 @@ def _pipeline(parts: Iterator, work: Callable, chunk_rows: int, ahead: int = 4) 
                         if not put(pool.submit(work, c)):
                             return
             put(_DONE)
-        except BaseException as exc:   # an unreadable file: raised on the consuming thread
+        except BaseException as exc:   # noqa: BLE001 - an unreadable file: raised on the consuming thread
             put(exc)
 
     reader_thread = threading.Thread(target=read_all, name="dcptool-read", daemon=True)

@@ -19,9 +19,19 @@ import pyarrow.compute as pc
 
 from dcptool.protocol.dcp.wire.constants import NUM_VB_SLOTS, Status, key_vb, stream_key
 from dcptool.replay.rules import tables as T
+from dcptool.replay.rules.columns import (
+    NONE_TS,
+    Grow,
+    as_numpy,
+    as_strings,
+    equals,
+    is_in,
+    lookup_codes,
+    ts_array,
+    ts_ns,
+)
 from dcptool.replay.rules.dcp_names import COLLECTION_DROP, DOC_STATES, VB_OPS  # noqa: F401 (dcp.VB_OPS ...: the names callers use)
 from dcptool.replay.store.schema import capture_schema
-from dcptool.replay.rules.columns import NONE_TS, Grow, as_numpy, as_strings, equals, is_in, lookup_codes, ts_array, ts_ns
 
 SEQ_BITS = 44
 

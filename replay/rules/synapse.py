@@ -9,7 +9,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dcptool.replay.rules import tables as T
-from dcptool.replay.rules.columns import NONE_TS, as_numpy, as_strings, equals, is_in, ts_array, ts_ns
+from dcptool.replay.rules.columns import (
+    NONE_TS,
+    as_numpy,
+    as_strings,
+    equals,
+    is_in,
+    ts_array,
+    ts_ns,
+)
 
 SYN_GROUP_COMMANDS = ("RDATA", "POSITION")
 SYN_STATE_COLUMNS = ["capture_id", "frame_no", "ts", "conn", "stream", "instance", "command",

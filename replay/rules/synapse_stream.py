@@ -21,8 +21,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dcptool.replay.rules import tables as T
-from dcptool.replay.rules.columns import NONE_TS, ordered_frames, as_numpy, as_strings, equals, ts_array, ts_ns
-from dcptool.replay.rules.synapse import group_bounds, next_numeric, rdata_kinds, synapse_group_frames
+from dcptool.replay.rules.columns import (
+    NONE_TS,
+    as_numpy,
+    as_strings,
+    equals,
+    ordered_frames,
+    ts_array,
+    ts_ns,
+)
+from dcptool.replay.rules.synapse import (
+    group_bounds,
+    next_numeric,
+    rdata_kinds,
+    synapse_group_frames,
+)
 
 I64_MIN = np.iinfo(np.int64).min
 GROUP_COLUMNS = ["capture_id", "frame_no", "ts", "conn", "stream", "instance", "command",

@@ -17,7 +17,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dcptool.replay import apply
-from dcptool.replay.rules import columns, dcp as dcp_rules, synapse as synapse_rules, tables as T
+from dcptool.replay.rules import columns
+from dcptool.replay.rules import dcp as dcp_rules
+from dcptool.replay.rules import synapse as synapse_rules
+from dcptool.replay.rules import tables as T
 from dcptool.replay.store.files import arrow_source
 from dcptool.replay.store.schema import capture_schema
 

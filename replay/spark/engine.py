@@ -33,13 +33,24 @@ from urllib.parse import urlparse
 import pyarrow as pa
 
 from dcptool.replay import apply
-from dcptool.replay.rules import dcp as dcp_rules, lag, plans, synapse as synapse_rules, tables as T, topology
+from dcptool.replay.rules import dcp as dcp_rules
+from dcptool.replay.rules import lag, plans, topology
+from dcptool.replay.rules import synapse as synapse_rules
+from dcptool.replay.rules import tables as T
 from dcptool.replay.spark import documents as spark_documents
-
+from dcptool.replay.spark.arrow import (
+    DCP_RESULTS,
+    SYN_RESULTS,
+    apply_group_table,
+    dcp_group,
+    from_spark_arrow,
+    ops_present,
+    packed_schema,
+    spark_arrow_schema,
+    synapse_group,
+    to_spark_arrow,
+)
 from dcptool.replay.store import reader
-from dcptool.replay.spark.arrow import (DCP_RESULTS, SYN_RESULTS, apply_group_table, dcp_group, from_spark_arrow,
-                                        ops_present, packed_schema, spark_arrow_schema, synapse_group,
-                                        to_spark_arrow)
 from dcptool.replay.store.schema import capture_schema
 
 SEQ_SHIFT = plans.SEQ_SHIFT   # _seq = capture rank << SEQ_SHIFT | frame_no
@@ -183,7 +194,8 @@ _WAREHOUSES: dict[int, str] = {}
 def class_archive():
     """The driver JVM's class-data sharing archive (replay/spark/cds.py) in the state directory;
     None when the state directory cannot be used (the JVM then starts without one)."""
-    from dcptool.replay.spark import connect_server, cds as spark_cds
+    from dcptool.replay.spark import cds as spark_cds
+    from dcptool.replay.spark import connect_server
     try:
         return spark_cds.ClassArchive(connect_server.state_dir())
     except connect_server.StateDirError:
@@ -334,7 +346,8 @@ def spark_schema(schema: pa.Schema):
 def read_frames(spark, files: list, tmpdir: str):
     """All frames as a DataFrame (capture columns in Spark types) plus `_rank` (the
     capture's rank in frame order) and `_seq` (rank << 44 | frame_no)."""
-    from pyspark.sql import functions as F, types as ST
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as ST
 
     protocol = reader.protocol_of(files)
     # absolute: a path the user typed means what it means in the user's working directory, and

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import re
 
-from dcptool.protocol.text import printable
 from dcptool.protocol.errors import DcptoolError
+from dcptool.protocol.text import printable
 
 
 class SqlError(DcptoolError):

@@ -77,6 +77,7 @@ def trace_on_spark(paths: list[str], keys: list[bytes], master: str, collection:
                    vbucket: int | None = None) -> list[dict]:
     """trace.trace of `keys` with its reads on a Spark session of `master`, stopped after."""
     import warnings
+
     from dcptool.replay.check import trace as T
     warnings.filterwarnings("ignore", module="pyspark")
     session = engine.make_session(master)

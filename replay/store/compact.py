@@ -24,10 +24,21 @@ from dcptool.replay.store import reader
 from dcptool.replay.store.errors import CaptureError
 from dcptool.replay.store.files import arrow_source, fsync_dir, shown
 from dcptool.replay.store.in_progress import held_by_writer
-from dcptool.replay.store.naming import (IN_PROGRESS_SUFFIX, META_SEGMENT_LAST, SEGMENT_NAME_RE, TMP_SUFFIX,
-                                         merged_name, named_range)
-from dcptool.replay.store.schema import (META_FORMAT, META_OPTIONS, META_SOURCE, META_STARTED_AT,
-                                         META_VERSION)
+from dcptool.replay.store.naming import (
+    IN_PROGRESS_SUFFIX,
+    META_SEGMENT_LAST,
+    SEGMENT_NAME_RE,
+    TMP_SUFFIX,
+    merged_name,
+    named_range,
+)
+from dcptool.replay.store.schema import (
+    META_FORMAT,
+    META_OPTIONS,
+    META_SOURCE,
+    META_STARTED_AT,
+    META_VERSION,
+)
 from dcptool.replay.store.segment import ParquetSegment
 
 SMALL_BYTES = 8 << 20      # a part: a finished segment smaller than this

@@ -10,7 +10,12 @@ import pyarrow as pa
 
 from dcptool.protocol.dcp.wire import columnar
 from dcptool.protocol.dcp.wire.constants import OP_NAME_TABLE, op_index
-from dcptool.replay.store.schema import DCP_FIELDS, DICT_STR, FAILOVER_ENTRY, capture_schema
+from dcptool.replay.store.schema import (
+    DCP_FIELDS,
+    DICT_STR,
+    FAILOVER_ENTRY,
+    capture_schema,
+)
 
 SCHEMA = capture_schema("dcp")
 _OP_DICT = pa.array(OP_NAME_TABLE, pa.string())
@@ -118,8 +123,8 @@ def to_record_batch(batch: columnar.Batch, *, frame_no: np.ndarray, conn: int | 
             magic = batch.numeric["magic"][0] if n else np.zeros(0, np.uint8)
             cols[name] = pa.DictionaryArray.from_arrays(pa.array(op_index(magic, opcode), pa.int32()), _OP_DICT)
         elif name == "key":
-            s, l, v = batch.key
-            cols[name] = _binary(batch.buf, s, l, v)
+            s, ln, v = batch.key
+            cols[name] = _binary(batch.buf, s, ln, v)
         elif name == "snap_version":
             vals = batch.objects["snap_version"]
             cols[name] = pa.array(vals, pa.string()).dictionary_encode() if vals else \

@@ -22,9 +22,20 @@ from dcptool.protocol.text import printable
 from dcptool.replay.store.errors import CaptureError, NotACapture, UnsupportedFormat
 from dcptool.replay.store.files import arrow_path, first_line, shown
 from dcptool.replay.store.footers import key_values, null_state, prefetch_footers
-from dcptool.replay.store.naming import (DAMAGED_SUFFIX, IN_PROGRESS_SUFFIX, META_CAPTURE_ID, META_FORMAT,
-                                         META_PROTOCOL, META_SEGMENT, META_SEGMENT_LAST, META_STARTED_AT,
-                                         PROTOCOLS, READABLE_VERSIONS, SEGMENT_NAME_RE, tool_version)
+from dcptool.replay.store.naming import (
+    DAMAGED_SUFFIX,
+    IN_PROGRESS_SUFFIX,
+    META_CAPTURE_ID,
+    META_FORMAT,
+    META_PROTOCOL,
+    META_SEGMENT,
+    META_SEGMENT_LAST,
+    META_STARTED_AT,
+    PROTOCOLS,
+    READABLE_VERSIONS,
+    SEGMENT_NAME_RE,
+    tool_version,
+)
 
 FINISHED_SUFFIX = ".parquet"
 

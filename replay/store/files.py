@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 
+
 def one_line(exc: BaseException) -> str:
     """The OS error as one line: `No space left on device (ENOSPC)` for an errno (pyarrow's
     own text, `Error writing bytes to file. Detail: [errno 28] ...`, says less)."""

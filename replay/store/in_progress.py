@@ -18,7 +18,6 @@ from dcptool.replay.store.files import arrow_path, shown
 from dcptool.replay.store.naming import DAMAGED_SUFFIX  # noqa: F401 (in_progress.DAMAGED_SUFFIX: the name callers use)
 
 
-
 class InProgress:
     """One in-progress segment opened for reading. Iterate it for its whole batches (each
     validated: a batch whose buffers do not hold together counts as damage, not as rows);

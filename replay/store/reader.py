@@ -20,8 +20,18 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from dcptool.replay.store.discovery import (  # noqa: F401 (reader.find_captures ...: the names callers use)
-    FINISHED_SUFFIX, CaptureFile, capture_ranks, describe, find_captures, null_by_statistics, order_key,
-    parse_started, protocol_of, warn, without_covered)
+    FINISHED_SUFFIX,
+    CaptureFile,
+    capture_ranks,
+    describe,
+    find_captures,
+    null_by_statistics,
+    order_key,
+    parse_started,
+    protocol_of,
+    warn,
+    without_covered,
+)
 from dcptool.replay.store.errors import CaptureError, NotACapture, UnsupportedFormat  # noqa: F401 (reader.CaptureError ...: the names callers use)
 from dcptool.replay.store.files import arrow_path, arrow_source, shown
 from dcptool.replay.store.footers import footer, leaf_index, prefetch_footers  # noqa: F401 (footer, leaf_index: also for the engines)

@@ -25,10 +25,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dcptool.protocol.errors import LateUsageError
 from dcptool.protocol.dcp.wire.constants import Status
-from dcptool.replay.store.reader import CaptureFile, find_captures, iter_capture_tables
+from dcptool.protocol.errors import LateUsageError
 from dcptool.replay.store.naming import IN_PROGRESS_SUFFIX, SEGMENT_NAME_RE
+from dcptool.replay.store.reader import CaptureFile, find_captures, iter_capture_tables
 from dcptool.replay.store.segment import finish_in_progress
 
 # ops whose by_seqno is a position in the vbucket's history

@@ -6,9 +6,21 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from dcptool.replay.store.naming import (FORMAT_VERSION, META_CAPTURE_ID, META_FORMAT, META_KEYS,  # noqa: F401 (the names callers use)
-                                         META_OPTIONS, META_PROTOCOL, META_SEGMENT, META_SOURCE, META_STARTED_AT,
-                                         META_VERSION, PROTOCOLS, READABLE_VERSIONS, tool_version)
+from dcptool.replay.store.naming import (  # noqa: F401 (the names callers use)
+    FORMAT_VERSION,
+    META_CAPTURE_ID,
+    META_FORMAT,
+    META_KEYS,
+    META_OPTIONS,
+    META_PROTOCOL,
+    META_SEGMENT,
+    META_SOURCE,
+    META_STARTED_AT,
+    META_VERSION,
+    PROTOCOLS,
+    READABLE_VERSIONS,
+    tool_version,
+)
 
 DICT_STR = pa.dictionary(pa.int32(), pa.string())
 

@@ -14,14 +14,23 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from dcptool.protocol.errors import DcptoolError
 from dcptool.replay.store import COMPRESSIONS
 from dcptool.replay.store.encoder import RowGroupEncoder
-from dcptool.replay.store.files import (arrow_path, arrow_source, fsync_dir, fsync_path, one_line, remove_quiet, shown,
-                                       start_writeback, unlink_quiet)
+from dcptool.replay.store.files import (
+    arrow_path,
+    arrow_source,
+    fsync_dir,
+    fsync_path,
+    one_line,
+    remove_quiet,
+    shown,
+    start_writeback,
+    unlink_quiet,
+)
 from dcptool.replay.store.in_progress import InProgress, set_aside
 from dcptool.replay.store.key_index import bloom_options
 from dcptool.replay.store.naming import TMP_SUFFIX, final_path
-from dcptool.protocol.errors import DcptoolError
 
 # Uncompressed Arrow bytes buffered per Parquet row group. Small enough that the row group
 # being encoded, the one filling and the writer's queue stay well inside the capture's RSS

@@ -27,6 +27,7 @@ thread behind a queue bounded in bytes, so Parquet encoding never runs on the ne
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import fcntl
 import json
@@ -39,15 +40,32 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from dcptool.replay.store import schema as S
-from dcptool.replay.store.files import arrow_path, one_line, remove_quiet, shown, unlink_quiet
-import concurrent.futures
-
 from dcptool.replay.store.encoder import RowGroupEncoder
-from dcptool.replay.store.naming import TMP_SUFFIX, final_path, in_progress_path, segment_name, utcnow
+from dcptool.replay.store.files import (
+    arrow_path,
+    one_line,
+    remove_quiet,
+    shown,
+    unlink_quiet,
+)
+from dcptool.replay.store.naming import (
+    TMP_SUFFIX,
+    final_path,
+    in_progress_path,
+    segment_name,
+    utcnow,
+)
 from dcptool.replay.store.redact import mask_sasl_credentials, strip_secrets
-from dcptool.replay.store.segment import (Finishing, ParquetSegment, WriterError, abandon_files,
-                                          finish_from_memory, finish_in_progress, ipc_compression,
-                                          parquet_compression)
+from dcptool.replay.store.segment import (
+    Finishing,
+    ParquetSegment,
+    WriterError,
+    abandon_files,
+    finish_from_memory,
+    finish_in_progress,
+    ipc_compression,
+    parquet_compression,
+)
 
 COALESCE_BYTES = 4 * 2**20         # small batches are merged up to this size ...
 COALESCE_ROWS = 32_768             # ... or this many rows before they reach the IPC stream

@@ -33,26 +33,24 @@ code down, not pyarrow's: compare threads of the same run, and the bare drain's 
 
 from __future__ import annotations
 
+import glob  # noqa: E402
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading  # noqa: E402
 import time
 
 import _repo  # noqa: F401,E402  (the repository root on sys.path: tests/bench/_repo.py)
-from tests.bench import bench_stream  # noqa: E402  (the bare drain client)
-
-import glob  # noqa: E402
-import threading  # noqa: E402
-
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
 from dcptool.replay.store.segment import parquet_writer  # noqa: E402
-
+from tests.bench import bench_stream  # noqa: E402  (the bare drain client)
 from tests.support.paths import DCPTOOL  # noqa: E402
+
 SCALE = float(os.environ.get("BENCH_SCALE", "1"))
 CASES = [(61, 1_000_000), (1024 - 67, 100_000), (16 * 1024 - 67, 10_000)]   # value bytes, items
 LARGE = 4096      # values at least this big also get the zstd limit and the lz4 capture
@@ -166,12 +164,13 @@ def _profile_here(host: str, port: str, outdir: str) -> None:
     import cProfile
     import io
     import pstats
-    from dcptool.cli import main as dcptool_main
+
     import dcptool.capture.dcp  # noqa: F401  (imported before the profile: the threads' work only)
     import dcptool.cli.capture  # noqa: F401
     import dcptool.cli.runners.dcp_capture  # noqa: F401
     import dcptool.protocol.transport.dcp_cluster  # noqa: F401
     import dcptool.replay.store.resume  # noqa: F401
+    from dcptool.cli import main as dcptool_main
 
     profiles: dict[str, list] = {}
     lock = threading.Lock()

@@ -17,9 +17,10 @@ import subprocess
 import tempfile
 
 import _repo  # noqa: F401,E402  (the repository root on sys.path: tests/bench/_repo.py)
-from tests.bench import bench_capture  # noqa: E402  (capture() runs and times one capture)
 
+from tests.bench import bench_capture  # noqa: E402  (capture() runs and times one capture)
 from tests.support.paths import DCPTOOL  # noqa: E402
+
 SCALE = float(os.environ.get("BENCH_SCALE", "1"))
 NODES = int(os.environ.get("BENCH_NODES", "3"))
 ITEMS = max(1000, int(1_000_000 * SCALE))

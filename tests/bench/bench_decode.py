@@ -13,6 +13,7 @@ import tempfile
 import time
 
 import _repo  # noqa: F401,E402  (the repository root on sys.path: tests/bench/_repo.py)
+
 from tests.support.paths import DCPTOOL  # noqa: E402
 
 N = int(os.environ.get("BENCH_FRAMES", "1000000"))

@@ -29,7 +29,11 @@ from datetime import timedelta
 from couchbase.auth import PasswordAuthenticator
 from couchbase.cluster import Cluster
 from couchbase.diagnostics import ServiceType
-from couchbase.options import ClusterOptions, ClusterTimeoutOptions, WaitUntilReadyOptions
+from couchbase.options import (
+    ClusterOptions,
+    ClusterTimeoutOptions,
+    WaitUntilReadyOptions,
+)
 
 from dcptool.replay.store.reader import find_captures, read_capture_table
 

@@ -19,9 +19,10 @@ import tempfile
 import time
 
 import _repo  # noqa: F401  (the repository root on sys.path: tests/bench/_repo.py)
-from dcptool.protocol.dcp.wire import messages as m
+
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.server.playback import PlaybackModel
+from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.playback import load_dcp
 from tests.support.paths import DCPTOOL

@@ -40,15 +40,14 @@ import sys
 import tempfile
 import time
 
+import _repo  # noqa: F401,E402  (the repository root on sys.path: tests/bench/_repo.py)
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-import _repo  # noqa: F401,E402  (the repository root on sys.path: tests/bench/_repo.py)
-from tests.support.paths import ROOT  # noqa: E402
-
 from dcptool.replay.store.schema import capture_schema  # noqa: E402
 from dcptool.replay.store.segment import dictionary_columns  # noqa: E402
+from tests.support.paths import ROOT  # noqa: E402
 
 OPS = np.array(["mutation", "deletion", "expiration", "snapshot_marker"])
 

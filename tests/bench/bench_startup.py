@@ -10,6 +10,7 @@ import time
 
 RUNS = int(os.environ.get("BENCH_RUNS", "15"))
 import _repo  # noqa: F401,E402  (the repository root on sys.path: tests/bench/_repo.py)
+
 from tests.support.paths import DCPTOOL  # noqa: E402
 
 

@@ -22,6 +22,7 @@ ITEMS = int(os.environ.get("BENCH_ITEMS", "1000000"))
 VBUCKETS = 64
 BUFFER = 20 * 1024 * 1024
 import _repo  # noqa: F401,E402  (the repository root on sys.path: tests/bench/_repo.py)
+
 from tests.support.paths import DCPTOOL  # noqa: E402
 
 

@@ -21,6 +21,7 @@ import tempfile
 import time
 
 import _repo  # noqa: F401,E402  (the repository root on sys.path: tests/bench/_repo.py)
+
 from tests.support.paths import ROOT  # noqa: E402
 
 PY = sys.executable

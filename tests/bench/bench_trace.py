@@ -37,6 +37,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_replay import generate  # noqa: E402
+
 from dcptool.replay.check import trace as T  # noqa: E402
 from dcptool.replay.check import trace_read as R  # noqa: E402
 from dcptool.replay.store import segment  # noqa: E402

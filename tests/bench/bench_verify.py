@@ -18,11 +18,10 @@ import sys
 import tempfile
 import time
 
+import _repo  # noqa: F401,E402  (the repository root on sys.path: tests/bench/_repo.py)
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-import _repo  # noqa: F401,E402  (the repository root on sys.path: tests/bench/_repo.py)
 
 from dcptool.replay.store.schema import capture_schema  # noqa: E402
 from tests.bench.bench_replay import timed_cli  # noqa: E402

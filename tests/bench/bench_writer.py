@@ -34,8 +34,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dcptool.protocol.dcp.wire.messages import Mutation, encode
-from dcptool.replay.store.dcp_batch import frames_to_record_batch
 from dcptool.replay.store.background import BackgroundWriter
+from dcptool.replay.store.dcp_batch import frames_to_record_batch
 from dcptool.replay.store.writer import CaptureWriter
 
 CHUNK = 8192   # frames per receive buffer (~1 MiB)
@@ -173,7 +173,7 @@ def main():
         for name, dt, nbytes in results:
             print(f"{name:12}{args.rows / dt:>12,.0f}{wire / dt / 1e6:>11.1f}{nbytes / 1e6:>8.1f}MB"
                   f"{nbytes / args.rows:>7.1f}{dt / t_base:>15.2f}")
-        del batches, table
+        batches = table = None  # freed before the RSS child runs (the closures above are done with them)
         child = subprocess.run([sys.executable, __file__, "--rss-rows", str(args.rss_rows),
                                 "--rss-child", os.path.join(tmp, "rss")],
                                capture_output=True, text=True, check=True)

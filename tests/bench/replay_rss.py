@@ -26,6 +26,7 @@ import tempfile
 import time
 
 import _repo  # noqa: F401,E402  (the repository root on sys.path: tests/bench/_repo.py)
+
 from tests.support.paths import ROOT  # noqa: E402
 
 BASE_MIB = 300            # the fixed base the goal allows

@@ -20,8 +20,17 @@ from dcptool.protocol.dcp.wire import messages as M
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from tests.support import capgen
 from tests.support.cli_util import error_line, run
+from tests.support.pcap_session import (
+    ACK,
+    FIN,
+    PSH,
+    Server,
+    Tcpdump,
+    handshake,
+    require_tcpdump,
+    write_flow,
+)
 from tests.support.synapse_env import RedisServer
-from tests.support.pcap_session import ACK, FIN, PSH, Server, Tcpdump, handshake, require_tcpdump, write_flow
 from tests.support.tshark_util import _flat, require_tshark
 
 COLS = ["conn", "direction", "raw", "ts"]

@@ -12,8 +12,8 @@ import pytest
 
 from dcptool.capture.dcp_resume import resume_from
 from dcptool.capture.ring import Retention, Ring
-from dcptool.replay.store import retained
 from dcptool.replay.check.verify import verify
+from dcptool.replay.store import retained
 from tests.support.cli_util import run
 from tests.support.ring_caps import dcp_capture, resegmented, set_finished
 

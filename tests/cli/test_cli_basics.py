@@ -14,7 +14,6 @@ from dcptool.cli.serve import SERVERS
 from tests.support.paths import ROOT
 
 
-
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_every_command_has_help_and_is_in_readme(name):
     res = CliRunner().invoke(cli, [name, "--help"])

@@ -15,16 +15,27 @@ import subprocess
 import orjson
 import pytest
 
-from dcptool.protocol.dcp.wire import messages as m
+from dcptool.protocol.dcp.client.consumer import (
+    ConfigPushed,
+    Consumer,
+    ConsumerConfig,
+    PushIgnored,
+    StreamEnded,
+)
+from dcptool.protocol.dcp.client.consumer_receive import MAX_PUSHED_CONFIG
+from dcptool.protocol.dcp.client.routing import MapApplied, Router
 from dcptool.protocol.dcp.server import producer as P
-from dcptool.protocol.dcp.server.cluster import NOTIFY_OPAQUE_BASE, Cluster, Event, notify_mode
+from dcptool.protocol.dcp.server.bucket import Bucket
+from dcptool.protocol.dcp.server.cluster import (
+    NOTIFY_OPAQUE_BASE,
+    Cluster,
+    Event,
+    notify_mode,
+)
+from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.cluster_config import parse
 from dcptool.protocol.dcp.wire.columnar import scan
 from dcptool.protocol.dcp.wire.constants import Feature, StreamEndReason
-from dcptool.protocol.dcp.server.bucket import Bucket
-from dcptool.protocol.dcp.client.consumer import (ConfigPushed, Consumer, ConsumerConfig, PushIgnored, StreamEnded)
-from dcptool.protocol.dcp.client.consumer_receive import MAX_PUSHED_CONFIG
-from dcptool.protocol.dcp.client.routing import MapApplied, Router
 from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.protocol.transport.dcp_cluster import ClusterSession, _Link
 from dcptool.replay.local import engine as local

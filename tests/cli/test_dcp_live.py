@@ -19,8 +19,8 @@ from click.testing import CliRunner
 
 from dcptool.cli import cli
 from dcptool.protocol.dcp.client import consumer as dcp_consumer
-from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.server import producer as P
+from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.transport.dcp import Session, ThreadedServer
 from tests.support.cli_util import self_signed_tls
 from tests.support.paths import DCPTOOL
@@ -240,8 +240,8 @@ def test_silent_producer_is_a_dead_connection(monkeypatch):
 
 def test_fast_mutation_rows_equal_the_codec():
     from dcptool.cli.runners.dcp_live import RowTap
-    from dcptool.replay.rows import row_columns
     from dcptool.replay.display import dcp_display
+    from dcptool.replay.rows import row_columns
     frame = m.encode(m.Mutation(vbucket=7, opaque=9, cas=123, datatype=1, key=b"k1", value=b'{"a":1}',
                                 by_seqno=5, rev_seqno=2, item_flags=3, expiration=4, lock_time=6))
     import numpy as np
@@ -295,10 +295,11 @@ def test_serve_subprocess_and_ctrl_c_exits_130():
 
 
 def test_batch_rows_equal_the_codec_in_jsonl():
-    from dcptool.cli.runners.dcp_live import RowTap
-    from dcptool.replay.rows import row_columns
-    from dcptool.replay.display import dcp_display
     import numpy as np
+
+    from dcptool.cli.runners.dcp_live import RowTap
+    from dcptool.replay.display import dcp_display
+    from dcptool.replay.rows import row_columns
     frames = [m.encode(m.Mutation(vbucket=3, opaque=4, cas=5 + i, datatype=1, key=b"key-%d" % i, value=b"{}",
                                   by_seqno=10 + i, rev_seqno=1)) for i in range(3)]
     frames.insert(1, m.encode(m.SnapshotMarker(vbucket=3, opaque=4, snap_start=1, snap_end=20, snap_flags=2)))

@@ -10,7 +10,12 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from dcptool.cli import cli
-from dcptool.cli.view.progress import CaptureProgress, NullProgress, make_progress, print_summary
+from dcptool.cli.view.progress import (
+    CaptureProgress,
+    NullProgress,
+    make_progress,
+    print_summary,
+)
 from tests.support.capture_rows import Rec
 
 T0 = 1_700_000_000_000_000_000

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from dcptool.protocol.dcp.client import consumer as dcp_consumer
-from dcptool.protocol.dcp.wire import messages as m
-from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.server import manifest as PC
 from dcptool.protocol.dcp.server import oso as producer_oso
+from dcptool.protocol.dcp.server import producer as P
+from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.local import engine as local
 from dcptool.replay.store.reader import find_captures, read_capture_table
@@ -304,7 +304,12 @@ def test_oso_frames_decode_the_same_in_tshark():
     from collections import Counter
 
     from dcptool.protocol.transport.dcp import Session
-    from tests.support.tshark_util import Recorder, compare, require_tshark, tshark_frames
+    from tests.support.tshark_util import (
+        Recorder,
+        compare,
+        require_tshark,
+        tshark_frames,
+    )
     require_tshark()
     model = shuffled_model(7, items=200, live=40)
     rec = Recorder()

@@ -14,10 +14,10 @@ import pytest
 from click.testing import CliRunner
 
 from dcptool.cli import cli
-from dcptool.replay.display import dcp_display, value_fields
 from dcptool.cli.view.output import Sink, iso_ns, printable
 from dcptool.cli.view.table import TextTable
 from dcptool.protocol.dcp.wire import messages as M
+from dcptool.replay.display import dcp_display, value_fields
 
 TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z$")
 ESC = "\x1b"
@@ -246,8 +246,8 @@ def test_table_columns_appear_later_with_a_new_header():
 
 
 def test_inspect_render_escapes_and_keeps_names_whole():
-    from dcptool.cli.view.console import data_console
     from dcptool.cli.inspect_cmd import render
+    from dcptool.cli.view.console import data_console
     a, b, _ = _synapse_rows()
     pos = [{"stream": s, "instance": "master\x1b[31m", "token": 5, "rows": 1, "batches": 0, "positions": 1,
             "gaps": 0, "dropped": 0, "waiting": 0} for s in (a, b)]

@@ -14,12 +14,17 @@ from collections import Counter
 import pytest
 
 from dcptool.protocol.dcp.client import consumer as dcp_consumer
-from dcptool.protocol.dcp.wire import messages as m
-from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.server import manifest as PC
+from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.server import stream_ids as producer_sid
-from dcptool.protocol.dcp.wire.constants import Feature, FrameInfoId, Status, StreamEndReason
 from dcptool.protocol.dcp.server.shared import Scenarios
+from dcptool.protocol.dcp.wire import messages as m
+from dcptool.protocol.dcp.wire.constants import (
+    Feature,
+    FrameInfoId,
+    Status,
+    StreamEndReason,
+)
 from dcptool.protocol.transport.dcp import Session, ThreadedServer
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from tests.support.cli_util import run
@@ -287,8 +292,8 @@ def test_snapshots_are_tracked_per_stream_id(captures):
 @pytest.mark.integration
 def test_spark_agrees_with_local_on_a_stream_id_capture(captures, spark):
     from dcptool.replay.local import engine as local
-    from dcptool.replay.spark import engine as spark_engine
     from dcptool.replay.rules import tables as T
+    from dcptool.replay.spark import engine as spark_engine
     _, outs = captures
     files = find_captures([outs["both"]])
     ref = local.replay_local(files)
@@ -372,7 +377,12 @@ def test_capture_resume_continues_each_stream_id_from_its_own_position(tmp_path)
 
 @pytest.mark.integration
 def test_alt_framed_stream_frames_decode_the_same_in_tshark():
-    from tests.support.tshark_util import Recorder, compare, require_tshark, tshark_frames
+    from tests.support.tshark_util import (
+        Recorder,
+        compare,
+        require_tshark,
+        tshark_frames,
+    )
     require_tshark()
     model = model_with(items=200, vbuckets=2, mutate=60)
     rec = Recorder()

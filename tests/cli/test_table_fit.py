@@ -12,9 +12,9 @@ import re
 import pytest
 
 from dcptool.cli.runners.dcp_live import TABLE_COLUMNS
-from dcptool.replay.display import display_columns
 from dcptool.cli.view.output import Sink
 from dcptool.cli.view.table import MARK, TextTable
+from dcptool.replay.display import display_columns
 
 COLUMNS = display_columns(TABLE_COLUMNS, values=True)
 

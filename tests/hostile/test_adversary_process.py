@@ -27,8 +27,8 @@ import pytest
 
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.transport.dcp import ThreadedServer
-from tests.support.ports import PortTaken, pick_port, start_with_retry
 from tests.support import capgen
+from tests.support.ports import PortTaken, pick_port, start_with_retry
 from tests.support.synapse_serve import ServeSynapse as SynapseServer
 
 pytestmark = pytest.mark.integration
@@ -197,9 +197,9 @@ def _unread_stream(url, *args):
 
 def _pipe_full(r):
     """The writer has filled the pipe (it now waits for a reader that never comes)."""
+    import array
     import fcntl
     import termios
-    import array
     buf = array.array("i", [0])
     fcntl.ioctl(r, termios.FIONREAD, buf)
     return buf[0] >= 60_000

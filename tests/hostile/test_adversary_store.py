@@ -399,7 +399,8 @@ def test_each_small_segment_is_parsed_and_read_once_per_command(tmp_path):
     file once (the cost of many small segments is per file: a second pass over the files, as
     the cluster-config pass of inspect and replay, reads them from the run read already), and
     give what one file of the same rows gives."""
-    from dcptool.replay.check import summary, verify as V
+    from dcptool.replay.check import summary
+    from dcptool.replay.check import verify as V
     from dcptool.replay.local import engine as local
     from dcptool.replay.store import footers, reader
     from tests.bench.bench_segments import rows, write_capture

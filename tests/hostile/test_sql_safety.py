@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from dcptool.cli import cli
 from dcptool.replay import apply
 from dcptool.replay.local import engine as local
-from dcptool.replay.spark import engine as spark_engine, sql as sql_guard
+from dcptool.replay.spark import engine as spark_engine
+from dcptool.replay.spark import sql as sql_guard
 from dcptool.replay.store import reader
 from tests.support import capgen, fresh_spark
 

@@ -20,7 +20,6 @@ from tests.support import capgen
 from tests.support.paths import DCPTOOL
 
 
-
 def _files(tmp, s, n=200):
     d = tmp / f"dcp-{s}"
     capgen.write_captures(capgen.generate("dcp", s, n_events=n), str(d), seed=s)

@@ -17,7 +17,6 @@ from tests.support import capgen
 from tests.support.paths import DCPTOOL
 
 
-
 def _dir(tmp, s, n=200, protocol="dcp"):
     d = tmp / f"{protocol}-{s}"
     capgen.write_captures(capgen.generate(protocol, s, n_events=n), str(d), seed=s)

@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from dcptool.replay import results
-from dcptool.replay.local import duck, engine as local
+from dcptool.replay.local import duck
+from dcptool.replay.local import engine as local
 from dcptool.replay.rules import tables as T
 from dcptool.replay.rules.as_of import AsOf
 from dcptool.replay.rules.table_types import PLAN_COLUMNS, PLAN_KEYS, TABLE_NAMES

@@ -13,12 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from dcptool.protocol.dcp.server import producer as P
-from dcptool.protocol.dcp.server.manifest import Manifest
 from dcptool.protocol.dcp.server.history import enable_history, memory_snapshot
+from dcptool.protocol.dcp.server.manifest import Manifest
 from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.local import engine as local
 from dcptool.replay.rules import tables as T
-from tests.support.cli_util import capture_files as capture, error_line, run, stream_rows
+from tests.support.cli_util import capture_files as capture
+from tests.support.cli_util import error_line, run, stream_rows
 
 pytestmark = pytest.mark.integration
 DOC_COLS = ["vbucket", "collection_id", "key", "by_seqno", "rev_seqno", "cas", "state", "datatype",
@@ -235,6 +236,7 @@ def test_spark_gives_the_same_history_and_documents(spark, history_captures, fai
 def _kept_rows(rows: list[dict]):
     """The rows HistoryState keeps, as a table (_seq = position: frame order)."""
     import pyarrow as pa
+
     from dcptool.replay.rules.history import HISTORY_COLUMNS
     from dcptool.replay.store.schema import capture_schema
     sch = capture_schema("dcp")

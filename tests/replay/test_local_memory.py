@@ -10,8 +10,9 @@ import tempfile
 
 import pytest
 
+from dcptool.replay.local import duck
+from dcptool.replay.local import engine as local
 from dcptool.replay.rules import tables as T
-from dcptool.replay.local import duck, engine as local
 from dcptool.replay.store import reader
 from tests.support import capgen, oracle
 
@@ -41,6 +42,7 @@ def test_budget_from_the_environment(monkeypatch):
 
 def test_a_bad_budget_is_a_usage_error_before_any_work(tmp_path, monkeypatch):
     from click.testing import CliRunner
+
     from dcptool.cli import cli
     files = [f.path for f in _files(tmp_path, 17, 60)]
     monkeypatch.setenv("DCPTOOL_REPLAY_MEMORY", "lots")

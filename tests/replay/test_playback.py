@@ -13,9 +13,14 @@ import subprocess
 import numpy as np
 import pytest
 
-from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.server import producer as P
-from dcptool.protocol.dcp.server.playback import DcpRecording, Faults, PlaybackModel, RecordedStream
+from dcptool.protocol.dcp.server.playback import (
+    DcpRecording,
+    Faults,
+    PlaybackModel,
+    RecordedStream,
+)
+from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.synapse.playback import LineFaults, PlaybackFeed, PlaybackSession
 from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.store.reader import find_captures, read_capture_table

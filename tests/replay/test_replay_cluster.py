@@ -13,9 +13,8 @@ import urllib.request
 
 import pytest
 
-from dcptool.replay.spark import engine as spark_engine
 from dcptool.replay.rules import tables as T
-
+from dcptool.replay.spark import engine as spark_engine
 from dcptool.replay.store import reader
 from tests.support import capgen
 from tests.support.paths import ROOT

@@ -3,23 +3,22 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
-import base64
 import os
 import random
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, example, given, seed, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from dcptool.replay import apply
 from dcptool.replay.local import engine as local
 from dcptool.replay.rules import tables as T
-
 from dcptool.replay.store import reader
-from tests.support import capgen
-from tests.support import oracle
+from tests.support import capgen, oracle
 
 SETTINGS = dict(max_examples=60, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -4,7 +4,6 @@ each rollback with the number of changes it undid, and the Spark engine agrees."
 
 from __future__ import annotations
 
-
 import pytest
 
 from dcptool.replay.local import engine as local
@@ -45,8 +44,8 @@ def test_rollbacks_list_the_rollback_with_what_it_undid(failover_capture):
 
 @pytest.mark.spark
 def test_spark_gives_the_same_tables(failover_capture, spark):
-    from dcptool.replay.spark import engine as spark_engine
     from dcptool.replay.rules import tables as T
+    from dcptool.replay.spark import engine as spark_engine
     _, files = failover_capture
     ref = local.replay_local(files)
     got = spark_engine.replay_spark(spark, files)

@@ -9,13 +9,13 @@ import os
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dcptool.replay import apply
 from dcptool.replay.local import engine as local
-from dcptool.replay.spark import engine as spark_engine
 from dcptool.replay.rules import tables as T
-
+from dcptool.replay.spark import engine as spark_engine
 from dcptool.replay.store import reader
 from tests.support import capgen, fresh_spark
 

@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from dcptool.replay import results
-from dcptool.replay.local import duck, engine as local
+from dcptool.replay.local import duck
+from dcptool.replay.local import engine as local
 from dcptool.replay.rules import tables as T
 from dcptool.replay.store import reader
 from tests.support import capgen

@@ -8,9 +8,14 @@ import shutil
 
 import pyarrow.parquet as pq
 
-from dcptool.replay.store.resume import (VbResume, dcp_resume_state, recover_in_progress,
-                                   synapse_resume_state)
+from dcptool.replay.store.resume import (
+    VbResume,
+    dcp_resume_state,
+    recover_in_progress,
+    synapse_resume_state,
+)
 from tests.support.capture_rows import Rec
+
 
 def test_dcp_resume_state_per_vbucket(tmp_path):
     r = Rec(tmp_path)

@@ -17,8 +17,9 @@ import pytest
 from click.testing import CliRunner
 
 from dcptool.cli import cli
-from dcptool.replay.spark import connect_server, engine as spark_engine
 from dcptool.replay.rules import tables as T
+from dcptool.replay.spark import connect_server
+from dcptool.replay.spark import engine as spark_engine
 from dcptool.replay.store import reader
 from tests.support import capgen
 from tests.support.paths import ROOT

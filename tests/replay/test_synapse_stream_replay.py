@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dcptool.replay.check import summary as inspect_mod
 from dcptool.replay.local import engine as local
 from dcptool.replay.rules import synapse as synapse_rules
 from dcptool.replay.store import reader
-from tests.support import capgen
-from tests.support import oracle
+from tests.support import capgen, oracle
 
 SETTINGS = dict(max_examples=40, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

@@ -18,7 +18,8 @@ from dcptool.cli import cli
 from dcptool.protocol.dcp.wire.frames import encode_frame
 from dcptool.replay.local import engine as local
 from dcptool.replay.rules import tables as T
-from dcptool.replay.store import reader, schema as S
+from dcptool.replay.store import reader
+from dcptool.replay.store import schema as S
 from dcptool.replay.store.dcp_batch import frames_to_record_batch
 from dcptool.replay.store.synapse_batch import build_batch
 from tests.support import capgen, oracle

@@ -17,12 +17,14 @@ import pytest
 from click.testing import CliRunner
 
 from dcptool.cli import cli
-from dcptool.replay.check import verify as V, findings as verify_findings
+from dcptool.replay.check import findings as verify_findings
+from dcptool.replay.check import verify as V
 from tests.support import capgen
 from tests.support.capture_rows import UUID_A, UUID_B, Run, checks, write
 from tests.support.live_capture import data_on_disk, served, stop_live_updates
 from tests.support.paths import DCPTOOL
 from tests.support.synapse_serve import ServeSynapse
+
 
 def run_cli(*args):
     return CliRunner().invoke(cli, ["verify", *args])

@@ -24,10 +24,19 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from dcptool.replay.store.schema import (
+    FORMAT_VERSION,
+    META_CAPTURE_ID,
+    META_FORMAT,
+    META_OPTIONS,
+    META_PROTOCOL,
+    META_SEGMENT,
+    META_SOURCE,
+    META_STARTED_AT,
+    META_VERSION,
+    capture_schema,
+)
 from dcptool.replay.store.segment import dictionary_columns
-from dcptool.replay.store.schema import (META_CAPTURE_ID, META_FORMAT, META_OPTIONS, META_PROTOCOL,
-                                   META_SEGMENT, META_SOURCE, META_STARTED_AT, META_VERSION,
-                                   FORMAT_VERSION, capture_schema)
 
 BASE_TS = 1_763_800_000_000_000_000  # 2025-11-22, ns
 OPCODES = {"get_cluster_config": 0xB5, "hello": 0x1F, "open": 0x50, "control": 0x5E, "stream_req": 0x53, "stream_end": 0x55,

@@ -31,8 +31,13 @@ from couchbase.auth import PasswordAuthenticator
 from couchbase.cluster import Cluster
 from couchbase.diagnostics import ServiceType
 from couchbase.durability import DurabilityLevel, ServerDurability
-from couchbase.options import (ClusterOptions, ClusterTimeoutOptions, ReplaceOptions, UpsertOptions,
-                               WaitUntilReadyOptions)
+from couchbase.options import (
+    ClusterOptions,
+    ClusterTimeoutOptions,
+    ReplaceOptions,
+    UpsertOptions,
+    WaitUntilReadyOptions,
+)
 
 from dcptool.protocol.dcp.server import chaos
 from dcptool.protocol.dcp.server import producer as P

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-from tests.support.paths import DCPTOOL
 
+from tests.support.paths import DCPTOOL
 
 
 def run(*args, timeout=120):

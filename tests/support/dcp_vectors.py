@@ -4,7 +4,6 @@ fixtures/dcp/README.md; keep them here, not in the code under test."""
 
 from __future__ import annotations
 
-
 from dcptool.protocol.dcp.wire import messages as M
 from tests.support.paths import FIXTURES
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 import pyarrow as pa
 
 from dcptool.replay.rules import tables as T
-
-from dcptool.replay.store import reader
 from dcptool.replay.rules.dcp import DOC_STATES, VB_OPS
+from dcptool.replay.store import reader
 
 
 def _ns(ts) -> int | None:

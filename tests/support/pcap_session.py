@@ -15,7 +15,12 @@ import time
 
 import pytest
 
-from dcptool.capture.pcap.fileformat import LINKTYPE_RAW, PacketWriter, Truncated, read_packets
+from dcptool.capture.pcap.fileformat import (
+    LINKTYPE_RAW,
+    PacketWriter,
+    Truncated,
+    read_packets,
+)
 from dcptool.capture.pcap.packets import ACK, FIN, PSH, SYN, parse, tcp_packet
 from tests.support.processes import stop_process
 

@@ -12,7 +12,6 @@ import sys
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from dcptool.replay.store.schema import META_OPTIONS, META_SOURCE
 
-
 SCRIPT = r"""
 import json, sys
 from dcptool.capture import CaptureSettings, LiveOptions, capture, parse_source

@@ -31,18 +31,41 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from dcptool.protocol.dcp.wire import messages as m
-from dcptool.protocol.dcp.wire.constants import Feature, stream_end_reason_name, stream_key
-from dcptool.protocol.dcp.wire.frames import split_until_error
-from dcptool.protocol.dcp.client.consumer_api import (DEFAULT_REOPEN, NUM_VB_SLOTS, ConfigReceived,
-                                               ConsumerConfig, ControlRefused, Finished, Handoff,
-                                               HandshakeComplete, NotMyVbucket, Rollback, ServerVbuckets,
-                                               StreamEnded, StreamFailed, StreamOpened, VbSeqnos, VbState)
-from dcptool.protocol.dcp.client.consumer_receive import (DATA_OPS, STREAM_OPS, ConfigPushed, PushIgnored,
-                                                   Receiver)
+from dcptool.protocol.dcp.client.consumer_api import (
+    DEFAULT_REOPEN,
+    NUM_VB_SLOTS,
+    ConfigReceived,
+    ConsumerConfig,
+    ControlRefused,
+    Finished,
+    Handoff,
+    HandshakeComplete,
+    NotMyVbucket,
+    Rollback,
+    ServerVbuckets,
+    StreamEnded,
+    StreamFailed,
+    StreamOpened,
+    VbSeqnos,
+    VbState,
+)
+from dcptool.protocol.dcp.client.consumer_receive import (
+    DATA_OPS,
+    STREAM_OPS,
+    ConfigPushed,
+    PushIgnored,
+    Receiver,
+)
 from dcptool.protocol.dcp.client.handshake import Handshake
 from dcptool.protocol.dcp.client.link import Link
 from dcptool.protocol.dcp.client.streams import Streams
+from dcptool.protocol.dcp.wire import messages as m
+from dcptool.protocol.dcp.wire.constants import (
+    Feature,
+    stream_end_reason_name,
+    stream_key,
+)
+from dcptool.protocol.dcp.wire.frames import split_until_error
 from dcptool.protocol.errors import ErrorCode, RemoteError
 
 # the consumer's API is importable from here (consumer_api.py holds the definitions)

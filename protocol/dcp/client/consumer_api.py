@@ -7,7 +7,13 @@ from __future__ import annotations
 import dataclasses
 
 # the stream key lives in the wire (constants.py); callers of the consumer name it from here too
-from dcptool.protocol.dcp.wire.constants import NUM_VB_SLOTS, StreamEndReason, key_sid, key_vb, stream_key  # noqa: F401
+from dcptool.protocol.dcp.wire.constants import (  # noqa: F401
+    NUM_VB_SLOTS,
+    StreamEndReason,
+    key_sid,
+    key_vb,
+    stream_key,
+)
 
 DEFAULT_REOPEN = frozenset({StreamEndReason.STATE_CHANGED, StreamEndReason.DISCONNECTED,
                            StreamEndReason.TOO_SLOW, StreamEndReason.BACKFILL_FAIL,

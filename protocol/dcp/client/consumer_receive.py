@@ -26,15 +26,18 @@ import dataclasses
 import struct
 from typing import Callable
 
-from dcptool.protocol.dcp.wire import columnar
-from dcptool.protocol.dcp.wire import messages as m
-from dcptool.protocol.dcp.wire import snappy
-from dcptool.protocol.dcp.wire.columnar import be_uint as _be
-from dcptool.protocol.dcp.wire.constants import (SERVER_OP_CLUSTERMAP_CHANGE_NOTIFICATION, Opcode, SnapshotFlag,
-                                                 op_name)
 from dcptool.protocol.dcp.client.consumer_api import NUM_VB_SLOTS, stream_key
 from dcptool.protocol.dcp.client.link import Link
 from dcptool.protocol.dcp.client.streams import Streams
+from dcptool.protocol.dcp.wire import columnar, snappy
+from dcptool.protocol.dcp.wire import messages as m
+from dcptool.protocol.dcp.wire.columnar import be_uint as _be
+from dcptool.protocol.dcp.wire.constants import (
+    SERVER_OP_CLUSTERMAP_CHANGE_NOTIFICATION,
+    Opcode,
+    SnapshotFlag,
+    op_name,
+)
 from dcptool.protocol.dcp.wire.frames import parse_frame
 from dcptool.protocol.errors import ErrorCode, RemoteError
 

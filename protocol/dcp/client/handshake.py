@@ -9,13 +9,27 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from dcptool.protocol.dcp.client import manifest as dcp_collections
+from dcptool.protocol.dcp.client.consumer_api import (
+    NUM_VB_SLOTS,
+    ConfigReceived,
+    ControlRefused,
+    FilterResolved,
+    FilterUnknown,
+    HandshakeComplete,
+    ServerVbuckets,
+    in_shard,
+)
+from dcptool.protocol.dcp.client.link import Link
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire import sasl
-from dcptool.protocol.dcp.wire.constants import Feature, OpenFlag, Opcode, Status, status_name
-from dcptool.protocol.dcp.client import manifest as dcp_collections
-from dcptool.protocol.dcp.client.consumer_api import (NUM_VB_SLOTS, in_shard, ConfigReceived, ControlRefused, FilterResolved,
-                                               FilterUnknown, HandshakeComplete, ServerVbuckets)
-from dcptool.protocol.dcp.client.link import Link
+from dcptool.protocol.dcp.wire.constants import (
+    Feature,
+    Opcode,
+    OpenFlag,
+    Status,
+    status_name,
+)
 from dcptool.protocol.errors import AuthRefused, ErrorCode, RemoteError
 
 

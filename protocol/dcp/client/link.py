@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from dcptool.protocol.dcp.client.consumer_api import ConsumerConfig
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.constants import Opcode, op_name
-from dcptool.protocol.dcp.client.consumer_api import ConsumerConfig
 
 
 def sids_of(cfg: ConsumerConfig) -> tuple:

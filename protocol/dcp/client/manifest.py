@@ -136,6 +136,7 @@ class EventNotes:
     def lines(self, buf, offsets, lengths) -> list[str]:
         """Lines for the new events among the whole frames at offsets/lengths of buf."""
         import numpy as np
+
         from dcptool.protocol.dcp.wire import messages as m
         u8 = np.frombuffer(buf, np.uint8)
         hit = np.flatnonzero((u8[offsets] == 0x80) & (u8[offsets + 1] == 0x5F))

@@ -19,13 +19,30 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from dcptool.protocol.dcp.wire import messages as m
-from dcptool.protocol.dcp.wire.constants import (SEQNO_INFINITY, FrameInfoId, Status, StreamEndReason,
-                                                 StreamRequestFlag, status_name)
-from dcptool.protocol.dcp.client.consumer_api import (NUM_VB_SLOTS, Finished, Handoff, NotMyVbucket, Rollback,
-                                                      StreamEnded, StreamFailed, StreamOpened, VbState, key_sid,
-                                                      key_vb, stream_key)
+from dcptool.protocol.dcp.client.consumer_api import (
+    NUM_VB_SLOTS,
+    Finished,
+    Handoff,
+    NotMyVbucket,
+    Rollback,
+    StreamEnded,
+    StreamFailed,
+    StreamOpened,
+    VbState,
+    key_sid,
+    key_vb,
+    stream_key,
+)
 from dcptool.protocol.dcp.client.link import Link
+from dcptool.protocol.dcp.wire import messages as m
+from dcptool.protocol.dcp.wire.constants import (
+    SEQNO_INFINITY,
+    FrameInfoId,
+    Status,
+    StreamEndReason,
+    StreamRequestFlag,
+    status_name,
+)
 from dcptool.protocol.errors import AuthRefused, ErrorCode, RemoteError
 
 # per-stream phase: waiting for its turn, asking the failover log, asking the stream, open, done

@@ -24,10 +24,13 @@ from __future__ import annotations
 import dataclasses
 import random
 
+from dcptool.protocol.dcp.server.bucket import Bucket
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.cluster_config import ClusterConfig, Node
-from dcptool.protocol.dcp.wire.constants import SERVER_OP_CLUSTERMAP_CHANGE_NOTIFICATION, Feature
-from dcptool.protocol.dcp.server.bucket import Bucket
+from dcptool.protocol.dcp.wire.constants import (
+    SERVER_OP_CLUSTERMAP_CHANGE_NOTIFICATION,
+    Feature,
+)
 
 MAX_REPLICAS = 3
 NOTIFY_OPAQUE_BASE = 20_000_000   # opaques of our server requests (apart from noops')

@@ -19,8 +19,8 @@ NOT_SUPPORTED once sync writes are enabled, as kv_engine does. Unknown keys: EIN
 
 from __future__ import annotations
 
-from dcptool.protocol.dcp.wire.constants import Feature, OpenFlag, Status
 from dcptool.protocol.dcp.server.history import control_status as history_control_status
+from dcptool.protocol.dcp.wire.constants import Feature, OpenFlag, Status
 
 MIN_NOOP_INTERVAL = 0.1           # connection_manager_interval: smaller intervals are refused
 BOOLS = ("true", "false")

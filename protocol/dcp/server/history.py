@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dcptool.protocol.dcp.wire.constants import SnapshotFlag, Status
 from dcptool.protocol.dcp.server.sync_writes import SYNC_KINDS, VISIBLE, snapshot_items
+from dcptool.protocol.dcp.wire.constants import SnapshotFlag, Status
 
 HISTORY_FLAGS = SnapshotFlag.HISTORY | SnapshotFlag.MAY_CONTAIN_DUPLICATES
 

@@ -23,9 +23,9 @@ import struct
 
 import cramjam
 
+from dcptool.protocol.dcp.server.kv_store import KvStore, VbIndex, store_of
 from dcptool.protocol.dcp.wire import leb128
 from dcptool.protocol.dcp.wire.constants import DatatypeBit, Feature, Opcode, Status
-from dcptool.protocol.dcp.server.kv_store import KvStore, VbIndex, store_of
 from dcptool.protocol.errors import DcptoolError, ProtocolError
 
 MAX_KEY = 250                      # bytes of a key (without its collection prefix)

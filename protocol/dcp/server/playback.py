@@ -29,11 +29,21 @@ import dataclasses
 
 import numpy as np
 
-from dcptool.protocol.dcp.wire import messages as m
-from dcptool.protocol.dcp.wire.constants import SEQNO_INFINITY, Opcode, Status, StreamEndReason
-from dcptool.protocol.dcp.wire.frames import FrameParser
-from dcptool.protocol.dcp.server.producer import PULL_LIMIT, STREAM_CHUNK, ProducerConnection, ServerModel
+from dcptool.protocol.dcp.server.producer import (
+    PULL_LIMIT,
+    STREAM_CHUNK,
+    ProducerConnection,
+    ServerModel,
+)
 from dcptool.protocol.dcp.server.stream_request import RECORDED_RANGE, decide, requested
+from dcptool.protocol.dcp.wire import messages as m
+from dcptool.protocol.dcp.wire.constants import (
+    SEQNO_INFINITY,
+    Opcode,
+    Status,
+    StreamEndReason,
+)
+from dcptool.protocol.dcp.wire.frames import FrameParser
 from dcptool.protocol.errors import ProtocolError
 
 OP_MARKER = int(Opcode.DCP_SNAPSHOT_MARKER)

@@ -19,20 +19,32 @@ Time is always an argument: `receive(data, now)`, `pull(now)`, `tick(now)`.
 
 from __future__ import annotations
 
+from dcptool.protocol.dcp.server import kv
+from dcptool.protocol.dcp.server import manifest as pcol
+from dcptool.protocol.dcp.server import stream_ids as producer_sid
+from dcptool.protocol.dcp.server.bucket import Bucket, Item, VBucket, rollback_seqno  # noqa: F401
+from dcptool.protocol.dcp.server.controls import control_status
+from dcptool.protocol.dcp.server.shared import (  # noqa: F401
+    Scenarios,
+    ServerModel,
+    rate_items,
+    server_from_options,
+)
+from dcptool.protocol.dcp.server.stream_request import LIVE_RANGE, decide, requested
+from dcptool.protocol.dcp.server.streams import Fixed, Stream, Var, encode_item
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire import sasl
-from dcptool.protocol.dcp.wire.constants import (Feature, OpenFlag, Opcode, Status, StreamEndReason,
-                                                 StreamRequestFlag, stream_key)
+from dcptool.protocol.dcp.wire.constants import (
+    Feature,
+    Opcode,
+    OpenFlag,
+    Status,
+    StreamEndReason,
+    StreamRequestFlag,
+    stream_key,
+)
 from dcptool.protocol.dcp.wire.error_map import error_map
 from dcptool.protocol.dcp.wire.frames import FrameParser
-from dcptool.protocol.dcp.server.controls import control_status
-from dcptool.protocol.dcp.server.bucket import Bucket, Item, VBucket, rollback_seqno  # noqa: F401
-from dcptool.protocol.dcp.server.stream_request import LIVE_RANGE, decide, requested
-from dcptool.protocol.dcp.server import manifest as pcol
-from dcptool.protocol.dcp.server.streams import Fixed, Stream, Var, encode_item
-from dcptool.protocol.dcp.server import stream_ids as producer_sid
-from dcptool.protocol.dcp.server import kv
-from dcptool.protocol.dcp.server.shared import Scenarios, ServerModel, rate_items, server_from_options  # noqa: F401
 from dcptool.protocol.errors import ProtocolError
 
 NOOP_OPAQUE_BASE = 10_000_000     # kv_engine starts its noop opaques here

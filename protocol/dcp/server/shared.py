@@ -9,10 +9,10 @@ import dataclasses
 import hashlib
 import math
 
-from dcptool.protocol.dcp.wire import sasl
-from dcptool.protocol.dcp.server.cluster import Change, Cluster, notifications
-from dcptool.protocol.dcp.wire.constants import StreamEndReason
 from dcptool.protocol.dcp.server.bucket import Bucket
+from dcptool.protocol.dcp.server.cluster import Change, Cluster, notifications
+from dcptool.protocol.dcp.wire import sasl
+from dcptool.protocol.dcp.wire.constants import StreamEndReason
 
 STATS_KEPT = 1000      # per-connection stats kept (the newest)
 

@@ -16,8 +16,8 @@ import json
 
 import numpy as np
 
-from dcptool.protocol.dcp.wire.constants import Opcode, Status, stream_key  # noqa: F401 (the producer's stream key)
 from dcptool.protocol.dcp.server.streams import Fixed, Var
+from dcptool.protocol.dcp.wire.constants import Opcode, Status, stream_key  # noqa: F401 (the producer's stream key)
 
 SID_FRAME_LEN = 3
 # producer messages that carry the stream id: stream end, snapshot marker, mutation, deletion,

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-from dcptool.protocol.dcp.wire.constants import SEQNO_INFINITY, Status, StreamRequestFlag
 from dcptool.protocol.dcp.server.bucket import rollback_seqno
+from dcptool.protocol.dcp.wire.constants import (
+    SEQNO_INFINITY,
+    Status,
+    StreamRequestFlag,
+)
 
 
 class Requested(NamedTuple):

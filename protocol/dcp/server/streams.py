@@ -10,15 +10,15 @@ import struct
 import cramjam
 import numpy as np
 
+from dcptool.protocol.dcp.server import history as history
+from dcptool.protocol.dcp.server import oso as producer_oso
+from dcptool.protocol.dcp.server.bucket import Item, VBucket
+from dcptool.protocol.dcp.server.compress import compressed_disk_frames, with_opaque
+from dcptool.protocol.dcp.server.manifest import system_event_frame
+from dcptool.protocol.dcp.server.sync_writes import sync_frame
 from dcptool.protocol.dcp.wire import leb128
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.constants import SnapshotFlag, StreamEndReason
-from dcptool.protocol.dcp.server.bucket import Item, VBucket
-from dcptool.protocol.dcp.server.manifest import system_event_frame
-from dcptool.protocol.dcp.server.compress import compressed_disk_frames, with_opaque
-from dcptool.protocol.dcp.server import history as history
-from dcptool.protocol.dcp.server import oso as producer_oso
-from dcptool.protocol.dcp.server.sync_writes import sync_frame
 
 # --------------------------------------------------------------------------- segments
 

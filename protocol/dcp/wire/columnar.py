@@ -16,7 +16,12 @@ import struct
 import numpy as np
 
 from dcptool.protocol.dcp.wire import messages
-from dcptool.protocol.dcp.wire.constants import ALL_MAGICS, DEFAULT_MAX_BODY, HEADER_LEN, Opcode
+from dcptool.protocol.dcp.wire.constants import (
+    ALL_MAGICS,
+    DEFAULT_MAX_BODY,
+    HEADER_LEN,
+    Opcode,
+)
 from dcptool.protocol.dcp.wire.frames import parse_frame
 from dcptool.protocol.errors import ErrorCode, RemoteError
 

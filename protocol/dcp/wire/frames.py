@@ -6,8 +6,14 @@ from __future__ import annotations
 import dataclasses
 import struct
 
-from dcptool.protocol.dcp.wire.constants import (ALL_MAGICS, DEFAULT_MAX_BODY, FLEX_MAGICS,
-                                            HEADER_LEN, RESPONSE_MAGICS, FrameInfoId)
+from dcptool.protocol.dcp.wire.constants import (
+    ALL_MAGICS,
+    DEFAULT_MAX_BODY,
+    FLEX_MAGICS,
+    HEADER_LEN,
+    RESPONSE_MAGICS,
+    FrameInfoId,
+)
 from dcptool.protocol.errors import ErrorCode, LocalError, RemoteError
 
 _HDR = struct.Struct(">BBHBBHIIQ")       # classic: magic opcode keylen extlen dt vb/status bodylen opaque cas

@@ -13,17 +13,50 @@ from typing import Callable
 
 from dcptool.protocol.dcp.wire import leb128
 from dcptool.protocol.dcp.wire.constants import RESPONSE_MAGICS, Opcode, Status, op_name
-from dcptool.protocol.dcp.wire.frames import Frame, encode_frame, encode_frame_infos, parse_frame, parse_frame_infos
-from dcptool.protocol.dcp.wire.message_types import (Message, Request, Response, Hello, HelloResponse,
-                                                SaslListMechs, SaslAuth, SaslStep, SelectBucket,
-                                                GetErrorMap, DcpOpen, AddStream, CloseStream,
-                                                StreamRequest, StreamRequestResponse,
-                                                GetFailoverLog, FailoverLogResponse, StreamEnd,
-                                                SnapshotMarker, Mutation, Deletion, Expiration,
-                                                SetVbucketState, Noop, BufferAck, Control,
-                                                SystemEvent, Prepare, SeqnoAcknowledged, Commit,
-                                                Abort, SeqnoAdvanced, OsoSnapshot, GetAllVbSeqnos,
-                                                GetAllVbSeqnosResponse)
+from dcptool.protocol.dcp.wire.frames import (
+    Frame,
+    encode_frame,
+    encode_frame_infos,
+    parse_frame,
+    parse_frame_infos,
+)
+from dcptool.protocol.dcp.wire.message_types import (
+    Abort,
+    AddStream,
+    BufferAck,
+    CloseStream,
+    Commit,
+    Control,
+    DcpOpen,
+    Deletion,
+    Expiration,
+    FailoverLogResponse,
+    GetAllVbSeqnos,
+    GetAllVbSeqnosResponse,
+    GetErrorMap,
+    GetFailoverLog,
+    Hello,
+    HelloResponse,
+    Message,
+    Mutation,
+    Noop,
+    OsoSnapshot,
+    Prepare,
+    Request,
+    Response,
+    SaslAuth,
+    SaslListMechs,
+    SaslStep,
+    SelectBucket,
+    SeqnoAcknowledged,
+    SeqnoAdvanced,
+    SetVbucketState,
+    SnapshotMarker,
+    StreamEnd,
+    StreamRequest,
+    StreamRequestResponse,
+    SystemEvent,
+)
 from dcptool.protocol.errors import DcptoolError, ErrorCode, ProtocolError
 
 # --------------------------------------------------------------------------- layouts

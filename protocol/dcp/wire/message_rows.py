@@ -4,12 +4,32 @@ columns, value_bytes(message)."""
 from __future__ import annotations
 
 from dcptool.protocol.dcp.wire.constants import DatatypeBit, op_name
-from dcptool.protocol.dcp.wire.message_types import (Message, Request, Response, Hello, SaslAuth,
-                                                SaslStep, SelectBucket, DcpOpen, StreamRequest,
-                                                StreamRequestResponse, FailoverLogResponse,
-                                                StreamEnd, SnapshotMarker, ItemMessage, Mutation,
-                                                Deletion, Expiration, Control, SystemEvent,
-                                                Prepare, Commit, Abort, SeqnoAdvanced, OsoSnapshot)
+from dcptool.protocol.dcp.wire.message_types import (
+    Abort,
+    Commit,
+    Control,
+    DcpOpen,
+    Deletion,
+    Expiration,
+    FailoverLogResponse,
+    Hello,
+    ItemMessage,
+    Message,
+    Mutation,
+    OsoSnapshot,
+    Prepare,
+    Request,
+    Response,
+    SaslAuth,
+    SaslStep,
+    SelectBucket,
+    SeqnoAdvanced,
+    SnapshotMarker,
+    StreamEnd,
+    StreamRequest,
+    StreamRequestResponse,
+    SystemEvent,
+)
 
 # --------------------------------------------------------------------------- rows
 

@@ -12,18 +12,51 @@ Response carrying `decode_error`; nothing raises on bad input except framing err
 from __future__ import annotations
 
 from dcptool.protocol.dcp.wire.frames import parse_frame
-from dcptool.protocol.dcp.wire.message_codec import SNAPSHOT_VERSIONS, decode, decode_bytes, encode
+from dcptool.protocol.dcp.wire.message_codec import (
+                                                SNAPSHOT_VERSIONS,
+                                                decode,
+                                                decode_bytes,
+                                                encode,
+)
 from dcptool.protocol.dcp.wire.message_rows import to_row, value_bytes
-from dcptool.protocol.dcp.wire.message_types import (Message, Request, Response, Hello, HelloResponse,
-                                                SaslListMechs, SaslAuth, SaslStep, SelectBucket,
-                                                GetErrorMap, DcpOpen, AddStream, CloseStream,
-                                                StreamRequest, StreamRequestResponse,
-                                                GetFailoverLog, FailoverLogResponse, StreamEnd,
-                                                SnapshotMarker, ItemMessage, Mutation, Deletion,
-                                                Expiration, SetVbucketState, Noop, BufferAck,
-                                                Control, SystemEvent, Prepare, SeqnoAcknowledged,
-                                                Commit, Abort, SeqnoAdvanced, OsoSnapshot,
-                                                GetAllVbSeqnos, GetAllVbSeqnosResponse)
+from dcptool.protocol.dcp.wire.message_types import (
+                                                Abort,
+                                                AddStream,
+                                                BufferAck,
+                                                CloseStream,
+                                                Commit,
+                                                Control,
+                                                DcpOpen,
+                                                Deletion,
+                                                Expiration,
+                                                FailoverLogResponse,
+                                                GetAllVbSeqnos,
+                                                GetAllVbSeqnosResponse,
+                                                GetErrorMap,
+                                                GetFailoverLog,
+                                                Hello,
+                                                HelloResponse,
+                                                ItemMessage,
+                                                Message,
+                                                Mutation,
+                                                Noop,
+                                                OsoSnapshot,
+                                                Prepare,
+                                                Request,
+                                                Response,
+                                                SaslAuth,
+                                                SaslListMechs,
+                                                SaslStep,
+                                                SelectBucket,
+                                                SeqnoAcknowledged,
+                                                SeqnoAdvanced,
+                                                SetVbucketState,
+                                                SnapshotMarker,
+                                                StreamEnd,
+                                                StreamRequest,
+                                                StreamRequestResponse,
+                                                SystemEvent,
+)
 
 __all__ = ["parse_frame", "SNAPSHOT_VERSIONS", "decode", "decode_bytes", "encode", "to_row",
            "value_bytes", "Message", "Request", "Response", "Hello", "HelloResponse",

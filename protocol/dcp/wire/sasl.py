@@ -12,10 +12,10 @@ SCRAM message is refused instead of looping."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import hmac
 import os
-import dataclasses
 
 from dcptool.protocol.errors import AuthRefused, ErrorCode, LocalError, RemoteError
 

@@ -16,10 +16,10 @@ from collections import Counter
 
 import pytest
 
+from dcptool.protocol.dcp.client import consumer as dcp_consumer
 from dcptool.protocol.dcp.server import chaos
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.server.cluster import Event
-from dcptool.protocol.dcp.client import consumer as dcp_consumer
 from tests.support.chaos_run import BOUND, LOSS, run_schedule
 from tests.support.cluster_state import final_state
 

@@ -14,13 +14,19 @@ import orjson
 import pytest
 
 from dcptool.cli.sources import parse_source
-from dcptool.protocol.dcp.wire import messages as m
-from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.client import routing
+from dcptool.protocol.dcp.client.consumer import (
+    ConfigReceived,
+    Consumer,
+    ConsumerConfig,
+    Handoff,
+    NotMyVbucket,
+    VbState,
+)
+from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.server.cluster import Event
+from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.cluster_config import ClusterConfig, Node
-from dcptool.protocol.dcp.client.consumer import (ConfigReceived, Consumer, ConsumerConfig, Handoff, NotMyVbucket,
-                                           VbState)
 from dcptool.protocol.transport.dcp import ThreadedServer
 from tests.support.cli_util import error_line, self_signed_tls
 from tests.support.cluster_state import ROLLBACK, final_state, survivors

@@ -16,7 +16,6 @@ import pytest
 
 from dcptool.protocol.dcp.client import routing
 from dcptool.protocol.dcp.server import producer as P
-from dcptool.protocol.dcp.server.cluster import Event
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.cluster_config import ClusterConfig, Node
 from dcptool.protocol.dcp.wire.frames import FrameParser

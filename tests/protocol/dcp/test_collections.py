@@ -11,9 +11,9 @@ import os
 import pytest
 
 from dcptool.protocol.dcp.client import manifest as C
-from dcptool.protocol.dcp.wire import messages as m
-from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.server import manifest as PC
+from dcptool.protocol.dcp.server import producer as P
+from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.constants import Status, StreamEndReason
 from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.store.reader import find_captures, read_capture_table
@@ -92,8 +92,9 @@ def test_system_event_frames_decode_to_their_fields():
                       "collection_id": 9}
     assert m.to_row(msgs[1])["collection_id"] == 9
     # the columnar decoder (stream, capture) agrees with the message decoder
-    from dcptool.protocol.dcp.wire import columnar
     import numpy as np
+
+    from dcptool.protocol.dcp.wire import columnar
     buf = b"".join(frames)
     offs = np.array([0, len(frames[0])], np.int64)
     batch = columnar.decode_batch(buf, offs, np.array([len(f) for f in frames], np.int64), collections=True)
@@ -103,9 +104,9 @@ def test_system_event_frames_decode_to_their_fields():
 
 
 def test_consumer_asks_the_manifest_once_and_every_stream_request_carries_the_filter():
-    from tests.support.dcp_pair import Pair, cfg
     from dcptool.protocol.dcp.client import consumer as dcp_consumer
     from dcptool.protocol.dcp.client.consumer_api import FilterResolved, FilterUnknown
+    from tests.support.dcp_pair import Pair, cfg
     srv = model_with(items=300, vbuckets=4)
     pair = Pair(srv, cfg(collections=True, vbuckets=[0, 1, 2, 3], collection_names=("tenants.route",)),
                 byte_at_a_time=True).run()
@@ -302,8 +303,8 @@ def test_replay_leaves_a_dropped_collections_documents_out(dropped_capture):
 @pytest.mark.integration
 def test_spark_agrees_on_the_dropped_collection(dropped_capture, spark):
     from dcptool.replay.local import engine as local
-    from dcptool.replay.spark import engine as spark_engine
     from dcptool.replay.rules import tables as T
+    from dcptool.replay.spark import engine as spark_engine
     _, files = dropped_capture
     ref = local.replay_local(files)
     got = spark_engine.replay_spark(spark, files)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dcptool.protocol.dcp.wire import columnar, leb128, messages as M
+from dcptool.protocol.dcp.wire import columnar, leb128
+from dcptool.protocol.dcp.wire import messages as M
 from dcptool.protocol.dcp.wire.frames import FrameParser, split_until_error
 from dcptool.protocol.errors import ErrorCode, ProtocolError, RemoteError, Side
 from tests.support.dcp_vectors import GO_MUTATION_VALUE, VECTORS

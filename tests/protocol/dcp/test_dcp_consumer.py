@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 
 from dcptool.protocol.dcp.client import consumer as dcp_consumer
-from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.server import producer as P
+from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.constants import SnapshotFlag, Status, StreamEndReason
 from dcptool.protocol.errors import AuthRefused, ErrorCode, RemoteError
 from tests.support.dcp_pair import Pair, cfg

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import tracemalloc
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from dcptool.protocol.dcp.wire import columnar, messages as M
+from dcptool.protocol.dcp.wire import columnar
+from dcptool.protocol.dcp.wire import messages as M
 from dcptool.protocol.dcp.wire.frames import FrameParser, split_until_error
 from dcptool.protocol.errors import ProtocolError
 from tests.support.dcp_vectors import VECTORS

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.server.bucket import vbucket_of
+from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.constants import SnapshotFlag, Status
 from dcptool.protocol.dcp.wire.frames import split
 from tests.support.dcp_pair import Pair, cfg
-
 
 LOG = [(0xCC, 200), (0xBB, 100), (0xAA, 0)]   # newest first
 

@@ -10,7 +10,6 @@ import json
 import struct
 
 import cramjam
-import pytest
 
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.server.bucket import vbucket_of
@@ -303,7 +302,8 @@ def test_a_durable_write_completes_when_its_client_goes_away():
 
 # --------------------------------------------------------------------------- hostile requests
 
-from hypothesis import given, settings, strategies as hs  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as hs
 
 from dcptool.protocol.dcp.server import kv as KV  # noqa: E402
 

@@ -26,8 +26,15 @@ couchbase = pytest.importorskip("couchbase")
 
 from couchbase import exceptions as cbe  # noqa: E402
 from couchbase.durability import DurabilityLevel, ServerDurability  # noqa: E402
-from couchbase.options import (DecrementOptions, DeltaValue, GetOptions, IncrementOptions,  # noqa: E402
-                               ReplaceOptions, SignedInt64, UpsertOptions)
+from couchbase.options import (  # noqa: E402
+    DecrementOptions,
+    DeltaValue,
+    GetOptions,
+    IncrementOptions,
+    ReplaceOptions,
+    SignedInt64,
+    UpsertOptions,
+)
 from couchbase.transcoder import RawBinaryTranscoder  # noqa: E402
 
 from tests.support.chaos_sdk import connect as sdk_connect  # noqa: E402

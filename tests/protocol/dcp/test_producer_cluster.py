@@ -16,9 +16,9 @@ import time
 import cramjam
 import pytest
 
-from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.server.cluster import Event
+from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.cluster_config import parse
 from dcptool.protocol.dcp.wire.constants import Feature, Status, StreamEndReason
 from dcptool.protocol.dcp.wire.frames import FrameParser

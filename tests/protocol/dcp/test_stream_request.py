@@ -6,10 +6,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from dcptool.protocol.dcp.server.stream_request import (
+    LIVE_RANGE,
+    RECORDED_RANGE,
+    decide,
+    requested,
+)
 from dcptool.protocol.dcp.wire import messages as m
-from dcptool.protocol.dcp.wire.constants import (NUM_VB_SLOTS, SEQNO_INFINITY, Status, StreamRequestFlag, key_sid,
-                                                 key_vb, stream_key)
-from dcptool.protocol.dcp.server.stream_request import LIVE_RANGE, RECORDED_RANGE, decide, requested
+from dcptool.protocol.dcp.wire.constants import (
+    NUM_VB_SLOTS,
+    SEQNO_INFINITY,
+    Status,
+    StreamRequestFlag,
+    key_sid,
+    key_vb,
+    stream_key,
+)
 
 LOG = [(0xBB, 50), (0xAA, 0)]      # newest first
 HIGH = 100

@@ -13,7 +13,12 @@ from dcptool.protocol.synapse.bulk import split_lines
 from dcptool.protocol.synapse.client import Gap, SynapseClient, effective_tokens
 from dcptool.protocol.synapse.framing import MAX_LINE, LineFramer
 from dcptool.protocol.synapse.rows import STREAM_FIELDS, decode_row
-from dcptool.protocol.synapse.server import Feed, ServerConnection, generated_lines, recorded_lines
+from dcptool.protocol.synapse.server import (
+    Feed,
+    ServerConnection,
+    generated_lines,
+    recorded_lines,
+)
 from tests.support.paths import FIXTURES
 
 FIX = FIXTURES / "synapse"

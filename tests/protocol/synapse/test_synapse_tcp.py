@@ -8,12 +8,11 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from dcptool.cli import cli
 from dcptool.capture import synapse as synapse_capture
+from dcptool.cli import cli
 from dcptool.protocol.synapse.server import generated_lines
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from tests.support.ports import refused_port
-from tests.support.synapse_serve import ServeSynapse
 
 pytestmark = pytest.mark.integration
 
