@@ -284,7 +284,8 @@ def test_message_classes_name_their_opcode():
 # ---- and one exception base for the whole project
 
 def test_capture_imports_protocol_and_the_store_never_cli_click_or_rich():
-    allowed = ("dcptool.capture", "dcptool.protocol", "dcptool.replay.store", "dcptool.replay.timestamps")
+    allowed = ("dcptool.capture", "dcptool.protocol", "dcptool.replay.store", "dcptool.replay.timestamps",
+               "dcptool.replay.tuning")
     bad = [f"{p.relative_to(ROOT)} imports {m}" for p in _py("capture") for m in _imports(p)
            if (m.startswith("dcptool.") and not m.startswith(allowed)) or m.split(".")[0] in ("click", "rich")]
     assert _py("capture") and bad == []
@@ -358,3 +359,21 @@ def test_the_cli_is_a_thin_layer_of_at_most_3600_lines():
     files = sorted((ROOT / "cli").glob("*.py")) + sorted((ROOT / "cli").glob("*/*.py"))
     lines = sum(len(p.read_bytes().splitlines()) for p in files)
     assert len(files) > 20 and lines <= 3600, f"cli/ holds {lines} lines"
+
+
+def test_replay_cli_is_options_a_library_call_and_printing():
+    """Issue 35: `dcptool replay` parses options, calls replay/run.py's `replay()` and prints; the
+    engine choice, the SQL fences and the Spark session live behind that call."""
+    path = ROOT / "cli" / "replay.py"
+    engines = [m for m in _imports(path) if m.startswith(("dcptool.replay.local", "dcptool.replay.spark"))]
+    assert engines == [] and "dcptool.replay.run" in set(_imports(path))
+    assert len(path.read_bytes().splitlines()) <= 200
+
+
+def test_the_engines_share_only_through_neutral_modules():
+    """replay/local (DuckDB) and replay/spark never import each other: what both use (the SQL
+    errors: replay/sql_common.py) lives beside them."""
+    pairs = (("replay/local", "dcptool.replay.spark"), ("replay/spark", "dcptool.replay.local"))
+    bad = [f"{p.relative_to(ROOT)} imports {m}" for folder, other in pairs for p in _py(folder)
+           for m in _imports(p) if m.startswith(other)]
+    assert _py("replay/local") and _py("replay/spark") and bad == []

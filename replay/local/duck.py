@@ -23,10 +23,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
 from typing import TYPE_CHECKING, Iterator
 
-from dcptool.protocol.errors import DcptoolError
+from dcptool.protocol.errors import DcptoolError, Interrupted
 from dcptool.replay.rules import dcp_names, plans
 from dcptool.replay.rules.table_types import PLAN_COLUMNS, PLAN_KEYS
 from dcptool.replay.store import discovery, footers
@@ -120,6 +121,8 @@ class DuckFrames:
         import duckdb
         try:
             yield
+        except duckdb.InterruptException as exc:   # a stop signal: not the capture's fault
+            raise Interrupted(signal.SIGINT) from exc
         except duckdb.OutOfMemoryException as exc:
             raise ReplayMemoryError(f"replay: out of memory ({_first_line(exc)}); raise DCPTOOL_REPLAY_MEMORY "
                                     "(or 0: no limit)") from exc
@@ -223,6 +226,17 @@ class DuckFrames:
             con.close()
             self.con = None
         shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def is_interrupt(exc: BaseException) -> bool:
+    """Whether `exc` is DuckDB's answer to a signal during a query. Its Python client checks
+    for signals as a query runs; when a handler raised (Ctrl-C's KeyboardInterrupt, or
+    cli/process.py's stop signals), it interrupts the query and raises RuntimeError("Query
+    interrupted") in place of what the handler raised; an interrupt from another thread
+    (`interrupt()`) is an InterruptException."""
+    import duckdb
+    return isinstance(exc, duckdb.InterruptException) or (
+        type(exc) is RuntimeError and str(exc).strip() == "Query interrupted")
 
 
 class ReplayMemoryError(DcptoolError):

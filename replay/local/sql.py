@@ -14,6 +14,7 @@ DCPTOOL_REPLAY_MEMORY as its memory limit (spilling to a private temporary direc
 `--unsafe-sql` lifts the parser check only (any statement DuckDB accepts, on that throwaway
 connection): external access stays off and the configuration locked, so files, the network,
 extensions and settings stay out of reach on this engine.
+A stop signal during the query is Interrupted (exit 130), not DuckDB's "Query interrupted".
 
 Errors are one line: `SQL error [Binder Error] Referenced column "x" not found ... (line 1,
 pos 7)`. A query refused, or one DuckDB cannot parse or bind, is a usage error (exit 2); one
@@ -21,17 +22,25 @@ that fails while it runs is a runtime error (exit 1)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
+import signal
 import tempfile
+from typing import Iterator
 
 import pyarrow as pa
 
-from dcptool.protocol.errors import LateUsageError
+from dcptool.protocol.errors import Interrupted
 from dcptool.protocol.text import printable
 from dcptool.replay.local import duck
-from dcptool.replay.spark.sql import SqlError, UnsafeSqlError
+from dcptool.replay.sql_common import (
+    RefusedSqlError,
+    SqlError,
+    SqlUsageError,
+    UnsafeSqlError,
+)
 
 # table functions that only generate rows from their arguments
 ALLOWED_TVFS = frozenset({"range", "generate_series", "unnest"})
@@ -41,14 +50,6 @@ QUERY_NODES = frozenset({"SELECT_NODE", "SET_OPERATION_NODE", "RECURSIVE_CTE_NOD
 TABLE_REFS = frozenset({"BASE_TABLE", "JOIN", "SUBQUERY", "TABLE_FUNCTION", "EXPRESSION_LIST", "EMPTY",
                         "PIVOT"})
 MAX_MESSAGE = 480
-
-
-class SqlUsageError(SqlError, LateUsageError):
-    """A query DuckDB cannot parse or bind (exit 2)."""
-
-
-class RefusedSqlError(UnsafeSqlError, LateUsageError):
-    """A query the read-only check refused (exit 2)."""
 
 
 def run_query(rep, sql: str, unsafe: bool = False, memory: int | None = -1) -> pa.Table:
@@ -75,22 +76,33 @@ def run_query(rep, sql: str, unsafe: bool = False, memory: int | None = -1) -> p
             con.register(name, rep.table(name))
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
-        try:
+        with _errors(SqlUsageError):
             rel = con.sql(sql)
-        except duckdb.Error as exc:
-            raise duck_error(exc, SqlUsageError) from None
         if rel is None:      # --unsafe-sql: a statement with no result
             return pa.table({})
-        try:
+        with _errors(SqlError):
             return (getattr(rel, "to_arrow_table", None) or rel.arrow)()
-        except duckdb.OutOfMemoryException as exc:
-            raise duck.ReplayMemoryError(f"replay --sql: out of memory ({duck_error(exc).args[0]}); "
-                                         "raise DCPTOOL_REPLAY_MEMORY (or 0: no limit)") from None
-        except duckdb.Error as exc:
-            raise duck_error(exc) from None
     finally:
         con.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _errors(cls: type[SqlError]) -> Iterator[None]:
+    """DuckDB's errors as ours: a stop signal during the query is Interrupted (cli/errors.py:
+    130), out of memory ReplayMemoryError, any other a `cls` of one line."""
+    import duckdb
+    try:
+        yield
+    except Exception as exc:
+        if duck.is_interrupt(exc):
+            raise Interrupted(signal.SIGINT) from exc
+        if isinstance(exc, duckdb.OutOfMemoryException):
+            raise duck.ReplayMemoryError(f"replay --sql: out of memory ({duck_error(exc).args[0]}); "
+                                         "raise DCPTOOL_REPLAY_MEMORY (or 0: no limit)") from None
+        if isinstance(exc, duckdb.Error):
+            raise duck_error(exc, cls) from None
+        raise
 
 
 def tables_named(sql: str, tables) -> list[str]:

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dcptool.replay import apply
+import dcptool.replay.apply as apply
 from dcptool.replay.rules import columns
 from dcptool.replay.rules import dcp as dcp_rules
 from dcptool.replay.rules import synapse as synapse_rules

@@ -32,7 +32,7 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 
-from dcptool.replay import apply
+import dcptool.replay.apply as apply
 from dcptool.replay.rules import dcp as dcp_rules
 from dcptool.replay.rules import lag, plans, topology
 from dcptool.replay.rules import synapse as synapse_rules

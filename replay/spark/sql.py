@@ -14,23 +14,17 @@ also runs with spark.sql.runSQLOnFiles=false, a second fence (replay/spark/engin
 from __future__ import annotations
 
 import re
+from typing import Any
 
-from dcptool.protocol.errors import DcptoolError
 from dcptool.protocol.text import printable
+from dcptool.replay.sql_common import (
+    RefusedSqlError,
+    SqlError,
+    SqlUsageError,
+    UnsafeSqlError,
+)
 
-
-class SqlError(DcptoolError):
-    """A query Spark could not parse, analyse or run: one line with the error class, the
-    message and the position in the query."""
-
-    def __init__(self, message: str, error_class: str | None = None):
-        super().__init__(message)
-        self.error_class = error_class
-
-
-class UnsafeSqlError(SqlError):
-    """A query the read-only fence refused (a write, a command, a file or JVM access)."""
-
+__all__ = ["SqlError", "UnsafeSqlError", "SqlUsageError", "RefusedSqlError", "check_query", "spark_error"]
 
 # Query operators of an unresolved plan (class simple names). Anything else is refused.
 ALLOWED_NODES = frozenset({
@@ -69,15 +63,34 @@ def _name(parts) -> list[str]:
     return [str(p) for p in _seq(parts)]
 
 
+def run_query(spark: Any, rep: Any, sql: str, unsafe: bool = False) -> Any:
+    """`sql` over the tables of `rep` (replay/spark/engine.py SparkReplay) as Arrow: the fence
+    first (unless `unsafe`), then only the tables it reads registered as views. Refused,
+    unparsable or unanalysable: a LateUsageError (exit 2); failing as it runs: SqlError (exit 1)."""
+    try:
+        used = None if unsafe else check_query(spark, sql, rep.names())
+    except Exception as exc:  # noqa: BLE001 - Spark's errors come as many classes
+        raise spark_error(exc, sql, SqlUsageError) from exc
+    rep.register_views(used)   # only the tables the query reads are planned (all: --unsafe-sql)
+    try:
+        df = spark.sql(sql)
+    except Exception as exc:  # noqa: BLE001 - Spark's errors come as many classes
+        raise spark_error(exc, sql, SqlUsageError) from exc
+    try:
+        return df.toArrow()
+    except Exception as exc:  # noqa: BLE001 - Spark's errors come as many classes
+        raise spark_error(exc, sql) from exc
+
+
 def check_query(spark, sql: str, tables) -> set[str]:
-    """Raise UnsafeSqlError unless `sql` is one read-only query over `tables` (names of the
-    replay's tables); SqlError when Spark cannot parse it. Returns the tables it reads (lower
+    """Raise RefusedSqlError (an UnsafeSqlError) unless `sql` is one read-only query over
+    `tables` (names of the replay's tables); SqlUsageError when Spark cannot parse it. Returns the tables it reads (lower
     case), so only those need to be registered as views."""
     jvm = spark._jvm
     try:
         plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(sql)
     except Exception as exc:  # noqa: BLE001 - py4j wraps Spark's ParseException
-        raise spark_error(exc, sql) from None
+        raise spark_error(exc, sql, SqlUsageError) from None
     command = jvm.java.lang.Class.forName(_COMMAND)
     subquery = jvm.java.lang.Class.forName(_SUBQUERY)
     plan_class = jvm.java.lang.Class.forName(_PLAN)
@@ -86,7 +99,7 @@ def check_query(spark, sql: str, tables) -> set[str]:
     relations: list[list[str]] = []
 
     def refuse(what: str):
-        raise UnsafeSqlError(f"--sql refused: {what}; only read-only queries over the capture's "
+        raise RefusedSqlError(f"--sql refused: {what}; only read-only queries over the capture's "
                              f"tables ({', '.join(sorted(tables))}) are allowed "
                              "(--unsafe-sql lifts this)")
 
@@ -142,18 +155,18 @@ _SQLSTATE = re.compile(r"\s*SQLSTATE: \w+\.?")
 _CLASS_PREFIX = re.compile(r"^\[[A-Z0-9_.]+\]\s*")
 
 
-def spark_error(exc: BaseException, sql: str | None = None) -> SqlError:
-    """A Spark (or py4j) exception as a SqlError of one line:
+def spark_error(exc: BaseException, sql: str | None = None, cls: type[SqlError] = SqlError) -> SqlError:
+    """A Spark (or py4j) exception as a `cls` of one line:
     `SQL error [PARSE_SYNTAX_ERROR] Syntax error at or near 'FORM' (line 1, pos 9)`."""
     if isinstance(exc, SqlError):
         return exc
-    cls = _call(exc, "getCondition") or _call(exc, "getErrorClass")
+    kind = _call(exc, "getCondition") or _call(exc, "getErrorClass")
     message = _call(exc, "getMessage") or ""
     origin = getattr(exc, "java_exception", None)
-    if not cls and origin is not None:
+    if not kind and origin is not None:
         # a Py4JJavaError straight from the parser: ask the JVM exception itself
         try:
-            cls = str(origin.getCondition())
+            kind = str(origin.getCondition())
             message = str(origin.getMessage())
         except Exception:  # noqa: BLE001 - not a SparkThrowable
             message = message or str(origin.toString())
@@ -166,8 +179,8 @@ def spark_error(exc: BaseException, sql: str | None = None) -> SqlError:
         first = _CONNECT_POSITION.sub("", first).strip()
     if where and where not in first:
         first = f"{first} {where}"
-    text = f"SQL error [{cls}] {first}" if cls else f"SQL error: {first}"
-    return SqlError(printable(text), cls)
+    text = f"SQL error [{kind}] {first}" if kind else f"SQL error: {first}"
+    return cls(printable(text), kind)
 
 
 def _call(exc, name):
