@@ -13,7 +13,10 @@ DCPTOOL_REPLAY_MEMORY as its memory limit (spilling to a private temporary direc
 
 `--unsafe-sql` lifts the parser check only (any statement DuckDB accepts, on that throwaway
 connection): external access stays off and the configuration locked, so files, the network,
-extensions and settings stay out of reach on this engine.
+extensions and settings stay out of reach on this engine. The statements whose job is files or
+extensions (EXPORT, IMPORT, COPY, ATTACH, DETACH, INSTALL, LOAD) are refused before anything
+runs or binds (DuckDB binds EXPORT DATABASE by creating its directory), and the connections
+that only parse have no file, network or extension access either: nothing is left on disk.
 A stop signal during the query is Interrupted (exit 130), not DuckDB's "Query interrupted".
 
 Errors are one line: `SQL error [Binder Error] Referenced column "x" not found ... (line 1,
@@ -28,7 +31,7 @@ import re
 import shutil
 import signal
 import tempfile
-from typing import Iterator
+from typing import Any, Iterator
 
 import pyarrow as pa
 
@@ -62,11 +65,12 @@ def run_query(rep, sql: str, unsafe: bool = False, memory: int | None = -1) -> p
     except UnsafeSqlError:
         if not unsafe:
             raise
+        refuse_file_statements(sql)
         named = _tables_of(sql, tables)
     if memory == -1:
         memory = duck.doc_budget()
     tmp = tempfile.mkdtemp(prefix="dcptool-sql-")
-    config = {"temp_directory": tmp, "python_enable_replacements": False}
+    config = {"temp_directory": tmp, "python_enable_replacements": False, **NO_EXTENSIONS}
     if memory:
         config["memory_limit"] = f"{max(int(memory), duck.MIN_MEMORY) >> 20}MiB"
     con = duckdb.connect(":memory:", config=config)
@@ -105,6 +109,65 @@ def _errors(cls: type[SqlError]) -> Iterator[None]:
         raise
 
 
+# statements whose job is the file system or extensions: refused before they run, also with
+# --unsafe-sql (DuckDB binds EXPORT DATABASE by creating its directory, before any check)
+FILE_STATEMENTS = frozenset({"EXPORT", "COPY", "COPY_DATABASE", "ATTACH", "DETACH", "LOAD", "EXTENSION"})
+# PRAGMA statements of that kind (DuckDB parses IMPORT DATABASE and COPY FROM DATABASE as PRAGMA)
+FILE_PRAGMAS = frozenset({"IMPORT", "COPY"})
+# every connection of ours: no extension installed or loaded behind the query's back (DuckDB
+# would download one from the network to bind, say, CREATE SECRET)
+NO_EXTENSIONS = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+
+
+def refuse_file_statements(sql: str) -> None:
+    """RefusedSqlError when a statement of `sql` reads or writes files or extensions (EXPORT,
+    IMPORT, COPY, ATTACH, DETACH, INSTALL, LOAD, UPDATE EXTENSIONS), or is of a kind DuckDB's
+    Python client cannot name: what --unsafe-sql still refuses, before anything runs."""
+    import duckdb
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise duck_error(exc, SqlUsageError) from None
+    for statement in statements:
+        kind = _file_kind(statement)
+        if kind:
+            raise RefusedSqlError(f"SQL error [Permission Error] {kind} is refused before it runs: DuckDB "
+                                  "in-process has no file system, network or extension access, "
+                                  "--unsafe-sql included")
+
+
+def _kind(statement: Any) -> str:
+    """The statement's type name; UNNAMED for a type this Python client has no name for
+    (UPDATE EXTENSIONS: its `type` raises ValueError)."""
+    try:
+        return statement.type.name
+    except ValueError:
+        return "UNNAMED"
+
+
+def _file_kind(statement: Any) -> str | None:
+    kind = _kind(statement)
+    if kind == "UNNAMED":
+        return "a statement of a kind this DuckDB cannot name"
+    if kind in FILE_STATEMENTS:
+        return kind
+    if kind == "PRAGMA":
+        words = _COMMENTS.sub(" ", statement.query).split()
+        if words and words[0].upper() in FILE_PRAGMAS:
+            return words[0].upper()
+    return None
+
+
+_COMMENTS = re.compile(r"/\*.*?\*/|--[^\n]*", re.S)
+
+
+def _fenced() -> Any:
+    """A connection that only parses: no file, network or extension access, locked."""
+    import duckdb
+    return duckdb.connect(":memory:", config={"enable_external_access": False, "lock_configuration": True,
+                                              **NO_EXTENSIONS})
+
+
 def tables_named(sql: str, tables) -> list[str]:
     """The replay tables `sql` reads; UnsafeSqlError unless it is one read-only SELECT over
     `tables`, SqlUsageError when DuckDB cannot parse it."""
@@ -122,10 +185,10 @@ def tables_named(sql: str, tables) -> list[str]:
         raise duck_error(exc, SqlUsageError) from None
     if len(statements) != 1:
         refuse(f"{len(statements)} statements, not one query")
-    kind = statements[0].type.name
+    kind = _kind(statements[0])
     if kind != "SELECT":
-        refuse(f"{kind} is not a query")
-    con = duckdb.connect(":memory:")
+        refuse(f"{'a statement of a kind this DuckDB cannot name' if kind == 'UNNAMED' else kind} is not a query")
+    con = _fenced()
     try:
         tree = json.loads(con.execute("SELECT json_serialize_sql(?)", [sql]).fetchall()[0][0])
     finally:
@@ -180,7 +243,7 @@ def _tables_of(sql: str, tables) -> list[str]:
     """--unsafe-sql: the tables DuckDB's parser finds in `sql` (every table when it cannot tell,
     e.g. for several statements)."""
     import duckdb
-    con = duckdb.connect(":memory:")
+    con = _fenced()     # binding EXPORT DATABASE creates its directory unless access is off
     try:
         found = {n.lower() for n in con.get_table_names(sql)}
     except duckdb.Error:
