@@ -54,6 +54,10 @@ class StdoutClosed(DcptoolError):
 
 
 STOP_REPORTED: list[int] = []   # the `interrupted` / `stopped by` line was printed
+# the stop signals this process received (cli/process.py): the first one is the exit code of an
+# interruption reported by a library that cannot tell which signal it was (DuckDB answers every
+# signal with "Query interrupted")
+STOP_SIGNALS: list[int] = []
 
 
 def exit_code_for(exc: BaseException) -> int:
@@ -62,6 +66,12 @@ def exit_code_for(exc: BaseException) -> int:
     if isinstance(exc, ProtocolError) and (exc.code == ErrorCode.AUTH_FAILED or exc.status in AUTH_STATUSES):
         return EXIT_AUTH
     return next((code for cls, code in EXIT_CODES if isinstance(exc, cls)), EXIT_RUNTIME)
+
+
+def stop_text(signum: int) -> str:
+    """The line of a command a stop signal ended."""
+    import signal
+    return "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
 
 
 def describe(exc: BaseException) -> str:
@@ -89,11 +99,10 @@ def handle(ctx: click.Context, exc: BaseException):
         _silence_stdout()
         ctx.exit(EXIT_OK)
     if isinstance(exc, (KeyboardInterrupt, Interrupted)):
-        signum = getattr(exc, "signum", 2)
-        import signal
+        signum = STOP_SIGNALS[0] if STOP_SIGNALS else getattr(exc, "signum", 2)
         STOP_REPORTED.append(signum)   # the last resort of process.install_stop_signals says nothing more
-        error_line("interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}")
-        ctx.exit(exit_code_for(exc))
+        error_line(stop_text(signum))
+        ctx.exit(exit_code_for(Interrupted(signum)))
     if (ctx.obj or {}).get("verbose"):
         import traceback
 

@@ -76,13 +76,14 @@ def install_stop_signals() -> None:
     their own handlers while they run."""
     import signal
 
-    from dcptool.cli.errors import Interrupted
+    from dcptool.cli.errors import STOP_SIGNALS, Interrupted
 
     def on_stop(signum, _frame):
         from dcptool.capture.stdout_pipe import (
             note_signal,  # loaded by every command that prints rows
         )
         note_signal(signum)
+        STOP_SIGNALS.append(signum)
         _arm_exit(signum)
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
@@ -111,17 +112,18 @@ def _arm_exit(signum: int) -> None:
 
 def _exit_later(signum: int) -> None:
     import os
-    import signal
     import time
 
-    from dcptool.cli.errors import (
-        STOP_REPORTED,  # loaded already: install_stop_signals imported it
+    from dcptool.cli.errors import (  # loaded already: install_stop_signals imported it
+        STOP_REPORTED,
+        Interrupted,
+        exit_code_for,
+        stop_text,
     )
     time.sleep(STOP_EXIT_WITHIN)   # a deadline, not an ordering: the command had its chance to end
-    text = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
     if not STOP_REPORTED:
         try:
-            os.write(2, f"dcptool: {text}\n".encode())
+            os.write(2, f"dcptool: {stop_text(signum)}\n".encode())
         except OSError:
             pass
-    os._exit(130 if signum == signal.SIGINT else 128 + signum)
+    os._exit(exit_code_for(Interrupted(signum)))   # cli/errors.py's table: 128 + signal
