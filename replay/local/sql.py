@@ -70,7 +70,7 @@ def run_query(rep, sql: str, unsafe: bool = False, memory: int | None = -1) -> p
     if memory == -1:
         memory = duck.doc_budget()
     tmp = tempfile.mkdtemp(prefix="dcptool-sql-")
-    config = {"temp_directory": tmp, "python_enable_replacements": False, **NO_EXTENSIONS}
+    config: dict[str, Any] = {"temp_directory": tmp, "python_enable_replacements": False, **NO_EXTENSIONS}
     if memory:
         config["memory_limit"] = f"{max(int(memory), duck.MIN_MEMORY) >> 20}MiB"
     con = duckdb.connect(":memory:", config=config)
@@ -140,7 +140,7 @@ def _kind(statement: Any) -> str:
     """The statement's type name; UNNAMED for a type this Python client has no name for
     (UPDATE EXTENSIONS: its `type` raises ValueError)."""
     try:
-        return statement.type.name
+        return str(statement.type.name)
     except ValueError:
         return "UNNAMED"
 
