@@ -1,0 +1,101 @@
+"""The documents a restore writes: each key's last change in the captures (as of a point in
+time), chosen by the in-process replay engine's `documents` plan (replay/rules/plans.py, run
+by DuckDB over the capture: replay/local/duck.py), with the value, datatype and xattrs cut
+from the recorded frame of that change by the wire codec. A commit's value is its prepare's.
+Snappy is undone here; the XATTR bit and its section are kept as stored."""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import re
+from typing import Any, Callable, Iterator
+
+from dcptool.protocol.dcp.client.kv_writer import Doc
+from dcptool.protocol.dcp.wire import messages as m
+from dcptool.protocol.dcp.wire import snappy
+from dcptool.protocol.dcp.wire.constants import DEFAULT_MAX_BODY, DatatypeBit
+from dcptool.protocol.errors import DcptoolError
+from dcptool.replay.local import duck
+from dcptool.replay.rules import plans
+
+BATCH_ROWS = 4096
+_SNAPPY, _XATTR = int(DatatypeBit.SNAPPY), int(DatatypeBit.XATTR)
+
+
+class BadFrame(DcptoolError):
+    """A recorded frame of a document that does not give its value."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Captured:
+    """A document to restore and where the capture saw it."""
+    doc: Doc
+    vbucket: int
+
+
+def key_matcher(pattern: str | None) -> Callable[[str], bool] | None:
+    """`--keys`: a glob (fnmatch), or a regular expression written /LIKE THIS/; None: all."""
+    if not pattern:
+        return None
+    if len(pattern) >= 2 and pattern.startswith("/") and pattern.endswith("/"):
+        rx = re.compile(pattern[1:-1])
+        return lambda key: rx.search(key) is not None
+    return lambda key: fnmatch.fnmatchcase(key, pattern)
+
+
+def _sql(frames: duck.DuckFrames, files: list[Any]) -> str:
+    docs = plans.table_sql(duck.D, "documents", frames.source, plans.PlanFacts.of(files, None))
+    prepare = ("(SELECT max_by(p.raw, p._seq) FROM vb_frames p WHERE p.op = 'prepare' AND p.vbucket = d.vbucket "
+               "AND p.key = d.key AND p.collection_id IS NOT DISTINCT FROM d.collection_id AND p._seq < f._seq)")
+    return ("SELECT d.vbucket, d.collection_id, d.key, d.rev_seqno, d.cas, d.state, d.item_flags, d.expiration, "
+            f"f.raw, CASE WHEN f.op = 'commit' THEN {prepare} END AS p_raw "
+            f"FROM ({docs}) d JOIN frames f ON f.frame_no = d.frame_no "
+            "AND (d.capture_id IS NULL OR f.capture_id = d.capture_id) AND f.direction = 'in' "
+            "ORDER BY d.vbucket, d.collection_id, d.key")
+
+
+def value_of(raw: bytes) -> tuple[bytes, int]:
+    """(value as stored, datatype without the Snappy bit) of a recorded change frame."""
+    msg = m.decode_bytes(raw)
+    if not isinstance(msg, m.ItemMessage):
+        raise BadFrame(f"a recorded change does not decode: {getattr(msg, 'decode_error', None) or 'unknown'}")
+    value, dt = bytes(msg.value), msg.datatype
+    if dt & _SNAPPY:
+        try:
+            value = snappy.decompress(value, DEFAULT_MAX_BODY)
+        except ValueError as exc:
+            raise BadFrame(f"a recorded value does not decompress: {exc}") from None
+        dt &= ~_SNAPPY
+    return value, dt
+
+
+def select(files: list[Any], as_of: Any = None, keys: str | None = None,
+           memory: int | None = None) -> Iterator[Captured]:
+    """Each document's last change (as of `as_of`), key by key in (vbucket, collection, key)
+    order, filtered by `keys` (key_matcher)."""
+    match = key_matcher(keys)
+    frames = duck.DuckFrames(files, as_of, memory)
+    try:
+        rel = frames.con.sql(_sql(frames, files))
+        reader = getattr(rel, "to_arrow_reader", None) or rel.fetch_record_batch
+        for batch in reader(BATCH_ROWS):
+            yield from _docs(batch.to_pylist(), match)
+    finally:
+        frames.close()
+
+
+def _docs(rows: list[dict[str, Any]], match: Callable[[str], bool] | None) -> Iterator[Captured]:
+    for r in rows:
+        key = bytes(r["key"])
+        if match is not None and not match(key.decode("utf-8", "replace")):
+            continue
+        state = r["state"]
+        value, dt = value_of(r["p_raw"] or r["raw"])
+        deleted = state != "live"
+        if deleted and not dt & _XATTR:
+            value, dt = b"", 0
+        doc = Doc(key=key, collection_id=r["collection_id"] or 0, rev_seqno=r["rev_seqno"] or 0, cas=r["cas"] or 0,
+                  flags=r["item_flags"] or 0, expiry=0 if deleted else (r["expiration"] or 0), datatype=dt,
+                  deleted=deleted, value=value, expired=state == "expired")
+        yield Captured(doc, r["vbucket"])
