@@ -117,7 +117,7 @@ def _missing(cid: int) -> int:
     raise UnknownTargetCollection(f"collection id 0x{cid:x} of the capture does not exist in the target bucket")
 
 
-def _prepared(opts: RestoreOptions, docs: Iterable[Captured], ids: dict[int, int], counts: RestoreCounts) -> Iterator[Doc]:
+def prepared(opts: RestoreOptions, docs: Iterable[Captured], ids: dict[int, int], counts: RestoreCounts) -> Iterator[Doc]:
     now = int(opts.now())
     for c in docs:
         doc = c.doc
@@ -178,7 +178,7 @@ def dry_run(opts: RestoreOptions, emit: Callable[[dict[str, Any]], None]) -> Res
     """What a restore would write, one dict per document (no connection is made)."""
     counts = RestoreCounts()
     start = time.monotonic()
-    for doc in _prepared(opts, select(opts.files, opts.as_of, opts.keys), {}, counts):
+    for doc in prepared(opts, select(opts.files, opts.as_of, opts.keys), {}, counts):
         emit({"key": doc.key.decode("utf-8", "replace"), "collection_id": doc.collection_id,
               "op": "delete" if doc.deleted else "set", "rev_seqno": doc.rev_seqno, "cas": doc.cas,
               "flags": doc.flags, "expiry": doc.expiry, "datatype": doc.datatype, "value_len": len(doc.value)})
@@ -208,7 +208,7 @@ async def _restore(opts: RestoreOptions, progress: Callable[[RestoreCounts], Non
         manifest = parse_manifest(cluster.manifest) if cluster.manifest else None
         docs = list(select(opts.files, opts.as_of, opts.keys))
         ids = target_ids(manifest, opts.collection_map, None, {c.doc.collection_id for c in docs})
-        await _write_all(cluster, _prepared(opts, docs, ids, counts), opts, counts, stop, progress)
+        await _write_all(cluster, prepared(opts, docs, ids, counts), opts, counts, stop, progress)
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
