@@ -99,7 +99,7 @@ def restore_cmd(ctx, args, user, password_file, as_of_ts, keys, collection_map, 
     _summary(counts, json_summary, to_stderr=False)
     if counts.interrupted:
         from dcptool.cli.errors import Interrupted
-        raise Interrupted()
+        raise Interrupted(counts.signal or signal.SIGINT)
     if counts.failed:
         raise R.RestoreFailed(f"{counts.failed} document(s) refused by the target: {counts.statuses}")
 

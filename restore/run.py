@@ -65,6 +65,7 @@ class RestoreCounts:
     statuses: dict[str, int] = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
     interrupted: bool = False
+    signal: int | None = None      # the signal that stopped the run
 
     def summary(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -199,8 +200,11 @@ async def _restore(opts: RestoreOptions, progress: Callable[[RestoreCounts], Non
     start = time.monotonic()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    def stopped(signum: int) -> None:
+        counts.signal = counts.signal or signum
+        stop.set()
     for sig in signals:
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, stopped, sig)
     cluster = KvCluster(opts.seeds, opts.bucket, opts.user, opts.password, tls=opts.tls, window=opts.window,
                         timeout=opts.timeout, force=opts.force)
     try:

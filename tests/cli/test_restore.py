@@ -243,3 +243,21 @@ def test_an_unknown_target_collection_exits_2_before_writing(source):
         assert res.returncode == 2, res.stderr
         assert "nope.nothing" in res.stderr and "Traceback" not in res.stderr
         assert _docs_state(model) == {} and getattr(model, "kv_writes", 0) == 0
+
+
+def test_sigint_stops_it_within_2_seconds_with_its_summary(source):
+    caps, *_ = source
+    model = _target()
+    with ThreadedServer(model) as srv:
+        url = f"couchbase://{srv.host}:{srv.port}/default"
+        proc = subprocess.Popen([DCPTOOL, "restore", str(caps), url, "--user", USER, "--window", "1", "--json"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+        deadline = time.monotonic() + 60
+        while getattr(model, "kv_writes", 0) < 5:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=10)     # a bound, not a measure: the writes in flight are dropped
+    assert proc.returncode == 130, err
+    summary = json.loads(out)
+    assert summary["interrupted"] is True and 0 < summary["written"] < summary["documents"] and "Traceback" not in err
