@@ -12,15 +12,16 @@ import re
 from typing import Any, Callable, Iterator
 
 from dcptool.protocol.dcp.client.kv_writer import Doc
-from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire import snappy
-from dcptool.protocol.dcp.wire.constants import DEFAULT_MAX_BODY, DatatypeBit
+from dcptool.protocol.dcp.wire.constants import DEFAULT_MAX_BODY, DatatypeBit, Opcode
+from dcptool.protocol.dcp.wire.frames import parse_frame
 from dcptool.protocol.errors import DcptoolError
 from dcptool.replay.local import duck
 from dcptool.replay.rules import plans
 
 BATCH_ROWS = 4096
 _SNAPPY, _XATTR = int(DatatypeBit.SNAPPY), int(DatatypeBit.XATTR)
+_CHANGE_OPS = frozenset({Opcode.DCP_MUTATION, Opcode.DCP_DELETION, Opcode.DCP_EXPIRATION, Opcode.DCP_PREPARE})
 
 
 class BadFrame(DcptoolError):
@@ -51,16 +52,19 @@ def _sql(frames: duck.DuckFrames, files: list[Any]) -> str:
     return ("SELECT d.vbucket, d.collection_id, d.key, d.rev_seqno, d.cas, d.state, d.item_flags, d.expiration, "
             f"f.raw, CASE WHEN f.op = 'commit' THEN {prepare} END AS p_raw "
             f"FROM ({docs}) d JOIN frames f ON f.frame_no = d.frame_no "
-            "AND (d.capture_id IS NULL OR f.capture_id = d.capture_id) AND f.direction = 'in' "
-            "ORDER BY d.vbucket, d.collection_id, d.key")
+            "AND (d.capture_id IS NULL OR f.capture_id = d.capture_id) AND f.direction = 'in'")
 
 
 def value_of(raw: bytes) -> tuple[bytes, int]:
-    """(value as stored, datatype without the Snappy bit) of a recorded change frame."""
-    msg = m.decode_bytes(raw)
-    if not isinstance(msg, m.ItemMessage):
-        raise BadFrame(f"a recorded change does not decode: {getattr(msg, 'decode_error', None) or 'unknown'}")
-    value, dt = bytes(msg.value), msg.datatype
+    """(value as stored, datatype without the Snappy bit) of a recorded change frame (only
+    its framing is read: the replay chose the frame, its fields are in the row)."""
+    try:
+        fr = parse_frame(raw, 0, len(raw))
+    except (IndexError, ValueError, DcptoolError) as exc:
+        raise BadFrame(f"a recorded change does not parse: {exc}") from None
+    if fr.opcode not in _CHANGE_OPS:
+        raise BadFrame(f"a recorded change is no document change (opcode 0x{fr.opcode:02x})")
+    value, dt = bytes(fr.value), fr.datatype
     if dt & _SNAPPY:
         try:
             value = snappy.decompress(value, DEFAULT_MAX_BODY)
@@ -70,10 +74,21 @@ def value_of(raw: bytes) -> tuple[bytes, int]:
     return value, dt
 
 
+def collection_ids(files: list[Any], as_of: Any = None, memory: int | None = None) -> set[int]:
+    """The collections the captured changes are in (a scan of one column, no plan)."""
+    frames = duck.DuckFrames(files, as_of, memory)
+    try:
+        rows = frames.con.sql(f"SELECT DISTINCT coalesce(collection_id, 0) FROM {frames.source} "
+                              "WHERE op IN ('mutation', 'deletion', 'expiration', 'prepare', 'commit')").fetchall()
+        return {int(r[0]) for r in rows}
+    finally:
+        frames.close()
+
+
 def select(files: list[Any], as_of: Any = None, keys: str | None = None,
            memory: int | None = None) -> Iterator[Captured]:
-    """Each document's last change (as of `as_of`), key by key in (vbucket, collection, key)
-    order, filtered by `keys` (key_matcher)."""
+    """Each document's last change (as of `as_of`), in no particular order (a restore's
+    writes commute: each key is written once), filtered by `keys` (key_matcher)."""
     match = key_matcher(keys)
     frames = duck.DuckFrames(files, as_of, memory)
     try:

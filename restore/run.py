@@ -22,7 +22,7 @@ from dcptool.protocol.dcp.client.kv_writer import Doc, Verdict
 from dcptool.protocol.dcp.client.manifest import Manifest, parse_manifest
 from dcptool.protocol.errors import DcptoolError, LateUsageError
 from dcptool.protocol.transport.kv_restore import KvCluster
-from dcptool.restore.documents import Captured, select
+from dcptool.restore.documents import Captured, collection_ids, select
 
 
 class UnknownTargetCollection(LateUsageError):
@@ -210,8 +210,8 @@ async def _restore(opts: RestoreOptions, progress: Callable[[RestoreCounts], Non
     try:
         await cluster.connect()
         manifest = parse_manifest(cluster.manifest) if cluster.manifest else None
-        docs = list(select(opts.files, opts.as_of, opts.keys))
-        ids = target_ids(manifest, opts.collection_map, None, {c.doc.collection_id for c in docs})
+        ids = target_ids(manifest, opts.collection_map, None, collection_ids(opts.files, opts.as_of))
+        docs = select(opts.files, opts.as_of, opts.keys)
         await _write_all(cluster, prepared(opts, docs, ids, counts), opts, counts, stop, progress)
     finally:
         for sig in signals:

@@ -51,6 +51,7 @@ class KvLink:
         self.opaque = 1 << 20
         self.closed: BaseException | None = None
         self.collections = Feature.COLLECTIONS in boot.features
+        self.out: list[bytes] = []          # frames of this loop turn, written together (one send)
         self.task = asyncio.get_running_loop().create_task(self._read())
 
     @classmethod
@@ -104,10 +105,17 @@ class KvLink:
             self.opaque = (self.opaque + 1) & 0xFFFFFFFF
             fut: asyncio.Future[m.Message] = asyncio.get_running_loop().create_future()
             self.pending[self.opaque] = fut
-            self.writer.write(build(self.opaque))
+            if not self.out:
+                asyncio.get_running_loop().call_soon(self._flush)
+            self.out.append(build(self.opaque))
             if self.writer.transport.get_write_buffer_size() > 1 << 20:
                 await self.writer.drain()
             return await fut
+
+    def _flush(self) -> None:
+        if self.out and self.closed is None and not self.writer.is_closing():
+            self.writer.write(b"".join(self.out))
+        self.out.clear()
 
     async def close(self) -> None:
         self.task.cancel()

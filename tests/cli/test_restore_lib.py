@@ -81,3 +81,12 @@ def test_vbucket_of_is_couchbases_crc32():
     from dcptool.protocol.dcp.server.bucket import vbucket_of
     for key in (b"a", b"doc-0001", b"user::42"):
         assert W.vbucket_of(key, 1024) == vbucket_of(key, 1024) and W.vbucket_of(key, 64) == vbucket_of(key, 64)
+
+
+@pytest.mark.parametrize("deleted,expired,force,collections", [
+    (False, False, False, True), (False, False, True, False), (True, False, False, True), (True, True, True, True),
+])
+def test_the_packed_frame_is_the_codecs(deleted, expired, force, collections):
+    doc = _doc(key=b"user::7", deleted=deleted, cid=0x88, expired=expired)
+    kw = {"vbucket": 1023, "opaque": 0xDEADBEEF, "force": force, "collections": collections}
+    assert W.write_frame(doc, **kw) == m.encode(W.write_message(doc, **kw))

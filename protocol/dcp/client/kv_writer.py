@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import struct
 import zlib
 from typing import Callable
 
+from dcptool.protocol.dcp.wire import leb128, sasl
 from dcptool.protocol.dcp.wire import messages as m
-from dcptool.protocol.dcp.wire import sasl
 from dcptool.protocol.dcp.wire.constants import (
     Feature,
     Opcode,
@@ -34,6 +35,8 @@ FEATURES = (Feature.XERROR, Feature.SELECT_BUCKET, Feature.JSON, Feature.COLLECT
 # bucket ignores it
 BASE_OPTIONS = int(WithMetaOption.FORCE_ACCEPT_WITH_META_OPS)
 FORCE_OPTIONS = BASE_OPTIONS | int(WithMetaOption.SKIP_CONFLICT_RESOLUTION)
+_IS_EXPIRATION = int(WithMetaOption.IS_EXPIRATION)
+_HEADER_EXTRAS = struct.Struct(">BBHBBHIIQIIQQI")   # request header, then the 28-byte with-meta extras
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -94,7 +97,18 @@ def write_message(doc: Doc, *, vbucket: int, opaque: int, force: bool, collectio
 
 
 def write_frame(doc: Doc, *, vbucket: int, opaque: int, force: bool, collections: bool) -> bytes:
-    return m.encode(write_message(doc, vbucket=vbucket, opaque=opaque, force=force, collections=collections))
+    """m.encode(write_message(...)), packed at once (every document of a restore comes here;
+    tests/cli/test_restore_lib.py checks the two agree)."""
+    options = FORCE_OPTIONS if force else BASE_OPTIONS
+    opcode = Opcode.SET_WITH_META
+    if doc.deleted:
+        opcode = Opcode.DEL_WITH_META
+        if doc.expired:
+            options |= _IS_EXPIRATION
+    key = leb128.encode(doc.collection_id) + doc.key if collections else doc.key
+    body = 28 + len(key) + len(doc.value)
+    return _HEADER_EXTRAS.pack(0x80, opcode, len(key), 28, doc.datatype, vbucket, body, opaque, 0, doc.flags,
+                               doc.expiry, doc.rev_seqno, doc.cas, options) + key + doc.value
 
 
 @dataclasses.dataclass
