@@ -6,6 +6,7 @@ Snappy is undone here; the XATTR bit and its section are kept as stored."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import re
@@ -74,30 +75,51 @@ def value_of(raw: bytes) -> tuple[bytes, int]:
     return value, dt
 
 
-def collection_ids(files: list[Any], as_of: Any = None, memory: int | None = None) -> set[int]:
-    """The collections the captured changes are in (a scan of one column, no plan)."""
-    frames = duck.DuckFrames(files, as_of, memory)
-    try:
-        rows = frames.con.sql(f"SELECT DISTINCT coalesce(collection_id, 0) FROM {frames.source} "
-                              "WHERE op IN ('mutation', 'deletion', 'expiration', 'prepare', 'commit')").fetchall()
+class CaptureDocuments:
+    """The captures in DuckDB once (replay/local/duck.py), for the two questions a restore
+    asks: which collections, then which documents. `close()` ends it."""
+
+    def __init__(self, files: list[Any], as_of: Any = None, memory: int | None = None):
+        self.files = files
+        self.frames = duck.DuckFrames(files, as_of, memory)
+
+    def collection_ids(self) -> set[int]:
+        """The collections the captured changes are in (a scan of one column, no plan)."""
+        rows = self.frames.con.sql(
+            f"SELECT DISTINCT coalesce(collection_id, 0) FROM {self.frames.source} "
+            "WHERE op IN ('mutation', 'deletion', 'expiration', 'prepare', 'commit')").fetchall()
         return {int(r[0]) for r in rows}
-    finally:
-        frames.close()
+
+    def select(self, keys: str | None = None) -> Iterator[Captured]:
+        """Each document's last change (as of `as_of`), in no particular order (a restore's
+        writes commute: each key is written once), filtered by `keys` (key_matcher)."""
+        for batch in self.batches(keys):
+            yield from batch
+
+    def batches(self, keys: str | None = None) -> Iterator[list[Captured]]:
+        """select() a batch at a time (BATCH_ROWS rows of the plan): what a caller runs in a
+        worker thread, DuckDB's work off its event loop."""
+        match = key_matcher(keys)
+        rel = self.frames.con.sql(_sql(self.frames, self.files))
+        reader = getattr(rel, "to_arrow_reader", None) or rel.fetch_record_batch
+        for batch in reader(BATCH_ROWS):
+            yield list(_docs(batch.to_pylist(), match))
+
+    def close(self) -> None:
+        """Ends a query still running in another thread (a stopped restore), then DuckDB."""
+        with contextlib.suppress(Exception):
+            self.frames.con.interrupt()
+        self.frames.close()
 
 
 def select(files: list[Any], as_of: Any = None, keys: str | None = None,
            memory: int | None = None) -> Iterator[Captured]:
-    """Each document's last change (as of `as_of`), in no particular order (a restore's
-    writes commute: each key is written once), filtered by `keys` (key_matcher)."""
-    match = key_matcher(keys)
-    frames = duck.DuckFrames(files, as_of, memory)
+    """CaptureDocuments(files, as_of).select(keys), closed at the end."""
+    docs = CaptureDocuments(files, as_of, memory)
     try:
-        rel = frames.con.sql(_sql(frames, files))
-        reader = getattr(rel, "to_arrow_reader", None) or rel.fetch_record_batch
-        for batch in reader(BATCH_ROWS):
-            yield from _docs(batch.to_pylist(), match)
+        yield from docs.select(keys)
     finally:
-        frames.close()
+        docs.close()
 
 
 def _docs(rows: list[dict[str, Any]], match: Callable[[str], bool] | None) -> Iterator[Captured]:

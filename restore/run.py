@@ -22,7 +22,7 @@ from dcptool.protocol.dcp.client.kv_writer import Doc, Verdict
 from dcptool.protocol.dcp.client.manifest import Manifest, parse_manifest
 from dcptool.protocol.errors import DcptoolError, LateUsageError
 from dcptool.protocol.transport.kv_restore import KvCluster
-from dcptool.restore.documents import Captured, collection_ids, select
+from dcptool.restore.documents import Captured, CaptureDocuments, select
 
 
 class UnknownTargetCollection(LateUsageError):
@@ -131,46 +131,55 @@ def prepared(opts: RestoreOptions, docs: Iterable[Captured], ids: dict[int, int]
         yield dataclasses.replace(doc, collection_id=ids.get(doc.collection_id, doc.collection_id))
 
 
-async def _write_all(cluster: KvCluster, docs: Iterator[Doc], opts: RestoreOptions, counts: RestoreCounts,
-                     stop: asyncio.Event, progress: Callable[[RestoreCounts], None]) -> None:
-    gate = asyncio.Semaphore(opts.inflight)
-    tasks: set[asyncio.Task[None]] = set()
+async def _write_all(cluster: KvCluster, batches: Iterator[list[Captured]], ids: dict[int, int], opts: RestoreOptions,
+                     counts: RestoreCounts, stop: asyncio.Event, progress: Callable[[RestoreCounts], None]) -> None:
+    """The documents come a batch at a time from a worker thread (the capture's DuckDB query
+    never holds up the writes in flight) through a bounded queue to `opts.inflight` writers;
+    the first error, or the stop event, ends them all."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Doc | None] = asyncio.Queue(maxsize=2 * opts.inflight)
     errors: list[BaseException] = []
 
-    async def one(doc: Doc) -> None:
-        try:
-            verdict, status = await cluster.write(doc)
-        except DcptoolError as exc:
-            errors.append(exc)
-            stop.set()
-            return
-        finally:
-            gate.release()
-        if verdict is Verdict.WRITTEN:
-            counts.written += 1
-            counts.deleted += doc.deleted
-        elif verdict is Verdict.SKIPPED:
-            counts.skipped += 1
-        else:
-            counts.failed += 1
-            name = f"0x{status:02x}" if status >= 0 else "no_answer"
-            counts.statuses[name] = counts.statuses.get(name, 0) + 1
-        progress(counts)
+    async def feed() -> None:
+        while (batch := await loop.run_in_executor(None, next, batches, None)) is not None:
+            for doc in prepared(opts, batch, ids, counts):
+                await queue.put(doc)
+        for _ in range(opts.inflight):
+            await queue.put(None)
 
-    for doc in docs:
-        await gate.acquire()
-        if stop.is_set():
-            gate.release()
+    async def writer() -> None:
+        while (doc := await queue.get()) is not None:
+            try:
+                verdict, status = await cluster.write(doc)
+            except DcptoolError as exc:
+                errors.append(exc)
+                stop.set()
+                return
+            if verdict is Verdict.WRITTEN:
+                counts.written += 1
+                counts.deleted += doc.deleted
+            elif verdict is Verdict.SKIPPED:
+                counts.skipped += 1
+            else:
+                counts.failed += 1
+                name = f"0x{status:02x}" if status >= 0 else "no_answer"
+                counts.statuses[name] = counts.statuses.get(name, 0) + 1
+            progress(counts)
+
+    tasks = [loop.create_task(feed())] + [loop.create_task(writer()) for _ in range(opts.inflight)]
+    stopped = loop.create_task(stop.wait())
+    pending = set(tasks[1:])
+    while pending and not stop.is_set():
+        _done, pending = await asyncio.wait(pending | {stopped}, return_when=asyncio.FIRST_COMPLETED)
+        pending.discard(stopped)
+        feeder = tasks[0]
+        if feeder.done() and not feeder.cancelled() and feeder.exception() is not None:
+            errors.append(feeder.exception())
             break
-        t = asyncio.get_running_loop().create_task(one(doc))
-        tasks.add(t)
-        t.add_done_callback(tasks.discard)
-    waiting = asyncio.get_running_loop().create_task(stop.wait())
-    while tasks and not stop.is_set():
-        await asyncio.wait(set(tasks) | {waiting}, return_when=asyncio.FIRST_COMPLETED)
-    waiting.cancel()
-    for t in list(tasks):
+    stopped.cancel()
+    for t in tasks:
         t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
     if errors:
         raise errors[0]
 
@@ -210,9 +219,12 @@ async def _restore(opts: RestoreOptions, progress: Callable[[RestoreCounts], Non
     try:
         await cluster.connect()
         manifest = parse_manifest(cluster.manifest) if cluster.manifest else None
-        ids = target_ids(manifest, opts.collection_map, None, collection_ids(opts.files, opts.as_of))
-        docs = select(opts.files, opts.as_of, opts.keys)
-        await _write_all(cluster, prepared(opts, docs, ids, counts), opts, counts, stop, progress)
+        captured = CaptureDocuments(opts.files, opts.as_of)
+        try:
+            ids = target_ids(manifest, opts.collection_map, None, captured.collection_ids())
+            await _write_all(cluster, captured.batches(opts.keys), ids, opts, counts, stop, progress)
+        finally:
+            captured.close()
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)

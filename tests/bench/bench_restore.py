@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
 import shutil
 import subprocess
 import tempfile
@@ -64,13 +65,23 @@ def make_capture(tmp: str) -> list:
     return find_captures([f"{tmp}/caps"])
 
 
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+RESTORE_CPU: list[float] = []
+
+
 def run_restore(tmp: str, nodes: int) -> float:
     proc, addr = serve("--items", "0", "--nodes", str(nodes))
     try:
+        cpu0 = _children_cpu()
         t0 = time.perf_counter()
         res = subprocess.run([DCPTOOL, "restore", f"{tmp}/caps", f"couchbase://{addr}/default", "--user", USER,
                               "--json", "--window", str(WINDOW)], capture_output=True, text=True, env=ENV, timeout=600)
         took = time.perf_counter() - t0
+        RESTORE_CPU.append(_children_cpu() - cpu0)     # the restore process's CPU (user + system)
         assert res.returncode == 0, res.stderr
         assert json.loads(res.stdout)["written"] == DOCS, res.stdout
         return took
@@ -168,7 +179,9 @@ def main() -> None:
         for nodes in NODES:
             restore = min(run_restore(tmp, nodes) for _ in range(ROUNDS))
             bare = min(run_bare(nodes, docs) for _ in range(ROUNDS))
-            print(f"nodes={nodes}: restore {DOCS / restore:,.0f} docs/s ({restore:.2f} s, the whole process), "
+            cpu = min(RESTORE_CPU[-ROUNDS:])
+            print(f"nodes={nodes}: restore {DOCS / restore:,.0f} docs/s ({restore:.2f} s, the whole process, "
+                  f"{cpu:.2f} s CPU: {cpu / DOCS * 1e6:.0f} us/doc), "
                   f"bare SET_WITH_META client {DOCS / bare:,.0f} docs/s ({bare:.2f} s): ratio {bare / restore:.2f}x "
                   "(goal >= 0.7x)")
         s, w = server_paths(min(DOCS, 20000))
