@@ -167,14 +167,15 @@ async def _write_all(cluster: KvCluster, batches: Iterator[list[Captured]], ids:
             progress(counts)
 
     tasks = [loop.create_task(feed())] + [loop.create_task(writer()) for _ in range(opts.inflight)]
-    stopped = loop.create_task(stop.wait())
-    pending = set(tasks[1:])
+    stopped: asyncio.Task[Any] = loop.create_task(stop.wait())
+    pending: set[asyncio.Task[Any]] = set(tasks[1:])
     while pending and not stop.is_set():
         _done, pending = await asyncio.wait(pending | {stopped}, return_when=asyncio.FIRST_COMPLETED)
         pending.discard(stopped)
         feeder = tasks[0]
-        if feeder.done() and not feeder.cancelled() and feeder.exception() is not None:
-            errors.append(feeder.exception())
+        failure = feeder.exception() if feeder.done() and not feeder.cancelled() else None
+        if failure is not None:
+            errors.append(failure)
             break
     stopped.cancel()
     for t in tasks:

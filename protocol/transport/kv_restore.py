@@ -255,6 +255,8 @@ class KvCluster:
                 if address is None:
                     raise ConnectionLost(f"no node owns vbucket {vb}")
                 link = await self.link_to(address)
+                if doc.collection_id and not link.collections:
+                    return Verdict.FAILED, Status.UNKNOWN_COLLECTION    # the node speaks no collections
                 rsp = await link.call(lambda o: kv_writer.write_frame(doc, vbucket=vb, opaque=o, force=self.force,
                                                                       collections=link.collections))
                 status = getattr(rsp, "status", Status.EINTERNAL)
@@ -265,7 +267,7 @@ class KvCluster:
                     self.rerouted += 1
                     if self._apply(bytes(getattr(rsp, "value", b"")), address.rpartition(":")[0]):
                         continue            # the body held a newer map: at once to the new owner
-            except (ConnectFailed, ConnectionLost) as exc:
+            except (ConnectFailed, ConnectionLost, RemoteError) as exc:   # a node gone, hung or restarting
                 if time.monotonic() - start > self.timeout:
                     raise ConnectionLost(f"vbucket {vb} could not be written for {self.timeout:g} s: "
                                          f"{exc}") from None
