@@ -13,6 +13,7 @@ idempotent)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import ssl
 import time
@@ -218,9 +219,16 @@ async def _restore(opts: RestoreOptions, progress: Callable[[RestoreCounts], Non
     cluster = KvCluster(opts.seeds, opts.bucket, opts.user, opts.password, tls=opts.tls, window=opts.window,
                         timeout=opts.timeout, force=opts.force)
     try:
-        await cluster.connect()
+        # the capture opens in DuckDB (a second or so) while the target is bootstrapped
+        opening = loop.run_in_executor(None, CaptureDocuments, opts.files, opts.as_of)
+        try:
+            await cluster.connect()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                (await opening).close()
+            raise
+        captured = await opening
         manifest = parse_manifest(cluster.manifest) if cluster.manifest else None
-        captured = CaptureDocuments(opts.files, opts.as_of)
         try:
             ids = target_ids(manifest, opts.collection_map, None, captured.collection_ids())
             await _write_all(cluster, captured.batches(opts.keys), ids, opts, counts, stop, progress)

@@ -261,3 +261,19 @@ def test_sigint_stops_it_within_2_seconds_with_its_summary(source):
     assert proc.returncode == 130, err
     summary = json.loads(out)
     assert summary["interrupted"] is True and 0 < summary["written"] < summary["documents"] and "Traceback" not in err
+
+
+def test_no_server_exits_3_and_a_wrong_password_4_each_with_one_line(source):
+    from tests.support.cli_util import error_line
+    from tests.support.ports import refused_port
+    caps, *_ = source
+    with refused_port() as port:
+        res = _restore(caps, f"couchbase://127.0.0.1:{port}/default")
+    assert res.returncode == 3 and "cannot connect" in error_line(res)
+    model = _target()
+    with ThreadedServer(model) as srv:
+        res = subprocess.run([DCPTOOL, "restore", str(caps), f"couchbase://{srv.host}:{srv.port}/default",
+                              "--user", USER], capture_output=True, text=True, timeout=120,
+                             env=dict(ENV, DCPTOOL_PASSWORD="wrong"))
+        assert res.returncode == 4 and "refused" in error_line(res)
+        assert getattr(model, "kv_writes", 0) == 0
