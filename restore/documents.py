@@ -15,7 +15,6 @@ from typing import Any, Callable, Iterator
 from dcptool.protocol.dcp.client.kv_writer import Doc
 from dcptool.protocol.dcp.wire import snappy
 from dcptool.protocol.dcp.wire.constants import DEFAULT_MAX_BODY, DatatypeBit, Opcode
-from dcptool.protocol.dcp.wire.frames import parse_frame
 from dcptool.protocol.errors import DcptoolError
 from dcptool.replay.local import duck
 from dcptool.replay.rules import plans
@@ -23,6 +22,7 @@ from dcptool.replay.rules import plans
 BATCH_ROWS = 4096
 _SNAPPY, _XATTR = int(DatatypeBit.SNAPPY), int(DatatypeBit.XATTR)
 _CHANGE_OPS = frozenset({Opcode.DCP_MUTATION, Opcode.DCP_DELETION, Opcode.DCP_EXPIRATION, Opcode.DCP_PREPARE})
+_FLEX_MAGICS = frozenset({0x08, 0x18})
 
 
 class BadFrame(DcptoolError):
@@ -57,15 +57,17 @@ def _sql(frames: duck.DuckFrames, files: list[Any]) -> str:
 
 
 def value_of(raw: bytes) -> tuple[bytes, int]:
-    """(value as stored, datatype without the Snappy bit) of a recorded change frame (only
-    its framing is read: the replay chose the frame, its fields are in the row)."""
-    try:
-        fr = parse_frame(raw, 0, len(raw))
-    except (IndexError, ValueError, DcptoolError) as exc:
-        raise BadFrame(f"a recorded change does not parse: {exc}") from None
-    if fr.opcode not in _CHANGE_OPS:
-        raise BadFrame(f"a recorded change is no document change (opcode 0x{fr.opcode:02x})")
-    value, dt = bytes(fr.value), fr.datatype
+    """(value as stored, datatype without the Snappy bit) of a recorded change frame: only
+    its header is read (the replay chose the frame, its fields are in the row; the capture
+    checked its framing when it recorded it)."""
+    if len(raw) < 24 or raw[1] not in _CHANGE_OPS:
+        raise BadFrame(f"a recorded change is no document change ({len(raw)} bytes)")
+    flex = raw[0] in _FLEX_MAGICS
+    fe, kl = (raw[2], raw[3]) if flex else (0, (raw[2] << 8) | raw[3])
+    start = 24 + fe + raw[4] + kl
+    if start > len(raw):
+        raise BadFrame("a recorded change is shorter than its header says")
+    value, dt = raw[start:], raw[5]
     if dt & _SNAPPY:
         try:
             value = snappy.decompress(value, DEFAULT_MAX_BODY)
@@ -103,7 +105,7 @@ class CaptureDocuments:
         rel = self.frames.con.sql(_sql(self.frames, self.files))
         reader = getattr(rel, "to_arrow_reader", None) or rel.fetch_record_batch
         for batch in reader(BATCH_ROWS):
-            yield list(_docs(batch.to_pylist(), match))
+            yield list(_docs(batch, match))
 
     def close(self) -> None:
         """Ends a query still running in another thread (a stopped restore), then DuckDB."""
@@ -122,17 +124,19 @@ def select(files: list[Any], as_of: Any = None, keys: str | None = None,
         docs.close()
 
 
-def _docs(rows: list[dict[str, Any]], match: Callable[[str], bool] | None) -> Iterator[Captured]:
-    for r in rows:
-        key = bytes(r["key"])
+def _docs(batch: Any, match: Callable[[str], bool] | None) -> Iterator[Captured]:
+    """The documents of one record batch of the plan, column by column."""
+    cols = {name: batch.column(name).to_pylist() for name in batch.schema.names}
+    for i, key in enumerate(cols["key"]):
         if match is not None and not match(key.decode("utf-8", "replace")):
             continue
-        state = r["state"]
-        value, dt = value_of(r["p_raw"] or r["raw"])
+        state = cols["state"][i]
+        value, dt = value_of(cols["p_raw"][i] or cols["raw"][i])
         deleted = state != "live"
         if deleted and not dt & _XATTR:
             value, dt = b"", 0
-        doc = Doc(key=key, collection_id=r["collection_id"] or 0, rev_seqno=r["rev_seqno"] or 0, cas=r["cas"] or 0,
-                  flags=r["item_flags"] or 0, expiry=0 if deleted else (r["expiration"] or 0), datatype=dt,
-                  deleted=deleted, value=value, expired=state == "expired")
-        yield Captured(doc, r["vbucket"])
+        doc = Doc(key=key, collection_id=cols["collection_id"][i] or 0, rev_seqno=cols["rev_seqno"][i] or 0,
+                  cas=cols["cas"][i] or 0, flags=cols["item_flags"][i] or 0,
+                  expiry=0 if deleted else (cols["expiration"][i] or 0), datatype=dt, deleted=deleted, value=value,
+                  expired=state == "expired")
+        yield Captured(doc, cols["vbucket"][i])
