@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("dcptool.cli.export_cmd:export_cmd", "Write captures as TCP packets for Wireshark (pcapng, pcap)."),
     "compact": ("dcptool.cli.compact_cmd:compact_cmd", "Merge a capture directory's small finished segments."),
     "report": ("dcptool.cli.report_cmd:report", "Draw captures as one self-contained HTML page of charts."),
+    "restore": ("dcptool.cli.restore_cmd:restore_cmd", "Write captured documents back into a live bucket, metadata kept."),
     "spark": ("dcptool.cli.spark_cmd:spark", "Start, stop or query a warm Spark Connect server for replay."),
 }
 

@@ -50,7 +50,7 @@ def test_replay_uses_only_protocol_codecs_not_cli():
 
 
 def test_only_replay_spark_imports_pyspark():
-    bad = [str(p.relative_to(ROOT)) for folder in ("cli", "protocol", "replay", "capture") for p in _py(folder)
+    bad = [str(p.relative_to(ROOT)) for folder in ("cli", "protocol", "replay", "capture", "restore") for p in _py(folder)
            if p.relative_to(ROOT).as_posix() != "replay/spark/engine.py"
            and any(m.split(".")[0] == "pyspark" for m in _imports(p))]
     assert bad == []
@@ -70,7 +70,7 @@ def test_the_dcp_client_does_not_import_the_server():
 
 
 def test_no_code_folder_is_a_flat_list_of_more_than_20_modules():
-    folders = {p.parent for folder in ("cli", "protocol", "replay", "capture") for p in _py(folder)}
+    folders = {p.parent for folder in ("cli", "protocol", "replay", "capture", "restore") for p in _py(folder)}
     big = {str(f.relative_to(ROOT)): n for f in folders
            if (n := len([p for p in f.glob("*.py") if p.name != "__init__.py"])) > 20}
     assert len(folders) > 10 and big == {}
@@ -78,7 +78,7 @@ def test_no_code_folder_is_a_flat_list_of_more_than_20_modules():
 
 def test_only_cli_exits():
     bad = []
-    for folder in ("protocol", "replay", "capture"):
+    for folder in ("protocol", "replay", "capture", "restore"):
         for path in _py(folder):
             text = path.read_text()
             if "sys.exit(" in text or "os._exit(" in text:
@@ -98,7 +98,7 @@ def _module_name(path: pathlib.Path) -> str:
 
 def _our_modules() -> dict[str, pathlib.Path]:
     mods = {}
-    for folder in ("cli", "protocol", "replay", "capture"):
+    for folder in ("cli", "protocol", "replay", "capture", "restore"):
         for p in _py(folder):
             mods[_module_name(p)] = p
     return mods
@@ -178,7 +178,7 @@ KNOWN_REACH_INS: dict[str, list[str]] = {}
 
 
 def test_no_private_name_of_another_module_is_used():
-    found = {str(p.relative_to(ROOT)): bad for folder in ("cli", "capture", "protocol", "replay") for p in _py(folder)
+    found = {str(p.relative_to(ROOT)): bad for folder in ("cli", "capture", "protocol", "replay", "restore") for p in _py(folder)
              if (bad := _private_reach_ins(p.read_text(), _module_name(p)))}
     assert {k: v for k, v in found.items() if KNOWN_REACH_INS.get(k) != v} == {}
     assert sorted(set(KNOWN_REACH_INS) - set(found)) == []
@@ -231,7 +231,7 @@ def _functions(path: pathlib.Path):
 
 def test_no_function_is_over_100_lines():
     long = {f"{p.relative_to(ROOT).as_posix()}:{name}": fn.end_lineno - fn.lineno + 1
-            for folder in ("cli", "capture", "protocol", "replay") for p in _py(folder)
+            for folder in ("cli", "capture", "protocol", "replay", "restore") for p in _py(folder)
             for name, fn in _functions(p) if fn.end_lineno - fn.lineno + 1 > MAX_FUNCTION_LINES}
     assert {k: n for k, n in long.items() if k not in BEING_SPLIT} == {}
 
@@ -289,6 +289,17 @@ def test_capture_imports_protocol_and_the_store_never_cli_click_or_rich():
     bad = [f"{p.relative_to(ROOT)} imports {m}" for p in _py("capture") for m in _imports(p)
            if (m.startswith("dcptool.") and not m.startswith(allowed)) or m.split(".")[0] in ("click", "rich")]
     assert _py("capture") and bad == []
+
+
+def test_restore_imports_replay_and_protocol_never_cli_capture_click_or_rich():
+    """cli -> restore -> replay, protocol: the restore library is below the CLI, beside capture."""
+    allowed = ("dcptool.restore", "dcptool.protocol", "dcptool.replay")
+    bad = [f"{p.relative_to(ROOT)} imports {m}" for p in _py("restore") for m in _imports(p)
+           if (m.startswith("dcptool.") and not m.startswith(allowed)) or m.split(".")[0] in ("click", "rich")]
+    assert _py("restore") and bad == []
+    below = [f"{p.relative_to(ROOT)} imports {m}" for folder in ("protocol", "replay", "capture") for p in _py(folder)
+             for m in _imports(p) if m.startswith("dcptool.restore")]
+    assert below == []
 
 
 def test_nothing_below_the_cli_imports_capture():
@@ -355,7 +366,7 @@ def test_no_test_module_imports_another_test_module():
 
 def test_the_cli_is_a_thin_layer_of_at_most_3600_lines():
     """Issue 23: cli/ parses options, calls library code and prints (model: sqlite-utils' cli.py);
-    library logic lives in capture/, replay/ or protocol/. `cat cli/*.py cli/*/*.py | wc -l`."""
+    library logic lives in capture/, restore/, replay/ or protocol/. `cat cli/*.py cli/*/*.py | wc -l`."""
     files = sorted((ROOT / "cli").glob("*.py")) + sorted((ROOT / "cli").glob("*/*.py"))
     lines = sum(len(p.read_bytes().splitlines()) for p in files)
     assert len(files) > 20 and lines <= 3600, f"cli/ holds {lines} lines"

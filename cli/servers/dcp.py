@@ -168,6 +168,10 @@ def _manifest(scopes, per_scope, create_at, drop_at):
 @click.option("--expiry-pager", default="10s", show_default=True, metavar="DURATION",
               help="KV: how often the expiry pager deletes expired documents (an expiration each); a "
                    "read finds an expired document gone at once whatever this says.")
+@click.option("--conflict-resolution", "conflict_resolution", type=click.Choice(["seqno", "lww"]), default="seqno",
+              show_default=True,
+              help="KV: how SET/ADD/DEL_WITH_META decide against the document held: seqno (the higher "
+                   "revision wins) or lww (the higher CAS wins; writes need FORCE_ACCEPT_WITH_META_OPS).")
 @click.option("--chaos", "chaos_seed", type=int, default=None, metavar="SEED",
               help="Random topology schedule drawn from SEED (rebalances in, out, swap and stopped half "
                    "way, graceful and hard failovers, recoveries, a node that stops answering, a restart "
@@ -180,7 +184,7 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
               tls_key, handshake_timeout, failover_at, failover_loss, disconnect_after, end_reasons, slow, slow_frames, silent,
               refuse_controls, sync_write_ratio, corrupt_value_at, nodes, replicas, rebalance_at, add_node_at, from_capture, pace, disconnect_at, stall_at, corrupt_at,
               scopes, collections_per_scope, create_collection_at, drop_collection_at, history_collections,
-              expiry_pager, chaos_seed=None, schedule_file=None):
+              expiry_pager, conflict_resolution="seqno", chaos_seed=None, schedule_file=None):
     """Serve DCP for one generated bucket on BIND:PORT.
 
     Speaks HELLO, SASL (SCRAM-SHA512/256/SHA1, PLAIN), SELECT_BUCKET, DCP_OPEN,
@@ -245,6 +249,7 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
                                 nodes=nodes, replicas=replicas, events=events, manifest=manifest)
     for b in model.buckets.values():
         b.sync_ratio = sync_write_ratio
+        b.conflict_resolution = conflict_resolution
     model.expiry_pager = parse_duration(expiry_pager, "--expiry-pager")
     if model.expiry_pager <= 0:
         raise click.BadParameter("must be more than 0", param_hint="--expiry-pager")

@@ -23,6 +23,7 @@ import struct
 
 import cramjam
 
+from dcptool.protocol.dcp.server.kv_meta import META_COMMANDS, META_MESSAGES
 from dcptool.protocol.dcp.server.kv_store import KvStore, VbIndex, store_of
 from dcptool.protocol.dcp.wire import leb128
 from dcptool.protocol.dcp.wire.constants import DatatypeBit, Feature, Opcode, Status
@@ -131,7 +132,7 @@ def _need_extras(req, *sizes: int) -> None:
 def _answer(conn, req, status: int = 0, *, extras: bytes = b"", value: bytes = b"", cas: int = 0,
             datatype: int = 0) -> None:
     """A response (magic 0x81): the header packed here, one per request (the hot path)."""
-    conn.push(_RSP.pack(0x81, req.opcode, 0, len(extras), datatype, status,
+    conn.push(_RSP.pack(0x81, req.op_code, 0, len(extras), datatype, status,
                         len(extras) + len(value), req.opaque, cas) + extras + value)
 
 
@@ -414,22 +415,25 @@ DOCUMENT_COMMANDS = {
     Opcode.SET: _store, Opcode.ADD: _store, Opcode.REPLACE: _store, Opcode.DELETE: _remove,
     Opcode.TOUCH: _touch, Opcode.GAT: _touch, Opcode.INCREMENT: _counter, Opcode.DECREMENT: _counter,
     Opcode.APPEND: _concat, Opcode.PREPEND: _concat, Opcode.GET_LOCKED: _get_locked, Opcode.UNLOCK_KEY: _unlock,
+    **META_COMMANDS,    # GET_META and the writes with meta: kv_meta.py
 }
+TYPED_REQUESTS = META_MESSAGES   # decoded forms routed here besides the generic Request
 OPCODES = frozenset(DOCUMENT_COMMANDS) | {Opcode.NOOP_CLIENT, Opcode.GET_COLLECTION_ID}
 
 
 def _serves(conn, req) -> bool:
     """The node holds the vbucket in the state the command needs: active, or a replica for
     GET_REPLICA (a single node is active for every vbucket and has no replicas)."""
-    if req.opcode != Opcode.GET_REPLICA:
+    if req.op_code != Opcode.GET_REPLICA:
         return conn.owned(req.vbucket)
     cl = conn.server.cluster_for(conn.bucket)
     return cl is not None and conn.node in cl.vbmap[req.vbucket][1:]
 
 
 def handle(conn, req, now: float) -> None:
-    """Answer one KV request (req: a generic messages.Request, opcode in OPCODES)."""
-    op = req.opcode
+    """Answer one KV request (req: a generic messages.Request or one of TYPED_REQUESTS, opcode
+    in OPCODES)."""
+    op = req.op_code
     try:
         if op == Opcode.NOOP_CLIENT:                      # NOOP (an SDK's ping)
             _answer(conn, req)

@@ -240,7 +240,7 @@ class ProducerConnection:
         if self.server.users and self.user is None:
             self._reply(msg, Status.EACCESS)
             return
-        if t is m.Request and msg.op_code in kv.OPCODES:   # documents (KV): kv.py
+        if (t is m.Request or t in kv.TYPED_REQUESTS) and msg.op_code in kv.OPCODES:   # documents (KV): kv.py
             kv.handle(self, msg, now)
             return
         if t is m.SelectBucket:

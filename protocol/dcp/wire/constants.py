@@ -72,6 +72,10 @@ class Opcode(enum.IntEnum):
     GET_LOCKED = 0x94           # get and lock
     UNLOCK_KEY = 0x95
     GET_COLLECTION_ID = 0xBB
+    # writes with metadata (XDCR, restore): protocol/dcp/server/kv_meta.py
+    SET_WITH_META = 0xA2
+    ADD_WITH_META = 0xA4
+    DEL_WITH_META = 0xA8
 
 
 OP_NAMES: dict[int, str] = {
@@ -83,7 +87,8 @@ OP_NAMES: dict[int, str] = {
     0x5E: "control", 0x5F: "system_event", 0x60: "prepare", 0x61: "seqno_acknowledged",
     0x62: "commit", 0x63: "abort", 0x64: "seqno_advanced", 0x65: "oso_snapshot",
     0x89: "select_bucket", 0x96: "get_failover_log_nondcp", 0xB5: "get_cluster_config",
-    0xBA: "get_collections_manifest",
+    0xBA: "get_collections_manifest", 0xA0: "get_meta", 0xA2: "set_with_meta", 0xA4: "add_with_meta",
+    0xA8: "del_with_meta",
     0xFE: "get_error_map",
 }
 # server requests (magic 0x82) and their answers (0x83) have their own opcode space
@@ -157,6 +162,15 @@ class DatatypeBit(enum.IntFlag):
     JSON = 0x01
     SNAPPY = 0x02
     XATTR = 0x04
+
+
+class WithMetaOption(enum.IntFlag):
+    """The options word of SET/ADD/DEL_WITH_META (the extras' optional fifth field)."""
+    FORCE_WITH_META_OP = 0x01           # old name of skipping conflict resolution
+    FORCE_ACCEPT_WITH_META_OPS = 0x02   # required by LWW buckets
+    REGENERATE_CAS = 0x04               # the server makes a new CAS (needs SKIP_CONFLICT_RESOLUTION)
+    SKIP_CONFLICT_RESOLUTION = 0x08     # write whatever the target holds
+    IS_EXPIRATION = 0x10                # DEL_WITH_META of an expiry
 
 
 class Feature(enum.IntEnum):

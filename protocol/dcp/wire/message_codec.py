@@ -9,7 +9,7 @@ bad input except framing errors."""
 from __future__ import annotations
 
 import struct
-from typing import Callable
+from typing import Any, Callable
 
 from dcptool.protocol.dcp.wire import leb128
 from dcptool.protocol.dcp.wire.constants import RESPONSE_MAGICS, Opcode, Status, op_name
@@ -23,18 +23,22 @@ from dcptool.protocol.dcp.wire.frames import (
 from dcptool.protocol.dcp.wire.message_types import (
     Abort,
     AddStream,
+    AddWithMeta,
     BufferAck,
     CloseStream,
     Commit,
     Control,
     DcpOpen,
     Deletion,
+    DelWithMeta,
     Expiration,
     FailoverLogResponse,
     GetAllVbSeqnos,
     GetAllVbSeqnosResponse,
     GetErrorMap,
     GetFailoverLog,
+    GetMeta,
+    GetMetaResponse,
     Hello,
     HelloResponse,
     Message,
@@ -51,6 +55,7 @@ from dcptool.protocol.dcp.wire.message_types import (
     SeqnoAcknowledged,
     SeqnoAdvanced,
     SetVbucketState,
+    SetWithMeta,
     SnapshotMarker,
     StreamEnd,
     StreamRequest,
@@ -79,6 +84,8 @@ _PREPARE = struct.Struct(">QQIIIBBB")
 _TWO_SEQNOS = struct.Struct(">QQ")
 _PAIR = struct.Struct(">QQ")
 _VB_SEQNO = struct.Struct(">HQ")
+_WITH_META = struct.Struct(">IIQQ")     # flags, expiration, rev seqno, CAS (+ options u32, + meta length u16)
+_META = struct.Struct(">IIIQ")          # GET_META answer: deleted, flags, expiration, rev seqno (+ datatype)
 
 SNAPSHOT_VERSIONS = {0: "2.0", 2: "2.2"}
 
@@ -324,6 +331,32 @@ def _get_all_vb_seqnos(f: Frame, c: dict, collections: bool):
     return GetAllVbSeqnos(vbucket=f.vbucket_or_status, extras=f.extras, **c)
 
 
+def _with_meta(cls: type[SetWithMeta]) -> Callable[[Frame, dict[str, Any], bool], Message]:   # extras 24, 26 (+ meta length), 28 (+ options), 30 (+ both); the meta ends the value
+    def read(f: Frame, c: dict[str, Any], collections: bool) -> Message:
+        ex, n = f.extras, len(f.extras)
+        if n not in (24, 26, 28, 30):
+            raise _Bad(ErrorCode.BAD_EXTRAS, f"{op_name(f.opcode)} needs 24, 26, 28 or 30 extras bytes, got {n}")
+        fl, exp, rev, cas = _WITH_META.unpack_from(ex)
+        options, ext, value = _U32.unpack_from(ex, 24)[0] if n >= 28 else None, None, f.value
+        if n in (26, 30):
+            size = _U16.unpack_from(ex, n - 2)[0]
+            if size > len(value):
+                raise _Bad(ErrorCode.BAD_LENGTHS, f"extended meta of {size} bytes in a value of {len(value)}")
+            value, ext = value[:len(value) - size], value[len(value) - size:]
+        cid, k = _split_key(f.key, collections)
+        return cls(vbucket=f.vbucket_or_status, key=k, collection_id=cid, value=value, item_flags=fl,
+                   expiration=exp, rev_seqno=rev, meta_cas=cas, options=options, ext_meta=ext, **c)
+    return read
+
+
+def _get_meta(f: Frame, c: dict[str, Any], collections: bool) -> Message:
+    if len(f.extras) > 1 or f.value:
+        raise _Bad(ErrorCode.BAD_EXTRAS, "get meta takes a 1-byte version at most and no value")
+    cid, k = _split_key(f.key, collections)
+    return GetMeta(vbucket=f.vbucket_or_status, key=k, collection_id=cid,
+                   version=f.extras[0] if f.extras else None, **c)
+
+
 # opcode -> reader of a request (magic 0x80 / 0x82 / 0x08): reader(frame, common, collections)
 # gives the message, raises _Bad for a wrong layout; an opcode not here is a generic Request
 REQUEST_READERS: dict[int, Callable[[Frame, dict, bool], Message]] = {
@@ -355,6 +388,10 @@ REQUEST_READERS: dict[int, Callable[[Frame, dict, bool], Message]] = {
     Opcode.SELECT_BUCKET: _select_bucket,
     Opcode.GET_ERROR_MAP: _get_error_map,
     Opcode.GET_ALL_VB_SEQNOS: _get_all_vb_seqnos,
+    Opcode.GET_META: _get_meta,
+    Opcode.SET_WITH_META: _with_meta(SetWithMeta),
+    Opcode.ADD_WITH_META: _with_meta(AddWithMeta),
+    Opcode.DEL_WITH_META: _with_meta(DelWithMeta),
 }
 
 
@@ -393,12 +430,21 @@ def _vb_seqnos_response(f: Frame, c: dict):
     return GetAllVbSeqnosResponse(status=f.vbucket_or_status, seqnos=tuple(_VB_SEQNO.iter_unpack(f.value)), **c)
 
 
+def _get_meta_response(f: Frame, c: dict[str, Any]) -> Message | None:
+    if f.vbucket_or_status != Status.SUCCESS or f.key or f.value or len(f.extras) not in (20, 21):
+        return None
+    deleted, fl, exp, rev = _META.unpack_from(f.extras)
+    return GetMetaResponse(status=f.vbucket_or_status, deleted=deleted, item_flags=fl, expiration=exp, rev_seqno=rev,
+                           item_datatype=f.extras[20] if len(f.extras) == 21 else None, **c)
+
+
 # opcode -> reader of a response: the message, or None for the generic Response
 RESPONSE_READERS: dict[int, Callable[[Frame, dict], Message | None]] = {
     Opcode.DCP_STREAM_REQ: _stream_request_response,
     Opcode.DCP_GET_FAILOVER_LOG: _failover_log_response,
     Opcode.HELLO: _hello_response,
     Opcode.GET_ALL_VB_SEQNOS: _vb_seqnos_response,
+    Opcode.GET_META: _get_meta_response,
 }
 
 
@@ -472,6 +518,15 @@ def _stream_response_parts(m):
     return m.status, b"", b"", m.value
 
 
+def _with_meta_parts(m: SetWithMeta) -> tuple[int, bytes, bytes, bytes]:
+    ex = _WITH_META.pack(m.item_flags, m.expiration, m.rev_seqno, m.meta_cas)
+    if m.options is not None:
+        ex += _U32.pack(m.options)
+    if m.ext_meta is None:
+        return m.vbucket, ex, _join_key(m), m.value
+    return m.vbucket, ex + _U16.pack(len(m.ext_meta)), _join_key(m), m.value + m.ext_meta
+
+
 def _bare_parts(m):
     return m.vbucket, b"", b"", b""
 
@@ -515,6 +570,12 @@ WRITERS: dict[type, Callable[[Message], tuple[int, bytes, bytes, bytes]]] = {
     GetErrorMap: lambda m: (m.vbucket, b"", b"", _U16.pack(m.version)),
     GetAllVbSeqnos: lambda m: (m.vbucket, m.extras, b"", b""),
     GetAllVbSeqnosResponse: lambda m: (m.status, b"", b"", b"".join(_VB_SEQNO.pack(v, s) for v, s in m.seqnos)),
+    GetMeta: lambda m: (m.vbucket, b"" if m.version is None else bytes([m.version]), _join_key(m), b""),
+    GetMetaResponse: lambda m: (m.status, _META.pack(m.deleted, m.item_flags, m.expiration, m.rev_seqno)
+                                + (b"" if m.item_datatype is None else bytes([m.item_datatype])), b"", b""),
+    SetWithMeta: _with_meta_parts,
+    AddWithMeta: _with_meta_parts,
+    DelWithMeta: _with_meta_parts,
 }
 
 

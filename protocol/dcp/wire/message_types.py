@@ -359,3 +359,56 @@ class GetAllVbSeqnosResponse(Message):
     IS_RESPONSE: ClassVar[bool] = True
     status: int = 0
     seqnos: tuple[tuple[int, int], ...] = ()  # (vbucket, high seqno)
+
+
+# --------------------------------------------------------------------------- documents with metadata
+# (XDCR and restores: kv_engine's GET_META, SET/ADD/DEL_WITH_META; the server side is
+# protocol/dcp/server/kv_meta.py, the client's requests protocol/dcp/client/kv_writer.py)
+
+@_dc
+class GetMeta(ItemMessage):
+    """GET_META: `version` None sends no extras; 1 or 2 one byte (2: the answer carries the
+    document's datatype)."""
+    OPCODE: ClassVar[int] = Opcode.GET_META
+    version: int | None = None
+
+
+@_dc
+class GetMetaResponse(Message):
+    """A successful GET_META answer (other statuses are the generic Response); the header CAS
+    is the document's."""
+    OPCODE: ClassVar[int] = Opcode.GET_META
+    IS_RESPONSE: ClassVar[bool] = True
+    status: int = 0
+    deleted: int = 0
+    item_flags: int = 0
+    expiration: int = 0
+    rev_seqno: int = 0
+    item_datatype: int | None = None   # version 2 only
+
+
+@_dc
+class SetWithMeta(ItemMessage):
+    """SET_WITH_META: the document with the metadata it is to keep. The header `cas` is the
+    expected CAS of what the target holds (0: any); `meta_cas` is the document's own CAS.
+    `options` None: no options word; `ext_meta` None: no meta length field, else the extended
+    meta section, sent after the value."""
+    OPCODE: ClassVar[int] = Opcode.SET_WITH_META
+    item_flags: int = 0
+    expiration: int = 0
+    rev_seqno: int = 0
+    meta_cas: int = 0
+    options: int | None = None
+    ext_meta: bytes | None = None
+
+
+@_dc
+class AddWithMeta(SetWithMeta):
+    """ADD_WITH_META: SET_WITH_META that fails KEY_EEXISTS on a live document."""
+    OPCODE: ClassVar[int] = Opcode.ADD_WITH_META
+
+
+@_dc
+class DelWithMeta(SetWithMeta):
+    """DEL_WITH_META: a tombstone with its metadata (its value: nothing, or xattrs only)."""
+    OPCODE: ClassVar[int] = Opcode.DEL_WITH_META

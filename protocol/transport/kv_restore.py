@@ -1,0 +1,283 @@
+"""The I/O of writing documents with their metadata into a bucket (`dcptool restore`): one
+asyncio connection per KV node, the handshake of protocol/dcp/client/kv_writer.py, then
+SET_WITH_META / DEL_WITH_META pipelined (up to `window` requests in flight per connection,
+answers matched by opaque), routed by the cluster map.
+
+The map comes from GET_CLUSTER_CONFIG at bootstrap (a node with none: every vbucket is its,
+the number of vbuckets from GET_ALL_VB_SEQNOS). NOT_MY_VBUCKET with a newer map in its body
+applies it and re-routes the write; with none (or an older one) the map is asked again, with
+a backoff (0.1 s doubling to 2 s). A connection that closes (a node that left the cluster in
+a rebalance, failed over, restarted) fails its writes in flight, which are sent again after
+the map is asked again: a write with meta is idempotent (a repeat that the target already
+holds is KEY_EEXISTS), so a rebalance during a restore loses nothing. A write that finds no
+owner within `timeout` fails the run."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+import time
+from typing import Callable
+
+from dcptool.protocol.dcp.client import kv_writer
+from dcptool.protocol.dcp.client.kv_writer import Bootstrap, Doc, Handshake, Verdict
+from dcptool.protocol.dcp.wire import cluster_config
+from dcptool.protocol.dcp.wire import messages as m
+from dcptool.protocol.dcp.wire.cluster_config import ClusterConfig
+from dcptool.protocol.dcp.wire.constants import Feature, Opcode, Status
+from dcptool.protocol.dcp.wire.frames import FrameParser
+from dcptool.protocol.errors import (
+    ConnectFailed,
+    ConnectionLost,
+    DcptoolError,
+    ErrorCode,
+    RemoteError,
+)
+
+HANDSHAKE_TIMEOUT = 10.0
+BACKOFF_FIRST, BACKOFF_MAX = 0.1, 2.0
+
+
+class KvLink:
+    """One KV connection after its handshake: `call(message)` sends a request and waits for
+    its answer; at most `window` requests are in flight."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str, window: int,
+                 boot: Bootstrap):
+        self.reader, self.writer, self.address, self.boot = reader, writer, address, boot
+        self.window = asyncio.Semaphore(window)
+        self.pending: dict[int, asyncio.Future[m.Message]] = {}
+        self.opaque = 1 << 20
+        self.closed: BaseException | None = None
+        self.collections = Feature.COLLECTIONS in boot.features
+        self.out: list[bytes] = []          # frames of this loop turn, written together (one send)
+        self.task = asyncio.get_running_loop().create_task(self._read())
+
+    @classmethod
+    async def open(cls, host: str, port: int, hs: Handshake, *, tls: ssl.SSLContext | None, window: int,
+                   timeout: float = HANDSHAKE_TIMEOUT) -> "KvLink":
+        address = f"{host}:{port}"
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=tls), timeout)
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise ConnectFailed(f"cannot connect to {address}: {exc or 'timed out'}") from None
+        try:
+            await asyncio.wait_for(_handshake(reader, writer, hs), timeout)
+        except asyncio.TimeoutError:
+            writer.close()
+            raise RemoteError(ErrorCode.TIMEOUT, f"{address}: no answer to the handshake in {timeout:g} s") from None
+        except BaseException:
+            writer.close()
+            raise
+        return cls(reader, writer, address, window, hs.result)
+
+    async def _read(self) -> None:
+        parser = FrameParser()
+        try:
+            while True:
+                data = await self.reader.read(1 << 18)
+                if not data:
+                    raise ConnectionLost(f"{self.address} closed the connection")
+                for fr in parser.feed(data):
+                    msg = m.decode(fr, self.collections)
+                    fut = self.pending.pop(msg.opaque, None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg)
+        except (OSError, DcptoolError, asyncio.IncompleteReadError) as exc:
+            self._fail(exc if isinstance(exc, DcptoolError) else ConnectionLost(f"{self.address}: {exc}"))
+        except asyncio.CancelledError:
+            self._fail(ConnectionLost(f"{self.address}: closed"))
+            raise
+
+    def _fail(self, exc: BaseException) -> None:
+        self.closed = exc
+        for fut in self.pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        self.pending.clear()
+
+    async def call(self, build: Callable[[int], bytes]) -> m.Message:
+        """`build(opaque)` gives the frame; its answer."""
+        async with self.window:
+            if self.closed is not None:
+                raise self.closed
+            self.opaque = (self.opaque + 1) & 0xFFFFFFFF
+            fut: asyncio.Future[m.Message] = asyncio.get_running_loop().create_future()
+            self.pending[self.opaque] = fut
+            if not self.out:
+                asyncio.get_running_loop().call_soon(self._flush)
+            self.out.append(build(self.opaque))
+            if self.writer.transport.get_write_buffer_size() > 1 << 20:
+                await self.writer.drain()
+            return await fut
+
+    def _flush(self) -> None:
+        if self.out and self.closed is None and not self.writer.is_closing():
+            self.writer.write(b"".join(self.out))
+        self.out.clear()
+
+    async def close(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(BaseException):
+            await self.task
+        self.writer.close()
+        with contextlib.suppress(Exception):
+            await self.writer.wait_closed()
+
+
+async def _handshake(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hs: Handshake) -> None:
+    parser = FrameParser()
+    out: bytes | None = hs.start()
+    while not hs.done:
+        if out:
+            writer.write(out)
+            await writer.drain()
+        data = await reader.read(1 << 16)
+        if not data:
+            raise ConnectionLost("the server closed the connection during the handshake")
+        for fr in parser.feed(data):
+            out = hs.feed(m.decode(fr))
+            if hs.done:
+                break
+
+
+class KvCluster:
+    """The target bucket: a link per node of the map, each write routed to its vbucket's
+    active node (see the module)."""
+
+    def __init__(self, seeds: list[tuple[str, int]], bucket: str, user: str | None, password: str | None, *,
+                 tls: ssl.SSLContext | None = None, window: int = 64, timeout: float = 30.0, force: bool = False):
+        self.seeds, self.bucket, self.user, self.password = seeds, bucket, user, password
+        self.tls, self.window, self.timeout, self.force = tls, window, timeout, force
+        self.links: dict[str, KvLink] = {}
+        self.config: ClusterConfig | None = None
+        self.num_vbuckets = 0
+        self.manifest = b""
+        self.rerouted = 0
+        self._opening: dict[str, asyncio.Task[KvLink]] = {}
+        self._asking: asyncio.Task[None] | None = None
+        self.seed_only: str | None = None        # the node of a bucket without a map
+
+    def _handshake(self) -> Handshake:
+        return Handshake(self.bucket, self.user, self.password, allow_plain=self.tls is not None)
+
+    async def connect(self) -> None:
+        """Bootstrap from the first seed that answers: the map, the manifest, the vbuckets."""
+        last: BaseException | None = None
+        for host, port in self.seeds:
+            try:
+                link = await KvLink.open(host, port, self._handshake(), tls=self.tls, window=self.window)
+            except (ConnectFailed, ConnectionLost, RemoteError) as exc:
+                last = exc
+                continue
+            self.links[link.address] = link
+            self.manifest = link.boot.manifest
+            if link.boot.config:
+                self._apply(link.boot.config, host)
+            if self.config is None:
+                self.num_vbuckets = await self._count_vbuckets(link)
+                self.seed_only = link.address
+            return
+        raise last if last is not None else ConnectFailed("no seed to connect to")
+
+    async def _count_vbuckets(self, link: KvLink) -> int:
+        rsp = await link.call(lambda o: m.encode(m.GetAllVbSeqnos(opaque=o)))
+        if isinstance(rsp, m.GetAllVbSeqnosResponse) and rsp.seqnos:
+            return len(rsp.seqnos)
+        raise RemoteError(ErrorCode.UNSUPPORTED, f"{link.address} has no cluster map and does not list its vbuckets")
+
+    def _apply(self, raw: bytes, host_used: str) -> bool:
+        try:
+            cfg = cluster_config.parse(raw, host_used)
+        except DcptoolError:
+            return False
+        if not cluster_config.newer(cfg, self.config) and self.config is not None:
+            return False
+        self.config = cfg
+        self.num_vbuckets = cfg.num_vbuckets
+        return True
+
+    def owner(self, vb: int) -> str | None:
+        if self.config is None:
+            return self.seed_only
+        node = self.config.active_node(vb)
+        if node is None:
+            return None
+        host, port = node.kv_address(self.tls is not None)
+        return None if port is None else f"{host}:{port}"
+
+    async def link_to(self, address: str) -> KvLink:
+        link = self.links.get(address)
+        if link is not None and link.closed is None:
+            return link
+        task = self._opening.get(address)
+        if task is None:
+            host, _, port = address.rpartition(":")
+            task = asyncio.get_running_loop().create_task(
+                KvLink.open(host.strip("[]"), int(port), self._handshake(), tls=self.tls, window=self.window))
+            self._opening[address] = task
+        try:
+            link = await task
+        finally:
+            self._opening.pop(address, None)
+        self.links[address] = link
+        return link
+
+    async def ask_config(self) -> None:
+        """GET_CLUSTER_CONFIG from any live link (one request at a time however many ask)."""
+        if self._asking is None or self._asking.done():
+            self._asking = asyncio.get_running_loop().create_task(self._ask())
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self._asking)
+
+    async def _ask(self) -> None:
+        for address in list(self.links) + [f"{h}:{p}" for h, p in self.seeds]:
+            try:
+                link = await self.link_to(address)
+                rsp = await link.call(lambda o: m.encode(m.Request(opcode=Opcode.GET_CLUSTER_CONFIG, opaque=o)))
+            except (ConnectFailed, ConnectionLost, RemoteError):
+                continue
+            if getattr(rsp, "status", 1) == Status.SUCCESS:
+                self._apply(bytes(getattr(rsp, "value", b"")), address.rpartition(":")[0])
+                return
+
+    async def write(self, doc: Doc) -> tuple[Verdict, int]:
+        """One document written to its vbucket's owner, re-routed as the map moves: (the
+        verdict, the status)."""
+        vb = kv_writer.vbucket_of(doc.key, self.num_vbuckets)
+        start = time.monotonic()
+        backoff = BACKOFF_FIRST
+        while True:
+            address = self.owner(vb)
+            status = -1
+            try:
+                if address is None:
+                    raise ConnectionLost(f"no node owns vbucket {vb}")
+                link = await self.link_to(address)
+                if doc.collection_id and not link.collections:
+                    return Verdict.FAILED, Status.UNKNOWN_COLLECTION    # the node speaks no collections
+                rsp = await link.call(lambda o: kv_writer.write_frame(doc, vbucket=vb, opaque=o, force=self.force,
+                                                                      collections=link.collections))
+                status = getattr(rsp, "status", Status.EINTERNAL)
+                verdict = kv_writer.verdict(status)
+                if verdict not in (Verdict.REROUTE, Verdict.RETRY):
+                    return verdict, status
+                if verdict is Verdict.REROUTE:
+                    self.rerouted += 1
+                    if self._apply(bytes(getattr(rsp, "value", b"")), address.rpartition(":")[0]):
+                        continue            # the body held a newer map: at once to the new owner
+            except (ConnectFailed, ConnectionLost, RemoteError) as exc:   # a node gone, hung or restarting
+                if time.monotonic() - start > self.timeout:
+                    raise ConnectionLost(f"vbucket {vb} could not be written for {self.timeout:g} s: "
+                                         f"{exc}") from None
+            if time.monotonic() - start > self.timeout:
+                return Verdict.FAILED, status
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX)
+            await self.ask_config()
+
+    async def close(self) -> None:
+        for link in list(self.links.values()):
+            await link.close()
+        self.links.clear()
