@@ -44,9 +44,12 @@ from dcptool.cli.sources import parse_duration
               help="Scenario: after N RDATA lines send ERROR and close.")
 @click.option("--long-line-after", type=click.IntRange(min=0), default=None,
               help="Scenario: after N RDATA lines send a line over the 16384-byte cap.")
+@click.option("--http-port", type=click.IntRange(0, 65535), default=None,
+              help="Also answer Synapse's catch-up endpoint (get_repl_stream_updates) on this port "
+                   "(0 picks one); secret from DCPTOOL_REPLICATION_SECRET if set.")
 @playback_options
 def serve_synapse(bind, port, server_name, items, seed, from_file, rate, ping_interval, timeout,
-                  drop_after, skip_on_reconnect, silent_after, error_after, long_line_after,
+                  drop_after, skip_on_reconnect, silent_after, error_after, long_line_after, http_port,
                   from_capture, pace, disconnect_at, stall_at, corrupt_at):
     """Serve Synapse's TCP replication protocol on BIND:PORT.
 
@@ -87,12 +90,23 @@ def serve_synapse(bind, port, server_name, items, seed, from_file, rate, ping_in
         return ServerConnection(server_name, feed, ping_interval=ping, timeout=tmo,
                                 wall_ms=lambda: time.time_ns() // 1_000_000)
 
+    http = {}
+
     def on_listening(host, p):
-        sys.stdout.write('{"listening": "%s:%d"}\n' % (host, p))
+        extra = ', "http": "%s:%d"' % http["at"] if "at" in http else ""
+        sys.stdout.write('{"listening": "%s:%d"%s}\n' % (host, p, extra))
         sys.stdout.flush()
 
     async def main():
         stop = server_stop_event()
+        if http_port is not None:      # the catch-up endpoint of a writer (docs/SERVE.md)
+            import os
+
+            from dcptool.protocol.synapse.server import catch_up_answer
+            from dcptool.protocol.transport.synapse_http import serve_http
+            secret = os.environ.get("DCPTOOL_REPLICATION_SECRET") or None
+            srv = await serve_http(bind, http_port, lambda target, auth: catch_up_answer(feed, target, auth, secret))
+            http["at"] = srv.sockets[0].getsockname()[:2]
         await serve_tcp(bind, port, make_connection, feed, on_listening=on_listening, rate=rate,
                         drop_after=drop_after, skip_on_reconnect=skip_on_reconnect,
                         silent_after=silent_after, error_after=error_after,
