@@ -10,8 +10,10 @@ continue from what it committed or show a gap.
 
 from __future__ import annotations
 
+import base64
 import bisect
 import dataclasses
+import hashlib
 import json
 import random
 import urllib.parse
@@ -128,8 +130,14 @@ def generated_lines(seed: int, items: int | None, *, instance: str = "master",
     rooms = [_id(rng, "!") for _ in range(4)]
     tokens = {s: 1 for s in ANNOUNCED_STREAMS}
     tokens["typing"] = 0
-    # A pool of ids reused round-robin keeps generation cheap at benchmark rates.
-    pool = [_id(rng, "$") for _ in range(256)]
+    # Every event has an id of its own, as Synapse's (a hash of the event): 43 URL-safe
+    # base64 characters of a keyed BLAKE2b of the event's number, cheap at benchmark rates.
+    key = seed.to_bytes(8, "little", signed=True)
+
+    def event_id(k: int) -> str:
+        digest = hashlib.blake2b(k.to_bytes(8, "little"), key=key, digest_size=32).digest()
+        return "$" + base64.urlsafe_b64encode(digest).decode()[:43]
+    last_ev = event_id(0)
     types = ["m.room.message"] * 6 + ["m.reaction", "m.room.member"]
     n = 0
     k = 0
@@ -138,15 +146,16 @@ def generated_lines(seed: int, items: int | None, *, instance: str = "master",
         r = rng.random() if k % 16 == 0 else 0.0
         if r < 0.9:
             tokens["events"] += 1
-            ev = pool[k & 255]
+            ev = last_ev = event_id(k)
             room = rooms[k & 3]
             if k % batch_every == 0 and (items is None or n + 2 <= items):
-                # a state change: the state row is batched with the event it belongs to
-                yield (f'RDATA events {instance} batch ["state",["{room}","m.room.member",'
-                       f'"{users[k & 7]}","{ev}"]]')
-                n += 1
-                yield (f'RDATA events {instance} {tokens["events"]} ["ev",["{ev}","{room}",'
+                # a state event, as Synapse replicates one: its `ev` row batched with the
+                # `state` row that closes the token
+                yield (f'RDATA events {instance} batch ["ev",["{ev}","{room}",'
                        f'"m.room.member","{users[k & 7]}",null,null,"join",0,0]]')
+                n += 1
+                yield (f'RDATA events {instance} {tokens["events"]} ["state",["{room}","m.room.member",'
+                       f'"{users[k & 7]}","{ev}"]]')
             else:
                 yield (f'RDATA events {instance} {tokens["events"]} ["ev",["{ev}","{room}",'
                        f'"{types[k & 7]}",null,null,null,null,0,0]]')
@@ -161,7 +170,7 @@ def generated_lines(seed: int, items: int | None, *, instance: str = "master",
         elif r < 0.97:
             tokens["receipts"] += 1
             yield (f'RDATA receipts {instance} {tokens["receipts"]} ["{rooms[k & 3]}","m.read",'
-                   f'"{users[k & 7]}","{pool[k & 255]}",null,{{"ts":{1_700_000_000_000 + k}}}]')
+                   f'"{users[k & 7]}","{last_ev}",null,{{"ts":{1_700_000_000_000 + k}}}]')
         elif r < 0.98:
             tokens["device_lists"] += 1
             yield f'RDATA device_lists {instance} {tokens["device_lists"]} ["{users[k & 7]}",false,0]'

@@ -26,7 +26,12 @@ import pytest
 
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from tests.support.paths import ROOT
-from tests.support.synapse_env import SERVER_NAME, RedisServer, SynapseServer, synapse_available
+from tests.support.synapse_env import (
+    SERVER_NAME,
+    RedisServer,
+    SynapseServer,
+    synapse_available,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SECRET = "dcptool-test-replication-secret"   # a throwaway secret for a throwaway server
