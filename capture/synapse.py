@@ -29,14 +29,14 @@ DEFAULTS = {"ping_interval": 5.0, "timeout": 25.0, "max_reconnects": 5,
             "backoff_base": 0.2, "backoff_cap": 10.0, "connect_timeout": 10.0}
 
 
-def make_client(opts: LiveOptions, committed=None) -> SynapseClient:
+def make_client(opts: LiveOptions, committed=None, catch_up: bool = False) -> SynapseClient:
     src = opts.source
     tcp = src.scheme == "synapse"
     name = opts.name or f"dcptool-{src.host}-{os.getpid()}"
     return SynapseClient(name, expected_server=src.server_name if tcp else None,
                          replicate=opts.replicate, keepalive=tcp,
                          ping_interval=DEFAULTS["ping_interval"], timeout=DEFAULTS["timeout"],
-                         committed=committed)
+                         committed=committed, wait_for_position=catch_up)
 
 
 async def transport(opts: LiveOptions, client: SynapseClient, handler) -> None:
@@ -258,7 +258,7 @@ def capture_synapse(opts: LiveOptions, settings: CaptureSettings, *, progress=No
         raise
     ring = start_ring(settings.output, "synapse", opts.source.url, retention(settings))
     handler = CaptureHandler(opts, bg, progress, tell)
-    client = handler.client = make_client(opts, committed=committed)
+    client = handler.client = make_client(opts, committed=committed, catch_up=bool(settings.catch_up))
     wire_synapse(live, handler, client, writer=writer, bg=bg)
     if settings.catch_up:
         handler.catch_up = CatchUp(dict(settings.catch_up), settings.catch_up_secret,

@@ -70,7 +70,7 @@ class CatchUp:
         self.filled = 0          # gaps fetched whole
         self.failed: list[dict] = []   # gaps that stay: stream, instance, from, to, why
         self._queue: asyncio.Queue[catchup.Fetch] | None = None
-        self._busy = False
+        self._busy: catchup.Fetch | None = None    # the fetch under way
         self._txn = 0
         self._warned: set[str] = set()
 
@@ -107,24 +107,25 @@ class CatchUp:
                 await worker
             except asyncio.CancelledError:
                 pass
+            if self._busy is not None:
+                self._fail(self._busy, "the capture ended before it was fetched whole")
+                self._busy = None
             while self._queue.qsize():
                 fetch = self._queue.get_nowait()
                 self._fail(fetch, "the capture ended before it was fetched")
 
     async def _drained(self) -> None:
         assert self._queue is not None
-        while self._queue.qsize() or self._busy:
+        while self._queue.qsize() or self._busy is not None:
             await asyncio.sleep(0.05)       # polls the worker's state, bounded by DRAIN_SECONDS
 
     async def _work(self) -> None:
         assert self._queue is not None
         while True:
             fetch = await self._queue.get()
-            self._busy = True
-            try:
-                await self._fetch(fetch)
-            finally:
-                self._busy = False
+            self._busy = fetch
+            await self._fetch(fetch)
+            self._busy = None
 
     async def _fetch(self, fetch: catchup.Fetch) -> None:
         url = self.endpoints[fetch.instance]

@@ -47,10 +47,13 @@ from dcptool.cli.sources import parse_duration
 @click.option("--http-port", type=click.IntRange(0, 65535), default=None,
               help="Also answer Synapse's catch-up endpoint (get_repl_stream_updates) on this port "
                    "(0 picks one); secret from DCPTOOL_REPLICATION_SECRET if set.")
+@click.option("--redis", "redis_url", metavar="redis://HOST:PORT[/DB]",
+              help="Publish on this Redis as Synapse does (channel --server-name) instead of "
+                   "listening for TCP clients.")
 @playback_options
 def serve_synapse(bind, port, server_name, items, seed, from_file, rate, ping_interval, timeout,
                   drop_after, skip_on_reconnect, silent_after, error_after, long_line_after, http_port,
-                  from_capture, pace, disconnect_at, stall_at, corrupt_at):
+                  redis_url, from_capture, pace, disconnect_at, stall_at, corrupt_at):
     """Serve Synapse's TCP replication protocol on BIND:PORT.
 
     On connect it sends SERVER and PING; on REPLICATE a POSITION for every stream, then
@@ -97,6 +100,11 @@ def serve_synapse(bind, port, server_name, items, seed, from_file, rate, ping_in
         sys.stdout.write('{"listening": "%s:%d"%s}\n' % (host, p, extra))
         sys.stdout.flush()
 
+    if redis_url:
+        _check_redis(redis_url, drop_after=drop_after, skip_on_reconnect=skip_on_reconnect,
+                     silent_after=silent_after, error_after=error_after,
+                     long_line_after=long_line_after, from_capture=from_capture)
+
     async def main():
         stop = server_stop_event()
         if http_port is not None:      # the catch-up endpoint of a writer (docs/SERVE.md)
@@ -107,9 +115,32 @@ def serve_synapse(bind, port, server_name, items, seed, from_file, rate, ping_in
             secret = os.environ.get("DCPTOOL_REPLICATION_SECRET") or None
             srv = await serve_http(bind, http_port, lambda target, auth: catch_up_answer(feed, target, auth, secret))
             http["at"] = srv.sockets[0].getsockname()[:2]
+        if redis_url:
+            from dcptool.protocol.transport.synapse_redis_serve import publish
+
+            def ready():
+                extra = ', "http": "%s:%d"' % http["at"] if "at" in http else ""
+                sys.stdout.write('{"publishing": "%s", "channel": "%s"%s}\n' % (redis_url, server_name, extra))
+                sys.stdout.flush()
+            await publish(redis_url, server_name, feed, rate=rate, stop=stop, on_ready=ready)
+            return
         await serve_tcp(bind, port, make_connection, feed, on_listening=on_listening, rate=rate,
                         drop_after=drop_after, skip_on_reconnect=skip_on_reconnect,
                         silent_after=silent_after, error_after=error_after,
                         long_line_after=long_line_after, stop=stop)
 
     run_server(main(), bind, port)
+
+
+def _check_redis(url: str, **tcp_only) -> None:
+    """--redis takes a redis:// URL and none of the TCP connection scenarios."""
+    import urllib.parse
+    u = urllib.parse.urlsplit(url)
+    if u.scheme not in ("redis", "rediss") or not u.hostname:
+        raise click.UsageError(f"--redis {url!r}: expected redis://HOST:PORT[/DB]")
+    if u.password:
+        raise click.UsageError("--redis: no password in the URL (it would show in ps)")
+    given = [name for name, v in tcp_only.items() if v]
+    if given:
+        raise click.UsageError(f"--redis publishes to every subscriber at once: --{given[0].replace('_', '-')} "
+                               "is for TCP connections")

@@ -23,7 +23,7 @@ class ServeSynapse:
             self.stop()
             raise AssertionError(f"serve synapse did not start: {err}")
         info = json.loads(line)
-        self.address = info["listening"]
+        self.address = info.get("listening")   # None with --redis (it publishes instead)
         self.http = info.get("http")      # with --http-port: the catch-up endpoint's HOST:PORT
 
     def stop(self):
