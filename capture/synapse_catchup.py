@@ -68,7 +68,7 @@ class CatchUp:
         self.rows = 0            # rows fetched
         self.pages = 0
         self.filled = 0          # gaps fetched whole
-        self.failed: list[dict] = []   # gaps that stay: stream, instance, from, to, why
+        self.failed: list[dict[str, object]] = []   # gaps that stay: stream, instance, from, to, why
         self._queue: asyncio.Queue[catchup.Fetch] | None = None
         self._busy: catchup.Fetch | None = None    # the fetch under way
         self._txn = 0
@@ -156,6 +156,6 @@ class CatchUp:
         self.warn(f"catch-up of {fetch.stream}/{fetch.instance} after {fetch.from_token} up to "
                   f"{fetch.upto_token} failed: {why}; the gap stays recorded")
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, object]:
         return {"caught_up_rows": self.rows, "caught_up_pages": self.pages,
                 "gaps_filled": self.filled, "catch_up_failed": self.failed}

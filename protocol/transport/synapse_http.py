@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import ssl as ssl_module
 import urllib.parse
+from typing import Callable
 
 from dcptool.protocol.errors import ErrorCode, RemoteError
 from dcptool.protocol.synapse.catchup import MAX_ANSWER
@@ -124,11 +125,11 @@ async def _exactly(reader: asyncio.StreamReader, n: int) -> bytes:
         raise HttpError("the connection closed in the middle of the answer") from None
 
 
-Answer = "Callable[[str, str | None], tuple[int, bytes]]"   # (target, Authorization) -> (status, body)
+Answer = Callable[[str, "str | None"], "tuple[int, bytes]"]   # (target, Authorization) -> (status, body)
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed"}
 
 
-async def serve_http(bind: str, port: int, answer) -> asyncio.AbstractServer:
+async def serve_http(bind: str, port: int, answer: Answer) -> asyncio.AbstractServer:
     """A small replication listener: each GET answered by ``answer(target, authorization)``
     (sans-IO, e.g. protocol/synapse/server.py catch_up_answer), one request per connection."""
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

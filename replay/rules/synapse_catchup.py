@@ -19,9 +19,10 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from dcptool.replay.rules.columns import as_numpy, as_strings, equals
+from dcptool.replay.rules.columns import as_strings, equals
 
 CATCH_UP = "catch-up"
+Key = tuple[str, str]        # (stream, instance)
 BOOK_COLUMNS = ["capture_id", "frame_no", "direction", "command", "stream", "instance", "token",
                 "batch", "prev_token", "new_token", "row"]
 
@@ -34,9 +35,9 @@ class Cover:
     """Token ranges (a, b] fetched whole, per key, merged when they touch."""
 
     def __init__(self) -> None:
-        self.ranges: dict[tuple, list[list[int]]] = {}
+        self.ranges: dict[Key, list[list[int]]] = {}
 
-    def add(self, key: tuple, a: int, b: int) -> None:
+    def add(self, key: Key, a: int, b: int) -> None:
         if b <= a:
             return
         rs = self.ranges.setdefault(key, [])
@@ -50,18 +51,18 @@ class Cover:
                 merged.append(r)
         self.ranges[key] = merged
 
-    def covers(self, key: tuple, a: int, b: int) -> bool:
+    def covers(self, key: Key, a: int, b: int) -> bool:
         """Rows (a, b] are all known."""
         return any(lo <= a and b <= hi for lo, hi in self.ranges.get(key, ()))
 
-    def within(self, key: tuple, token: int) -> bool:
+    def within(self, key: Key, token: int) -> bool:
         return any(lo < token <= hi for lo, hi in self.ranges.get(key, ()))
 
 
 class CatchUpBook:
     def __init__(self) -> None:
         self.cover = Cover()
-        self.rows: dict[tuple, set[tuple[int, str]]] = {}
+        self.rows: dict[Key, set[tuple[int, str]]] = {}
         self.lines: dict[tuple[str, int], tuple[int, bool]] = {}   # (capture_id, frame_no) -> (token, closes a batch)
         self.count = 0
 
@@ -74,7 +75,7 @@ class CatchUpBook:
         if not t.num_rows:
             return
         d = t.select(BOOK_COLUMNS).to_pydict()
-        waiting: dict[tuple, list[tuple[tuple[str, int], str]]] = {}
+        waiting: dict[Key, list[tuple[tuple[str, int], str]]] = {}
         for cid, fno, cmd, stream, inst, tok, batch, prev, new, row in zip(
                 d["capture_id"], d["frame_no"], d["command"], d["stream"], d["instance"], d["token"],
                 d["batch"], d["prev_token"], d["new_token"], d["row"]):
@@ -92,7 +93,7 @@ class CatchUpBook:
                     self._row(key, ident, tok, brow, False)
                 self._row(key, (cid, fno), tok, row, bool(before))
 
-    def _row(self, key: tuple, ident: tuple[str, int], token: int, row: str, closes: bool) -> None:
+    def _row(self, key: Key, ident: tuple[str, int], token: int, row: str, closes: bool) -> None:
         self.lines[ident] = (token, closes)
         self.rows.setdefault(key, set()).add((token, row))
         self.count += 1
@@ -146,7 +147,7 @@ class CatchUpBook:
         return gaps.filter(pa.array(keep, pa.bool_()))
 
 
-def gap_counts(gaps: pa.Table, names: list[tuple]) -> np.ndarray:
+def gap_counts(gaps: pa.Table, names: list[Key]) -> np.ndarray:
     """Gaps per (stream, instance) of `names`, from a `gaps` table."""
     index = {k: g for g, k in enumerate(names)}
     out = np.zeros(len(names), np.int64)
@@ -157,5 +158,3 @@ def gap_counts(gaps: pa.Table, names: list[tuple]) -> np.ndarray:
     return out
 
 
-def as_bool(col) -> np.ndarray:
-    return as_numpy(col, fill=False, dtype=bool)

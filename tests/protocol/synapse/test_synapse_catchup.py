@@ -136,6 +136,9 @@ def test_capture_catches_up_what_the_server_skipped(serve, tmp_path):
     assert gets and all(b"get_repl_stream_updates/" in g for g in gets)
     verify = run("verify", str(caught_dir))
     assert verify.exit_code == 0, verify.stdout + verify.stderr
+    inspect = orjson.loads(run("inspect", str(caught_dir), "--json").stdout)
+    assert inspect["caught_up_rows"] == summary["caught_up_rows"] and inspect["gaps"] == []
+    assert inspect["directions"]["catch-up"] >= summary["caught_up_rows"]
 
 
 def test_without_catch_up_the_gap_stays(serve, tmp_path):
