@@ -50,6 +50,16 @@ def parse_endpoints(values: tuple[str, ...] | list[str]) -> dict[str, str]:
     return out
 
 
+def settings_of(values: tuple[str, ...] | list[str], protocol: str) -> dict[str, object]:
+    """CaptureSettings fields of --catch-up values, with the secret from the environment."""
+    if not values:
+        return {}
+    if protocol != "synapse":
+        raise ValueError("--catch-up is for Synapse sources (synapse://, synapse+redis://)")
+    return {"catch_up": tuple(parse_endpoints(values).items()),
+            "catch_up_secret": os.environ.get(SECRET_ENV) or None}
+
+
 def node_of(url: str) -> str:
     host, _, port, _ = synapse_http.split_base(url)
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

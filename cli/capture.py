@@ -67,18 +67,11 @@ for _p in capture.params:     # every option from the environment too: DCPTOOL_C
 
 def _catch_up(values: tuple[str, ...], protocol: str) -> dict:
     """--catch-up INSTANCE=URL values (Synapse only) and the secret from the environment."""
-    if not values:
-        return {}
-    if protocol != "synapse":
-        raise click.UsageError("--catch-up is for Synapse sources (synapse://, synapse+redis://)")
-    import os
-
-    from dcptool.capture.synapse_catchup import SECRET_ENV, parse_endpoints
+    from dcptool.capture.synapse_catchup import settings_of
     try:
-        endpoints = parse_endpoints(values)
+        return settings_of(values, protocol)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    return {"catch_up": tuple(endpoints.items()), "catch_up_secret": os.environ.get(SECRET_ENV) or None}
 
 
 def _one_source(directory: str, source, *, resume: bool, force_new: bool) -> None:

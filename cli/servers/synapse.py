@@ -101,9 +101,13 @@ def serve_synapse(bind, port, server_name, items, seed, from_file, rate, ping_in
         sys.stdout.flush()
 
     if redis_url:
-        _check_redis(redis_url, drop_after=drop_after, skip_on_reconnect=skip_on_reconnect,
-                     silent_after=silent_after, error_after=error_after,
-                     long_line_after=long_line_after, from_capture=from_capture)
+        from dcptool.protocol.transport.synapse_redis_serve import check_url
+        tcp_only = {"--drop-after": drop_after, "--skip-on-reconnect": skip_on_reconnect, "--from": from_capture,
+                    "--silent-after": silent_after, "--error-after": error_after, "--long-line-after": long_line_after}
+        try:
+            check_url(redis_url, [name for name, v in tcp_only.items() if v])
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
 
     async def main():
         stop = server_stop_event()
@@ -131,16 +135,3 @@ def serve_synapse(bind, port, server_name, items, seed, from_file, rate, ping_in
 
     run_server(main(), bind, port)
 
-
-def _check_redis(url: str, **tcp_only) -> None:
-    """--redis takes a redis:// URL and none of the TCP connection scenarios."""
-    import urllib.parse
-    u = urllib.parse.urlsplit(url)
-    if u.scheme not in ("redis", "rediss") or not u.hostname:
-        raise click.UsageError(f"--redis {url!r}: expected redis://HOST:PORT[/DB]")
-    if u.password:
-        raise click.UsageError("--redis: no password in the URL (it would show in ps)")
-    given = [name for name, v in tcp_only.items() if v]
-    if given:
-        raise click.UsageError(f"--redis publishes to every subscriber at once: --{given[0].replace('_', '-')} "
-                               "is for TCP connections")

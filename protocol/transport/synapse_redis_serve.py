@@ -20,6 +20,19 @@ from dcptool.protocol.text import printable
 RESUBSCRIBE_TRIES = 50
 
 
+def check_url(url: str, tcp_options: list[str]) -> None:
+    """ValueError with the one-line reason for a --redis URL we cannot serve on, or TCP-only
+    options given with it."""
+    import urllib.parse
+    u = urllib.parse.urlsplit(url)
+    if u.scheme not in ("redis", "rediss") or not u.hostname:
+        raise ValueError(f"--redis {url!r}: expected redis://HOST:PORT[/DB]")
+    if u.password:
+        raise ValueError("--redis: no password in the URL (it would show in ps)")
+    if tcp_options:
+        raise ValueError(f"--redis publishes to every subscriber at once: {tcp_options[0]} is for TCP connections")
+
+
 async def publish(url: str, server_name: str, feed: Feed, *, rate: float, stop: asyncio.Event,
                   on_ready: Callable[[], None], chunk: int = 100,
                   clock: Callable[[], float] = time.monotonic) -> None:

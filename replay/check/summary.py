@@ -196,7 +196,7 @@ class _Summary:
         # Synapse
         self.syn = None
         if protocol == "synapse":
-            from dcptool.replay.rules.synapse_catchup import Cover
+            from dcptool.protocol.synapse.cover import Cover
             from dcptool.replay.rules.synapse_stream import PositionScan
             self.syn = PositionScan()
             self.cover = Cover()            # ranges a catch-up fetched (REPLAY.md "Caught-up rows")

@@ -22,9 +22,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from dcptool.protocol.synapse.cover import CATCH_UP, Cover
 from dcptool.replay.check.findings import Findings, Where
 from dcptool.replay.rules.columns import as_numpy, lookup_codes
-from dcptool.replay.rules.synapse_catchup import CATCH_UP, Cover
 
 COLUMNS = ["capture_id", "frame_no", "conn", "direction", "command", "stream", "instance", "token",
            "batch", "prev_token", "new_token", "decode_error"]

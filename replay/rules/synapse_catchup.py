@@ -19,44 +19,15 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from dcptool.protocol.synapse.cover import CATCH_UP, Cover, Key
 from dcptool.replay.rules.columns import as_strings, equals
 
-CATCH_UP = "catch-up"
-Key = tuple[str, str]        # (stream, instance)
 BOOK_COLUMNS = ["capture_id", "frame_no", "direction", "command", "stream", "instance", "token",
                 "batch", "prev_token", "new_token", "row"]
 
 
 def caught_mask(t: pa.Table) -> np.ndarray:
     return equals(t.column("direction"), CATCH_UP)
-
-
-class Cover:
-    """Token ranges (a, b] fetched whole, per key, merged when they touch."""
-
-    def __init__(self) -> None:
-        self.ranges: dict[Key, list[list[int]]] = {}
-
-    def add(self, key: Key, a: int, b: int) -> None:
-        if b <= a:
-            return
-        rs = self.ranges.setdefault(key, [])
-        rs.append([a, b])
-        rs.sort()
-        merged = [rs[0]]
-        for r in rs[1:]:
-            if r[0] <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], r[1])
-            else:
-                merged.append(r)
-        self.ranges[key] = merged
-
-    def covers(self, key: Key, a: int, b: int) -> bool:
-        """Rows (a, b] are all known."""
-        return any(lo <= a and b <= hi for lo, hi in self.ranges.get(key, ()))
-
-    def within(self, key: Key, token: int) -> bool:
-        return any(lo < token <= hi for lo, hi in self.ranges.get(key, ()))
 
 
 class CatchUpBook:

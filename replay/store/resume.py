@@ -289,7 +289,7 @@ def synapse_resume_state(files, hold_gaps: bool = False) -> dict[tuple[str, str]
     --catch-up), a POSITION that showed a gap no catch-up filled (replay/rules/synapse_catchup.py)
     holds the token at the gap's start, so the resumed capture fetches the gap again (rows it then gets twice are counted
     once by replay)."""
-    from dcptool.replay.rules.synapse_catchup import CATCH_UP, Cover
+    from dcptool.protocol.synapse.cover import CATCH_UP, Cover
     tokens: dict[tuple[str, str], int] = {}
     gaps: list[tuple[tuple[str, str], int, int]] = []
     cover = Cover()
