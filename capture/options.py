@@ -84,3 +84,7 @@ class CaptureSettings:
     retain_segments: int | None = None
     retain_size: int | None = None
     retain_age: float | None = None
+    # Synapse catch-up (capture/synapse_catchup.py): (instance, replication listener URL) pairs,
+    # and the shared secret (from the environment; never recorded)
+    catch_up: tuple[tuple[str, str], ...] = ()
+    catch_up_secret: str | None = dataclasses.field(default=None, repr=False)

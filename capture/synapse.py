@@ -21,6 +21,7 @@ from dcptool.capture.run import (
     StopSignals,
     run_until_stopped,
 )
+from dcptool.capture.synapse_catchup import CHANNEL, CatchUp
 from dcptool.protocol.synapse.client import Gap, ServerError, SynapseClient
 
 # Knobs the tests turn down (keep-alive and reconnects); the protocol's own values otherwise.
@@ -28,14 +29,14 @@ DEFAULTS = {"ping_interval": 5.0, "timeout": 25.0, "max_reconnects": 5,
             "backoff_base": 0.2, "backoff_cap": 10.0, "connect_timeout": 10.0}
 
 
-def make_client(opts: LiveOptions, committed=None) -> SynapseClient:
+def make_client(opts: LiveOptions, committed=None, catch_up: bool = False) -> SynapseClient:
     src = opts.source
     tcp = src.scheme == "synapse"
     name = opts.name or f"dcptool-{src.host}-{os.getpid()}"
     return SynapseClient(name, expected_server=src.server_name if tcp else None,
                          replicate=opts.replicate, keepalive=tcp,
                          ping_interval=DEFAULTS["ping_interval"], timeout=DEFAULTS["timeout"],
-                         committed=committed)
+                         committed=committed, wait_for_position=catch_up)
 
 
 async def transport(opts: LiveOptions, client: SynapseClient, handler) -> None:
@@ -131,10 +132,16 @@ class SynapseRun:
 
 
 def run(opts: LiveOptions, client: SynapseClient, handler: SynapseRun, signals: StopSignals,
-        on_attach=None) -> None:
+        on_attach=None, catch_up: CatchUp | None = None) -> None:
     """Run the transport until the handler stops it, an error ends it, or a signal (SIGINT,
-    SIGTERM, SIGHUP through `signals`) or --duration asks it to stop."""
-    run_until_stopped(lambda: transport(opts, client, handler), handler.request_stop, handler.stats,
+    SIGTERM, SIGHUP through `signals`) or --duration asks it to stop; with `catch_up`, its
+    fetches run beside it (and may finish queued ones after it, unless a signal came)."""
+    def start():
+        if catch_up is None:
+            return transport(opts, client, handler)
+        return catch_up.around(transport(opts, client, handler),
+                               hurry=lambda: handler.stats.signum is not None)
+    run_until_stopped(start, handler.request_stop, handler.stats,
                       duration=opts.duration, signals=signals, on_attach=on_attach)
 
 
@@ -143,7 +150,7 @@ def line_bytes(lines, channel) -> int:
     return sum(map(len, lines)) + (len(lines) if channel is None else 0)
 
 
-def resume_state(directory: str) -> tuple[dict[tuple[str, str], int], list[str]]:
+def resume_state(directory: str, hold_gaps: bool = False) -> tuple[dict[tuple[str, str], int], list[str]]:
     """Committed tokens per (stream, instance) from the Synapse captures in ``directory``,
     after leftover in-progress segments are finished (replay/store/resume.py does both, for
     DCP too). Returns (tokens, paths of the segments finished)."""
@@ -154,12 +161,13 @@ def resume_state(directory: str) -> tuple[dict[tuple[str, str], int], list[str]]
         return {}, finished
     # after the head a retention ring deleted (capture/ring.py), the tokens the rest commits
     dropped = retained.stream_tokens(retained.load(os.path.join(directory, retained.record_name(None))))
-    return {**dropped, **synapse_resume_state([directory])}, finished
+    return {**dropped, **synapse_resume_state([directory], hold_gaps)}, finished
 
 
 class CaptureHandler(SynapseRun):
     def __init__(self, opts: LiveOptions, bg, progress, tell=None):
         super().__init__(opts, tell)
+        self.catch_up: CatchUp | None = None     # --catch-up: capture/synapse_catchup.py
         self.bg = bg
         self.frame_no = 0
         self.bytes = 0
@@ -192,6 +200,26 @@ class CaptureHandler(SynapseRun):
         self.bg.submit(batch)
         if direction == "in":
             self.count_in(scan.n)
+
+    def events(self, events: list) -> None:
+        super().events(events)
+        if self.catch_up is not None:
+            for ev in events:
+                if isinstance(ev, Gap):
+                    self.catch_up.gap(ev)
+
+    def record_catch_up(self, direction: str, lines: list[str], node: str) -> None:
+        """Lines of a catch-up (the request going out, the rows and range fetched), recorded
+        beside the live lines with channel `catch-up` and the writer's address as node."""
+        from dcptool.replay.store.synapse_batch import build_batch
+        ts_ns, mono_ns = time.time_ns(), time.monotonic_ns()
+        raw = [line.encode("utf-8") for line in lines]
+        conn = self.client.connections if self.client is not None else 0
+        batch = build_batch(raw, frame_no=self.frame_no, conn=conn, ts_ns=ts_ns, mono_ns=mono_ns,
+                            direction=direction, channel=CHANNEL, node=node)
+        self.frame_no += len(raw)
+        self.bytes += sum(map(len, raw))
+        self.bg.submit(batch)
 
     def paused(self) -> bool:
         if self.bg.error is not None:
@@ -230,11 +258,14 @@ def capture_synapse(opts: LiveOptions, settings: CaptureSettings, *, progress=No
         raise
     ring = start_ring(settings.output, "synapse", opts.source.url, retention(settings))
     handler = CaptureHandler(opts, bg, progress, tell)
-    client = handler.client = make_client(opts, committed=committed)
+    client = handler.client = make_client(opts, committed=committed, catch_up=bool(settings.catch_up))
     wire_synapse(live, handler, client, writer=writer, bg=bg)
+    if settings.catch_up:
+        handler.catch_up = CatchUp(dict(settings.catch_up), settings.catch_up_secret,
+                                   handler.record_catch_up, note or (lambda text: None))
     error: BaseException | None = None
     try:
-        run(opts, client, handler, signals)
+        run(opts, client, handler, signals, catch_up=handler.catch_up)
     except BaseException as exc:  # noqa: BLE001 - files are closed first, then re-raised
         error = exc
     finally:
@@ -259,17 +290,19 @@ def capture_synapse(opts: LiveOptions, settings: CaptureSettings, *, progress=No
         "committed": {f"{s}/{i}": t for (s, i), t in sorted(client.committed().items())},
         "server_errors": handler.server_errors,
         **({"retained_away": len(ring.deleted)} if ring is not None else {}),
+        **(handler.catch_up.summary() if handler.catch_up is not None else {}),
     }
+    filled = handler.catch_up.filled if handler.catch_up is not None else 0
     # as DCP: a run that failed before writing anything says only why
     return CaptureResult(files=segments, stats=handler.stats, fields=fields,
                          error=error if error is not None else signals.interrupted(),
-                         wrote=bool(segments) or error is None, gaps=len(handler.gaps))
+                         wrote=bool(segments) or error is None, gaps=len(handler.gaps) - filled)
 
 
 def _resume(settings: CaptureSettings, note) -> tuple[dict, list]:
     if not settings.resume:
         return {}, []
-    committed, leftovers = resume_state(settings.output)
+    committed, leftovers = resume_state(settings.output, hold_gaps=bool(settings.catch_up))
     if committed and note is not None:
         note(f"resuming: committed tokens for {len(committed)} streams from the captures in {settings.output}")
     return committed, leftovers
@@ -281,6 +314,7 @@ def _open_writer(opts: LiveOptions, settings: CaptureSettings, committed: dict):
     options = opts.safe_dict()
     options["synapse"] = {"name": opts.name, "replicate": opts.replicate,
                           "streams": opts.streams, "server_name": opts.source.server_name,
+                          "catch_up": dict(settings.catch_up),
                           "resumed_from": {f"{s}/{i}": t for (s, i), t in committed.items()}}
     writer = CaptureWriter(settings.output, "synapse", source=opts.source.url, options=options,
                            compression=settings.compression,

@@ -29,11 +29,14 @@ from dcptool.replay.store import COMPRESSIONS
 @click.option("--retain-size", help="Ring: delete the oldest finished segments beyond SIZE in all, e.g. 50GiB.")
 @click.option("--retain-age", help="Ring: delete finished segments older than this, e.g. 7d.")
 @click.option("--shard", metavar="K/N", help="DCP: only the vbuckets with vb % N == K-1 (of --vbuckets).")
+@click.option("--catch-up", "catch_up", multiple=True, metavar="INSTANCE=URL",
+              help="Synapse: fetch missed rows from this writer's replication listener (repeatable; "
+                   "secret from DCPTOOL_REPLICATION_SECRET).")
 @click.option("--quiet", is_flag=True, help="No live progress on stderr.")
 @click.option("--json", "json_summary", is_flag=True, help="Print the final summary as JSON on stdout.")
 @click.pass_context
 def capture(ctx, output, output_alias, rotate_size, rotate_interval, compression, resume, force_new,
-            retain_segments, retain_size, retain_age, shard, quiet, json_summary, **kw):
+            retain_segments, retain_size, retain_age, shard, catch_up, quiet, json_summary, **kw):
     """Record SOURCE into timestamped Parquet captures under --output.
 
     \b
@@ -48,6 +51,7 @@ def capture(ctx, output, output_alias, rotate_size, rotate_interval, compression
                  retain_age=parse_duration(retain_age, "--retain-age") if retain_age else None,
                  rotate_size=parse_size(rotate_size, "--rotate-size") if rotate_size else None,
                  rotate_interval=parse_duration(rotate_interval, "--rotate-interval") if rotate_interval else None)
+    given.update(_catch_up(catch_up, opts.source.protocol))
     settings = CaptureSettings(**{k: v for k, v in given.items() if v is not None})
     if resume and force_new:
         raise click.UsageError("--force-new starts a new capture: it does not combine with --resume")
@@ -59,6 +63,15 @@ for _p in capture.params:     # every option from the environment too: DCPTOOL_C
     if isinstance(_p, click.Option) and not _p.hidden and _p.envvar is None:
         _p.envvar = "DCPTOOL_CAPTURE_" + max(_p.opts, key=len).lstrip("-").upper().replace("-", "_")
         _p.show_envvar = True
+
+
+def _catch_up(values: tuple[str, ...], protocol: str) -> dict:
+    """--catch-up INSTANCE=URL values (Synapse only) and the secret from the environment."""
+    from dcptool.capture.synapse_catchup import settings_of
+    try:
+        return settings_of(values, protocol)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 def _one_source(directory: str, source, *, resume: bool, force_new: bool) -> None:

@@ -73,6 +73,7 @@ class ErrorCode(enum.IntEnum):
     SERVER_NAME_MISMATCH = 42  # SERVER announced another name than expected
     SERVER_ERROR = 43        # the server sent ERROR
     INVALID_UTF8 = 44        # a line that is not UTF-8
+    BAD_CATCH_UP = 45        # a writer's catch-up answer (get_repl_stream_updates) that is not what was asked
 
 
 class ProtocolError(DcptoolError):

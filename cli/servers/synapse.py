@@ -44,10 +44,16 @@ from dcptool.cli.sources import parse_duration
               help="Scenario: after N RDATA lines send ERROR and close.")
 @click.option("--long-line-after", type=click.IntRange(min=0), default=None,
               help="Scenario: after N RDATA lines send a line over the 16384-byte cap.")
+@click.option("--http-port", type=click.IntRange(0, 65535), default=None,
+              help="Also answer Synapse's catch-up endpoint (get_repl_stream_updates) on this port "
+                   "(0 picks one); secret from DCPTOOL_REPLICATION_SECRET if set.")
+@click.option("--redis", "redis_url", metavar="redis://HOST:PORT[/DB]",
+              help="Publish on this Redis as Synapse does (channel --server-name) instead of "
+                   "listening for TCP clients.")
 @playback_options
 def serve_synapse(bind, port, server_name, items, seed, from_file, rate, ping_interval, timeout,
-                  drop_after, skip_on_reconnect, silent_after, error_after, long_line_after,
-                  from_capture, pace, disconnect_at, stall_at, corrupt_at):
+                  drop_after, skip_on_reconnect, silent_after, error_after, long_line_after, http_port,
+                  redis_url, from_capture, pace, disconnect_at, stall_at, corrupt_at):
     """Serve Synapse's TCP replication protocol on BIND:PORT.
 
     On connect it sends SERVER and PING; on REPLICATE a POSITION for every stream, then
@@ -87,15 +93,45 @@ def serve_synapse(bind, port, server_name, items, seed, from_file, rate, ping_in
         return ServerConnection(server_name, feed, ping_interval=ping, timeout=tmo,
                                 wall_ms=lambda: time.time_ns() // 1_000_000)
 
+    http = {}
+
     def on_listening(host, p):
-        sys.stdout.write('{"listening": "%s:%d"}\n' % (host, p))
+        extra = ', "http": "%s:%d"' % http["at"] if "at" in http else ""
+        sys.stdout.write('{"listening": "%s:%d"%s}\n' % (host, p, extra))
         sys.stdout.flush()
+
+    if redis_url:
+        from dcptool.protocol.transport.synapse_redis_serve import check_url
+        tcp_only = {"--drop-after": drop_after, "--skip-on-reconnect": skip_on_reconnect, "--from": from_capture,
+                    "--silent-after": silent_after, "--error-after": error_after, "--long-line-after": long_line_after}
+        try:
+            check_url(redis_url, [name for name, v in tcp_only.items() if v])
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
 
     async def main():
         stop = server_stop_event()
+        if http_port is not None:      # the catch-up endpoint of a writer (docs/SERVE.md)
+            import os
+
+            from dcptool.protocol.synapse.server import catch_up_answer
+            from dcptool.protocol.transport.synapse_http import serve_http
+            secret = os.environ.get("DCPTOOL_REPLICATION_SECRET") or None
+            srv = await serve_http(bind, http_port, lambda target, auth: catch_up_answer(feed, target, auth, secret))
+            http["at"] = srv.sockets[0].getsockname()[:2]
+        if redis_url:
+            from dcptool.protocol.transport.synapse_redis_serve import publish
+
+            def ready():
+                extra = ', "http": "%s:%d"' % http["at"] if "at" in http else ""
+                sys.stdout.write('{"publishing": "%s", "channel": "%s"%s}\n' % (redis_url, server_name, extra))
+                sys.stdout.flush()
+            await publish(redis_url, server_name, feed, rate=rate, stop=stop, on_ready=ready)
+            return
         await serve_tcp(bind, port, make_connection, feed, on_listening=on_listening, rate=rate,
                         drop_after=drop_after, skip_on_reconnect=skip_on_reconnect,
                         silent_after=silent_after, error_after=error_after,
                         long_line_after=long_line_after, stop=stop)
 
     run_server(main(), bind, port)
+

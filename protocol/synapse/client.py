@@ -63,8 +63,13 @@ class SynapseClient:
     def __init__(self, name: str = "dcptool", *, expected_server: str | None = None,
                  replicate: bool = True, keepalive: bool = True,
                  ping_interval: float = PING_INTERVAL, timeout: float = PING_TIMEOUT,
-                 committed: dict[tuple[str, str], int] | None = None):
+                 committed: dict[tuple[str, str], int] | None = None, wait_for_position: bool = False):
         self.name = name
+        # As a Synapse worker (replication/tcp/handler.py): after a (re)connection, RDATA of a
+        # stream we hold a token of commits nothing until that stream's POSITION came on this
+        # connection, so the POSITION's gap covers every row between (a catch-up fetches them).
+        self.wait_for_position = wait_for_position
+        self._unpositioned: set[tuple[bytes, bytes]] = set()
         self.expected_server = expected_server
         self.replicate = replicate
         self.keepalive = keepalive
@@ -90,6 +95,8 @@ class SynapseClient:
         lines to send (TCP: NAME, PING, REPLICATE; Redis: REPLICATE only)."""
         self.connections += 1
         self._pending.clear()
+        if self.wait_for_position:
+            self._unpositioned = set(self._committed)
         self.server_name = None
         self.error = None
         self._ping_seen = False
@@ -153,10 +160,13 @@ class SynapseClient:
         parts = split.parts
         self.data_lines += len(lines) - len(slow)
         start = 0
+        held = self._unpositioned
         for stop in slow + [len(lines)]:
             # a run of plain RDATA lines, then one other line
             for p, tok in zip(parts[start:stop], split.tokens[start:stop]):
                 key = (p[1], p[2])
+                if held and key in held:
+                    continue        # before this stream's POSITION on this connection
                 if tok is None:
                     pending[key] = pending.get(key, 0) + 1
                 else:
@@ -173,7 +183,7 @@ class SynapseClient:
         applied with numpy (last numeric token per key, batch rows after it pending)."""
         if scan.n == 0:
             return []
-        if not scan.all_fast:
+        if not scan.all_fast or self._unpositioned:
             return self.receive(scan.lines(), now)
         import numpy as np
         self._last_recv = now
@@ -213,6 +223,7 @@ class SynapseClient:
                 events.append(gap)
             self._committed[key] = cmd.new_token
             self._pending.pop(key, None)
+            self._unpositioned.discard(key)
         elif isinstance(cmd, C.Ping):
             self._ping_seen = True
         elif isinstance(cmd, C.Server):

@@ -10,8 +10,13 @@ continue from what it committed or show a gap.
 
 from __future__ import annotations
 
+import base64
+import bisect
 import dataclasses
+import hashlib
+import json
 import random
+import urllib.parse
 from typing import Iterable, Iterator
 
 from dcptool.protocol.errors import RemoteError
@@ -26,6 +31,8 @@ ANNOUNCED_STREAMS = ("events", "backfill", "presence", "presence_federation", "t
                      "un_partial_stated_room", "un_partial_stated_event", "quarantined_media")
 
 _B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+HISTORY_ROWS = 4_000_000      # rows kept per stream for the catch-up endpoint
+PAGE_ROWS = 100               # rows per catch-up answer, as Synapse's _STREAM_UPDATE_TARGET_ROW_COUNT
 
 
 class Feed:
@@ -36,6 +43,11 @@ class Feed:
     def __init__(self, lines: Iterable[str], instance: str = "master"):
         self._it: Iterator[str] = iter(lines)
         self.instance = instance
+        # what was handed out, per (stream, instance): (token, row JSON), for the catch-up
+        # endpoint (`batch` rows under the token of the row that closes them); bounded
+        self.history: dict[tuple[str, str], list[tuple[int, str]]] = {}
+        self.horizon: dict[tuple[str, str], int] = {}     # rows at or below it were let go
+        self._open: dict[tuple[str, str], list[str]] = {}
         self.tokens: dict[tuple[str, str], int] = {
             (s, instance): (1 if s not in ("presence_federation", "typing", "caches") else 0)
             for s in ANNOUNCED_STREAMS}
@@ -62,11 +74,43 @@ class Feed:
     def _track(self, line: str) -> None:
         if line.startswith("RDATA "):
             parts = line.split(" ", 4)
-            if len(parts) == 5 and parts[3] != "batch":
-                try:
-                    self.tokens[(parts[1], parts[2])] = int(parts[3])
-                except ValueError:
-                    pass
+            if len(parts) != 5:
+                return
+            key = (parts[1], parts[2])
+            if parts[3] == "batch":
+                self._open.setdefault(key, []).append(parts[4])
+                return
+            try:
+                token = int(parts[3])
+            except ValueError:
+                return
+            self.tokens[key] = token
+            rows = self.history.setdefault(key, [])
+            rows.extend((token, r) for r in self._open.pop(key, ()))
+            rows.append((token, parts[4]))
+            if len(rows) > HISTORY_ROWS:
+                cut = len(rows) - HISTORY_ROWS // 2
+                self.horizon[key] = rows[cut - 1][0]
+                del rows[:cut]
+
+    def updates(self, stream: str, instance: str, from_token: int, upto_token: int,
+                limit: int = PAGE_ROWS) -> tuple[list[tuple[int, str]], int, bool] | None:
+        """Synapse's get_updates_since for this feed: the rows with from < token <= upto, at
+        most about `limit` (whole tokens), the token answered up to, and whether there is more.
+        None when the rows asked for were let go (older than the history kept)."""
+        key = (stream, instance)
+        if from_token < self.horizon.get(key, 0):
+            return None
+        rows = self.history.get(key, [])
+        lo = bisect.bisect_right(rows, from_token, key=lambda r: r[0])
+        hi = bisect.bisect_right(rows, upto_token, key=lambda r: r[0])
+        if hi - lo <= limit:
+            return rows[lo:hi], upto_token, False
+        end = lo + limit
+        last = rows[end - 1][0]
+        while end < hi and rows[end][0] == last:   # a token's rows go in one page
+            end += 1
+        return rows[lo:end], last, True
 
     def positions(self) -> list[str]:
         return [C.format_line(C.Position(s, i, t, t)) for (s, i), t in self.tokens.items()]
@@ -86,8 +130,14 @@ def generated_lines(seed: int, items: int | None, *, instance: str = "master",
     rooms = [_id(rng, "!") for _ in range(4)]
     tokens = {s: 1 for s in ANNOUNCED_STREAMS}
     tokens["typing"] = 0
-    # A pool of ids reused round-robin keeps generation cheap at benchmark rates.
-    pool = [_id(rng, "$") for _ in range(256)]
+    # Every event has an id of its own, as Synapse's (a hash of the event): 43 URL-safe
+    # base64 characters of a keyed BLAKE2b of the event's number, cheap at benchmark rates.
+    key = seed.to_bytes(8, "little", signed=True)
+
+    def event_id(k: int) -> str:
+        digest = hashlib.blake2b(k.to_bytes(8, "little"), key=key, digest_size=32).digest()
+        return "$" + base64.urlsafe_b64encode(digest).decode()[:43]
+    last_ev = event_id(0)
     types = ["m.room.message"] * 6 + ["m.reaction", "m.room.member"]
     n = 0
     k = 0
@@ -96,15 +146,16 @@ def generated_lines(seed: int, items: int | None, *, instance: str = "master",
         r = rng.random() if k % 16 == 0 else 0.0
         if r < 0.9:
             tokens["events"] += 1
-            ev = pool[k & 255]
+            ev = last_ev = event_id(k)
             room = rooms[k & 3]
             if k % batch_every == 0 and (items is None or n + 2 <= items):
-                # a state change: the state row is batched with the event it belongs to
-                yield (f'RDATA events {instance} batch ["state",["{room}","m.room.member",'
-                       f'"{users[k & 7]}","{ev}"]]')
-                n += 1
-                yield (f'RDATA events {instance} {tokens["events"]} ["ev",["{ev}","{room}",'
+                # a state event, as Synapse replicates one: its `ev` row batched with the
+                # `state` row that closes the token
+                yield (f'RDATA events {instance} batch ["ev",["{ev}","{room}",'
                        f'"m.room.member","{users[k & 7]}",null,null,"join",0,0]]')
+                n += 1
+                yield (f'RDATA events {instance} {tokens["events"]} ["state",["{room}","m.room.member",'
+                       f'"{users[k & 7]}","{ev}"]]')
             else:
                 yield (f'RDATA events {instance} {tokens["events"]} ["ev",["{ev}","{room}",'
                        f'"{types[k & 7]}",null,null,null,null,0,0]]')
@@ -119,7 +170,7 @@ def generated_lines(seed: int, items: int | None, *, instance: str = "master",
         elif r < 0.97:
             tokens["receipts"] += 1
             yield (f'RDATA receipts {instance} {tokens["receipts"]} ["{rooms[k & 3]}","m.read",'
-                   f'"{users[k & 7]}","{pool[k & 255]}",null,{{"ts":{1_700_000_000_000 + k}}}]')
+                   f'"{users[k & 7]}","{last_ev}",null,{{"ts":{1_700_000_000_000 + k}}}]')
         elif r < 0.98:
             tokens["device_lists"] += 1
             yield f'RDATA device_lists {instance} {tokens["device_lists"]} ["{users[k & 7]}",false,0]'
@@ -219,3 +270,36 @@ class ServerConnection:
             self._last_sent = now
             return [C.format_line(C.Ping(str(self._ms(now))))], False
         return [], False
+
+
+UPDATES_PATH = "/_synapse/replication/get_repl_stream_updates/"
+
+
+def catch_up_answer(feed: Feed, target: str, authorization: str | None,
+                    secret: str | None) -> tuple[int, bytes]:
+    """The answer (status, JSON body) of the replication listener to GET ``target``, as a
+    Synapse writer answers get_repl_stream_updates for its own instance: 401 without the
+    right `Bearer` secret when one is set, 400 for an unknown stream or bad tokens, 404 for
+    another path."""
+    def answer(status: int, doc: dict[str, object]) -> tuple[int, bytes]:
+        return status, json.dumps(doc, separators=(",", ":")).encode()
+    if secret is not None and authorization != f"Bearer {secret}":
+        return answer(401, {"errcode": "M_UNAUTHORIZED", "error": "Invalid Authorization header."})
+    path, _, query = target.partition("?")
+    if not path.startswith(UPDATES_PATH):
+        return answer(404, {"errcode": "M_UNRECOGNIZED", "error": "Unrecognized request"})
+    parts = [urllib.parse.unquote(p) for p in path[len(UPDATES_PATH):].split("/") if p]
+    args = urllib.parse.parse_qs(query)
+    if len(parts) not in (1, 2) or (parts[0], feed.instance) not in feed.tokens:
+        return answer(400, {"errcode": "M_UNKNOWN", "error": "Unknown stream"})
+    try:
+        lo, hi = int(args["from_token"][0]), int(args["upto_token"][0])
+    except (KeyError, ValueError):
+        return answer(400, {"errcode": "M_INVALID_PARAM", "error": "from_token and upto_token are required integers"})
+    got = feed.updates(parts[0], feed.instance, lo, hi)
+    if got is None:
+        return answer(400, {"errcode": "M_UNKNOWN", "error": "rows no longer kept"})
+    rows, upto, limited = got
+    body = ('{"updates":[' + ",".join(f"[{t},{r}]" for t, r in rows)
+            + f'],"upto_token":{upto},"limited":{"true" if limited else "false"}}}')
+    return 200, body.encode()

@@ -196,8 +196,11 @@ class _Summary:
         # Synapse
         self.syn = None
         if protocol == "synapse":
+            from dcptool.protocol.synapse.cover import Cover
             from dcptool.replay.rules.synapse_stream import PositionScan
             self.syn = PositionScan()
+            self.cover = Cover()            # ranges a catch-up fetched (REPLAY.md "Caught-up rows")
+            self.caught_up_rows = 0
 
     # -- per segment ---------------------------------------------------------------------
 
@@ -295,6 +298,14 @@ class _Summary:
         rel = t.filter(wanted)
         if rel.num_rows:
             self.syn.feed(f.capture_id, rel)
+        caught = t.filter(pc.fill_null(pc.equal(_plain(t.column("direction")), "catch-up"), False))
+        if caught.num_rows:
+            d = caught.select(["command", "stream", "instance", "prev_token", "new_token"]).to_pydict()
+            for c, s, i, a, b in zip(d["command"], d["stream"], d["instance"], d["prev_token"], d["new_token"]):
+                if c == "RDATA":
+                    self.caught_up_rows += 1
+                elif c == "POSITION" and a is not None and b is not None:
+                    self.cover.add((s, i), a, b)
 
     # -- result --------------------------------------------------------------------------
 
@@ -323,6 +334,12 @@ class _Summary:
             out["largest_lag"] = self.largest_lag
         else:
             out["commands"] = kinds
-            out["positions"], out["gaps"] = self.syn.result()
+            positions, gaps = self.syn.result()
+            out["gaps"] = [g for g in gaps if not self.cover.covers((g["stream"], g["instance"]),
+                                                                    g["from_token"], g["to_token"])]
+            for p in positions:      # gaps a catch-up filled are no gaps
+                p["gaps"] = sum(1 for g in out["gaps"] if (g["stream"], g["instance"]) == (p["stream"], p["instance"]))
+            out["positions"] = positions
+            out["caught_up_rows"] = self.caught_up_rows
         out["decode_errors"] = {"count": self.decode_errors, "examples": self.error_examples}
         return out

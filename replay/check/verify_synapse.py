@@ -9,6 +9,11 @@ rules of REPLAY.md (the same ones `replay` builds `positions` and `gaps` with):
   seen (a gap, also across reconnects, where the new connection's first POSITION tells);
   `new` below `prev` is a malformed position.
 
+Caught-up lines (direction `catch-up`, replay/rules/synapse_catchup.py): the ranges their
+POSITION lines vouch for fill gaps, so a gap is reported at the end only when no fetched range
+covers it; a live RDATA below the committed token inside a fetched range is the writer's late
+copy of a row already fetched, not an order error.
+
 Only RDATA and POSITION lines coming in are looked at one by one (the other lines are
 skipped with one vectorised mask)."""
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from dcptool.protocol.synapse.cover import CATCH_UP, Cover
 from dcptool.replay.check.findings import Findings, Where
 from dcptool.replay.rules.columns import as_numpy, lookup_codes
 
@@ -41,6 +47,8 @@ class SynapseChecker:
     def __init__(self):
         self.groups: dict[tuple, _Group] = {}
         self.last_conn = -1
+        self.cover = Cover()                 # ranges caught up, per (stream, instance)
+        self.gaps: list[tuple] = []          # (where, key, from, to, message, loc): said at the end
 
     def resync(self) -> None:
         """Rows were lost: waiting batch rows may have lost their token line; forget them."""
@@ -48,6 +56,10 @@ class SynapseChecker:
             g.waiting = 0
 
     def finish(self, out: Findings) -> None:
+        for where, key, lo, hi, message, loc in self.gaps:
+            if not self.cover.covers(key, lo, hi):
+                out.at(where, "synapse.position_gap", message, token=hi, **loc)
+        self.gaps = []
         for key, g in self.groups.items():
             if g.waiting and g.waiting_conn < self.last_conn:
                 self._dropped(key, g, out)
@@ -64,9 +76,12 @@ class SynapseChecker:
                        frame_no=int(fn[i]))
         conn = as_numpy(t.column("conn"), fill=0, dtype=np.int64) | (where.rank << 32)
         self.last_conn = max(self.last_conn, int(conn.max()))
-        (is_in,) = lookup_codes(t.column("direction"), {"in"})
+        is_in, caught = lookup_codes(t.column("direction"), {"in"}, {CATCH_UP})
         is_rdata, is_pos = lookup_codes(t.column("command"), {"RDATA"}, {"POSITION"})
-        keep = is_in & (is_rdata | is_pos) & ~err & as_numpy(t.column("stream").is_valid(), dtype=bool)
+        named = ~err & as_numpy(t.column("stream").is_valid(), dtype=bool)
+        if (caught & is_pos & named).any():
+            self._cover(t, caught & is_pos & named)
+        keep = is_in & (is_rdata | is_pos) & named
         rows = np.flatnonzero(keep)
         if not len(rows):
             return
@@ -93,7 +108,7 @@ class SynapseChecker:
                     continue
                 if token is None:
                     continue
-                if g.token is not None and token < g.token:
+                if g.token is not None and token < g.token and not self.cover.within(key, token):
                     out.at(where, "synapse.token_out_of_order", f"{stream}/{inst}: RDATA token {token} "
                            f"below the committed token {g.token}", token=token, **loc)
                 g.token, g.waiting = token, 0
@@ -102,10 +117,17 @@ class SynapseChecker:
                 out.at(where, "synapse.position_backwards", f"{stream}/{inst}: POSITION {prev} {new} "
                        "goes back", token=new, **loc)
             if prev is not None and g.token is not None and g.token < prev:
-                out.at(where, "synapse.position_gap", f"{stream}/{inst}: POSITION prev {prev} above the "
-                       f"committed token {g.token}: rows {g.token + 1}..{prev} never seen", token=prev, **loc)
+                self.gaps.append((where, key, g.token, prev, f"{stream}/{inst}: POSITION prev {prev} above the "
+                                  f"committed token {g.token}: rows {g.token + 1}..{prev} never seen", loc))
             if new is not None:
                 g.token = new
+
+    def _cover(self, t: pa.Table, mask: np.ndarray) -> None:
+        sel = t.take(pa.array(np.flatnonzero(mask))).select(["stream", "instance", "prev_token",
+                                                             "new_token"]).to_pydict()
+        for s, i, a, b in zip(sel["stream"], sel["instance"], sel["prev_token"], sel["new_token"]):
+            if a is not None and b is not None:
+                self.cover.add((s, i), a, b)
 
     @staticmethod
     def _dropped(key: tuple, g: _Group, out: Findings) -> None:

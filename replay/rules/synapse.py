@@ -18,15 +18,18 @@ from dcptool.replay.rules.columns import (
     ts_array,
     ts_ns,
 )
+from dcptool.replay.rules.synapse_catchup import CATCH_UP, CatchUpBook, caught_mask
 
 SYN_GROUP_COMMANDS = ("RDATA", "POSITION")
-SYN_STATE_COLUMNS = ["capture_id", "frame_no", "ts", "conn", "stream", "instance", "command",
+SYN_STATE_COLUMNS = ["capture_id", "frame_no", "ts", "conn", "direction", "stream", "instance", "command",
                      "token", "batch", "prev_token", "new_token", "row"]
+GROUP_DIRECTIONS = ("in", CATCH_UP)
 
 
 def synapse_group_frames(t: pa.Table) -> np.ndarray:
-    """Mask of the frames that move a (stream, instance): `in` RDATA and POSITION."""
-    return (equals(t.column("direction"), "in") & as_numpy(t.column("stream").is_valid(), dtype=bool)
+    """Mask of the frames that move a (stream, instance): RDATA and POSITION coming in, live
+    or caught up (synapse_catchup.py)."""
+    return (is_in(t.column("direction"), GROUP_DIRECTIONS) & as_numpy(t.column("stream").is_valid(), dtype=bool)
             & as_numpy(t.column("decode_error").is_null(), dtype=bool)
             & is_in(t.column("command"), SYN_GROUP_COMMANDS))
 
@@ -40,6 +43,31 @@ def rdata_kinds(t: pa.Table):
     token = as_numpy(t.column("token"), fill=0, dtype=np.int64)
     is_batch = is_rdata & (as_numpy(t.column("batch"), fill=False, dtype=bool) | ~token_valid)
     return is_rdata, is_pos, token, is_batch, is_rdata & ~is_batch
+
+
+class Kinds:
+    """rdata_kinds with the caught-up lines of `book` set apart: live RDATA / POSITION only in
+    the live masks (live rows equal to a caught-up one dropped), the caught-up rows in
+    `caught` with the token each commits under (`caught_token`) and whether it closes a
+    batch (`caught_closes`). `gid`: the group of each row, rows in group then capture order."""
+
+    def __init__(self, t: pa.Table, gid: np.ndarray, book: CatchUpBook | None):
+        n = t.num_rows
+        is_rdata, is_pos, token, is_batch, is_num = rdata_kinds(t)
+        caught = caught_mask(t) if book else np.zeros(n, bool)
+        live = ~caught
+        is_rdata, is_pos, is_batch, is_num = is_rdata & live, is_pos & live, is_batch & live, is_num & live
+        self.caught = np.zeros(n, bool)
+        self.caught_token = np.zeros(n, np.int64)
+        self.caught_closes = np.zeros(n, bool)
+        if book:
+            nxt, nn = next_numeric(is_num)
+            joins = is_batch & (nxt < n) & (gid[nn] == gid)
+            dup = book.duplicates(t, is_num | joins, np.where(is_num, token, token[nn]))
+            is_rdata, is_batch, is_num = is_rdata & ~dup, is_batch & ~dup, is_num & ~dup
+            tok, ok, closes = book.lookup(t, caught & equals(t.column("command"), "RDATA"))
+            self.caught, self.caught_token, self.caught_closes = ok, tok, closes & ok
+        self.is_rdata, self.is_pos, self.token, self.is_batch, self.is_num = is_rdata, is_pos, token, is_batch, is_num
 
 
 def next_numeric(is_num: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -78,14 +106,20 @@ def synapse_tables(t: pa.Table, max_conn: int) -> dict[str, pa.Table]:
     ng = int(gid[-1]) + 1 if n else 0
     idx = np.arange(n)
     conn = as_numpy(t.column("_conn"), dtype=np.int64)
-    is_rdata, is_pos, token, is_batch, is_num = rdata_kinds(t)
+    caught_lines = caught_mask(t)
+    book = None
+    if caught_lines.any():          # caught-up rows of this group: synapse_catchup.py
+        book = CatchUpBook()
+        book.add(t.filter(pa.array(caught_lines)))
+    k = Kinds(t, gid, book)
+    is_pos, token, is_batch, is_num = k.is_pos, k.token, k.is_batch, k.is_num
 
     # the batch token rule: waiting rows commit at the next numeric RDATA of the group,
     # unless a reconnect came first (then they are dropped)
     nxt, nn = next_numeric(is_num)
     joins = is_batch & (nxt < n) & (gid[nn] == gid) & (conn[nn] == conn)
-    committed = is_num | joins
-    commit_token = np.where(is_num, token, token[nn])
+    committed = is_num | joins | k.caught
+    commit_token = np.where(k.caught, k.caught_token, np.where(is_num, token, token[nn]))
     left = is_batch & ~joins
     dropped = left & (conn < max_conn)
     pending = left & ~dropped
@@ -114,6 +148,11 @@ def synapse_tables(t: pa.Table, max_conn: int) -> dict[str, pa.Table]:
     prev_valid = as_numpy(t.column("prev_token").is_valid(), dtype=bool)
     prev_tok = as_numpy(t.column("prev_token"), fill=0, dtype=np.int64)
     gap = is_pos & prev_valid & has_before & (value[bb] < prev_tok)
+    if book is not None:            # a gap a catch-up fetched whole is no gap
+        keys = list(zip(stream.take(order).to_pylist(), instance.take(order).to_pylist()))
+        for j in np.flatnonzero(gap).tolist():
+            if book.cover.covers(keys[j], int(value[bb][j]), int(prev_tok[j])):
+                gap[j] = False
     gi = np.flatnonzero(gap)
     gaps = pa.table({
         "stream": stream.take(order).take(gi), "instance": instance.take(order).take(gi),
@@ -129,6 +168,7 @@ def synapse_tables(t: pa.Table, max_conn: int) -> dict[str, pa.Table]:
     batches = np.zeros(ng, np.int64)
     commits_of_batches = np.unique(nxt[joins])
     np.add.at(batches, gid[commits_of_batches], 1)
+    np.add.at(batches, gid[k.caught_closes], 1)
     ts = ts_ns(t.column("ts"))
     fts = np.full(ng, NONE_TS, np.int64)
     np.minimum.at(fts, gid, ts)

@@ -31,10 +31,16 @@ from dcptool.replay.rules.columns import (
     ts_ns,
 )
 from dcptool.replay.rules.synapse import (
+    Kinds,
     group_bounds,
     next_numeric,
-    rdata_kinds,
     synapse_group_frames,
+)
+from dcptool.replay.rules.synapse_catchup import (
+    BOOK_COLUMNS,
+    CATCH_UP,
+    CatchUpBook,
+    gap_counts,
 )
 
 I64_MIN = np.iinfo(np.int64).min
@@ -45,8 +51,9 @@ _ROW_PARTS = ["stream", "instance", "token", "row", "capture_id", "frame_no", "t
 
 
 class SynapseState:
-    def __init__(self, want_rows: bool = True):
+    def __init__(self, want_rows: bool = True, book: CatchUpBook | None = None):
         self.want_rows = want_rows
+        self.book = book if book else None     # every caught-up line of the replay, read first
         self.max_conn = -1
         self._keys: dict[tuple, int] = {}         # (stream, instance) -> group id
         self._names: list[tuple] = []
@@ -121,7 +128,8 @@ class SynapseState:
         idx = np.arange(n)
         gstart, gend, groups = group_bounds(gid)
         conn = as_numpy(t.column("_conn"), dtype=np.int64)
-        is_rdata, is_pos, token, is_batch, is_num = rdata_kinds(t)
+        kinds = Kinds(t, gid, self.book)
+        is_pos, token, is_batch, is_num = kinds.is_pos, kinds.token, kinds.is_batch, kinds.is_num
 
         # the batch token rule inside the chunk
         nxt, nn = next_numeric(is_num)
@@ -129,8 +137,8 @@ class SynapseState:
         joins = is_batch & has_nxt & (conn[nn] == conn)
         left = is_batch & has_nxt & ~joins
         waiting = is_batch & ~has_nxt
-        commit_token = np.where(is_num, token, token[nn])
-        with_batch = np.zeros(n, bool)
+        commit_token = np.where(kinds.caught, kinds.caught_token, np.where(is_num, token, token[nn]))
+        with_batch = kinds.caught_closes.copy()
         with_batch[nxt[joins]] = True
 
         # rows carried from earlier chunks wait on the first numeric RDATA of their group
@@ -158,7 +166,7 @@ class SynapseState:
         self._count(self.left, gid[left], conn[left])
         self._count(self.waiting, gid[waiting], conn[waiting])
 
-        committed = is_num | joins
+        committed = is_num | joins | kinds.caught
         ng = len(self.val)
         self.n_rows += np.bincount(gid[committed], minlength=ng)
         self.batches += np.bincount(gid[with_batch], minlength=ng)
@@ -284,6 +292,10 @@ class SynapseState:
             "last_ts": ts_array(self.lts, self.lts != I64_MIN)})
         gaps_schema, _ = T.SYNAPSE_TABLES["gaps"]
         gaps = pa.concat_tables(self.gap_parts) if self.gap_parts else gaps_schema.empty_table()
+        if self.book is not None:       # gaps a catch-up fetched whole are no gaps
+            gaps = self.book.open_gaps(gaps)
+            positions = positions.set_column(positions.column_names.index("gaps"), "gaps",
+                                             pa.array(gap_counts(gaps, names), pa.int64()))
         cmds = self._merge_commands()
         out = {"positions": T.canonical("synapse", "positions", positions),
                "gaps": T.canonical("synapse", "gaps", gaps),
@@ -482,10 +494,25 @@ class _LazySynapse(dict):
         return super().__getitem__(name)
 
 
+def catch_up_book(files, ranks, chunk_rows: int) -> CatchUpBook:
+    """Every caught-up line of the replay (synapse_catchup.py), read before the main pass:
+    a live row equal to a caught-up one is dropped wherever in the capture it came."""
+    book = CatchUpBook()
+    for t in ordered_frames(files, ["direction"], ranks, batch_rows=chunk_rows):
+        if pc.any(pc.equal(t.column("direction").cast(pa.string()), CATCH_UP)).as_py():
+            break
+    else:
+        return book
+    for t in ordered_frames(files, BOOK_COLUMNS, ranks, batch_rows=chunk_rows):
+        book.add(t)
+    return book
+
+
 def synapse_pass(files, ranks, chunk_rows: int, want_rows: bool = True) -> dict[str, pa.Table]:
+    book = catch_up_book(files, ranks, chunk_rows)
     cols = list(dict.fromkeys(["direction", "decode_error"] + GROUP_COLUMNS
-                              + (ROW_COLUMNS if want_rows else [])))
-    state = SynapseState(want_rows)
+                              + (ROW_COLUMNS if want_rows or book else [])))
+    state = SynapseState(want_rows, book)
     for t in ordered_frames(files, cols, ranks, batch_rows=chunk_rows):
         state.feed(t)
     return state.finish()

@@ -502,7 +502,7 @@ def replay_spark(spark, files: list, as_of=None) -> SparkReplay:
     def packed():
         max_conn = df.agg(F.max("_conn")).first()[0]  # one number, not frames
         max_conn = -1 if max_conn is None else int(max_conn)
-        group_frames = df.filter((F.col("direction") == "in") & F.col("stream").isNotNull()
+        group_frames = df.filter(F.col("direction").isin(*synapse_rules.GROUP_DIRECTIONS) & F.col("stream").isNotNull()
                                  & F.col("decode_error").isNull()
                                  & F.col("command").isin(*synapse_rules.SYN_GROUP_COMMANDS))
         grouped = group_frames.select(synapse_rules.SYN_STATE_COLUMNS + ["_seq", "_conn"]).groupBy("stream", "instance")

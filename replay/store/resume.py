@@ -282,26 +282,46 @@ def dcp_resume_options(files) -> dict:
     return out if isinstance(out, dict) else {}
 
 
-def synapse_resume_state(files) -> dict[tuple[str, str], int]:
+def synapse_resume_state(files, hold_gaps: bool = False) -> dict[tuple[str, str], int]:
     """Last committed token per (stream, instance): RDATA with a numeric token commits at
     that token (and commits the `batch` rows waiting before it); `batch` rows alone commit
-    nothing; POSITION moves the position to its new token."""
+    nothing; POSITION moves the position to its new token. With `hold_gaps` (a capture with
+    --catch-up), a POSITION that showed a gap no catch-up filled (replay/rules/synapse_catchup.py)
+    holds the token at the gap's start, so the resumed capture fetches the gap again (rows it then gets twice are counted
+    once by replay)."""
+    from dcptool.protocol.synapse.cover import CATCH_UP, Cover
     tokens: dict[tuple[str, str], int] = {}
-    cols_wanted = ["direction", "command", "stream", "instance", "token", "new_token"]
+    gaps: list[tuple[tuple[str, str], int, int]] = []
+    cover = Cover()
+    cols_wanted = ["direction", "command", "stream", "instance", "token", "prev_token", "new_token"]
     for t in iter_capture_tables(_files(files, "synapse"), cols_wanted):
         direction = t.column("direction")
-        command = t.column("command")
-        keep = pc.and_(
-            pc.equal(direction.cast(pa.string()) if pa.types.is_dictionary(direction.type) else direction, "in"),
-            pc.or_(pc.and_(pc.equal(command.cast(pa.string()), "RDATA"), pc.is_valid(t.column("token"))),
-                   pc.and_(pc.equal(command.cast(pa.string()), "POSITION"), pc.is_valid(t.column("new_token")))))
-        rows = t.filter(pc.fill_null(keep, False)).select(["command", "stream", "instance",
-                                                          "token", "new_token"]).to_pydict()
-        for cmd, stream, inst, tok, new in zip(rows["command"], rows["stream"], rows["instance"],
-                                               rows["token"], rows["new_token"]):
+        direction = direction.cast(pa.string()) if pa.types.is_dictionary(direction.type) else direction
+        command = t.column("command").cast(pa.string())
+        is_pos = pc.and_(pc.equal(command, "POSITION"), pc.is_valid(t.column("new_token")))
+        keep = pc.or_(
+            pc.and_(pc.equal(direction, "in"),
+                    pc.or_(pc.and_(pc.equal(command, "RDATA"), pc.is_valid(t.column("token"))), is_pos)),
+            pc.and_(pc.equal(direction, CATCH_UP), is_pos))
+        rows = t.filter(pc.fill_null(keep, False)).select(["direction", "command", "stream", "instance",
+                                                          "token", "prev_token", "new_token"]).to_pydict()
+        for d, cmd, stream, inst, tok, prev, new in zip(rows["direction"], rows["command"], rows["stream"],
+                                                        rows["instance"], rows["token"], rows["prev_token"],
+                                                        rows["new_token"]):
             if stream is None:
                 continue
-            tokens[(stream, inst)] = tok if cmd == "RDATA" else new
+            key = (stream, inst)
+            if d == CATCH_UP:
+                if prev is not None:
+                    cover.add(key, prev, new)
+                continue
+            have = tokens.get(key)
+            if cmd == "POSITION" and prev is not None and have is not None and have < prev:
+                gaps.append((key, have, prev))
+            tokens[key] = tok if cmd == "RDATA" else new
+    for key, lo, hi in gaps if hold_gaps else ():
+        if not cover.covers(key, lo, hi) and key in tokens:
+            tokens[key] = min(tokens[key], lo)
     return tokens
 
 

@@ -22,7 +22,9 @@ class ServeSynapse:
             err = self.proc.stderr.read().decode()
             self.stop()
             raise AssertionError(f"serve synapse did not start: {err}")
-        self.address = json.loads(line)["listening"]
+        info = json.loads(line)
+        self.address = info.get("listening")   # None with --redis (it publishes instead)
+        self.http = info.get("http")      # with --http-port: the catch-up endpoint's HOST:PORT
 
     def stop(self):
         stop_process(self.proc)
