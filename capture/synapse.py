@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 
-from dcptool.capture.options import CaptureSettings, LiveOptions
+from dcptool.capture.options import CaptureSettings, LiveOptions, default_name
 from dcptool.capture.result import CaptureResult
 from dcptool.capture.ring import compact_finished, retention, start_ring, stop_ring
 from dcptool.capture.run import (
@@ -31,7 +31,7 @@ DEFAULTS = {"ping_interval": 5.0, "timeout": 25.0, "max_reconnects": 5,
 def make_client(opts: LiveOptions, committed=None) -> SynapseClient:
     src = opts.source
     tcp = src.scheme == "synapse"
-    name = opts.name or f"dcptool-{src.host}-{os.getpid()}"
+    name = opts.name or default_name(src)
     return SynapseClient(name, expected_server=src.server_name if tcp else None,
                          replicate=opts.replicate, keepalive=tcp,
                          ping_interval=DEFAULTS["ping_interval"], timeout=DEFAULTS["timeout"],

@@ -1,6 +1,6 @@
 """`dcptool stream|capture synapse://... | synapse+redis://...`: the capture is library
 (capture/synapse.py); `stream` runs the same client and transports with a handler that
-prints what crosses the wire (capture/synapse_stream.py); both tell gaps and reconnects on stderr."""
+prints what crosses the wire (live/synapse_rows.py); both tell gaps and reconnects on stderr."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ from dcptool.capture import metrics
 from dcptool.capture import synapse as synapse_capture
 from dcptool.capture.options import CaptureSettings, LiveOptions
 from dcptool.capture.run import END, MAX_MESSAGES, StopSignals
-from dcptool.capture.stdout_pipe import note_stop_signals, run_deadline
-from dcptool.capture.synapse_stream import StreamHandler
 from dcptool.cli.view.console import err_console
 from dcptool.cli.view.output import markup_safe
 from dcptool.cli.view.run_summary import (
@@ -20,6 +18,8 @@ from dcptool.cli.view.run_summary import (
     run_and_close,
     stream_sink,
 )
+from dcptool.live.stdout_pipe import note_stop_signals, run_deadline
+from dcptool.live.synapse_rows import StreamHandler
 from dcptool.protocol.synapse.client import Gap
 
 TABLE_COLUMNS = ["frame_no", "conn", "direction", "command", "stream", "instance", "token",

@@ -10,13 +10,13 @@ import sys
 
 import click
 
-from dcptool.capture.servers import server_stop_event
 from dcptool.cli.servers.playback import (
     check_unused,
     playback_options,
     serve_dcp_capture,
 )
 from dcptool.cli.sources import parse_duration
+from dcptool.serve.runner import server_stop_event
 
 
 def _reasons(text: str | None) -> tuple[int, ...]:

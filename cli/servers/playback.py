@@ -1,6 +1,6 @@
 """`serve dcp|synapse --from CAPTURE`: play a capture back as a live server, with --pace and
 fault injection (--disconnect-at, --stall-at, --corrupt-at). The options are declared
-here and added to both serve commands (the servers run in capture/servers.py); the capture is read (replay/playback.py) before
+here and added to both serve commands (the servers run in serve/runner.py); the capture is read (replay/playback.py) before
 anything listens, so an unreadable capture is one error line and exit 1, and a DCP capture
 without the `raw` column (nothing to send) one line and exit 2; recorded frames shorter than
 their header says are left out, counted in one warning line."""
@@ -87,9 +87,9 @@ def _listening(host, port) -> None:
 
 def serve_dcp_capture(paths, *, bind: str, port: int, users: dict, tls, pace: str, disconnect_at,
                       stall_at, corrupt_at, handshake_timeout: float = 10.0) -> None:
-    from dcptool.capture.servers import serve_dcp_recording
     from dcptool.protocol.errors import LateUsageError
     from dcptool.replay.playback import NotPlayable, load_dcp
+    from dcptool.serve.runner import serve_dcp_recording
 
     factor = parse_pace(pace)
     stall_n, stall_s = parse_stall(stall_at)
@@ -109,8 +109,8 @@ def serve_dcp_capture(paths, *, bind: str, port: int, users: dict, tls, pace: st
 
 def serve_synapse_capture(paths, *, bind: str, port: int, server_name: str, ping: float, timeout: float,
                           pace: str, disconnect_at, stall_at, corrupt_at) -> None:
-    from dcptool.capture.servers import serve_synapse_recording
     from dcptool.replay.playback import load_synapse
+    from dcptool.serve.runner import serve_synapse_recording
 
     factor = parse_pace(pace)
     stall_n, stall_s = parse_stall(stall_at)

@@ -2,7 +2,7 @@
 text. Rows are plain dicts. Also the one place for what every command's output shares
 (the output contract of docs/CLI.md): the timestamp format (`iso_ns`), terminal-safe
 text from the other side (`printable`); DCP keys as text / values as JSON
-(`dcp_display`) are replay/display.py's, the pipe writer capture/stdout_pipe.py's."""
+(`dcp_display`) are replay/display.py's, the pipe writer live/stdout_pipe.py's."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Iterable
 
 import orjson
 
-from dcptool.capture.stdout_pipe import private_pipe_fd, write_pipe
+from dcptool.live.stdout_pipe import private_pipe_fd, write_pipe
 from dcptool.protocol.text import printable
 from dcptool.replay.display import JSONL_OPTS, dcp_display, json_default, jsonl_bytes
 from dcptool.replay.timestamps import iso_ns

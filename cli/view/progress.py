@@ -1,7 +1,7 @@
 """The live progress display of `dcptool capture` (stderr, rich) and its final summary.
 
 The network loop calls `update()`/`add()` as often as it likes: they only store numbers
-(capture/progress.py).
+(live/progress.py).
 Rendering (rates, formatting) happens on rich's refresh thread a few times a second, so
 the cost on the loop is a few attribute stores. `make_progress` returns a no-op display
 for `--quiet` or when stderr is not a terminal, so callers never need to check.
@@ -13,8 +13,8 @@ import sys
 import time
 from typing import Callable
 
-from dcptool.capture.progress import ProgressCounters
 from dcptool.capture.run import NoProgress
+from dcptool.live.progress import ProgressCounters
 
 
 def _size(n: float) -> str:
@@ -44,7 +44,7 @@ class NullProgress(NoProgress):
 
 
 class CaptureProgress(ProgressCounters, NullProgress):
-    """Live capture progress on the stderr console: the counters of capture/progress.py
+    """Live capture progress on the stderr console: the counters of live/progress.py
     (update(), add(), rates(), positions_text()) drawn by rich a few times a second."""
 
     enabled = True

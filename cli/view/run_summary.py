@@ -1,6 +1,6 @@
 """What a `stream` run prints when it ends (the summary line or JSON, the same for DCP and
 Synapse). The summary's fields and the signals that end a run or a `serve` are library
-(capture/run.py, capture/servers.py)."""
+(capture/run.py, serve/runner.py)."""
 
 from __future__ import annotations
 
