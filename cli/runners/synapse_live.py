@@ -11,7 +11,8 @@ from dcptool.capture import synapse as synapse_capture
 from dcptool.capture.options import CaptureSettings, LiveOptions
 from dcptool.capture.run import END, MAX_MESSAGES, StopSignals
 from dcptool.cli.view.console import err_console
-from dcptool.cli.view.output import markup_safe
+from dcptool.cli.view.output import Sink, default_format, markup_safe
+from dcptool.cli.view.progress import print_summary
 from dcptool.cli.view.run_summary import (
     add_rates,
     print_stream_summary,
@@ -36,7 +37,6 @@ def tell(ev) -> None:
 
 
 def run_stream(opts: LiveOptions) -> None:
-    from dcptool.cli.view.output import Sink, default_format
     fmt = default_format(opts.fmt)
     sink = stream_sink(opts, lambda: Sink(fmt, columns=TABLE_COLUMNS if fmt != "jsonl" else None))
     handler = StreamHandler(opts, sink, tell)
@@ -88,7 +88,6 @@ def _progress_printer():
 
 
 def run_capture(opts: LiveOptions, settings: CaptureSettings) -> None:
-    from dcptool.cli.view.progress import print_summary
     live = show = None
     if not settings.quiet:
         live, show = _progress_printer()

@@ -13,6 +13,12 @@ import sys
 import click
 
 from dcptool.cli.sources import parse_duration
+from dcptool.cli.view.console import err_console
+from dcptool.protocol.errors import LateUsageError
+from dcptool.serve.runner import serve_dcp_recording, serve_synapse_recording
+
+# Lazy imports: only where start-up time needs them (`serve ... --help` loads no pyarrow: a
+# recording is read by replay/playback.py when --from is given).
 
 
 def parse_pace(text: str | None) -> float | None:
@@ -87,9 +93,7 @@ def _listening(host, port) -> None:
 
 def serve_dcp_capture(paths, *, bind: str, port: int, users: dict, tls, pace: str, disconnect_at,
                       stall_at, corrupt_at, handshake_timeout: float = 10.0) -> None:
-    from dcptool.protocol.errors import LateUsageError
     from dcptool.replay.playback import NotPlayable, load_dcp
-    from dcptool.serve.runner import serve_dcp_recording
 
     factor = parse_pace(pace)
     stall_n, stall_s = parse_stall(stall_at)
@@ -98,7 +102,6 @@ def serve_dcp_capture(paths, *, bind: str, port: int, users: dict, tls, pace: st
     except NotPlayable as exc:
         raise LateUsageError(str(exc)) from None
     if recording.skipped:
-        from dcptool.cli.view.console import err_console
         err_console().print(f"[yellow]dcptool:[/] warning: {recording.skipped:,} recorded stream frame(s) shorter "
                             "than a header or than their header says are left out of the playback",
                             highlight=False, markup=True, soft_wrap=True)
@@ -110,7 +113,6 @@ def serve_dcp_capture(paths, *, bind: str, port: int, users: dict, tls, pace: st
 def serve_synapse_capture(paths, *, bind: str, port: int, server_name: str, ping: float, timeout: float,
                           pace: str, disconnect_at, stall_at, corrupt_at) -> None:
     from dcptool.replay.playback import load_synapse
-    from dcptool.serve.runner import serve_synapse_recording
 
     factor = parse_pace(pace)
     stall_n, stall_s = parse_stall(stall_at)

@@ -16,6 +16,9 @@ from dcptool.cli.servers.playback import (
 from dcptool.cli.sources import parse_duration
 from dcptool.serve.runner import run_server, server_stop_event
 
+# Lazy imports: only where start-up time needs them (`serve synapse --help` loads no numpy:
+# the server and its transport load when it starts).
+
 
 @click.command("synapse")
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Address to listen on.")

@@ -11,6 +11,8 @@ from typing import Iterable
 
 import orjson
 
+from dcptool.cli.view.console import stdout_is_tty
+from dcptool.cli.view.table import TextTable, cell_text, terminal_width
 from dcptool.live.stdout_pipe import private_pipe_fd, write_pipe
 from dcptool.protocol.text import printable
 from dcptool.replay.display import JSONL_OPTS, dcp_display, json_default, jsonl_bytes
@@ -30,13 +32,11 @@ def markup_safe(text) -> str:
 def default_format(requested: str | None) -> str:
     if requested:
         return requested
-    from dcptool.cli.view.console import stdout_is_tty
     return "table" if stdout_is_tty() else "jsonl"
 
 
 def text_line(row: dict) -> str:
     """`--format text`: `name=value` for every column with a value, escaped."""
-    from dcptool.cli.view.table import cell_text
     return " ".join(f"{k}={printable(cell_text(v))}" for k, v in row.items() if v is not None) + "\n"
 
 
@@ -137,7 +137,6 @@ class Sink:
         if not self._table_rows:
             return
         if self._table is None:
-            from dcptool.cli.view.table import TextTable, terminal_width
             self._table = TextTable(self.out, self.columns, self.title, width=terminal_width(self.out))
         rows, self._table_rows = self._table_rows, []
         self._table.write(rows)
