@@ -7,6 +7,9 @@ rows of `stream`; both hand the session a tap of capture/dcp_tap.py."""
 
 from __future__ import annotations
 
+import ssl
+from typing import Any, Callable, Iterable
+
 from dcptool.capture.options import LiveOptions, default_name
 from dcptool.capture.run import (
     END,
@@ -32,7 +35,7 @@ DEFAULTS = {"reconnects": 5}
 def consumer_config(opts: LiveOptions) -> dcp_consumer.ConsumerConfig:
     src = opts.source
     return dcp_consumer.ConsumerConfig(
-        bucket=src.bucket, name=shard_name(opts.name or default_name(src), opts.shard),
+        bucket=src.bucket or "", name=shard_name(opts.name or default_name(src), opts.shard),
         user=opts.user,
         password=opts.password, vbuckets=shard_vbuckets(opts), start=opts.from_, to=opts.to,
         no_value=opts.no_value, xattrs=opts.xattrs, collections=opts.collections,
@@ -47,13 +50,13 @@ def consumer_config(opts: LiveOptions) -> dcp_consumer.ConsumerConfig:
         shard=parse_shard(opts.shard))
 
 
-def tls_for(opts: LiveOptions):
+def tls_for(opts: LiveOptions) -> ssl.SSLContext | None:
     if not opts.source.tls:
         return None
     return tls_context(opts.ca_cert, opts.insecure)
 
 
-def make_session(opts: LiveOptions, **kw) -> ClusterSession:
+def make_session(opts: LiveOptions, **kw: Any) -> ClusterSession:
     """The session of a DCP run: the seeds of the source, a cluster map followed when the
     server has one (protocol/transport/dcp_cluster.py), else one node; a lost connection is
     made again DEFAULTS["reconnects"] times, for `stream` and `capture` alike."""
@@ -62,8 +65,9 @@ def make_session(opts: LiveOptions, **kw) -> ClusterSession:
                           config_poll=opts.config_poll, reconnects=DEFAULTS["reconnects"], **kw)
 
 
-def run_session(session, duration: float | None, stats: RunStats | None = None,
-                signals: StopSignals | None = None, on_attach=None, before_stop=None):
+def run_session(session: ClusterSession, duration: float | None, stats: RunStats | None = None,
+                signals: StopSignals | None = None, on_attach: Callable[[], None] | None = None,
+                before_stop: Callable[[], None] | None = None) -> dcp_consumer.Consumer | None:
     """Run a transport Session on a fresh event loop until it ends, `duration` passes, or a
     signal (SIGINT, SIGTERM, SIGHUP through `signals`) asks it to close its streams. Returns
     the consumer (None when a signal came before it started); the reason is in `stats`.
@@ -76,8 +80,10 @@ def run_session(session, duration: float | None, stats: RunStats | None = None,
             before_stop()
         session.stop()
 
-    return run_until_stopped(session.run, request_stop, stats, duration=duration, signals=signals,
-                             when_cancelled=lambda: session.consumer, on_attach=on_attach)
+    consumer: dcp_consumer.Consumer | None = run_until_stopped(
+        session.run, request_stop, stats, duration=duration, signals=signals,
+        when_cancelled=lambda: session.consumer, on_attach=on_attach)
+    return consumer
 
 
 class DcpEvents:
@@ -87,25 +93,27 @@ class DcpEvents:
     self)` is called after each event is counted (the CLI prints a line for some);
     `on_map(nodes)` with the node list of each newer cluster map."""
 
-    def __init__(self, requested: list[int] | None = None, tell=None, on_map=None):
+    def __init__(self, requested: list[int] | None = None,
+                 tell: Callable[[Any, DcpEvents], None] | None = None,
+                 on_map: Callable[[tuple[str, ...]], None] | None = None):
         self.requested = requested     # --vbuckets, checked against the server's vbuckets
         self.tell = tell
         self.on_map = on_map
         self.unserved: dict[int, str] = {}
-        self.nodes: tuple = ()
+        self.nodes: tuple[str, ...] = ()
         self.new_nodes = False         # the last map's nodes differ from the one before
         self.failed: dict[int, int] = {}
         self.rollbacks = 0
         self.ends: dict[int, int] = {}
         self.streaming = False         # a handshake completed: the run reached its streams
 
-    def __call__(self, events) -> None:
+    def __call__(self, events: Iterable[Any]) -> None:
         for e in events:
             self.count(e)
             if self.tell is not None:
                 self.tell(e, self)
 
-    def count(self, e) -> None:
+    def count(self, e: Any) -> None:
         t = type(e)
         if t is dcp_consumer.ServerVbuckets:
             check_vbuckets(self.requested, e.vbuckets)

@@ -15,6 +15,7 @@ records everything that crossed the wire.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -23,8 +24,14 @@ from dcptool.capture.run import RunStats
 from dcptool.protocol.dcp.client import consumer as dcp_consumer
 from dcptool.protocol.dcp.wire import columnar
 
+if TYPE_CHECKING:   # types only: the writer brings pyarrow
+    from dcptool.replay.store.background import BackgroundWriter
+
 # Lazy imports: only where start-up time needs them. `stream` uses this module but never
 # writes Arrow: the capture store's batch builder (pyarrow) is imported by CaptureTap only.
+
+
+Buffer = bytes | bytearray | memoryview   # what the transport receives into
 
 
 class DcpTap:
@@ -34,15 +41,15 @@ class DcpTap:
 
     cut = False   # --max-messages: stop showing and counting at the N-th received frame (stream)
 
-    def __init__(self, *, max_messages: int | None = None, on_limit=None, watch: DcpWatch | None = None,
-                 stats: RunStats | None = None):
+    def __init__(self, *, max_messages: int | None = None, on_limit: Callable[[], None] | None = None,
+                 watch: DcpWatch | None = None, stats: RunStats | None = None):
         self.stats = stats if stats is not None else RunStats("dcp", "")
         self.frame_no = 0
         self.conn = 0
         self.node: str | None = None
         self.consumer: dcp_consumer.Consumer | None = None
-        self.opaque_vb: dict = {}       # this connection's: request opaque -> vbucket (or (vbucket, sid))
-        self.opaque_vbs: dict[int, dict] = {}   # per connection (opaques repeat across them)
+        self.opaque_vb: dict[int, Any] = {}       # this connection's: request opaque -> vbucket (or (vbucket, sid))
+        self.opaque_vbs: dict[int, dict[int, Any]] = {}   # per connection (opaques repeat across them)
         self.remaining = max_messages
         self.on_limit = on_limit
         self.watch = watch              # --metrics / --lag-interval (capture/lag.py), or None
@@ -77,7 +84,7 @@ class DcpTap:
         self.write_sent(frame, ts_ns, mono_ns)
         self.frame_no += 1
 
-    def on_received(self, buf, offsets, lengths, ts_ns: int, mono_ns: int) -> None:
+    def on_received(self, buf: Buffer, offsets: np.ndarray, lengths: np.ndarray, ts_ns: int, mono_ns: int) -> None:
         if self.cut and self.remaining is not None:
             if self.remaining <= 0:
                 return
@@ -103,7 +110,8 @@ class DcpTap:
     def write_sent(self, frame: bytes, ts_ns: int, mono_ns: int) -> None:
         """A frame we sent, numbered self.frame_no."""
 
-    def write_received(self, buf, offsets, lengths, ts_ns: int, mono_ns: int, nbytes: int) -> None:
+    def write_received(self, buf: Buffer, offsets: np.ndarray, lengths: np.ndarray, ts_ns: int, mono_ns: int,
+                       nbytes: int) -> None:
         """A receive batch, its first frame numbered self.frame_no."""
 
     def switching(self) -> None:
@@ -118,7 +126,8 @@ class CaptureTap(DcpTap):
     writer (replay/store/dcp_batch.py), the frames we sent gathered into one batch before the
     next receive; batches are held until the options metadata is final (release)."""
 
-    def __init__(self, bg, progress, *, max_messages: int | None = None, on_limit=None, watch=None,
+    def __init__(self, bg: BackgroundWriter, progress: Any, *, max_messages: int | None = None,
+                 on_limit: Callable[[], None] | None = None, watch: DcpWatch | None = None,
                  stats: RunStats | None = None):
         super().__init__(max_messages=max_messages, on_limit=on_limit, watch=watch, stats=stats)
         from dcptool.replay.store.dcp_batch import (
@@ -127,14 +136,15 @@ class CaptureTap(DcpTap):
         self.to_batch = to_record_batch
         self.bg = bg
         self.progress = progress
-        self._held: list | None = []    # batches held until the options metadata is final
-        self._out: list = []            # sent frames not yet in a batch: (frame_no, frame, ts, mono)
+        self._held: list[Any] | None = []    # batches held until the options metadata is final
+        self._out: list[tuple[int, bytes, int, int]] = []            # sent frames not yet in a batch: (frame_no, frame, ts, mono)
         self._next_progress = 0.0
 
     def write_sent(self, frame: bytes, ts_ns: int, mono_ns: int) -> None:
         self._out.append((self.frame_no, frame, ts_ns, mono_ns))
 
-    def write_received(self, buf, offsets, lengths, ts_ns: int, mono_ns: int, nbytes: int) -> None:
+    def write_received(self, buf: Buffer, offsets: np.ndarray, lengths: np.ndarray, ts_ns: int, mono_ns: int,
+                       nbytes: int) -> None:
         self._flush_out()
         n = len(offsets)
         batch = columnar.decode_batch(buf, offsets, lengths, collections=self.collections,
@@ -165,7 +175,7 @@ class CaptureTap(DcpTap):
         for rb in held or ():
             self.bg.submit(rb)
 
-    def _submit(self, rb) -> None:
+    def _submit(self, rb: Any) -> None:
         if self._held is not None:
             self._held.append(rb)
         else:

@@ -7,11 +7,11 @@ receive batch is decoded at once by the columnar decoder (replay/rows.py), as `d
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
-from dcptool.capture.dcp_tap import DcpTap
+from dcptool.capture.dcp_tap import Buffer, DcpTap
 from dcptool.capture.run import RunStats
 from dcptool.protocol.dcp.wire.constants import Status
 from dcptool.replay.rows import frame_columns, jsonl_of, row_columns, rows_of
@@ -28,8 +28,9 @@ class RowTap(DcpTap):
 
     cut = True
 
-    def __init__(self, sink, *, values: bool, raw: bool, max_messages: int | None,
-                 on_limit=None, stats: RunStats | None = None, say: Callable[[str], None] | None = None):
+    def __init__(self, sink: Any, *, values: bool, raw: bool, max_messages: int | None,
+                 on_limit: Callable[[], None] | None = None, stats: RunStats | None = None,
+                 say: Callable[[str], None] | None = None):
         super().__init__(max_messages=max_messages, on_limit=on_limit, stats=stats)
         self.sink = sink
         self.values = values
@@ -41,9 +42,10 @@ class RowTap(DcpTap):
         self.streams_ended = 0
         self.rollbacks = 0
         self.ops: dict[str, int] = {}
-        self.notes = None              # collections.EventNotes when collections are on
+        self.notes: Any = None         # collections.EventNotes when collections are on
 
-    def columns(self, buf, offsets, lengths, ts: str, direction: str, mono_ns: int | None = None):
+    def columns(self, buf: Buffer, offsets: np.ndarray, lengths: np.ndarray, ts: str | None, direction: str,
+                mono_ns: int | None = None) -> tuple[dict[str, Any], int]:
         """Display columns of whole frames (replay/rows.py: the columnar decoder), numbered
         from the tap's next frame number."""
         return frame_columns(buf, offsets, lengths, template=self.template, collections=self.collections,
@@ -52,10 +54,12 @@ class RowTap(DcpTap):
                                     "direction": direction},
                              first_frame_no=self.frame_no)
 
-    def rows(self, buf, offsets, lengths, ts: str, direction: str, mono_ns: int | None = None) -> list[dict]:
-        return rows_of(*self.columns(buf, offsets, lengths, ts, direction, mono_ns), self.template)
+    def rows(self, buf: Buffer, offsets: np.ndarray, lengths: np.ndarray, ts: str | None, direction: str,
+             mono_ns: int | None = None) -> list[dict[str, Any]]:
+        cols, n = self.columns(buf, offsets, lengths, ts, direction, mono_ns)
+        return rows_of(cols, n, self.template)
 
-    def write_rows(self, cols: dict, n: int) -> None:
+    def write_rows(self, cols: dict[str, Any], n: int) -> None:
         """Counts what is shown (this run's summary) and writes it."""
         counts = Counter(cols["op"])     # counted in C, not per row in Python
         ops = self.ops
@@ -75,7 +79,8 @@ class RowTap(DcpTap):
         else:
             self.sink.write_many(rows_of(cols, n, self.template))
 
-    def write_received(self, buf, offsets, lengths, ts_ns: int, mono_ns: int, nbytes: int) -> None:
+    def write_received(self, buf: Buffer, offsets: np.ndarray, lengths: np.ndarray, ts_ns: int, mono_ns: int,
+                       nbytes: int) -> None:
         self.write_rows(*self.columns(buf, offsets, lengths, iso_ns(ts_ns), "in", mono_ns))
         if self.notes is not None:    # collection system events, told once each
             for line in self.notes.lines(buf, offsets, lengths):
