@@ -21,6 +21,9 @@ from __future__ import annotations
 from dcptool.capture.options import CaptureSettings, LiveOptions
 from dcptool.capture.sources import Source, parse_source
 
+# Lazy imports: only where start-up time needs them. Importing dcptool.capture (its options,
+# as cli/ does for `stream`) loads no numpy or pyarrow: each protocol's run loads when called.
+
 __all__ = ["CaptureSettings", "LiveOptions", "Source", "parse_source", "capture"]
 
 

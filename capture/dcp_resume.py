@@ -7,15 +7,22 @@ from __future__ import annotations
 import os
 
 from dcptool.capture.options import LiveOptions
+from dcptool.capture.shard import in_shard
 from dcptool.protocol.dcp.client import consumer as dcp_consumer
 from dcptool.protocol.dcp.wire.constants import StreamEndReason
 from dcptool.protocol.errors import LateUsageError
+from dcptool.replay.store import retained
+from dcptool.replay.store.reader import find_captures
+from dcptool.replay.store.resume import (
+    dcp_resume_options,
+    dcp_resume_state,
+    recover_in_progress,
+)
 
 
 def keep_filter(opts: LiveOptions, directory: str) -> None:
     """capture --resume keeps the collection filter (ids and manifest uid) the capture in
     `directory` recorded; other --scope / --collection names than it had are a usage error."""
-    from dcptool.replay.store.resume import dcp_resume_options
     rec = dcp_resume_options(directory) if os.path.isdir(directory) else {}
     if rec and bool(rec.get("stream_ids")) != bool(opts.stream_ids) and (opts.stream_ids or _named(opts)):
         raise LateUsageError(f"--resume keeps the streams of the capture in {directory} (with"
@@ -67,10 +74,6 @@ def resume_from(directory: str, shard: str | None = None) -> tuple[dict[int, dcp
     """Per-vbucket state recorded by earlier captures in directory (finishing any segment a
     killed capture left in progress first), after the head a retention ring deleted (its
     retained-state record); with --shard, of that shard's vbuckets only."""
-    from dcptool.capture.shard import in_shard
-    from dcptool.replay.store import retained
-    from dcptool.replay.store.reader import find_captures
-    from dcptool.replay.store.resume import dcp_resume_state, recover_in_progress
     if not os.path.isdir(directory):
         return {}, []
     recovered = recover_in_progress(directory)

@@ -10,9 +10,14 @@ consumer events."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
+import numpy as np
+
+from dcptool.capture.metrics import LiveMetrics, start
 from dcptool.protocol.dcp.client.consumer_api import StreamEnded, VbSeqnos
+from dcptool.replay.timestamps import iso_ns
 
 
 class LagPoller:
@@ -41,7 +46,6 @@ class LagPoller:
             return
         self.consumers[conn] = consumer
         if self._loop is None:
-            import asyncio
             self._loop = asyncio.get_running_loop()
             self._timer = self._loop.call_later(self.interval, self._tick)
 
@@ -113,7 +117,6 @@ class LagPoller:
         """The summary's largest lag (none without polls)."""
         if not self.enabled or self.largest is None:
             return {}
-        from dcptool.replay.timestamps import iso_ns
         lag, vb, ts = self.largest
         return {"largest_lag_items": lag, "largest_lag_vbucket": vb, "largest_lag_at": iso_ns(ts)}
 
@@ -127,7 +130,6 @@ class DcpWatch:
     streams, and `close()` at the end."""
 
     def __init__(self, metrics_listen: str | None, lag_interval: float):
-        from dcptool.capture.metrics import LiveMetrics
         self.listen = metrics_listen
         self.live = LiveMetrics("dcp") if metrics_listen else None
         self.lag = LagPoller(lag_interval, self.live)
@@ -140,7 +142,6 @@ class DcpWatch:
         tap must report its receive batches (--metrics), else None."""
         if self.live is None:
             return None
-        from dcptool.capture.metrics import start
         live = self.live
         live.seqnos = lambda: self.positions
         for name, fn in (("segments", segments), ("queue_depth", queue_depth), ("unserved", unserved)):
@@ -172,7 +173,6 @@ class DcpWatch:
         if live is None:
             return
         live.connected(conn, node)
-        import numpy as np
         u8 = np.frombuffer(buf, dtype=np.uint8)
         live.count_batch(u8[np.asarray(offsets) + 1], np.asarray(lengths))
         now = time.monotonic()

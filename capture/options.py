@@ -5,8 +5,15 @@ them from its options (cli/live.py); a program may build them itself."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from dcptool.capture.sources import Source
+
+
+def default_name(source: Source) -> str:
+    """The connection name of a run given no --name (DCP_OPEN's name, Synapse's NAME): the
+    same for `stream` and `capture`, DCP and Synapse."""
+    return f"dcptool-{source.host}-{os.getpid()}"
 
 
 @dataclasses.dataclass

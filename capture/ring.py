@@ -19,9 +19,18 @@ import os
 import threading
 import time
 
+import pyarrow.parquet as pq
+
 from dcptool.replay.store import retained
+from dcptool.replay.store.compact import compact
 from dcptool.replay.store.files import arrow_source, fsync_path
 from dcptool.replay.store.naming import IN_PROGRESS_SUFFIX, SEGMENT_NAME_RE, named_range
+from dcptool.replay.store.reader import describe
+from dcptool.replay.store.resume import (
+    dcp_resume_state,
+    same_source,
+    synapse_resume_state,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +101,6 @@ class Ring:
     def _is_mine(self, path: str) -> bool:
         """A segment of this source (`--force-new` may have put another's next to it) and shard."""
         if path not in self._mine:
-            from dcptool.replay.store.resume import same_source
             source, shard = origin_of_file(path)
             self._mine[path] = source is not None and same_source(source, self.source) and shard == self.shard
         return self._mine[path]
@@ -125,7 +133,6 @@ class Ring:
             return done
 
     def _drop(self, seg: Segment) -> None:
-        from dcptool.replay.store.reader import describe
         f = describe(seg.path)
         rec = retained.load(self.record_path) or retained.empty(self.protocol, self.source, self.shard)
         rows = fold(rec, f)
@@ -203,14 +210,11 @@ def _covered_by(path: str) -> list[str]:
 
 def fold(rec: dict, f) -> int:
     """Fold the state of segment `f` (a reader.CaptureFile) into the record; its row count."""
-    import pyarrow.parquet as pq
     rows = pq.ParquetFile(arrow_source(f.path)).metadata.num_rows
     if f.protocol == "dcp":
-        from dcptool.replay.store.resume import dcp_resume_state
         state = dcp_resume_state([f], initial=retained.vb_states(rec))
         rec["vbuckets"] = {str(vb): retained.vb_to_json(s) for vb, s in sorted(state.items())}
     else:
-        from dcptool.replay.store.resume import synapse_resume_state
         tokens = {**retained.stream_tokens(rec), **synapse_resume_state([f])}
         rec["streams"] = [{"stream": s, "instance": i, "token": t} for (s, i), t in sorted(
             tokens.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))]
@@ -220,7 +224,6 @@ def fold(rec: dict, f) -> int:
 def origin_of_file(path: str) -> tuple[str | None, str | None]:
     """The source and the `shard` (None: not sharded) a segment's metadata names; (None, None)
     for a file that cannot be read (no segment of ours to delete)."""
-    from dcptool.replay.store.reader import describe
     try:
         meta = describe(path).metadata
         opts = json.loads(meta.get("dcptool.options") or "{}")
@@ -266,8 +269,6 @@ def compact_finished(directory: str, source: str, shard: str | None, files: list
     ring stopped: nothing else deletes them now); `files` (the run's finished segments, dicts
     with "path") with merged ones in place of their parts. A failure keeps every part (the
     merged file is written aside and renamed first): `note` says so, the capture stands."""
-    from dcptool.replay.store.compact import compact
-    from dcptool.replay.store.resume import same_source
 
     def mine(f) -> bool:
         try:

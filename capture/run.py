@@ -38,7 +38,6 @@ END = "end"                     # DCP: the server ended every stream (e.g. with 
 INTERRUPTED = "interrupted"     # SIGINT (Ctrl-C)
 SIGNAL = "signal"               # SIGTERM or SIGHUP
 ERROR = "error"                 # an error ended the run (the exit code says which)
-STOP_REASONS = (MAX_MESSAGES, DURATION, TO, END, INTERRUPTED, SIGNAL, ERROR)
 
 COMMON_FIELDS = ("protocol", "source", "started_at", "ended_at", "seconds", "stopped", "signal",
                  "error", "messages_in", "messages_out", "bytes_in", "bytes_out", "connections")

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import time
 
-from dcptool.capture.options import CaptureSettings, LiveOptions
+from dcptool.capture.metrics import LiveMetrics, start, wire_synapse
+from dcptool.capture.options import CaptureSettings, LiveOptions, default_name
 from dcptool.capture.result import CaptureResult
 from dcptool.capture.ring import compact_finished, retention, start_ring, stop_ring
 from dcptool.capture.run import (
@@ -23,6 +24,12 @@ from dcptool.capture.run import (
 )
 from dcptool.capture.synapse_catchup import CHANNEL, CatchUp
 from dcptool.protocol.synapse.client import Gap, ServerError, SynapseClient
+from dcptool.protocol.transport import synapse as synapse_transport
+from dcptool.replay.store import retained
+from dcptool.replay.store.background import BackgroundWriter
+from dcptool.replay.store.resume import recover_in_progress, synapse_resume_state
+from dcptool.replay.store.synapse_batch import build_batch, build_batch_scan
+from dcptool.replay.store.writer import CaptureWriter, WriterError
 
 # Knobs the tests turn down (keep-alive and reconnects); the protocol's own values otherwise.
 DEFAULTS = {"ping_interval": 5.0, "timeout": 25.0, "max_reconnects": 5,
@@ -32,7 +39,7 @@ DEFAULTS = {"ping_interval": 5.0, "timeout": 25.0, "max_reconnects": 5,
 def make_client(opts: LiveOptions, committed=None, catch_up: bool = False) -> SynapseClient:
     src = opts.source
     tcp = src.scheme == "synapse"
-    name = opts.name or f"dcptool-{src.host}-{os.getpid()}"
+    name = opts.name or default_name(src)
     return SynapseClient(name, expected_server=src.server_name if tcp else None,
                          replicate=opts.replicate, keepalive=tcp,
                          ping_interval=DEFAULTS["ping_interval"], timeout=DEFAULTS["timeout"],
@@ -40,7 +47,6 @@ def make_client(opts: LiveOptions, committed=None, catch_up: bool = False) -> Sy
 
 
 async def transport(opts: LiveOptions, client: SynapseClient, handler) -> None:
-    from dcptool.protocol.transport import synapse as synapse_transport
     src = opts.source
 
     def backoff(n):
@@ -154,8 +160,6 @@ def resume_state(directory: str, hold_gaps: bool = False) -> tuple[dict[tuple[st
     """Committed tokens per (stream, instance) from the Synapse captures in ``directory``,
     after leftover in-progress segments are finished (replay/store/resume.py does both, for
     DCP too). Returns (tokens, paths of the segments finished)."""
-    from dcptool.replay.store import retained
-    from dcptool.replay.store.resume import recover_in_progress, synapse_resume_state
     finished = recover_in_progress(directory)
     if not os.path.isdir(directory):
         return {}, finished
@@ -177,7 +181,6 @@ class CaptureHandler(SynapseRun):
         self.node = f"[{src.host}]:{src.port}" if ":" in str(src.host) else f"{src.host}:{src.port}"
 
     def lines(self, direction, lines, split, *, conn, ts_ns, mono_ns, channel=None, errors=None):
-        from dcptool.replay.store.synapse_batch import build_batch
         batch = build_batch(lines, frame_no=self.frame_no, conn=conn, ts_ns=ts_ns,
                             mono_ns=mono_ns, direction=direction, channel=channel, split=split,
                             errors=errors, node=self.node)
@@ -190,7 +193,6 @@ class CaptureHandler(SynapseRun):
             self.count_in(len(lines))
 
     def block(self, direction, scan, *, conn, ts_ns, mono_ns, channel=None):
-        from dcptool.replay.store.synapse_batch import build_batch_scan
         batch = build_batch_scan(scan, frame_no=self.frame_no, conn=conn, ts_ns=ts_ns,
                                  mono_ns=mono_ns, direction=direction, channel=channel, node=self.node)
         self.frame_no += scan.n
@@ -243,8 +245,6 @@ def capture_synapse(opts: LiveOptions, settings: CaptureSettings, *, progress=No
     if signals is None:
         with StopSignals() as own:
             return capture_synapse(opts, settings, progress=progress, tell=tell, note=note, signals=own)
-    from dcptool.capture.metrics import LiveMetrics, start, wire_synapse
-    from dcptool.replay.store.writer import WriterError
     live = LiveMetrics("synapse") if opts.metrics else None
     server = start(opts.metrics, live)    # before anything is written: an address in use is exit 2
     if server is not None and note is not None:
@@ -309,8 +309,6 @@ def _resume(settings: CaptureSettings, note) -> tuple[dict, list]:
 
 
 def _open_writer(opts: LiveOptions, settings: CaptureSettings, committed: dict):
-    from dcptool.replay.store.background import BackgroundWriter
-    from dcptool.replay.store.writer import CaptureWriter
     options = opts.safe_dict()
     options["synapse"] = {"name": opts.name, "replicate": opts.replicate,
                           "streams": opts.streams, "server_name": opts.source.server_name,

@@ -10,6 +10,8 @@ import sys
 import click
 
 from dcptool import __version__
+from dcptool.cli.errors import handle
+from dcptool.cli.process import guard_stdio, install_stop_signals
 
 # name -> (module:attribute, one-line help shown by `dcptool --help` without importing it)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -53,7 +55,6 @@ class LazyGroup(click.Group):
         except BaseException as exc:  # noqa: BLE001 - mapped to exit codes in one place
             if isinstance(exc, SystemExit):
                 raise
-            from dcptool.cli.errors import handle
             handle(ctx, exc)
 
     def format_commands(self, ctx, formatter):
@@ -93,7 +94,6 @@ def main(argv=None):
     # numpy's OpenBLAS would start a spinning thread per core; no command does linear
     # algebra, and on two cores those threads took 11% of a capture's CPU (perf)
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from dcptool.cli.process import guard_stdio, install_stop_signals
     guard_stdio()            # a closed stdout is one error line, never a traceback (CLI.md)
     install_stop_signals()   # SIGINT / SIGTERM / SIGHUP end any command within 2 s
     return cli.main(args=argv, prog_name="dcptool")

@@ -6,9 +6,14 @@ import click
 
 from dcptool.capture.options import CaptureSettings
 from dcptool.capture.shard import check_shard
+from dcptool.cli.errors import LateUsageError
 from dcptool.cli.live import build_options, connection_options, runner
 from dcptool.cli.sources import output_dir_option, parse_duration, parse_size
+from dcptool.cli.view.console import err_console
 from dcptool.replay.store import COMPRESSIONS
+
+# Lazy imports: only where start-up time needs them (`capture --help` loads no pyarrow:
+# the resume checks import the capture store when the run starts).
 
 
 @click.command()
@@ -78,8 +83,6 @@ def _one_source(directory: str, source, *, resume: bool, force_new: bool) -> Non
     """A capture directory holds one protocol and one source (replay/store/resume.py): another
     one is a usage error naming both, before anything connects. With --resume the in-progress
     segments a killed run left are finished here first; a damaged one is kept aside and said."""
-    from dcptool.cli.errors import LateUsageError
-    from dcptool.cli.view.console import err_console
     from dcptool.replay.store import resume as R
     try:
         R.check_source(directory, source.protocol, source.url, resume=resume, force_new=force_new)

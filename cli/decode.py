@@ -7,6 +7,7 @@ import sys
 import click
 
 from dcptool.cli.view.output import FORMATS, Sink, default_format
+from dcptool.protocol.dcp.wire.constants import DEFAULT_MAX_BODY
 from dcptool.replay.display import VALUE_COLUMNS, with_key_base64
 from dcptool.replay.rows import bulk_rows, decode_stream
 
@@ -40,7 +41,6 @@ def decode(file, fmt, collections, raw, values, max_body):
     Example:
       dcptool decode frames.bin | jq -c '{op, vbucket, by_seqno}'
     """
-    from dcptool.protocol.dcp.wire.constants import DEFAULT_MAX_BODY
 
     cap = DEFAULT_MAX_BODY if max_body is None else max_body
     fmt = default_format(fmt)

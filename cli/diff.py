@@ -7,12 +7,17 @@ from __future__ import annotations
 import click
 
 from dcptool.cli import errors
+from dcptool.cli.view.console import err_console
 from dcptool.cli.view.output import Sink, default_format
+from dcptool.replay.display import dcp_display, with_key_base64
+from dcptool.replay.rules.as_of import make_as_of, parse_timestamp
+
+# Lazy imports: only where start-up time needs them (`diff --help` loads no numpy or pyarrow:
+# the engine, the reader and the diff itself load when the command runs).
 
 
 def _documents(path: str, at: str | None):
     from dcptool.replay.local import engine as local
-    from dcptool.replay.rules.as_of import make_as_of
     from dcptool.replay.store import reader
     files = reader.find_captures([path])
     if not files:
@@ -46,7 +51,6 @@ def diff(ctx, captures, at, fmt):
       dcptool diff captures/ --at 2026-01-02T03:00:00Z --at 2026-01-02T04:00:00Z
       dcptool diff a/ b/ --format jsonl | jq -c 'select(.change=="removed") | .key'
     """
-    from dcptool.replay.rules.as_of import parse_timestamp
     if at:
         if len(captures) != 1 or len(at) != 2:
             raise click.UsageError("--at compares one capture at two moments: one CAPTURE and --at twice")
@@ -61,7 +65,6 @@ def diff(ctx, captures, at, fmt):
             raise click.UsageError("give two captures (CAPTURE_A CAPTURE_B), or one capture and --at twice")
         pairs = [(captures[0], None), (captures[1], None)]
 
-    from dcptool.cli.view.console import err_console
     from dcptool.replay.check import diff as D
     console = err_console()
     with console.status("replaying", spinner="dots"):
@@ -76,7 +79,6 @@ def diff(ctx, captures, at, fmt):
 
 
 def _print(result, fmt):
-    from dcptool.replay.display import dcp_display, with_key_base64
     fmt = default_format(fmt)
     columns = with_key_base64(result.column_names)
     sink = Sink(fmt, columns=columns, title=f"diff ({result.num_rows} documents)")

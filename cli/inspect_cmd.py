@@ -10,7 +10,11 @@ import sys
 
 import click
 
+from dcptool.cli.sources import capture_paths
 from dcptool.cli.view.console import data_console
+
+# Lazy imports: only where start-up time needs them (`inspect --help` loads no pyarrow: the
+# summary and the output load when the command runs).
 
 _LEFT = ("file", "op", "command", "stream", "instance", "reason", "error", "capture_id", "started_at",
          "node", "from node", "via", "active", "ts")
@@ -116,7 +120,6 @@ def inspect_cmd(captures, as_json):
       dcptool inspect captures/
       dcptool inspect captures/ --json | jq '.vbuckets[] | select(.vbucket == 0)'
     """
-    from dcptool.cli.sources import capture_paths
     from dcptool.replay.check.summary import summarize
     paths = capture_paths(captures)
     summary = summarize(paths)

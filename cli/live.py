@@ -1,15 +1,14 @@
-"""Options shared by `stream` and `capture`, and the dispatch to the protocol runners
-(cli/runners/dcp_live.py, cli/runners/synapse_live.py)."""
+"""Options shared by `stream` and `capture` (the DCP stream controls and collection filters
+taken out of the parsed options as LiveOptions fields: stream_controls, collection_filter),
+and the dispatch to the protocol runners (cli/runners/dcp_live.py, cli/runners/synapse_live.py)."""
 
 from __future__ import annotations
 
 import importlib
-import os
 
 import click
 
-from dcptool.capture.controls import collection_filter, stream_controls
-from dcptool.capture.options import LiveOptions
+from dcptool.capture.options import LiveOptions, default_name
 from dcptool.cli.sources import (
     parse_duration,
     parse_size,
@@ -73,7 +72,7 @@ def connection_options(fn):
 
 def stream_control_options() -> list:
     """DCP_CONTROL and flow-control options of issue 13 (--compress, --sync-writes,
-    --expiry-opcode, --ack-ratio); parsed by capture/controls.py."""
+    --expiry-opcode, --ack-ratio); parsed by stream_controls."""
     return [
         click.option("--compress", is_flag=True,
                      help="DCP: ask for Snappy-compressed values (force_value_compression); they are "
@@ -98,13 +97,58 @@ def stream_control_options() -> list:
 
 
 def collection_filter_options() -> list:
-    """--scope / --collection (repeatable; they imply --collections); parsed by capture/controls.py."""
+    """--scope / --collection (repeatable; they imply --collections); parsed by collection_filter."""
     return [
         click.option("--scope", "scopes", multiple=True, metavar="NAME",
                      help="DCP: only the collections of this scope (repeatable; implies --collections)."),
         click.option("--collection", "collection_names", multiple=True, metavar="SCOPE.NAME",
                      help="DCP: only this collection (repeatable; implies --collections)."),
     ]
+
+
+# option -> the DCP_CONTROL it asks for (a refusal of one given on the command line is fatal)
+CONTROL_OF = {"compress": "force_value_compression", "sync_writes": "enable_sync_writes",
+              "expiry_opcode": "enable_expiry_opcode", "change_streams": "change_streams",
+              "oso": "enable_out_of_order_snapshots"}
+CONTROL_OF["stream_ids"] = "enable_stream_id"
+
+
+def stream_controls(kw: dict) -> dict:
+    """--compress, --sync-writes, --expiry-opcode, --change-streams, --oso, --stream-ids and
+    --ack-ratio taken out of the options `kw` as LiveOptions fields (BadSource: a bad value)."""
+    text = kw.pop("ack_ratio")
+    try:
+        ratio = float(text)
+    except ValueError:
+        ratio = -1.0
+    if not 0 < ratio <= 1:
+        raise BadSource(f"{text!r}: a share of --buffer-size above 0 and at most 1, e.g. 0.5", "--ack-ratio")
+    expiry = kw.pop("expiry_opcode")
+    out = {"compress": kw.pop("compress"), "sync_writes": kw.pop("sync_writes"),
+           "expiry_opcode": True if expiry is None else expiry, "ack_ratio": ratio}
+    given = {"compress": out["compress"], "sync_writes": out["sync_writes"], "expiry_opcode": expiry is True}
+    out["change_streams"] = given["change_streams"] = kw.pop("change_streams")
+    out["oso"] = given["oso"] = kw.pop("oso")
+    out["stream_ids"] = given["stream_ids"] = kw.pop("stream_ids")
+    out["required_controls"] = tuple(CONTROL_OF[k] for k, on in given.items() if on)
+    return out
+
+
+def collection_filter(kw: dict, stream_ids: bool = False) -> dict:
+    """--scope / --collection taken out of `kw` as LiveOptions fields; they (and stream ids)
+    set kw["collections"] (BadSource: a --collection that is not SCOPE.NAME)."""
+    scopes = tuple(kw.pop("scopes"))
+    # a --collection value may name several (SCOPE.A,SCOPE.B): one group (one stream id)
+    groups = [tuple(n for n in value.split(",") if n) or (value,) for value in kw.pop("collection_names")]
+    names = tuple(n for g in groups for n in g)
+    for name in names:
+        scope, dot, coll = name.partition(".")
+        if not scope or not dot or not coll:
+            raise BadSource(f"{name!r} is not SCOPE.NAME (e.g. inventory.airline)", "--collection")
+    if scopes or names or stream_ids:
+        kw["collections"] = True
+    return {"scopes": scopes, "collection_names": names,
+            "stream_groups": tuple(((), g) for g in groups) + tuple(((s,), ()) for s in scopes)}
 
 
 def build_options(ctx: click.Context, kw: dict) -> LiveOptions:
@@ -140,7 +184,7 @@ def build_options(ctx: click.Context, kw: dict) -> LiveOptions:
     streams = kw.pop("streams")
     name = kw.pop("name")
     if source.protocol == "dcp" and not name:
-        name = f"dcptool-{source.host}-{os.getpid()}"
+        name = default_name(source)
     for opt, val in (("--from", kw["from_"]), ("--to", kw["to"])):
         allowed = ("0", "now") if opt == "--from" else ("now", "forever")
         if val not in allowed and not val.isdigit():

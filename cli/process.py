@@ -79,7 +79,7 @@ def install_stop_signals() -> None:
     from dcptool.cli.errors import STOP_SIGNALS, Interrupted
 
     def on_stop(signum, _frame):
-        from dcptool.capture.stdout_pipe import (
+        from dcptool.live.stdout_pipe import (
             note_signal,  # loaded by every command that prints rows
         )
         note_signal(signum)

@@ -1,14 +1,15 @@
 """SOURCE and option values from the command line, and credentials. Passwords never come
-from argv or URLs. The URLs themselves are parsed by capture/sources.py (no click)."""
+from argv or URLs. The URLs themselves are parsed by capture/sources.py (no click); option
+values as users write them (vbucket lists '0-15,32', sizes '256MiB', durations '30s') here."""
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import click
 
-from dcptool.capture import values
 from dcptool.capture.sources import Source, user_from
 from dcptool.capture.sources import parse_source as _parse_source
 from dcptool.protocol.errors import BadSource
@@ -76,15 +77,54 @@ def _usage(fn, *args):
 
 def parse_vbuckets(text: str, limit: int = 1024) -> list[int]:
     """'0-15,32' -> [0..15, 32]; raises click.BadParameter."""
-    return _usage(values.vbucket_list, text, limit)
+    return _usage(_vbucket_list, text, limit)
 
 
 def parse_size(text: str, hint: str) -> int:
-    return _usage(values.size_bytes, text, hint)
+    return _usage(_size_bytes, text, hint)
 
 
 def parse_duration(text: str, hint: str) -> float:
-    return _usage(values.duration_seconds, text, hint)
+    return _usage(_duration_seconds, text, hint)
+
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
+          "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3}
+_SECONDS = {"ms": 0.001, "s": 1, None: 1, "m": 60, "h": 3600}
+
+
+def _vbucket_list(text: str, limit: int = 1024, hint: str = "--vbuckets") -> list[int]:
+    """'0-15,32' -> [0..15, 32], sorted, each once."""
+    out: set[int] = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            lo, hi = (int(x) for x in part.split("-", 1)) if "-" in part else (int(part),) * 2
+        except ValueError:
+            raise BadSource(f"not a vbucket range: {part!r}", hint) from None
+        if lo > hi:
+            raise BadSource(f"vbucket range {part!r} is reversed: write {hi}-{lo}", hint)
+        if lo < 0 or hi >= limit:
+            raise BadSource(f"vbucket range {part!r} outside 0-{limit - 1}", hint)
+        out.update(range(lo, hi + 1))
+    if not out:
+        raise BadSource("no vbuckets selected", hint)
+    return sorted(out)
+
+
+def _size_bytes(text: str, hint: str) -> int:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise BadSource(f"not a size: {text!r} (e.g. 256MiB)", hint)
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _duration_seconds(text: str, hint: str) -> float:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", text)
+    if not m:
+        raise BadSource(f"not a duration: {text!r} (e.g. 30s, 5m)", hint)
+    return float(m.group(1)) * _SECONDS[m.group(2)]
 
 
 def output_dir_option(help_text: str, default: str | None = None):

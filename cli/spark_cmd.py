@@ -9,10 +9,11 @@ import sys
 import click
 
 from dcptool.cli.sources import parse_duration
+from dcptool.cli.view.console import err_console
+from dcptool.replay.spark import connect_server
 
 
 def _console():
-    from dcptool.cli.view.console import err_console
     return err_console()
 
 
@@ -54,7 +55,6 @@ def spark():
 @click.option("--json", "as_json", is_flag=True, help="Print the server's status as JSON on stdout.")
 def start(port, host, idle_timeout, as_json):
     """Start the server (or reuse the running one) and wait until it answers."""
-    from dcptool.replay.spark import connect_server
     idle = parse_duration(idle_timeout, "--idle-timeout")
     console = _console()
     state = connect_server.state_dir()   # ServerError: one `dcptool:` line, exit 1 (cli/errors.py)
@@ -72,7 +72,6 @@ def start(port, host, idle_timeout, as_json):
 @spark.command("stop")
 def stop():
     """Stop the server and its idle watchdog."""
-    from dcptool.replay.spark import connect_server
     rec, running = connect_server.stop()
     if rec is None:
         text = "no Spark Connect server running"
@@ -88,5 +87,4 @@ def stop():
 @click.option("--json", "as_json", is_flag=True, help="JSON on stdout (also the default in a pipe).")
 def status(as_json):
     """Whether the server runs and answers, its address, pid, log and idle time."""
-    from dcptool.replay.spark import connect_server
     _print_status(connect_server.status(), as_json)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
+from dcptool.cli.errors import StdoutClosed
 from dcptool.cli.live import build_options, connection_options, runner
+from dcptool.cli.process import stdout_closed
 from dcptool.cli.view.output import FORMATS
 
 
@@ -27,8 +29,6 @@ def stream(ctx, **kw):
       dcptool stream synapse+redis://127.0.0.1:6379?server_name=example.org --format table
     """
     opts = build_options(ctx, kw)
-    from dcptool.cli.process import stdout_closed
     if stdout_closed():   # every row and the --json summary go there: say so before connecting
-        from dcptool.cli.errors import StdoutClosed
         raise StdoutClosed()
     runner(opts.source.protocol, "stream")(opts)

@@ -8,7 +8,11 @@ import os
 
 import click
 
+from dcptool.cli.sources import capture_paths
 from dcptool.cli.view.output import Sink, default_format
+
+# Lazy imports: only where start-up time needs them (`trace --help` loads no pyarrow or
+# pandas: the DCP, Synapse or Spark trace loads when the command runs).
 
 
 def _split(args: tuple, events: bool) -> tuple[list[str], list[str]]:
@@ -67,7 +71,6 @@ def trace(args, collection, vbucket, event_ids, use_spark, master, fmt):
       dcptool trace caps/ airline_10 --spark --master local[2]
       dcptool trace syncaps/ --event-id '$pJ17a9n_F6-oCqyNpeNNG6LHI-jrGk4oA1F5TQeHdRA'
     """
-    from dcptool.cli.sources import capture_paths
     from dcptool.replay.check import trace as T
     caps, keys = _split(args, bool(event_ids))
     if event_ids and (use_spark or collection is not None or vbucket is not None):

@@ -9,7 +9,13 @@ import json
 import click
 
 from dcptool.cli import errors
-from dcptool.cli.view.output import Sink, default_format
+from dcptool.cli.sources import capture_paths
+from dcptool.cli.view.console import err_console
+from dcptool.cli.view.output import Sink, default_format, printable
+from dcptool.replay.check.findings import FINDING_COLUMNS
+
+# Lazy imports: only where start-up time needs them (`verify --help` loads no pyarrow: the
+# checks and the reader load when the command runs).
 
 
 @click.command("verify")
@@ -49,11 +55,7 @@ def verify(ctx, captures, fmt, limit, summary_json, explain):
       dcptool verify monday/ tuesday/ --summary-json verify.json
       dcptool verify captures/ --explain --format jsonl | jq -c 'select(.rollback_seqno)'
     """
-    from dcptool.cli.sources import capture_paths
-    from dcptool.cli.view.console import err_console
-    from dcptool.cli.view.output import printable
     from dcptool.replay.check import verify as V
-    from dcptool.replay.check.findings import FINDING_COLUMNS
     paths = capture_paths(captures)
     console = err_console()
     try:

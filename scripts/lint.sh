@@ -9,6 +9,6 @@ PY=${VENV_PY:-.venv/bin/python}
 tree=build/typecheck
 rm -rf "$tree" && mkdir -p "$tree/dcptool"
 cp dcptool/__init__.py "$tree/dcptool/"
-for d in cli capture protocol replay restore; do ln -s "$PWD/$d" "$tree/dcptool/$d"; done
+for d in cli capture live serve restore protocol replay; do ln -s "$PWD/$d" "$tree/dcptool/$d"; done
 cd "$tree" && "$OLDPWD/$PY" -m mypy --config-file "$OLDPWD/pyproject.toml" --python-executable "$OLDPWD/$PY" \
     --cache-dir "$OLDPWD/build/mypy-cache" -p dcptool

@@ -9,6 +9,8 @@ import pathlib
 
 from tests.support.paths import ROOT
 
+# the top-level folders of our code, each installed as dcptool.<folder> (pyproject.toml)
+CODE_FOLDERS = ("cli", "protocol", "replay", "capture", "live", "serve", "restore")
 IO_MODULES = {"socket", "asyncio", "click", "rich", "pyarrow", "pyspark", "redis", "ssl", "selectors"}
 
 
@@ -50,7 +52,7 @@ def test_replay_uses_only_protocol_codecs_not_cli():
 
 
 def test_only_replay_spark_imports_pyspark():
-    bad = [str(p.relative_to(ROOT)) for folder in ("cli", "protocol", "replay", "capture", "restore") for p in _py(folder)
+    bad = [str(p.relative_to(ROOT)) for folder in CODE_FOLDERS for p in _py(folder)
            if p.relative_to(ROOT).as_posix() != "replay/spark/engine.py"
            and any(m.split(".")[0] == "pyspark" for m in _imports(p))]
     assert bad == []
@@ -70,7 +72,7 @@ def test_the_dcp_client_does_not_import_the_server():
 
 
 def test_no_code_folder_is_a_flat_list_of_more_than_20_modules():
-    folders = {p.parent for folder in ("cli", "protocol", "replay", "capture", "restore") for p in _py(folder)}
+    folders = {p.parent for folder in CODE_FOLDERS for p in _py(folder)}
     big = {str(f.relative_to(ROOT)): n for f in folders
            if (n := len([p for p in f.glob("*.py") if p.name != "__init__.py"])) > 20}
     assert len(folders) > 10 and big == {}
@@ -78,7 +80,7 @@ def test_no_code_folder_is_a_flat_list_of_more_than_20_modules():
 
 def test_only_cli_exits():
     bad = []
-    for folder in ("protocol", "replay", "capture", "restore"):
+    for folder in ("protocol", "replay", "capture", "live", "serve", "restore"):
         for path in _py(folder):
             text = path.read_text()
             if "sys.exit(" in text or "os._exit(" in text:
@@ -98,7 +100,7 @@ def _module_name(path: pathlib.Path) -> str:
 
 def _our_modules() -> dict[str, pathlib.Path]:
     mods = {}
-    for folder in ("cli", "protocol", "replay", "capture", "restore"):
+    for folder in CODE_FOLDERS:
         for p in _py(folder):
             mods[_module_name(p)] = p
     return mods
@@ -178,7 +180,7 @@ KNOWN_REACH_INS: dict[str, list[str]] = {}
 
 
 def test_no_private_name_of_another_module_is_used():
-    found = {str(p.relative_to(ROOT)): bad for folder in ("cli", "capture", "protocol", "replay", "restore") for p in _py(folder)
+    found = {str(p.relative_to(ROOT)): bad for folder in CODE_FOLDERS for p in _py(folder)
              if (bad := _private_reach_ins(p.read_text(), _module_name(p)))}
     assert {k: v for k, v in found.items() if KNOWN_REACH_INS.get(k) != v} == {}
     assert sorted(set(KNOWN_REACH_INS) - set(found)) == []
@@ -231,7 +233,7 @@ def _functions(path: pathlib.Path):
 
 def test_no_function_is_over_100_lines():
     long = {f"{p.relative_to(ROOT).as_posix()}:{name}": fn.end_lineno - fn.lineno + 1
-            for folder in ("cli", "capture", "protocol", "replay", "restore") for p in _py(folder)
+            for folder in CODE_FOLDERS for p in _py(folder)
             for name, fn in _functions(p) if fn.end_lineno - fn.lineno + 1 > MAX_FUNCTION_LINES}
     assert {k: n for k, n in long.items() if k not in BEING_SPLIT} == {}
 
@@ -306,6 +308,32 @@ def test_nothing_below_the_cli_imports_capture():
     bad = [f"{p.relative_to(ROOT)} imports {m}" for folder in ("protocol", "replay") for p in _py(folder)
            for m in _imports(p) if m.startswith("dcptool.capture")]
     assert bad == []
+
+
+def test_capture_holds_the_capture_pipeline_only():
+    """Issue 35: every module of capture/ is part of capturing a source, reached from
+    `capture()` (capture/__init__.py, through capture/'s own imports) or from the pcap
+    import and export (capture/pcap/); what only the CLI uses lives in cli/, live/ or serve/."""
+    mods = _our_modules()
+    inside = {m for m in mods if m == "dcptool.capture" or m.startswith("dcptool.capture.")}
+    graph = {m: _edges(mods[m], mods) & inside for m in inside}
+    seen, todo = set(), ["dcptool.capture", *(m for m in inside if m.startswith("dcptool.capture.pcap"))]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(graph[m])
+    assert len(inside) > 10 and sorted(inside - seen) == []
+
+
+def test_live_and_serve_sit_below_the_cli():
+    """live/ (what a live run shows) and serve/ (running serve's servers) use capture/,
+    replay/ and protocol/, never cli/, click or rich; nothing below the CLI imports them."""
+    bad = [f"{p.relative_to(ROOT)} imports {m}" for folder in ("live", "serve") for p in _py(folder)
+           for m in _imports(p) if m.startswith("dcptool.cli") or m.split(".")[0] in ("click", "rich")]
+    bad += [f"{p.relative_to(ROOT)} imports {m}" for folder in ("protocol", "replay", "capture") for p in _py(folder)
+            for m in _imports(p) if m.startswith(("dcptool.live", "dcptool.serve"))]
+    assert _py("live") and _py("serve") and bad == []
 
 
 def _exception_classes():

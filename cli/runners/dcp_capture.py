@@ -8,10 +8,10 @@ from dcptool.capture.options import CaptureSettings, LiveOptions
 from dcptool.capture.run import StopSignals
 from dcptool.cli.runners.dcp_live import EventLog
 from dcptool.cli.view.console import err_console
+from dcptool.cli.view.progress import make_progress, print_summary
 
 
 def run_capture(opts: LiveOptions, settings: CaptureSettings) -> None:
-    from dcptool.cli.view.progress import make_progress, print_summary
 
     def note(text: str) -> None:
         err_console().print(text, highlight=False)

@@ -1,17 +1,13 @@
-"""`dcptool stream couchbase://...`: runs the DCP consumer (protocol/dcp/client/consumer.py) over
-the asyncio transport (protocol/transport/dcp.py) and prints every frame that crosses the
-wire, both directions, as CAPTURE_FORMAT rows plus `direction` and `ts`. Each receive
-batch is decoded at once by the columnar decoder (replay/rows.py), the same as `decode`.
-"""
+"""`dcptool stream couchbase://...`: the DCP session `capture` runs (capture/dcp_session.py)
+with the rows of every frame that crosses the wire, both directions (live/dcp_rows.py's
+RowTap, capture/dcp_tap.py's tap), printed; consumer events as lines on stderr (EventLog,
+`capture`'s too)."""
 
 from __future__ import annotations
 
 import json
-from collections import Counter
 
-import numpy as np
-
-from dcptool.capture.dcp import (
+from dcptool.capture.dcp_session import (
     DcpEvents,
     every_stream_failed,
     finish_reason,
@@ -27,142 +23,30 @@ from dcptool.capture.run import (
     unserved_error,
     unserved_fields,
 )
-from dcptool.capture.stdout_pipe import OutputStalled, note_stop_signals, run_deadline
 from dcptool.cli.errors import Interrupted
 from dcptool.cli.view.console import err_console
-from dcptool.cli.view.output import Sink, default_format, iso_ns, markup_safe
+from dcptool.cli.view.output import Sink, default_format, markup_safe
 from dcptool.cli.view.run_summary import (
     add_rates,
     print_stream_summary,
     run_and_close,
     stream_sink,
 )
+from dcptool.live.dcp_rows import RowTap
+from dcptool.live.stdout_pipe import OutputStalled, note_stop_signals, run_deadline
 from dcptool.protocol.dcp.client import consumer as dcp_consumer
 from dcptool.protocol.dcp.client import manifest as dcp_collections
 from dcptool.protocol.dcp.client import routing
 from dcptool.protocol.dcp.client.consumer_api import FilterResolved
-from dcptool.protocol.dcp.wire.constants import (
-    Status,
-    status_name,
-    stream_end_reason_name,
-)
+from dcptool.protocol.dcp.wire.constants import status_name, stream_end_reason_name
 from dcptool.replay.display import display_columns
-from dcptool.replay.rows import frame_columns, jsonl_of, row_columns, rows_of
 
 TABLE_COLUMNS = ["conn", "direction", "op", "vbucket", "status", "opaque", "by_seqno", "key", "value_len",
                  "snap_start", "snap_end", "snap_flag_names", "stream_end_reason", "rollback_seqno"]
 
-_ONE_OFFSET = np.zeros(1, np.int64)   # a frame we send is a batch of one
-# Knobs tests turn down.
-DEFAULTS = {"reconnects": 3}   # the connect bound is --timeout
-
-
-class RowTap:
-    """Turns every frame into a row for the sink (every row carries every column of
-    row_columns(), absent fields None); stops after max_messages received and counts what it
-    showed in `stats` (this run's summary)."""
-
-    def __init__(self, sink: Sink, *, values: bool, raw: bool, max_messages: int | None,
-                 on_limit=None, stats: RunStats | None = None):
-        self.sink = sink
-        self.values = values
-        self.raw = raw
-        self.remaining = max_messages
-        self.on_limit = on_limit
-        self.consumer: dcp_consumer.Consumer | None = None
-        self.conn = 0
-        self.node: str | None = None
-        self.frame_no = 0
-        self.stats = stats if stats is not None else RunStats("dcp", "")
-        self.template = dict.fromkeys(row_columns(values, raw))
-        # DCP-specific counts of the rows shown
-        self.items = 0
-        self.streams_ended = 0
-        self.rollbacks = 0
-        self.ops: dict[str, int] = {}
-        self.notes = None              # collections.EventNotes when collections are on
-        self.watch: DcpWatch | None = None   # --metrics: told every receive batch (capture/lag.py)
-
-    @property
-    def received(self) -> int:
-        return self.stats.messages_in
-
-    @property
-    def sent(self) -> int:
-        return self.stats.messages_out
-
-    def attach(self, conn: int, consumer: dcp_consumer.Consumer, node: str | None = None) -> None:
-        self.conn, self.consumer, self.node = conn, consumer, node
-
-    def _vb_of(self, opaque: int):
-        return self.consumer.vb_opaque.get(opaque) if self.consumer is not None else None
-
-    def columns(self, buf, offsets, lengths, ts: str, direction: str, mono_ns: int | None = None):
-        """Display columns of whole frames (replay/rows.py: the columnar decoder), numbered."""
-        cols, n = frame_columns(buf, offsets, lengths, template=self.template,
-                                collections=self.consumer.collections if self.consumer is not None else False,
-                                opaque_vbuckets=self.consumer.vb_opaque if self.consumer is not None else {},
-                                values=self.values, raw=self.raw,
-                                extra={"conn": self.conn, "node": self.node, "ts": ts, "mono_ns": mono_ns, "direction": direction},
-                                first_frame_no=self.frame_no)
-        self.frame_no += n
-        return cols, n
-
-    def rows(self, buf, offsets, lengths, ts: str, direction: str, mono_ns: int | None = None) -> list[dict]:
-        return rows_of(*self.columns(buf, offsets, lengths, ts, direction, mono_ns), self.template)
-
-    def _write(self, cols: dict, n: int) -> None:
-        """Counts what is shown (this run's summary) and writes it."""
-        counts = Counter(cols["op"])     # counted in C, not per row in Python
-        ops = self.ops
-        for op, k in counts.items():
-            ops[op] = ops.get(op, 0) + k
-        self.items += counts["mutation"] + counts["deletion"] + counts["expiration"]
-        self.streams_ended += counts["stream_end"]
-        if counts["stream_req"]:
-            self.rollbacks += sum(1 for op, status, direction in zip(cols["op"], cols.get("status") or [None] * n,
-                                                                     cols["direction"])
-                                  if op == "stream_req" and status == Status.ROLLBACK and direction == "in")
-        fmt = getattr(self.sink, "fmt", None)
-        if fmt == "none":      # stream --json without --format: counted only
-            self.sink.count += n
-        elif fmt == "jsonl":
-            self.sink.write_jsonl(jsonl_of(cols, n, self.template), n)
-        else:
-            self.sink.write_many(rows_of(cols, n, self.template))
-
-    def on_received(self, buf, offsets, lengths, ts_ns: int, mono_ns: int) -> None:
-        if self.remaining is not None and self.remaining <= 0:
-            return
-        if self.remaining is not None and len(offsets) > self.remaining:
-            offsets, lengths = offsets[:self.remaining], lengths[:self.remaining]
-        n = len(offsets)
-        if n and self.watch is not None:
-            self.watch.received(buf, offsets, lengths, self.conn, self.node, self.consumer)
-        if n:
-            self._write(*self.columns(buf, offsets, lengths, iso_ns(ts_ns), "in", mono_ns))
-            if self.notes is not None:    # collection system events, told once each on stderr
-                for line in self.notes.lines(buf, offsets, lengths):
-                    err_console().print(markup_safe(line), highlight=False)
-        st = self.stats
-        st.messages_in += n
-        st.bytes_in += int(lengths.sum())
-        if self.remaining is not None:
-            self.remaining -= n
-            if self.remaining <= 0 and self.on_limit is not None:
-                self.on_limit()
-
-    def on_sent(self, frame: bytes, ts_ns: int, mono_ns: int) -> None:
-        self.stats.connections = max(self.stats.connections, self.conn)   # sending HELLO: it was made
-        if self.remaining is not None and self.remaining <= 0:
-            return
-        self.stats.messages_out += 1
-        self.stats.bytes_out += len(frame)
-        self._write(*self.columns(frame, _ONE_OFFSET, np.array([len(frame)]), iso_ns(ts_ns), "out", mono_ns))
-
 
 class EventLog:
-    """Consumer events as one line each on stderr: the `tell` of capture/dcp.py's DcpEvents,
+    """Consumer events as one line each on stderr: the `tell` of capture/dcp_session.py's DcpEvents,
     which keeps the run's state."""
 
     def __init__(self, quiet: bool = False):
@@ -241,11 +125,10 @@ def run_stream(opts: LiveOptions) -> None:
             s.stop()
 
     tap = RowTap(sink, values=opts.values, raw=opts.raw, max_messages=opts.max_messages,
-                 on_limit=stop, stats=stats)
+                 on_limit=stop, stats=stats, say=lambda line: err_console().print(markup_safe(line), highlight=False))
     if opts.collections:
         tap.notes = lines.notes = dcp_collections.EventNotes()
-    session = make_session(opts, tap=tap, on_events=watch.chain(events, tap), on_connect=watch.connected,
-                           reconnects=DEFAULTS["reconnects"])
+    session = make_session(opts, tap=tap, on_events=watch.chain(events, tap), on_connect=watch.connected)
     session_box["session"] = session
     run_deadline(opts.duration)
     tap.watch = watch.start(unserved=lambda: len(events.unserved), say=lambda t: err_console().print(t, markup=False))

@@ -1,6 +1,6 @@
 """`dcptool stream|capture synapse://... | synapse+redis://...`: the capture is library
 (capture/synapse.py); `stream` runs the same client and transports with a handler that
-prints what crosses the wire (capture/synapse_stream.py); both tell gaps and reconnects on stderr."""
+prints what crosses the wire (live/synapse_rows.py); both tell gaps and reconnects on stderr."""
 
 from __future__ import annotations
 
@@ -10,16 +10,17 @@ from dcptool.capture import metrics
 from dcptool.capture import synapse as synapse_capture
 from dcptool.capture.options import CaptureSettings, LiveOptions
 from dcptool.capture.run import END, MAX_MESSAGES, StopSignals
-from dcptool.capture.stdout_pipe import note_stop_signals, run_deadline
-from dcptool.capture.synapse_stream import StreamHandler
 from dcptool.cli.view.console import err_console
-from dcptool.cli.view.output import markup_safe
+from dcptool.cli.view.output import Sink, default_format, markup_safe
+from dcptool.cli.view.progress import print_summary
 from dcptool.cli.view.run_summary import (
     add_rates,
     print_stream_summary,
     run_and_close,
     stream_sink,
 )
+from dcptool.live.stdout_pipe import note_stop_signals, run_deadline
+from dcptool.live.synapse_rows import StreamHandler
 from dcptool.protocol.synapse.client import Gap
 
 TABLE_COLUMNS = ["frame_no", "conn", "direction", "command", "stream", "instance", "token",
@@ -36,7 +37,6 @@ def tell(ev) -> None:
 
 
 def run_stream(opts: LiveOptions) -> None:
-    from dcptool.cli.view.output import Sink, default_format
     fmt = default_format(opts.fmt)
     sink = stream_sink(opts, lambda: Sink(fmt, columns=TABLE_COLUMNS if fmt != "jsonl" else None))
     handler = StreamHandler(opts, sink, tell)
@@ -88,7 +88,6 @@ def _progress_printer():
 
 
 def run_capture(opts: LiveOptions, settings: CaptureSettings) -> None:
-    from dcptool.cli.view.progress import print_summary
     live = show = None
     if not settings.quiet:
         live, show = _progress_printer()

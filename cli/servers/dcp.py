@@ -10,13 +10,18 @@ import sys
 
 import click
 
-from dcptool.capture.servers import server_stop_event
 from dcptool.cli.servers.playback import (
     check_unused,
     playback_options,
     serve_dcp_capture,
 )
 from dcptool.cli.sources import parse_duration
+from dcptool.protocol.dcp.server.manifest import Manifest, parse_events
+from dcptool.protocol.errors import ConnectFailed
+from dcptool.serve.runner import server_stop_event
+
+# Lazy imports: only where start-up time needs them (`serve dcp --help` loads no numpy: the
+# producer, its transport and the chaos schedules load when the server starts).
 
 
 def _reasons(text: str | None) -> tuple[int, ...]:
@@ -74,7 +79,6 @@ def _schedule(chaos_seed, schedule_file, nodes, replicas, items, failover_loss, 
 
 def _manifest(scopes, per_scope, create_at, drop_at):
     """The bucket's collections manifest (protocol/dcp/server/manifest.py)."""
-    from dcptool.protocol.dcp.server.manifest import Manifest, parse_events
     try:
         events = parse_events(create_at, drop_at)
     except ValueError as exc:
@@ -275,7 +279,6 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
     try:
         asyncio.run(main())
     except OSError as exc:
-        from dcptool.protocol.errors import ConnectFailed
         raise ConnectFailed(f"cannot listen on {bind}:{port}: {exc.strerror or exc}") from None
     if broken:
         from dcptool.protocol.dcp.server.chaos import InvariantBroken

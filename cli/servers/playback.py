@@ -1,6 +1,6 @@
 """`serve dcp|synapse --from CAPTURE`: play a capture back as a live server, with --pace and
 fault injection (--disconnect-at, --stall-at, --corrupt-at). The options are declared
-here and added to both serve commands (the servers run in capture/servers.py); the capture is read (replay/playback.py) before
+here and added to both serve commands (the servers run in serve/runner.py); the capture is read (replay/playback.py) before
 anything listens, so an unreadable capture is one error line and exit 1, and a DCP capture
 without the `raw` column (nothing to send) one line and exit 2; recorded frames shorter than
 their header says are left out, counted in one warning line."""
@@ -13,6 +13,12 @@ import sys
 import click
 
 from dcptool.cli.sources import parse_duration
+from dcptool.cli.view.console import err_console
+from dcptool.protocol.errors import LateUsageError
+from dcptool.serve.runner import serve_dcp_recording, serve_synapse_recording
+
+# Lazy imports: only where start-up time needs them (`serve ... --help` loads no pyarrow: a
+# recording is read by replay/playback.py when --from is given).
 
 
 def parse_pace(text: str | None) -> float | None:
@@ -87,8 +93,6 @@ def _listening(host, port) -> None:
 
 def serve_dcp_capture(paths, *, bind: str, port: int, users: dict, tls, pace: str, disconnect_at,
                       stall_at, corrupt_at, handshake_timeout: float = 10.0) -> None:
-    from dcptool.capture.servers import serve_dcp_recording
-    from dcptool.protocol.errors import LateUsageError
     from dcptool.replay.playback import NotPlayable, load_dcp
 
     factor = parse_pace(pace)
@@ -98,7 +102,6 @@ def serve_dcp_capture(paths, *, bind: str, port: int, users: dict, tls, pace: st
     except NotPlayable as exc:
         raise LateUsageError(str(exc)) from None
     if recording.skipped:
-        from dcptool.cli.view.console import err_console
         err_console().print(f"[yellow]dcptool:[/] warning: {recording.skipped:,} recorded stream frame(s) shorter "
                             "than a header or than their header says are left out of the playback",
                             highlight=False, markup=True, soft_wrap=True)
@@ -109,7 +112,6 @@ def serve_dcp_capture(paths, *, bind: str, port: int, users: dict, tls, pace: st
 
 def serve_synapse_capture(paths, *, bind: str, port: int, server_name: str, ping: float, timeout: float,
                           pace: str, disconnect_at, stall_at, corrupt_at) -> None:
-    from dcptool.capture.servers import serve_synapse_recording
     from dcptool.replay.playback import load_synapse
 
     factor = parse_pace(pace)

@@ -8,13 +8,16 @@ import time
 
 import click
 
-from dcptool.capture.servers import run_server, server_stop_event
 from dcptool.cli.servers.playback import (
     check_unused,
     playback_options,
     serve_synapse_capture,
 )
 from dcptool.cli.sources import parse_duration
+from dcptool.serve.runner import run_server, server_stop_event
+
+# Lazy imports: only where start-up time needs them (`serve synapse --help` loads no numpy:
+# the server and its transport load when it starts).
 
 
 @click.command("synapse")

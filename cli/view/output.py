@@ -2,7 +2,7 @@
 text. Rows are plain dicts. Also the one place for what every command's output shares
 (the output contract of docs/CLI.md): the timestamp format (`iso_ns`), terminal-safe
 text from the other side (`printable`); DCP keys as text / values as JSON
-(`dcp_display`) are replay/display.py's, the pipe writer capture/stdout_pipe.py's."""
+(`dcp_display`) are replay/display.py's, the pipe writer live/stdout_pipe.py's."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from typing import Iterable
 
 import orjson
 
-from dcptool.capture.stdout_pipe import private_pipe_fd, write_pipe
+from dcptool.cli.view.console import stdout_is_tty
+from dcptool.cli.view.table import TextTable, cell_text, terminal_width
+from dcptool.live.stdout_pipe import private_pipe_fd, write_pipe
 from dcptool.protocol.text import printable
 from dcptool.replay.display import JSONL_OPTS, dcp_display, json_default, jsonl_bytes
 from dcptool.replay.timestamps import iso_ns
@@ -30,13 +32,11 @@ def markup_safe(text) -> str:
 def default_format(requested: str | None) -> str:
     if requested:
         return requested
-    from dcptool.cli.view.console import stdout_is_tty
     return "table" if stdout_is_tty() else "jsonl"
 
 
 def text_line(row: dict) -> str:
     """`--format text`: `name=value` for every column with a value, escaped."""
-    from dcptool.cli.view.table import cell_text
     return " ".join(f"{k}={printable(cell_text(v))}" for k, v in row.items() if v is not None) + "\n"
 
 
@@ -137,7 +137,6 @@ class Sink:
         if not self._table_rows:
             return
         if self._table is None:
-            from dcptool.cli.view.table import TextTable, terminal_width
             self._table = TextTable(self.out, self.columns, self.title, width=terminal_width(self.out))
         rows, self._table_rows = self._table_rows, []
         self._table.write(rows)

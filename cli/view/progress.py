@@ -1,7 +1,7 @@
 """The live progress display of `dcptool capture` (stderr, rich) and its final summary.
 
 The network loop calls `update()`/`add()` as often as it likes: they only store numbers
-(capture/progress.py).
+(live/progress.py).
 Rendering (rates, formatting) happens on rich's refresh thread a few times a second, so
 the cost on the loop is a few attribute stores. `make_progress` returns a no-op display
 for `--quiet` or when stderr is not a terminal, so callers never need to check.
@@ -9,12 +9,18 @@ for `--quiet` or when stderr is not a terminal, so callers never need to check.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from typing import Callable
 
-from dcptool.capture.progress import ProgressCounters
+from rich.live import Live
+from rich.table import Table
+
 from dcptool.capture.run import NoProgress
+from dcptool.cli.view.console import err_console
+from dcptool.cli.view.output import printable
+from dcptool.live.progress import ProgressCounters
 
 
 def _size(n: float) -> str:
@@ -44,7 +50,7 @@ class NullProgress(NoProgress):
 
 
 class CaptureProgress(ProgressCounters, NullProgress):
-    """Live capture progress on the stderr console: the counters of capture/progress.py
+    """Live capture progress on the stderr console: the counters of live/progress.py
     (update(), add(), rates(), positions_text()) drawn by rich a few times a second."""
 
     enabled = True
@@ -52,20 +58,17 @@ class CaptureProgress(ProgressCounters, NullProgress):
     def __init__(self, protocol: str, *, console=None, refresh_per_second: float = 4,
                  clock: Callable[[], float] = time.monotonic, start: bool = True):
         if console is None:
-            from dcptool.cli.view.console import err_console
             console = err_console()
         ProgressCounters.__init__(self, protocol, clock=clock)
         self.console = console
         self._live = None
         if start:
-            from rich.live import Live
             self._live = Live(get_renderable=self.render, console=console,
                               redirect_stdout=False, redirect_stderr=False,
                               refresh_per_second=refresh_per_second, transient=False)
             self._live.start()
 
     def render(self):
-        from rich.table import Table
         fps, bps = self.rates()
         streams = "vbuckets" if self.protocol == "dcp" else "streams"
         grid = Table.grid(padding=(0, 2))
@@ -92,7 +95,6 @@ class CaptureProgress(ProgressCounters, NullProgress):
 def make_progress(protocol: str, *, quiet: bool = False, console=None):
     """A live display on stderr, or a no-op one for --quiet or when stderr is no terminal."""
     if console is None:
-        from dcptool.cli.view.console import err_console
         console = err_console()
     if quiet or not console.is_terminal:
         return NullProgress()
@@ -110,14 +112,11 @@ def print_summary(files: list[dict], *, json_summary: bool = False, quiet: bool 
                    rows=sum(int(f.get("rows", 0)) for f in files),
                    bytes=sum(int(f.get("bytes", 0)) for f in files))
     if json_summary:
-        import json
         out = stdout if stdout is not None else sys.stdout
         out.write(json.dumps(summary, default=str, separators=(",", ":")) + "\n")
         out.flush()
     if not quiet:
-        from rich.table import Table
         if console is None:
-            from dcptool.cli.view.console import err_console
             console = err_console()
         table = Table(title="capture written", title_justify="left", show_footer=True)
         table.add_column("file", footer="total")
@@ -127,7 +126,6 @@ def print_summary(files: list[dict], *, json_summary: bool = False, quiet: bool 
             table.add_row(str(f.get("path")), f"{int(f.get('rows', 0)):,}",
                           _size(int(f.get("bytes", 0))))
         console.print(table)
-        from dcptool.cli.view.output import printable
         for key, value in (extra or {}).items():
             if value is not None and not isinstance(value, (dict, list)):
                 console.print(f"{key}: {printable(value)}", highlight=False, markup=False)

@@ -1,8 +1,14 @@
 """What a `stream` run prints when it ends (the summary line or JSON, the same for DCP and
 Synapse). The summary's fields and the signals that end a run or a `serve` are library
-(capture/run.py, capture/servers.py)."""
+(capture/run.py, serve/runner.py)."""
 
 from __future__ import annotations
+
+import json
+import sys
+
+from dcptool.cli.view.console import err_console
+from dcptool.cli.view.output import printable
 
 
 class NullSink:
@@ -51,11 +57,7 @@ def print_stream_summary(summary: dict, opts=None) -> None:
     """The end of `stream`: one line on stderr, `key=value` pairs (stdout carries only rows).
     With `--json` (opts.json_summary): the summary as one JSON object, on stdout when the
     rows are not printed (no `--format`), else as one line on stderr."""
-    import json
-    import sys
 
-    from dcptool.cli.view.console import err_console
-    from dcptool.cli.view.output import printable
     if opts is not None and getattr(opts, "json_summary", False):
         text = json.dumps(summary, default=str) + "\n"
         out = sys.stderr if opts.fmt else sys.stdout

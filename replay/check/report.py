@@ -16,6 +16,7 @@ from dcptool import __version__
 from dcptool.replay.check import report_data as D
 from dcptool.replay.check import verify as V
 from dcptool.replay.check.findings import FINDING_COLUMNS
+from dcptool.replay.check.summary import retained_window
 from dcptool.replay.store import reader
 
 TITLES = {
@@ -173,7 +174,6 @@ def report(paths: list[str], output: str, *, files: list | None = None, max_poin
     """Write the report of the captures `paths` (files or directories) to `output`."""
     files = reader.find_captures(paths) if files is None else files
     d = D.collect(files, max_points=max_points, max_series=max_series, top_keys=top_keys)
-    from dcptool.replay.check.summary import retained_window
     d.retained = retained_window(paths)
     findings = V.verify(paths, limit=findings_limit) if verify else None
     text = page(d, findings, paths)

@@ -18,6 +18,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dcptool.protocol.dcp.wire.constants import Status, stream_end_reason_name
+from dcptool.replay.local.engine import replay_local
+from dcptool.replay.rules import tables as T
 from dcptool.replay.store import reader
 from dcptool.replay.store.files import arrow_source
 
@@ -300,10 +302,8 @@ def lag_table(files: list[reader.CaptureFile]) -> pa.Table | None:
     has no such table (issue 26 adds it) or it lacks one of them."""
     if reader.protocol_of(files) != "dcp":
         return None
-    from dcptool.replay.rules import tables as T
     if "lag" not in T.table_specs("dcp"):
         return None
-    from dcptool.replay.local.engine import replay_local
     t = replay_local(files, tables=["lag"]).table("lag")
     return t.select(LAG_COLUMNS) if set(LAG_COLUMNS) <= set(t.column_names) else None
 

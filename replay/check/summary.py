@@ -10,8 +10,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dcptool.protocol.dcp.wire.constants import Status, stream_end_reason_name
-from dcptool.replay.store import reader
+from dcptool.protocol.synapse.cover import Cover
+from dcptool.replay.rules.lag import local_lag
+from dcptool.replay.rules.synapse_stream import PositionScan
+from dcptool.replay.rules.topology import local_topology
+from dcptool.replay.store import reader, retained
 from dcptool.replay.store.files import shown
+from dcptool.replay.store.reader import CaptureError, find_captures
 from dcptool.replay.timestamps import iso_ns
 
 _DCP_COLUMNS = ["frame_no", "capture_id", "node", "ts", "direction", "decode_error", "op", "status",
@@ -68,7 +73,6 @@ def _chunks(f, cols):
 def summarize(paths) -> dict:
     """The inspect summary of the captures named by `paths` (files or directories), read
     chunk by chunk: memory does not grow with the capture."""
-    from dcptool.replay.store.reader import CaptureError, find_captures
     files = find_captures(paths)
     if not files:
         raise CaptureError(f"no capture files found in {', '.join(map(shown, paths))}")
@@ -100,7 +104,6 @@ def retained_window(paths) -> dict | None:
     None when none did: the record files, the totals, per DCP vbucket the last seqno dropped
     (its changes up to it are gone), per Synapse stream and instance the last token dropped,
     and `note`, the line replay prints."""
-    from dcptool.replay.store import retained
     records = retained.records_near(paths)
     if not any(int(r.get("segments_dropped") or 0) for r in records):
         return None
@@ -137,7 +140,6 @@ def largest_lag(files) -> dict | None:
     """The largest recorded lag (the `lag` table of replay/rules/lag.py, which reads `raw`
     only in row groups that hold a lag poll): its size, vbucket, node and when, the first
     such on a tie; None when the captures hold no lag poll."""
-    from dcptool.replay.rules.lag import local_lag
     rows = local_lag(files).to_pylist()
     if not rows:
         return None
@@ -158,7 +160,6 @@ def lag_text(lag: dict | None) -> str:
 def _configs(files) -> list[dict]:
     """One entry per cluster config revision the captures hold (the `topology` table of
     replay/rules/topology.py, which reads `raw` only in row groups that hold a config)."""
-    from dcptool.replay.rules.topology import local_topology
     out: dict[tuple, dict] = {}
     for r in local_topology(files).to_pylist():
         c = out.get((r["rev_epoch"], r["rev"]))
@@ -196,8 +197,6 @@ class _Summary:
         # Synapse
         self.syn = None
         if protocol == "synapse":
-            from dcptool.protocol.synapse.cover import Cover
-            from dcptool.replay.rules.synapse_stream import PositionScan
             self.syn = PositionScan()
             self.cover = Cover()            # ranges a catch-up fetched (REPLAY.md "Caught-up rows")
             self.caught_up_rows = 0

@@ -21,13 +21,16 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dcptool.protocol.dcp.client.manifest import parse_manifest
 from dcptool.protocol.dcp.wire.constants import (
     Status,
     status_name,
     stream_end_reason_name,
 )
+from dcptool.protocol.dcp.wire.frames import parse_frame
 from dcptool.protocol.errors import DcptoolError
 from dcptool.replay.check import trace_read as R
+from dcptool.replay.check.summary import retained_window
 from dcptool.replay.display import key_fields as key_text
 from dcptool.replay.rules.dcp import COLLECTION_DROP, DOC_STATES
 from dcptool.replay.store import reader
@@ -132,7 +135,6 @@ def open_capture(paths: list[str]) -> Capture:
         except ValueError:
             pass
     cap = Capture(files, reader.capture_ranks(files), options)
-    from dcptool.replay.check.summary import retained_window
     window = retained_window(paths)
     if window is not None:
         cap.retained = {v["vbucket"]: v["last_seqno"] for v in window["vbuckets"]}
@@ -181,8 +183,6 @@ def collection_ids(cap: Capture, name: str) -> int:
         return int(text)
     if text in ("_default", "_default._default"):
         return 0
-    from dcptool.protocol.dcp.client.manifest import parse_manifest
-    from dcptool.protocol.dcp.wire.frames import parse_frame
     expr = R.op_in(("get_collections_manifest",)) & (pc.field("direction").cast(pa.string()) == "in")
     names: list[str] = []
     for r in R.rows_where(cap.files, ["op", "direction", "status", "raw"], expr):

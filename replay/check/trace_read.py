@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from dcptool.replay.rules.topology import local_topology
 from dcptool.replay.store import key_index, reader
 
 KEY_COLUMNS = ["capture_id", "frame_no", "ts", "node", "conn", "direction", "op", "vbucket", "cas",
@@ -318,5 +319,4 @@ def topology(files, ranks: dict) -> list[dict]:
     maybe = [f for f in files if may_hold_cluster_maps(f)]
     if not maybe:
         return []
-    from dcptool.replay.rules.topology import local_topology
     return pylist(local_topology(maybe, ranks))

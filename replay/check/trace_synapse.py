@@ -14,6 +14,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dcptool.replay.check import trace_read as R
+from dcptool.replay.check.summary import retained_window
+from dcptool.replay.check.trace import TraceError
+from dcptool.replay.local.engine import replay_local
 from dcptool.replay.store import reader
 from dcptool.replay.timestamps import iso_ns
 
@@ -54,7 +57,6 @@ def _carrying(files, event_ids: list[str]) -> list[dict]:
 
 def _replayed(files) -> tuple[dict, list[dict]]:
     """((capture_id, frame_no) -> committed token of the RDATA rows that committed, the gaps)."""
-    from dcptool.replay.local.engine import replay_local
     rep = replay_local(files, tables=["rows", "gaps"])
     rows = rep.table("rows").select(["capture_id", "frame_no", "token"]).to_pylist()
     return {(r["capture_id"], r["frame_no"]): r["token"] for r in rows}, R.pylist(rep.table("gaps"))
@@ -67,11 +69,9 @@ def _clock(ns) -> str:
 
 def trace_synapse(paths: list[str], event_ids: list[str]) -> list[dict]:
     """trace_events of the captures at `paths`; TraceError when they are DCP captures."""
-    from dcptool.replay.check.trace import TraceError
     files = reader.find_captures(paths)
     if reader.protocol_of(files) != "synapse":
         raise TraceError("--event-id traces Synapse events; these are DCP captures (give KEYs)")
-    from dcptool.replay.check.summary import retained_window
     return trace_events(files, event_ids, retained_window(paths))
 
 

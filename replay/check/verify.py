@@ -31,7 +31,9 @@ from dcptool.replay.check.findings import (
     VerifyError,
     Where,
 )
-from dcptool.replay.store import reader
+from dcptool.replay.check.verify_dcp import DcpChecker, check_shards
+from dcptool.replay.check.verify_synapse import SynapseChecker
+from dcptool.replay.store import reader, retained
 from dcptool.replay.store.files import arrow_source, shown
 from dcptool.replay.store.in_progress import DAMAGED_SUFFIX, InProgress, held_by_writer
 from dcptool.replay.store.naming import (
@@ -40,7 +42,8 @@ from dcptool.replay.store.naming import (
     merged_name,
     segment_name,
 )
-from dcptool.replay.store.schema import capture_schema
+from dcptool.replay.store.resume import display_source, same_source
+from dcptool.replay.store.schema import META_SOURCE, capture_schema
 
 FINISHED_SUFFIX = ".parquet"
 BATCH_ROWS = 1 << 18
@@ -131,8 +134,6 @@ def _describe_all(paths: list[tuple[str, bool]], out: Findings) -> tuple[list[re
 def _check_sources(captures: list[list[reader.CaptureFile]], out: Findings) -> None:
     """A directory holds captures of one source: each capture of another source than the
     first one of its directory is a finding."""
-    from dcptool.replay.store.resume import display_source, same_source
-    from dcptool.replay.store.schema import META_SOURCE
     first: dict[str, tuple[str, reader.CaptureFile]] = {}
     for segs in captures:
         f = segs[0]
@@ -323,9 +324,7 @@ class _Frames:
 
 def _checker(protocol: str):
     if protocol == "dcp":
-        from dcptool.replay.check.verify_dcp import DcpChecker
         return DcpChecker()
-    from dcptool.replay.check.verify_synapse import SynapseChecker
     return SynapseChecker()
 
 
@@ -358,7 +357,6 @@ def verify(paths: list[str], *, limit: int = 1000, batch_rows: int = BATCH_ROWS,
         _verify_capture(rank, segs, checker, out, report, batch_rows, progress, dropped)
     checker.finish(out)
     if report.protocol == "dcp":
-        from dcptool.replay.check.verify_dcp import check_shards
         check_shards(files, checker, out)
     report.findings, report.counts = out.ordered(), dict(out.counts)
     report.seconds = time.perf_counter() - t0
@@ -369,7 +367,6 @@ def _retained_away(paths: list[str], captures: list[list[reader.CaptureFile]], c
                    out: Findings) -> dict[str, int]:
     """capture id -> last segment a retention ring deleted (the records of the directories
     given); a capture the ring deleted whole is one info finding."""
-    from dcptool.replay.store import retained
     records = retained.records_near(paths)
     dropped = retained.dropped_through(records)
     if dropped and hasattr(checker, "retained"):

@@ -338,9 +338,6 @@ def read_capture_table(files: list[CaptureFile], columns: list[str] | None = Non
     return pa.concat_tables(tables)
 
 
-_capture_groups = capture_groups
-
-
 def parquet_paths(files: list[CaptureFile], tmpdir: str) -> list[str]:
     """Parquet paths for Spark: finished segments as they are, in-progress segments
     converted (their complete batches) to Parquet in `tmpdir`."""

@@ -13,8 +13,8 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
+from dcptool.capture import dcp_session
 from dcptool.cli import cli
-from dcptool.cli.runners import dcp_live
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.transport.dcp import ThreadedServer
 
@@ -110,7 +110,7 @@ def test_end_when_the_server_ends_every_stream():
 
 
 def test_error_keeps_the_summary_and_its_exit_code(monkeypatch):
-    monkeypatch.setitem(dcp_live.DEFAULTS, "reconnects", 0)
+    monkeypatch.setitem(dcp_session.DEFAULTS, "reconnects", 0)
     model = P.server_from_options(vbuckets=4, items=2000, seed=7,
                                   scenarios=P.Scenarios(disconnect_after=300))
     with ThreadedServer(model) as srv:

@@ -228,8 +228,8 @@ def test_tls_session(tmp_path):
 
 
 def test_silent_producer_is_a_dead_connection(monkeypatch):
-    from dcptool.cli.runners import dcp_live
-    monkeypatch.setitem(dcp_live.DEFAULTS, "reconnects", 1)
+    from dcptool.capture import dcp_session
+    monkeypatch.setitem(dcp_session.DEFAULTS, "reconnects", 1)
     model = P.server_from_options(vbuckets=2, items=100, scenarios=P.Scenarios(silent=True))
     with ThreadedServer(model) as srv:
         res, rows = stream(srv, "--noop-interval", "0.2")
@@ -239,7 +239,7 @@ def test_silent_producer_is_a_dead_connection(monkeypatch):
 
 
 def test_fast_mutation_rows_equal_the_codec():
-    from dcptool.cli.runners.dcp_live import RowTap
+    from dcptool.live.dcp_rows import RowTap
     from dcptool.replay.display import dcp_display
     from dcptool.replay.rows import row_columns
     frame = m.encode(m.Mutation(vbucket=7, opaque=9, cas=123, datatype=1, key=b"k1", value=b'{"a":1}',
@@ -297,7 +297,7 @@ def test_serve_subprocess_and_ctrl_c_exits_130():
 def test_batch_rows_equal_the_codec_in_jsonl():
     import numpy as np
 
-    from dcptool.cli.runners.dcp_live import RowTap
+    from dcptool.live.dcp_rows import RowTap
     from dcptool.replay.display import dcp_display
     from dcptool.replay.rows import row_columns
     frames = [m.encode(m.Mutation(vbucket=3, opaque=4, cas=5 + i, datatype=1, key=b"key-%d" % i, value=b"{}",

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
+
 from dcptool.capture import synapse as synapse_capture
 from dcptool.capture.options import LiveOptions
+from dcptool.protocol.synapse.rows import decode_row
+from dcptool.replay.store.synapse_batch import build_batch
 from dcptool.replay.timestamps import iso_ns
 
 
@@ -34,7 +38,6 @@ def _short(v) -> str:
 def _with_text_ts(batch, ts: str):
     """The batch with `ts` as the contract's text (one instant for the whole batch): no
     datetime objects, which would need pandas for nanoseconds."""
-    import pyarrow as pa
     i = batch.schema.get_field_index("ts")
     if i < 0:
         return batch
@@ -57,8 +60,6 @@ class StreamHandler(synapse_capture.SynapseRun):
                    channel=channel)
 
     def lines(self, direction, lines, split, *, conn, ts_ns, mono_ns, channel=None, errors=None):
-        from dcptool.protocol.synapse.rows import decode_row
-        from dcptool.replay.store.synapse_batch import build_batch
         batch = build_batch(lines, frame_no=self.frame_no, conn=conn, ts_ns=ts_ns, mono_ns=mono_ns,
                             direction=direction, channel=channel, split=split, errors=errors)
         self.frame_no += len(lines)

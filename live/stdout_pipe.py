@@ -6,7 +6,13 @@ nothing for OUTPUT_GRACE seconds. cli/view/output.py's Sink writes through it.""
 
 from __future__ import annotations
 
-from dcptool.protocol.errors import DcptoolError
+import os
+import select
+import signal
+import stat
+import time
+
+from dcptool.protocol.errors import DcptoolError, Interrupted
 
 OUTPUT_GRACE = 1.0   # seconds output may stay blocked once the run is asked to stop
 
@@ -32,13 +38,11 @@ STOP = _StopState()
 def run_deadline(seconds: float | None) -> None:
     """A run starts; it ends `seconds` from now (--duration, None: no limit): a write blocked
     past that is abandoned."""
-    import time
     STOP.signum = STOP.signal_at = None
     STOP.deadline = time.monotonic() + seconds if seconds else None
 
 
 def note_signal(signum: int) -> None:
-    import time
     if STOP.signum is None:
         STOP.signum, STOP.signal_at = int(signum), time.monotonic()
 
@@ -47,7 +51,6 @@ def note_stop_signals() -> None:
     """Have the current Python-level handlers of SIGINT, SIGTERM and SIGHUP also note the
     signal for the stdout writer (call it after asyncio's add_signal_handler: its handler only
     wakes the event loop, which cannot run while a write waits for the reader)."""
-    import signal
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         old = signal.getsignal(sig)
         if getattr(old, "_notes_stop", False):
@@ -72,8 +75,6 @@ def private_pipe_fd(out) -> int | None:
     """A non-blocking descriptor of our own on the pipe `out` writes to (opened anew through
     /proc, so the O_NONBLOCK flag is not shared with the other processes of the pipe), or
     None when `out` is no pipe (files never block; a terminal is a person)."""
-    import os
-    import stat
     try:
         fd = out.fileno()
         if not stat.S_ISFIFO(os.fstat(fd).st_mode):
@@ -87,9 +88,6 @@ def write_pipe(fd: int, data) -> None:
     """All of `data` to non-blocking `fd`, waiting for the reader as long as it takes, except
     after a stop (STOP): then Interrupted (a signal) or OutputStalled (--duration) once the
     reader took nothing for OUTPUT_GRACE seconds. EPIPE raises BrokenPipeError (`| head`)."""
-    import os
-    import select
-    import time
     mv = memoryview(data).cast("B")
     poller = None
     while mv:
@@ -106,7 +104,6 @@ def write_pipe(fd: int, data) -> None:
         now = time.monotonic()
         if limit is not None and now >= limit:
             if STOP.signum is not None:
-                from dcptool.protocol.errors import Interrupted
                 raise Interrupted(STOP.signum)
             raise OutputStalled(f"nobody read standard output for {OUTPUT_GRACE:.0f}s after the end of the run; "
                                 f"{len(mv)} bytes and the rows after them not written")

@@ -10,6 +10,10 @@ import asyncio
 import time
 
 from dcptool.capture.run import STOP_SIGNALS
+from dcptool.protocol.errors import ConnectFailed
+
+# Lazy imports: only where start-up time needs them (cli/servers/ imports this module for
+# `serve --help`; the producers and transports, numpy with them, load when a server runs).
 
 
 def server_stop_event():
@@ -35,7 +39,6 @@ def run_server(coro, bind: str, port: int) -> None:
     except KeyboardInterrupt:
         pass
     except OSError as exc:
-        from dcptool.protocol.errors import ConnectFailed
         raise ConnectFailed(f"cannot listen on {bind}:{port}: {exc.strerror or exc}") from None
 
 
