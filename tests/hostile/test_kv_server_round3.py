@@ -5,15 +5,78 @@ is checked before listening, and running out of file descriptors is one warning 
 
 from __future__ import annotations
 
+import contextlib
+import json
+import socket
 import struct
+import subprocess
 
 import pytest
 
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.server.bucket import vbucket_of
 from dcptool.protocol.dcp.wire import messages as m
-from dcptool.protocol.dcp.wire.constants import Opcode, Status
+from dcptool.protocol.dcp.wire.constants import Feature, Opcode, Status
+from dcptool.protocol.dcp.wire.frames import split
 from tests.protocol.dcp.test_kv import JSON_FLAGS, VBS, Kv, frames, history, single
+from tests.support.paths import DCPTOOL
+from tests.support.processes import stop_process
+
+MIB = 1024 * 1024
+
+
+@contextlib.contextmanager
+def serving(*args: str, **popen):
+    """`dcptool serve dcp --port 0 --items 0 --vbuckets 8 ARGS`: yields (process, port)."""
+    proc = subprocess.Popen([DCPTOOL, "serve", "dcp", "--port", "0", "--items", "0", "--vbuckets", "8", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    try:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()
+        yield proc, int(json.loads(line)["listening"].rsplit(":", 1)[1])
+    finally:
+        stop_process(proc)
+
+
+class Raw:
+    """A KV client on a plain socket: HELLO (JSON, mutation seqnos), SELECT_BUCKET, then
+    whatever the test sends; answers read whole, in order."""
+
+    def __init__(self, port: int, timeout: float = 60.0):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+        self.buf = bytearray()
+        self.opaque = 0
+        self.send(m.Hello(opaque=1, features=(Feature.JSON, Feature.MUTATION_SEQNO)),
+                  m.SelectBucket(opaque=2, bucket=b"default"))
+        assert [r.status for r in self.answers(2)] == [0, 0]
+
+    def req(self, opcode: int, key: bytes = b"", **kw) -> m.Request:
+        self.opaque += 1
+        return m.Request(opcode=opcode, opaque=self.opaque, key=key, vbucket=vbucket_of(key, VBS), **kw)
+
+    def send(self, *msgs) -> None:
+        self.sock.sendall(b"".join(m.encode(x) for x in msgs))
+
+    def answers(self, n: int) -> list:
+        """The next n frames from the server (ConnectionError when it closes first)."""
+        while True:
+            bounds, _ = split(self.buf, max_body=64 * MIB)
+            if len(bounds) >= n:
+                o, ln = bounds[n - 1]
+                out = [m.decode_bytes(bytes(self.buf[a:a + b])) for a, b in bounds[:n]]
+                del self.buf[:o + ln]
+                return out
+            chunk = self.sock.recv(1 << 20)
+            if not chunk:
+                raise ConnectionError("closed by the server")
+            self.buf += chunk
+
+    def set(self, key: bytes, value: bytes) -> m.Response:
+        self.send(self.req(Opcode.SET, key, extras=struct.pack(">II", 0, 0), value=value))
+        return self.answers(1)[0]
+
+    def close(self) -> None:
+        self.sock.close()
 
 # --------------------------------------------------------------------------- 6: durability
 
@@ -83,3 +146,37 @@ def test_durability_on_a_command_that_takes_none_is_einval():
         assert kv.call(opcode, key, extras=extras, durability=1).status == Status.EINVAL
     assert [h[1] for h in history(model, key)] == ["m"]
     assert isinstance(kv.call(Opcode.GET, key), m.Response)
+
+
+# --------------------------------------------------------------------------- 7: value sizes
+
+@pytest.mark.integration
+def test_a_20_mib_value_is_stored_a_larger_one_is_e2big_and_only_a_huge_frame_drops(tmp_path):
+    """kv_engine's two limits: a value of exactly 20 MiB is stored and read back; 20 MiB + 1
+    is E2BIG (0x03) on a connection that stays open; only a frame above the 30 MiB packet
+    limit drops the connection (its header is enough)."""
+    with serving() as (_, port):
+        c = Raw(port)
+        legal = b"v" * (20 * MIB)
+        assert c.set(b"big", legal).status == 0
+        c.send(c.req(Opcode.GET, b"big"))
+        got = c.answers(1)[0]
+        assert got.status == 0 and got.value == legal
+        assert c.set(b"bigger", legal + b"v").status == Status.E2BIG
+        assert c.set(b"bigger", b"x" * (29 * MIB)).status == Status.E2BIG
+        c.send(c.req(Opcode.GET, b"bigger"), c.req(Opcode.NOOP_CLIENT))
+        assert [r.status for r in c.answers(2)] == [Status.KEY_ENOENT, 0]       # still open
+        huge = bytearray(m.encode(c.req(Opcode.SET, b"huge", extras=bytes(8))))
+        huge[8:12] = struct.pack(">I", 30 * MIB)                                # a body above the cap
+        c.sock.sendall(bytes(huge))
+        with pytest.raises(ConnectionError):
+            c.answers(1)
+        c.close()
+        d = Raw(port)                                                           # the server serves on
+        d.send(d.req(Opcode.GET, b"big"))
+        assert d.answers(1)[0].value == legal
+        d.close()
+        # a DCP client takes the document's frame too (a 20 MiB value plus key and extras)
+        cap = subprocess.run([DCPTOOL, "capture", f"couchbase://127.0.0.1:{port}/default", "-o",
+                              str(tmp_path / "caps"), "--to", "now"], capture_output=True, text=True, timeout=120)
+        assert cap.returncode == 0, cap.stderr[-400:]
