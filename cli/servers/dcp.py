@@ -17,6 +17,9 @@ from dcptool.cli.servers.playback import (
     serve_dcp_capture,
 )
 from dcptool.cli.sources import parse_duration
+from dcptool.protocol.errors import LateUsageError
+
+SCHEDULE_LINE_MAX = 1 << 20     # characters of a --schedule line read at most
 
 
 def _reasons(text: str | None) -> tuple[int, ...]:
@@ -63,12 +66,20 @@ def _schedule(chaos_seed, schedule_file, nodes, replicas, items, failover_loss, 
         return chaos.draw(chaos_seed, nodes, replicas, max(items, 1000), failover_loss)
     try:
         with open(schedule_file, encoding="utf-8") as f:
-            sched = chaos.from_json(f.readline())
+            line = f.readline(SCHEDULE_LINE_MAX + 1)
+        if len(line) > SCHEDULE_LINE_MAX:
+            raise chaos.ScheduleError(f"the first line is longer than {SCHEDULE_LINE_MAX} characters "
+                                      "(a schedule is one short JSON line)")
+        sched = chaos.from_json(line)
     except (OSError, UnicodeDecodeError, chaos.ScheduleError) as exc:
-        raise click.BadParameter(f"{schedule_file}: {exc}", param_hint="--schedule") from None
+        raise LateUsageError(f"--schedule {schedule_file}: {exc}") from None
     if (sched.nodes, sched.replicas) != (nodes, replicas):
-        raise click.BadParameter(f"{schedule_file} was drawn for --nodes {sched.nodes} --replicas {sched.replicas}, "
-                                 f"not --nodes {nodes} --replicas {replicas}", param_hint="--schedule")
+        raise LateUsageError(f"--schedule {schedule_file} was drawn for --nodes {sched.nodes} --replicas "
+                             f"{sched.replicas}, not --nodes {nodes} --replicas {replicas}")
+    try:       # every event checked now, before listening, not when it fires (exit 2, one line)
+        chaos.validate(sched, failover_loss)
+    except chaos.ScheduleError as exc:
+        raise LateUsageError(f"--schedule {schedule_file}: {exc}") from None
     return sched
 
 

@@ -180,3 +180,45 @@ def test_a_20_mib_value_is_stored_a_larger_one_is_e2big_and_only_a_huge_frame_dr
         cap = subprocess.run([DCPTOOL, "capture", f"couchbase://127.0.0.1:{port}/default", "-o",
                               str(tmp_path / "caps"), "--to", "now"], capture_output=True, text=True, timeout=120)
         assert cap.returncode == 0, cap.stderr[-400:]
+
+
+# --------------------------------------------------------------------------- 9: --schedule
+
+def _schedule(*events: dict) -> str:
+    return json.dumps({"seed": None, "nodes": 3, "replicas": 1, "spares": 2, "events": list(events)})
+
+
+BAD_SCHEDULES = [
+    ("two-hard-failovers", _schedule({"at": 10, "kind": "hard-failover", "node": 1, "loss": 0},
+                                     {"at": 20, "kind": "hard-failover", "node": 2, "loss": 0}),
+     "event at 20 (hard-failover node 2): a failover needs every vbucket to have a replica"),
+    ("failover-of-node-0", _schedule({"at": 10, "kind": "graceful-failover", "node": 0}),
+     "node 0 (the seed clients bootstrap from) never leaves"),
+    ("recovery-of-a-live-node", _schedule({"at": 10, "kind": "delta-recovery", "node": 2}),
+     "node 2 is serving: only a node failed over is recovered"),
+    ("huge-loss", _schedule({"at": 10, "kind": "restart", "node": 1, "loss": 100_000}),
+     "loss 100000 is above --failover-loss 10"),
+    ("deep-json", "[" * 100_000 + "]" * 100_000, "JSON nested deeper than 8 levels"),
+    ("long-line", " " * (2 << 20), "longer than"),
+]
+
+
+@pytest.mark.parametrize("name,text,says", BAD_SCHEDULES, ids=[b[0] for b in BAD_SCHEDULES])
+def test_a_schedule_chaos_would_never_draw_is_refused_before_listening(tmp_path, name, text, says):
+    """Every event is checked against what --chaos can draw before the server listens: one
+    line, exit 2, no listening line (it used to listen and die mid-stream at the event)."""
+    f = tmp_path / "s.json"
+    f.write_text(text + "\n")
+    res = subprocess.run([DCPTOOL, "serve", "dcp", "--port", "0", "--nodes", "3", "--replicas", "1", "--items", "100",
+                          "--schedule", str(f)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2, res.stderr
+    assert res.stdout == ""
+    assert len(res.stderr.strip().splitlines()) == 1 and says in res.stderr, res.stderr
+    assert "recursion" not in res.stderr and "Traceback" not in res.stderr
+
+
+def test_every_drawn_schedule_is_valid():
+    from dcptool.protocol.dcp.server import chaos
+    for seed in range(300):
+        for nodes, replicas, loss in ((3, 1, 10), (4, 2, 0), (2, 1, 5), (5, 0, 3)):
+            chaos.validate(chaos.draw(seed, nodes, replicas, 5000, loss), loss)
