@@ -68,7 +68,7 @@ def consumer_config(opts: LiveOptions) -> dcp_consumer.ConsumerConfig:
 def tls_for(opts: LiveOptions):
     if not opts.source.tls:
         return None
-    from dcptool.protocol.transport.dcp import tls_context
+    from dcptool.protocol.transport.dcp_client import tls_context
     return tls_context(opts.ca_cert, opts.insecure)
 
 

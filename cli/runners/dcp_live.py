@@ -1,5 +1,5 @@
 """`dcptool stream couchbase://...`: runs the DCP consumer (protocol/dcp/client/consumer.py) over
-the asyncio transport (protocol/transport/dcp.py) and prints every frame that crosses the
+the asyncio transport (protocol/transport/dcp_client.py) and prints every frame that crosses the
 wire, both directions, as CAPTURE_FORMAT rows plus `direction` and `ts`. Each receive
 batch is decoded at once by the columnar decoder (replay/rows.py), the same as `decode`.
 """

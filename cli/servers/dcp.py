@@ -1,5 +1,5 @@
 """`dcptool serve dcp`: a DCP producer serving one generated bucket, with failure scenarios
-for testing consumers (protocol/dcp/server/producer.py over protocol/transport/dcp.py)."""
+for testing consumers (protocol/dcp/server/producer.py over protocol/transport/dcp_server.py)."""
 
 from __future__ import annotations
 
@@ -213,7 +213,7 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
       dcptool stream couchbase://127.0.0.1:PORT/default --max-messages 20
     """
     from dcptool.protocol.dcp.server.producer import Scenarios, server_from_options
-    from dcptool.protocol.transport.dcp import ProducerServer
+    from dcptool.protocol.transport.dcp_server import ProducerServer
 
     user_map = {}
     if users:

@@ -317,8 +317,8 @@ def _dedup_bucket():
 def test_a_resumed_capture_rolled_back_into_a_deduplicated_snapshot_replays_the_bucket(tmp_path):
     """The same across processes: `capture --resume` takes the whole-snapshot ends from the
     capture's rows (replay/store/resume.py), so the resumed run restarts at 10, not 15."""
-    from dcptool.protocol.transport.dcp import ThreadedServer
     from tests.support.chaos_run import documents_of
+    from tests.support.threaded_server import ThreadedServer
     srv, bucket, vb = _dedup_bucket()
     out = tmp_path / "cap"
     with ThreadedServer(srv) as ts:
