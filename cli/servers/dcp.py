@@ -270,7 +270,9 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
         stop = server_stop_event()
         if schedule is not None:    # a broken invariant stops the server loudly
             model.cluster.on_broken = lambda msg: (broken.append(msg), stop.set())
-        server = ProducerServer(model, rate=rate, handshake_timeout=handshake, freeze_heap=True)
+        from dcptool.cli.errors import error_line
+        server = ProducerServer(model, rate=rate, handshake_timeout=handshake, freeze_heap=True,
+                                on_warning=error_line)
         host, p = await server.start(bind, port, tls)
         sys.stdout.write(json.dumps({"listening": f"{host}:{p}",
                                      "nodes": [f"{h}:{q}" for h, q in server.addresses]}) + "\n")

@@ -1,21 +1,36 @@
 """The I/O edge of the DCP producer: an asyncio server (TCP or TLS, one port per cluster node)
 for the sans-IO producer (protocol/dcp/server/producer.py), with live updates at a rate and a
-reaper of what closed connections leave behind. The client side is dcp_client.py."""
+reaper of what closed connections leave behind. The client side is dcp_client.py.
+
+What one connection may have queued is bounded, as kv_engine bounds it: requests are answered
+one at a time, each answer handed to the socket's write buffer at once; once that buffer holds
+more than WRITE_HIGH bytes the peer has not taken, the connection is not read (nor its
+requests answered) until the peer drains it below WRITE_LOW. Running out of file descriptors
+while accepting is one warning line per ACCEPT_WARN_EVERY seconds (with a count), not a
+traceback per attempt; asyncio accepts again when descriptors free up."""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import ssl
 import time
+from typing import Any, Callable
 
 from dcptool.protocol.dcp.server.producer import ServerModel, rate_items
+from dcptool.protocol.dcp.wire.constants import DEFAULT_MAX_BODY
+from dcptool.protocol.dcp.wire.frames import split_until_error
 from dcptool.protocol.transport.reaper import Reaper
 from dcptool.protocol.transport.sockets import tune_socket
 
 log = logging.getLogger("dcptool.transport.dcp_server")
 
 HANDSHAKE_TIMEOUT = 10.0     # seconds a TLS client has to complete its handshake (serve dcp)
+WRITE_HIGH = 4 * 1024 * 1024     # queued bytes of one connection above which it is not read
+WRITE_LOW = 1024 * 1024          # ... and below which it is read again
+ACCEPT_WARN_EVERY = 10.0         # seconds between two "out of file descriptors" warnings
+_ACCEPT_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 class _ServerProtocol(asyncio.Protocol):
@@ -28,11 +43,12 @@ class _ServerProtocol(asyncio.Protocol):
         self.can_write = asyncio.Event()
         self.can_write.set()
         self.task = None
+        self.inbox = bytearray()        # received, not yet answered (whole requests and a partial one)
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         tune_socket(transport)
-        transport.set_write_buffer_limits(high=4 * 1024 * 1024)
+        transport.set_write_buffer_limits(high=WRITE_HIGH, low=WRITE_LOW)
         model = self.server.model
         # node-aware models (a cluster) learn which node's port the client came to
         self.conn = model.connect(time.monotonic(), self.node) if self.node else model.connect(time.monotonic())
@@ -42,8 +58,40 @@ class _ServerProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.server.muted(self.node):    # a node that stopped answering (chaos "hang")
             return
-        self.conn.receive(data, time.monotonic())
+        self.inbox += data
+        self._answer_inbox()
+
+    def _answer_inbox(self) -> None:
+        """Hand the producer the whole requests received, one at a time, and each one's answers
+        to the transport at once; stop while the peer leaves more than WRITE_HIGH bytes unread
+        (pause_writing stops reading too; resume_writing comes back here). A bad header goes to
+        the producer with what follows it: it closes the connection with its own message."""
+        conn, inbox = self.conn, self.inbox
+        if conn is None or conn.closed:
+            inbox.clear()
+            return
+        bounds, used, err = split_until_error(inbox, DEFAULT_MAX_BODY)
+        now = time.monotonic()
+        done = 0
+        for off, length in bounds:
+            if not self.can_write.is_set() or conn.closed:
+                break
+            conn.receive(bytes(inbox[off:off + length]), now)
+            done = off + length
+            self._write(conn.pull(now))
+        else:
+            if err is not None and not conn.closed:
+                conn.receive(bytes(inbox[used:]), now)
+                done = len(inbox)
+        del inbox[:done]
         self.wake.set()
+
+    def _write(self, chunks: list) -> None:
+        if chunks:
+            self.transport.writelines(chunks)
+            queued = self.transport.get_write_buffer_size()
+            if queued > self.server.peak_queued:
+                self.server.peak_queued = queued
 
     def connection_lost(self, exc) -> None:
         self.server.protocols.discard(self)
@@ -55,10 +103,19 @@ class _ServerProtocol(asyncio.Protocol):
             self.task.cancel()
 
     def pause_writing(self) -> None:
+        """The peer leaves more than WRITE_HIGH bytes unread: read nothing more from it."""
         self.can_write.clear()
+        self.server.read_pauses += 1
+        self.transport.pause_reading()
 
     def resume_writing(self) -> None:
+        """Below WRITE_LOW again: answer what was held back, then read again."""
         self.can_write.set()
+        if self.transport.is_closing():
+            return
+        self._answer_inbox()
+        if self.can_write.is_set():
+            self.transport.resume_reading()
 
     async def _writer(self) -> None:
         conn = self.conn
@@ -71,8 +128,7 @@ class _ServerProtocol(asyncio.Protocol):
                 now = time.monotonic()
                 conn.tick(now)
                 chunks = conn.pull(now)
-                if chunks:
-                    self.transport.writelines(chunks)
+                self._write(chunks)
                 self.server.wake_on_topology_change()
                 if conn.closed:
                     self.transport.close()   # flushes what is buffered first
@@ -105,8 +161,15 @@ class ProducerServer:
     what closed connections left behind and trims the heap."""
 
     def __init__(self, model: ServerModel, rate: float = 0.0, tick: float = 0.01,
-                 handshake_timeout: float = HANDSHAKE_TIMEOUT, freeze_heap: bool = False):
+                 handshake_timeout: float = HANDSHAKE_TIMEOUT, freeze_heap: bool = False,
+                 on_warning: Callable[[str], None] | None = None):
         self.model = model
+        self.on_warning = on_warning or log.warning     # one line (serve dcp: on stderr)
+        self.peak_queued = 0            # the most bytes one connection had queued for its peer
+        self.read_pauses = 0            # times a connection was not read because of it
+        self.accept_failures = 0        # accepts that found no file descriptor (all told)
+        self._accept_unreported = 0
+        self._accept_warned: float | None = None
         self.rate = rate
         self.tick = tick
         self.handshake_timeout = handshake_timeout
@@ -124,6 +187,8 @@ class ProducerServer:
         """Listen on host:port, and for a cluster model one more free port per further node
         (spare nodes of --add-node-at included). Returns node 0's address."""
         loop = asyncio.get_running_loop()
+        if loop.get_exception_handler() is None:
+            loop.set_exception_handler(self._loop_exception)
         cluster = getattr(self.model, "cluster", None)
         count = len(cluster.nodes) if cluster is not None else 1
         for node in range(count):
@@ -142,6 +207,27 @@ class ProducerServer:
         self.reaper.tls = tls is not None
         self._reap_task = loop.create_task(self.reaper.run())
         return self.address
+
+    def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """asyncio's accept loop out of file descriptors (it says so and retries a second later,
+        once per listening socket and attempt): counted, and one warning line at most every
+        ACCEPT_WARN_EVERY seconds. Anything else goes to asyncio's own handler."""
+        exc = context.get("exception")
+        if not (isinstance(exc, OSError) and exc.errno in _ACCEPT_ERRNOS
+                and "accept" in str(context.get("message", ""))):
+            loop.default_exception_handler(context)
+            return
+        self.accept_failures += 1
+        self._accept_unreported += 1
+        now = time.monotonic()
+        if self._accept_warned is not None and now - self._accept_warned < ACCEPT_WARN_EVERY:
+            return
+        first = self._accept_warned is None
+        self._accept_warned = now
+        n, self._accept_unreported = self._accept_unreported, 0
+        self.on_warning(f"warning: out of file descriptors ({exc.strerror or exc}): {n} connection attempt(s) "
+                        f"not accepted{'' if first else f' in the last {ACCEPT_WARN_EVERY:g} s'}; accepting again "
+                        "when descriptors free up (raise the limit: ulimit -n)")
 
     def _protocol(self, node: int) -> _ServerProtocol:
         self.reaper.accepted += 1

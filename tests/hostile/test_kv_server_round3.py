@@ -10,6 +10,7 @@ import json
 import socket
 import struct
 import subprocess
+import time
 
 import pytest
 
@@ -146,6 +147,86 @@ def test_durability_on_a_command_that_takes_none_is_einval():
         assert kv.call(opcode, key, extras=extras, durability=1).status == Status.EINVAL
     assert [h[1] for h in history(model, key)] == ["m"]
     assert isinstance(kv.call(Opcode.GET, key), m.Response)
+
+
+# --------------------------------------------------------------------------- 5: queued answers
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def peak_rss_mib(pid: int, quiet: float = 2.0, bound: float = 20.0) -> float:
+    """The server's highest RSS until it has not grown for `quiet` seconds (at most `bound`)."""
+    peak = rss_mib(pid)
+    still = time.monotonic()
+    end = still + bound
+    while time.monotonic() < end and time.monotonic() - still < quiet:
+        time.sleep(0.1)
+        now = rss_mib(pid)
+        if now > peak + 1:
+            peak, still = now, time.monotonic()
+    return peak
+
+
+GETS = 300                          # pipelined GETs of a 1 MiB document: 300 MiB of answers
+
+
+def _pipeline_gets(c: Raw, key: bytes) -> list[int]:
+    reqs = [c.req(Opcode.GET, key) for _ in range(GETS)]
+    c.send(*reqs)                   # ~9 KB of requests, and nothing read
+    return [r.opaque for r in reqs]
+
+
+def _read_all(c: Raw, opaques: list[int], value: bytes) -> None:
+    """Every answer, in order, whole."""
+    got = []
+    for _ in range(len(opaques)):
+        r = c.answers(1)[0]
+        assert r.status == 0 and r.value == value
+        got.append(r.opaque)
+    assert got == opaques
+
+
+@pytest.mark.integration
+def test_a_client_that_pipelines_and_never_reads_does_not_grow_the_server():
+    """Issue 36 #5 as found: a KV client pipelines GETs of a 1 MiB document and reads
+    nothing. The server stops reading it once 4 MiB are queued (it used to answer all of them
+    into memory: 1.7 GiB for 32 KB of requests); then the client reads every answer, in order."""
+    doc = bytes(range(256)) * 4096
+    with serving() as (proc, port):
+        c = Raw(port, timeout=120)
+        assert c.set(b"big", doc).status == 0
+        before = peak_rss_mib(proc.pid, quiet=0.5)
+        opaques = _pipeline_gets(c, b"big")
+        grown = peak_rss_mib(proc.pid) - before
+        assert grown < 64, f"the server grew by {grown:.0f} MiB for a client that reads nothing"
+        _read_all(c, opaques, doc)
+        c.send(c.req(Opcode.NOOP_CLIENT))
+        assert c.answers(1)[0].status == 0
+        c.close()
+
+
+def test_what_one_connection_queues_is_bounded_and_it_is_read_again_once_drained():
+    """The same in-process, on the server's own counters: the most one connection had queued
+    is the write bound plus one answer; reading stopped, and resumed when the peer drained."""
+    from dcptool.protocol.transport.dcp_server import WRITE_HIGH
+    from tests.support.threaded_server import ThreadedServer
+    doc = b"d" * MIB
+    with ThreadedServer(P.server_from_options(vbuckets=VBS, items=0, seed=1)) as srv:
+        c = Raw(srv.port, timeout=120)
+        assert c.set(b"big", doc).status == 0
+        opaques = _pipeline_gets(c, b"big")
+        deadline = time.monotonic() + 30
+        while srv.server.read_pauses == 0:
+            assert time.monotonic() < deadline, "the connection was never paused"
+            time.sleep(0.01)
+        _read_all(c, opaques, doc)
+        assert srv.server.peak_queued <= WRITE_HIGH + len(doc) + 64
+        c.close()
 
 
 # --------------------------------------------------------------------------- 7: value sizes
