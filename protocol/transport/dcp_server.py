@@ -225,9 +225,10 @@ class ProducerServer:
         first = self._accept_warned is None
         self._accept_warned = now
         n, self._accept_unreported = self._accept_unreported, 0
-        self.on_warning(f"warning: out of file descriptors ({exc.strerror or exc}): {n} connection attempt(s) "
-                        f"not accepted{'' if first else f' in the last {ACCEPT_WARN_EVERY:g} s'}; accepting again "
-                        "when descriptors free up (raise the limit: ulimit -n)")
+        since = "" if first else f" in the last {ACCEPT_WARN_EVERY:g} s"
+        self.on_warning(f"warning: out of file descriptors ({exc.strerror or exc}): accepting a connection "
+                        f"failed {n} time(s){since}; waiting connections are accepted when descriptors free up "
+                        "(raise the limit: ulimit -n)")
 
     def _protocol(self, node: int) -> _ServerProtocol:
         self.reaper.accepted += 1

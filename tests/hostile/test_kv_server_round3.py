@@ -303,3 +303,46 @@ def test_every_drawn_schedule_is_valid():
     for seed in range(300):
         for nodes, replicas, loss in ((3, 1, 10), (4, 2, 0), (2, 1, 5), (5, 0, 3)):
             chaos.validate(chaos.draw(seed, nodes, replicas, 5000, loss), loss)
+
+
+# --------------------------------------------------------------------------- 11: out of descriptors
+
+FD_LIMIT = 32                       # the server's RLIMIT_NOFILE: about 10 in use once listening
+
+
+def _low_fd_limit() -> None:
+    import resource
+    resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
+
+
+@pytest.mark.integration
+def test_out_of_file_descriptors_is_one_warning_line_and_the_server_accepts_again():
+    """Issue 36 #11: more connections than the server has descriptors for. asyncio retries the
+    accept every second and reported each failure with a traceback (29,388 stderr lines in
+    10 s); now one warning line (at most one per 10 s, with a count), and once descriptors free
+    up a new connection is served."""
+    import threading
+    with serving(preexec_fn=_low_fd_limit) as (proc, port):
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(iter(proc.stderr.readline, "")), daemon=True)
+        reader.start()
+        held = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(2 * FD_LIMIT)]
+        deadline = time.monotonic() + 30
+        while not any("descriptor" in x or "out of system resource" in x for x in lines):
+            assert time.monotonic() < deadline, "the server never ran out of descriptors"
+            time.sleep(0.05)
+        for s in held:
+            s.close()
+        c = Raw(port)                                   # served once descriptors are free again
+        c.send(c.req(Opcode.NOOP_CLIENT))
+        assert c.answers(1)[0].status == 0
+        c.close()
+        proc.terminate()
+        proc.wait(30)
+        reader.join(10)
+    text = "".join(lines)
+    assert proc.returncode == 0, text[-2000:]
+    assert "Traceback" not in text and "out of system resource" not in text
+    warnings = [x for x in lines if "out of file descriptors" in x]
+    assert len(lines) <= 3 and len(warnings) >= 1, text[-2000:]
+    assert warnings[0].startswith("dcptool: warning: out of file descriptors")
