@@ -38,7 +38,7 @@ class _ServerProtocol(asyncio.Protocol):
         self.server = server
         self.node = node
         self.conn = None
-        self.transport = None
+        self.transport: asyncio.Transport | None = None
         self.wake = asyncio.Event()
         self.can_write = asyncio.Event()
         self.can_write.set()
@@ -86,10 +86,11 @@ class _ServerProtocol(asyncio.Protocol):
         del inbox[:done]
         self.wake.set()
 
-    def _write(self, chunks: list) -> None:
-        if chunks:
-            self.transport.writelines(chunks)
-            queued = self.transport.get_write_buffer_size()
+    def _write(self, chunks: list[Any]) -> None:
+        transport = self.transport
+        if chunks and transport is not None:
+            transport.writelines(chunks)
+            queued = transport.get_write_buffer_size()
             if queued > self.server.peak_queued:
                 self.server.peak_queued = queued
 
@@ -106,16 +107,18 @@ class _ServerProtocol(asyncio.Protocol):
         """The peer leaves more than WRITE_HIGH bytes unread: read nothing more from it."""
         self.can_write.clear()
         self.server.read_pauses += 1
-        self.transport.pause_reading()
+        if self.transport is not None:
+            self.transport.pause_reading()
 
     def resume_writing(self) -> None:
         """Below WRITE_LOW again: answer what was held back, then read again."""
         self.can_write.set()
-        if self.transport.is_closing():
+        transport = self.transport
+        if transport is None or transport.is_closing():
             return
         self._answer_inbox()
         if self.can_write.is_set():
-            self.transport.resume_reading()
+            transport.resume_reading()
 
     async def _writer(self) -> None:
         conn = self.conn

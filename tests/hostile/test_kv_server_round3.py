@@ -346,3 +346,20 @@ def test_out_of_file_descriptors_is_one_warning_line_and_the_server_accepts_agai
     warnings = [x for x in lines if "out of file descriptors" in x]
     assert len(lines) <= 3 and len(warnings) >= 1, text[-2000:]
     assert warnings[0].startswith("dcptool: warning: out of file descriptors")
+
+
+def test_a_snappy_value_announcing_more_than_20_mib_is_e2big_before_inflating():
+    """The Snappy preamble (the uncompressed length) is checked first: E2BIG, nothing inflated;
+    one announcing exactly 20 MiB that does not decompress is EINVAL."""
+    kv = Kv(single())
+
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while n >= 0x80:
+            out.append(n & 0x7F | 0x80)
+            n >>= 7
+        return bytes(out + bytes([n]))
+
+    assert kv.upsert(b"z", value=varint(20 * MIB + 1) + b"\x00" * 16, datatype=0x02).status == Status.E2BIG
+    assert kv.upsert(b"z", value=varint(20 * MIB) + b"\x00" * 16, datatype=0x02).status == Status.EINVAL
+    assert kv.call(Opcode.GET, b"z").status == Status.KEY_ENOENT

@@ -147,6 +147,10 @@ def _why_not(e: Event, state: dict[int, str], replicas: int, degraded: bool) -> 
     """Why `_eligible` leaves the event out, in words."""
     serving = sum(1 for s in state.values() if s == "in")
     kind, node = e.kind, e.node
+
+    def now(n: int | None) -> str:
+        return _STATE_WORDS[state[n]] if n is not None and n in state else "unknown"
+
     if node == 0 and kind in ("rebalance-out", "swap", "graceful-failover", "hard-failover", "hang"):
         return "node 0 (the seed clients bootstrap from) never leaves, fails or hangs"
     if kind in ("graceful-failover", "hard-failover", "hang"):
@@ -161,12 +165,12 @@ def _why_not(e: Event, state: dict[int, str], replicas: int, degraded: bool) -> 
     if kind == "rebalance-stop":
         return f"a rebalance needs two serving nodes ({serving} serve)"
     if kind in ("delta-recovery", "full-recovery"):
-        return f"node {node} is {_STATE_WORDS[state[node]]}: only a node failed over is recovered"
+        return f"node {node} is {now(node)}: only a node failed over is recovered"
     if kind == "rebalance-in":
-        return f"node {node} is {_STATE_WORDS[state[node]]}: only a spare or ejected node joins"
-    if kind == "swap" and state[e.other] not in ("spare", "out"):
-        return f"node {e.other} is {_STATE_WORDS[state[e.other]]}: a swap brings in a spare or ejected node"
-    return f"node {node} is {_STATE_WORDS[state[node]]}, not serving"
+        return f"node {node} is {now(node)}: only a spare or ejected node joins"
+    if kind == "swap" and state.get(e.other if e.other is not None else -1) not in ("spare", "out"):
+        return f"node {e.other} is {now(e.other)}: a swap brings in a spare or ejected node"
+    return f"node {node} is {now(node)}, not serving"
 
 
 def _params(kind: str) -> tuple[str, ...]:

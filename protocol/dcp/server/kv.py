@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Callable
+from typing import Any, Callable
 
+from dcptool.protocol.dcp.server.bucket import Item
 from dcptool.protocol.dcp.server.kv_store import KvStore, VbIndex, store_of
 from dcptool.protocol.dcp.wire import leb128, snappy
 from dcptool.protocol.dcp.wire.constants import (
@@ -278,11 +279,11 @@ def _touch(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
            wall=wall, reply=_gat_reply if req.opcode == Opcode.GAT else _touch_reply)
 
 
-def _touch_reply(conn, req, ix: VbIndex, it) -> None:
+def _touch_reply(conn: Any, req: Any, ix: VbIndex, it: Item) -> None:
     _answer(conn, req, cas=it.cas)
 
 
-def _gat_reply(conn, req, ix: VbIndex, it) -> None:
+def _gat_reply(conn: Any, req: Any, ix: VbIndex, it: Item) -> None:
     _doc_answer(conn, req, it)
 
 
@@ -314,7 +315,7 @@ def _check_durable(conn, ix: VbIndex) -> None:
         raise BadRequest(Status.DURABILITY_IMPOSSIBLE)
 
 
-def _mutation_reply(conn, req, ix: VbIndex, it) -> None:
+def _mutation_reply(conn: Any, req: Any, ix: VbIndex, it: Item) -> None:
     """The answer to a write: the mutation token (HELLO MUTATION_SEQNO) and the new CAS."""
     _answer(conn, req, extras=_mutation_extras(conn, ix, it.seqno), cas=it.cas)
 
@@ -403,7 +404,7 @@ def _counter(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
         count = (count + delta) % (1 << 64) if req.opcode == Opcode.INCREMENT else max(0, count - delta)
     answer = struct.pack(">Q", count)
 
-    def reply(conn, req, ix: VbIndex, it) -> None:
+    def reply(conn: Any, req: Any, ix: VbIndex, it: Item) -> None:
         _answer(conn, req, extras=_mutation_extras(conn, ix, it.seqno), value=answer, cas=it.cas)
 
     _write(conn, req, st, ix, key, level, value=b"%d" % count, dt=1, flags=flags, expiry=exp, wall=wall,
