@@ -62,28 +62,40 @@ class _ServerProtocol(asyncio.Protocol):
         self._answer_inbox()
 
     def _answer_inbox(self) -> None:
-        """Hand the producer the whole requests received, one at a time, and each one's answers
-        to the transport at once; stop while the peer leaves more than WRITE_HIGH bytes unread
-        (pause_writing stops reading too; resume_writing comes back here). A bad header goes to
-        the producer with what follows it: it closes the connection with its own message."""
-        conn, inbox = self.conn, self.inbox
-        if conn is None or conn.closed:
+        """Hand the producer the whole requests received, one at a time, gathering their
+        answers; stop taking requests once the answers the peer has not read (the transport's
+        buffer and those gathered) pass WRITE_HIGH. pause_writing then stops reading too, and
+        resume_writing comes back here. A bad header goes to the producer with what follows
+        it: it closes the connection with its own message."""
+        conn, inbox, transport = self.conn, self.inbox, self.transport
+        if conn is None or transport is None or conn.closed:
             inbox.clear()
             return
-        bounds, used, err = split_until_error(inbox, DEFAULT_MAX_BODY)
-        now = time.monotonic()
-        done = 0
-        for off, length in bounds:
-            if not self.can_write.is_set() or conn.closed:
+        while True:
+            bounds, used, err = split_until_error(inbox, DEFAULT_MAX_BODY)
+            now = time.monotonic()
+            held = transport.get_write_buffer_size()
+            out: list[Any] = []
+            done, full = 0, False
+            for off, length in bounds:
+                if held > WRITE_HIGH or not self.can_write.is_set() or conn.closed:
+                    full = True
+                    break
+                conn.receive(bytes(inbox[off:off + length]), now)
+                done = off + length
+                if conn.wants_write:
+                    chunks = conn.pull(now)
+                    out += chunks
+                    held += sum(map(len, chunks))
+            else:
+                if err is not None and not conn.closed:
+                    conn.receive(bytes(inbox[used:]), now)
+                    done = len(inbox)
+            del inbox[:done]
+            self._write(out)
+            # stopped at the bound, but the socket took enough at once: go on with the rest
+            if not full or not done or not inbox or conn.closed or not self.can_write.is_set():
                 break
-            conn.receive(bytes(inbox[off:off + length]), now)
-            done = off + length
-            self._write(conn.pull(now))
-        else:
-            if err is not None and not conn.closed:
-                conn.receive(bytes(inbox[used:]), now)
-                done = len(inbox)
-        del inbox[:done]
         self.wake.set()
 
     def _write(self, chunks: list[Any]) -> None:
@@ -130,6 +142,8 @@ class _ServerProtocol(asyncio.Protocol):
                     continue
                 now = time.monotonic()
                 conn.tick(now)
+                if self.inbox and self.can_write.is_set():   # requests held back at the bound
+                    self._answer_inbox()
                 chunks = conn.pull(now)
                 self._write(chunks)
                 self.server.wake_on_topology_change()
