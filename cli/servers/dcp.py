@@ -11,6 +11,7 @@ import sys
 import click
 
 from dcptool.capture.servers import server_stop_event
+from dcptool.cli.errors import error_line
 from dcptool.cli.servers.playback import (
     check_unused,
     playback_options,
@@ -270,9 +271,7 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
         stop = server_stop_event()
         if schedule is not None:    # a broken invariant stops the server loudly
             model.cluster.on_broken = lambda msg: (broken.append(msg), stop.set())
-        from dcptool.cli.errors import error_line
-        server = ProducerServer(model, rate=rate, handshake_timeout=handshake, freeze_heap=True,
-                                on_warning=error_line)
+        server = ProducerServer(model, rate=rate, handshake_timeout=handshake, freeze_heap=True, on_warning=error_line)
         host, p = await server.start(bind, port, tls)
         sys.stdout.write(json.dumps({"listening": f"{host}:{p}",
                                      "nodes": [f"{h}:{q}" for h, q in server.addresses]}) + "\n")

@@ -19,7 +19,7 @@ from dcptool.protocol.dcp.server.bucket import vbucket_of
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.constants import Feature, Opcode, Status
 from dcptool.protocol.dcp.wire.frames import split
-from tests.protocol.dcp.test_kv import JSON_FLAGS, VBS, Kv, frames, history, single
+from tests.support.kv_model import JSON_FLAGS, VBS, Kv, frames, history, single
 from tests.support.paths import DCPTOOL
 from tests.support.processes import stop_process
 
