@@ -25,7 +25,7 @@ from dcptool.protocol.dcp.client import routing
 from dcptool.protocol.dcp.client.consumer_api import FilterUnknown
 from dcptool.protocol.dcp.wire.constants import status_name
 from dcptool.protocol.errors import ErrorCode, LateUsageError, RemoteError
-from dcptool.protocol.transport.dcp import tls_context
+from dcptool.protocol.transport.dcp_client import tls_context
 from dcptool.protocol.transport.dcp_cluster import ClusterSession
 
 # The settings of every DCP run (tests turn them down); the connect bound is --timeout.

@@ -93,7 +93,7 @@ def restore_cmd(ctx, args, user, password_file, as_of_ts, keys, collection_map, 
     opts.user = user_from(user, source.url)
     opts.password = read_password(password_file, needed=opts.user is not None, user=opts.user)
     if source.tls:
-        from dcptool.protocol.transport.dcp import tls_context
+        from dcptool.protocol.transport.dcp_client import tls_context
         opts.tls = tls_context(ca_cert, insecure)
     counts = R.restore(opts, progress=_progress(), signals=(signal.SIGINT, signal.SIGTERM))
     _summary(counts, json_summary, to_stderr=False)

@@ -48,7 +48,7 @@ def serve_dcp_recording(recording, users: dict, *, bind: str, port: int, tls, pa
     """A recorded DCP capture (replay/playback.py load_dcp) served as a producer until a stop
     signal; on_listening(host, port) once it listens."""
     from dcptool.protocol.dcp.server.playback import Faults, PlaybackModel
-    from dcptool.protocol.transport.dcp import ProducerServer
+    from dcptool.protocol.transport.dcp_server import ProducerServer
 
     model = PlaybackModel(recording, users, pace=pace,
                           faults=Faults(disconnect_at=disconnect_at, stall_at=stall_at, stall_seconds=stall_seconds,

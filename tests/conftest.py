@@ -37,8 +37,8 @@ def failover_capture(tmp_path_factory):
     import subprocess
 
     from dcptool.protocol.dcp.server import producer as P
-    from dcptool.protocol.transport.dcp import ThreadedServer
     from dcptool.replay.store.reader import find_captures
+    from tests.support.threaded_server import ThreadedServer
     out = tmp_path_factory.mktemp("failover") / "caps"
     model = P.server_from_options(vbuckets=16, items=4000, seed=21,
                                   scenarios=P.Scenarios(failover_at=2500, failover_loss=12))

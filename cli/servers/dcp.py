@@ -1,5 +1,5 @@
 """`dcptool serve dcp`: a DCP producer serving one generated bucket, with failure scenarios
-for testing consumers (protocol/dcp/server/producer.py over protocol/transport/dcp.py)."""
+for testing consumers (protocol/dcp/server/producer.py over protocol/transport/dcp_server.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import sys
 
 import click
 
+from dcptool.cli.errors import error_line
 from dcptool.cli.servers.playback import (
     check_unused,
     playback_options,
@@ -17,11 +18,12 @@ from dcptool.cli.servers.playback import (
 )
 from dcptool.cli.sources import parse_duration
 from dcptool.protocol.dcp.server.manifest import Manifest, parse_events
-from dcptool.protocol.errors import ConnectFailed
+from dcptool.protocol.errors import ConnectFailed, LateUsageError
 from dcptool.serve.runner import server_stop_event
 
 # Lazy imports: only where start-up time needs them (`serve dcp --help` loads no numpy: the
 # producer, its transport and the chaos schedules load when the server starts).
+SCHEDULE_LINE_MAX = 1 << 20     # characters of a --schedule line read at most
 
 
 def _reasons(text: str | None) -> tuple[int, ...]:
@@ -68,12 +70,20 @@ def _schedule(chaos_seed, schedule_file, nodes, replicas, items, failover_loss, 
         return chaos.draw(chaos_seed, nodes, replicas, max(items, 1000), failover_loss)
     try:
         with open(schedule_file, encoding="utf-8") as f:
-            sched = chaos.from_json(f.readline())
+            line = f.readline(SCHEDULE_LINE_MAX + 1)
+        if len(line) > SCHEDULE_LINE_MAX:
+            raise chaos.ScheduleError(f"the first line is longer than {SCHEDULE_LINE_MAX} characters "
+                                      "(a schedule is one short JSON line)")
+        sched = chaos.from_json(line)
     except (OSError, UnicodeDecodeError, chaos.ScheduleError) as exc:
-        raise click.BadParameter(f"{schedule_file}: {exc}", param_hint="--schedule") from None
+        raise LateUsageError(f"--schedule {schedule_file}: {exc}") from None
     if (sched.nodes, sched.replicas) != (nodes, replicas):
-        raise click.BadParameter(f"{schedule_file} was drawn for --nodes {sched.nodes} --replicas {sched.replicas}, "
-                                 f"not --nodes {nodes} --replicas {replicas}", param_hint="--schedule")
+        raise LateUsageError(f"--schedule {schedule_file} was drawn for --nodes {sched.nodes} --replicas "
+                             f"{sched.replicas}, not --nodes {nodes} --replicas {replicas}")
+    try:       # every event checked now, before listening, not when it fires (exit 2, one line)
+        chaos.validate(sched, failover_loss)
+    except chaos.ScheduleError as exc:
+        raise LateUsageError(f"--schedule {schedule_file}: {exc}") from None
     return sched
 
 
@@ -210,7 +220,7 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
       dcptool stream couchbase://127.0.0.1:PORT/default --max-messages 20
     """
     from dcptool.protocol.dcp.server.producer import Scenarios, server_from_options
-    from dcptool.protocol.transport.dcp import ProducerServer
+    from dcptool.protocol.transport.dcp_server import ProducerServer
 
     user_map = {}
     if users:
@@ -268,7 +278,7 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
         stop = server_stop_event()
         if schedule is not None:    # a broken invariant stops the server loudly
             model.cluster.on_broken = lambda msg: (broken.append(msg), stop.set())
-        server = ProducerServer(model, rate=rate, handshake_timeout=handshake, freeze_heap=True)
+        server = ProducerServer(model, rate=rate, handshake_timeout=handshake, freeze_heap=True, on_warning=error_line)
         host, p = await server.start(bind, port, tls)
         sys.stdout.write(json.dumps({"listening": f"{host}:{p}",
                                      "nodes": [f"{h}:{q}" for h, q in server.addresses]}) + "\n")

@@ -53,7 +53,7 @@ from dcptool.protocol.errors import (
     ProtocolError,
     RemoteError,
 )
-from dcptool.protocol.transport.dcp import Session, open_connection
+from dcptool.protocol.transport.dcp_client import Session, open_connection
 
 log = logging.getLogger("dcptool.transport.dcp_cluster")
 

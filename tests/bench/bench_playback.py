@@ -23,9 +23,9 @@ import _repo  # noqa: F401  (the repository root on sys.path: tests/bench/_repo.
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.server.playback import PlaybackModel
 from dcptool.protocol.dcp.wire import messages as m
-from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.playback import load_dcp
 from tests.support.paths import DCPTOOL
+from tests.support.threaded_server import ThreadedServer
 
 _HDR = struct.Struct(">BB6xI")
 

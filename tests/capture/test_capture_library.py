@@ -16,7 +16,7 @@ from dcptool.replay.store.reader import find_captures, read_capture_table
 SCRIPT = r"""
 import json, sys
 from dcptool.protocol.dcp.server import producer as P
-from dcptool.protocol.transport.dcp import ThreadedServer
+from tests.support.threaded_server import ThreadedServer
 from dcptool.capture import CaptureSettings, LiveOptions, capture, parse_source
 
 model = P.server_from_options(vbuckets=4, items=300, seed=5)

@@ -18,11 +18,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from dcptool.capture.metrics import Collector, LiveMetrics, MetricsServer, parse_listen
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.errors import LateUsageError
-from dcptool.protocol.transport.dcp import ThreadedServer
 from tests.support.cli_util import error_line, run
 from tests.support.paths import DCPTOOL
 from tests.support.processes import stop_process
 from tests.support.prometheus import Prometheus
+from tests.support.threaded_server import ThreadedServer
 
 
 def _families(live: LiveMetrics) -> dict:

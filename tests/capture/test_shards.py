@@ -28,7 +28,7 @@ def captured(tmp_path_factory):
     """Two shard processes at once into one directory, and one capture of everything, of
     the same seeded producer (8 vbuckets)."""
     from dcptool.protocol.dcp.server import producer as P
-    from dcptool.protocol.transport.dcp import ThreadedServer
+    from tests.support.threaded_server import ThreadedServer
     base = tmp_path_factory.mktemp("shards")
     model = P.server_from_options(vbuckets=8, items=400, seed=7)
     with ThreadedServer(model) as srv:

@@ -18,10 +18,10 @@ import pytest
 
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.wire.frames import split_until_error
-from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from tests.support.live_capture import data_on_disk, served, stop_live_updates
 from tests.support.paths import DCPTOOL
+from tests.support.threaded_server import ThreadedServer
 
 pytestmark = pytest.mark.integration
 ITEM_OPS = ("mutation", "deletion", "expiration")

@@ -26,7 +26,7 @@ def _recorded_vbuckets(out) -> list:
 
 def test_an_env_var_sets_an_option_and_the_command_line_wins(tmp_path):
     from dcptool.protocol.dcp.server import producer as P
-    from dcptool.protocol.transport.dcp import ThreadedServer
+    from tests.support.threaded_server import ThreadedServer
     env = {"DCPTOOL_CAPTURE_OUTPUT": str(tmp_path / "from-env"), "DCPTOOL_CAPTURE_VBUCKETS": "0-1",
            "DCPTOOL_CAPTURE_TO": "forever", "DCPTOOL_CAPTURE_RETAIN_SEGMENTS": "1"}
     with ThreadedServer(P.server_from_options(vbuckets=4, items=40, seed=3)) as srv:

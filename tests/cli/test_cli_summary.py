@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from dcptool.capture import dcp_session
 from dcptool.cli import cli
 from dcptool.protocol.dcp.server import producer as P
-from dcptool.protocol.transport.dcp import ThreadedServer
+from tests.support.threaded_server import ThreadedServer
 
 pytestmark = pytest.mark.integration
 

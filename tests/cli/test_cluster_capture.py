@@ -14,12 +14,12 @@ import pytest
 
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.server.cluster import Event
-from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.local import engine as local
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from tests.support.cluster_state import final_state, survivors
 from tests.support.live_capture import data_on_disk, served
 from tests.support.paths import DCPTOOL
+from tests.support.threaded_server import ThreadedServer
 
 pytestmark = pytest.mark.integration
 BOUND = 120

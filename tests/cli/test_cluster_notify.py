@@ -36,13 +36,13 @@ from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.cluster_config import parse
 from dcptool.protocol.dcp.wire.columnar import scan
 from dcptool.protocol.dcp.wire.constants import Feature, StreamEndReason
-from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.protocol.transport.dcp_cluster import ClusterSession, _Link
 from dcptool.replay.local import engine as local
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from tests.support.cluster_state import final_state, survivors
 from tests.support.hostile_dcp import HostileDcp, mutation
 from tests.support.paths import DCPTOOL
+from tests.support.threaded_server import ThreadedServer
 
 BOUND = 120
 NOTIFY = 0x01

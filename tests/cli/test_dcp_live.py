@@ -21,10 +21,11 @@ from dcptool.cli import cli
 from dcptool.protocol.dcp.client import consumer as dcp_consumer
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.wire import messages as m
-from dcptool.protocol.transport.dcp import Session, ThreadedServer
+from dcptool.protocol.transport.dcp_client import Session
 from tests.support.cli_util import self_signed_tls
 from tests.support.paths import DCPTOOL
 from tests.support.ports import refused_port
+from tests.support.threaded_server import ThreadedServer
 
 pytestmark = pytest.mark.integration
 

@@ -12,11 +12,11 @@ import pyarrow as pa
 import pytest
 
 from dcptool.protocol.dcp.server import producer as P
-from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.local import engine as local
 from dcptool.replay.store.reader import read_capture_table
 from tests.support.cli_util import capture_files as capture
 from tests.support.cli_util import run, stream_rows
+from tests.support.threaded_server import ThreadedServer
 
 pytestmark = pytest.mark.integration
 DOC_COLS = ["vbucket", "key", "by_seqno", "rev_seqno", "cas", "state", "item_flags", "expiration"]

@@ -15,12 +15,12 @@ from dcptool.protocol.dcp.server import manifest as PC
 from dcptool.protocol.dcp.server import oso as producer_oso
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.wire import messages as m
-from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.local import engine as local
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from dcptool.replay.store.resume import dcp_resume_state
 from tests.support.cli_util import run
 from tests.support.dcp_pair import Pair, cfg
+from tests.support.threaded_server import ThreadedServer
 
 AIRLINE = 8                     # inventory.airline in PC.Manifest(2, 2)
 FILTER = {"collections": ["8"], "uid": "1"}
@@ -303,7 +303,7 @@ def test_oso_frames_decode_the_same_in_tshark():
     import asyncio
     from collections import Counter
 
-    from dcptool.protocol.transport.dcp import Session
+    from dcptool.protocol.transport.dcp_client import Session
     from tests.support.tshark_util import (
         Recorder,
         compare,

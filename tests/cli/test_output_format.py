@@ -157,7 +157,7 @@ def test_table_in_a_pipe_is_never_cut():
 @pytest.mark.parametrize("fmt", ["jsonl", "table"])
 def test_stream_keys_values_and_escapes(fmt):
     from dcptool.protocol.dcp.server import producer as P
-    from dcptool.protocol.transport.dcp import ThreadedServer
+    from tests.support.threaded_server import ThreadedServer
 
     model = P.server_from_options(vbuckets=1, items=0, seed=1)
     vb = model.buckets["default"].vbuckets[0]

@@ -27,9 +27,9 @@ from couchbase.transcoder import RawBinaryTranscoder  # noqa: E402
 
 from dcptool.protocol.dcp.server import producer as P  # noqa: E402
 from dcptool.protocol.dcp.server.cluster import Event  # noqa: E402
-from dcptool.protocol.transport.dcp import ThreadedServer  # noqa: E402
 from tests.support.chaos_sdk import PASSWORD, USER, connect  # noqa: E402
 from tests.support.paths import DCPTOOL  # noqa: E402
+from tests.support.threaded_server import ThreadedServer  # noqa: E402
 
 ENV = dict(os.environ, DCPTOOL_PASSWORD=PASSWORD)
 VBS = 16

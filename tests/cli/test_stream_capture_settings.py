@@ -20,8 +20,8 @@ from dcptool.cli import cli
 from dcptool.cli.runners import dcp_live
 from dcptool.live.dcp_rows import RowTap
 from dcptool.protocol.dcp.server import producer as P
-from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.store.reader import find_captures, read_capture_table
+from tests.support.threaded_server import ThreadedServer
 
 pytestmark = pytest.mark.integration
 

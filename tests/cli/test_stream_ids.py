@@ -25,9 +25,10 @@ from dcptool.protocol.dcp.wire.constants import (
     Status,
     StreamEndReason,
 )
-from dcptool.protocol.transport.dcp import Session, ThreadedServer
+from dcptool.protocol.transport.dcp_client import Session
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from tests.support.cli_util import run
+from tests.support.threaded_server import ThreadedServer
 
 ITEM_OPS = ("mutation", "deletion", "expiration")
 GROUP_A = "inventory.airline,inventory.route"     # sid 1: two collections

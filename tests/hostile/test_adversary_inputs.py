@@ -16,8 +16,8 @@ import pytest
 
 from dcptool.cli.sources import parse_source
 from dcptool.protocol.dcp.server import producer as P
-from dcptool.protocol.transport.dcp import ThreadedServer
 from tests.support.cli_util import error_line, run, self_signed_tls
+from tests.support.threaded_server import ThreadedServer
 
 pytestmark = pytest.mark.integration
 

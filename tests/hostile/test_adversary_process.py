@@ -26,10 +26,10 @@ import time
 import pytest
 
 from dcptool.protocol.dcp.server import producer as P
-from dcptool.protocol.transport.dcp import ThreadedServer
 from tests.support import capgen
 from tests.support.ports import PortTaken, pick_port, start_with_retry
 from tests.support.synapse_serve import ServeSynapse as SynapseServer
+from tests.support.threaded_server import ThreadedServer
 
 pytestmark = pytest.mark.integration
 DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")

@@ -22,8 +22,8 @@ import pytest
 
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.wire import messages as m
-from dcptool.protocol.transport.dcp import ThreadedServer
 from tests.support.cli_util import self_signed_tls
+from tests.support.threaded_server import ThreadedServer
 
 pytestmark = pytest.mark.integration
 DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")

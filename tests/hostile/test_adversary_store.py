@@ -272,7 +272,7 @@ def test_foreign_parquet_in_a_capture_directory_is_skipped_with_a_warning(tmp_pa
 @pytest.mark.parametrize("name,env", [(b"caps-\xff\xfe", {}), ("caps-\u00e9t\u00e9".encode(), {"LC_ALL": "C", "PYTHONUTF8": "0"})])
 def test_paths_that_are_not_utf8_or_not_ascii_under_a_c_locale(tmp_path, name, env):
     from dcptool.protocol.dcp.server import producer as P
-    from dcptool.protocol.transport.dcp import ThreadedServer
+    from tests.support.threaded_server import ThreadedServer
     cap = os.path.join(os.fsencode(tmp_path), name)
     model = P.server_from_options(vbuckets=4, items=200, seed=3)
     environ = dict(os.environ, **env)

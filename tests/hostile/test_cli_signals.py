@@ -14,9 +14,9 @@ import time
 import pytest
 
 from dcptool.protocol.dcp.server import producer as P
-from dcptool.protocol.transport.dcp import ThreadedServer
 from tests.support.paths import DCPTOOL
 from tests.support.synapse_serve import ServeSynapse
+from tests.support.threaded_server import ThreadedServer
 
 pytestmark = pytest.mark.integration
 

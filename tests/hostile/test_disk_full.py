@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from dcptool.protocol.dcp.server import producer as P
-from dcptool.protocol.transport.dcp import ThreadedServer
 from tests.support.paths import DCPTOOL, ROOT
+from tests.support.threaded_server import ThreadedServer
 
 pytestmark = pytest.mark.integration
 

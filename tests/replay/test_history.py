@@ -15,11 +15,11 @@ import pytest
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.server.history import enable_history, memory_snapshot
 from dcptool.protocol.dcp.server.manifest import Manifest
-from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.local import engine as local
 from dcptool.replay.rules import tables as T
 from tests.support.cli_util import capture_files as capture
 from tests.support.cli_util import error_line, run, stream_rows
+from tests.support.threaded_server import ThreadedServer
 
 pytestmark = pytest.mark.integration
 DOC_COLS = ["vbucket", "collection_id", "key", "by_seqno", "rev_seqno", "cas", "state", "datatype",

@@ -13,10 +13,10 @@ import pyarrow as pa
 import pytest
 
 from dcptool.protocol.dcp.server import producer as P
-from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.local import engine as local
 from dcptool.replay.rules import tables as T
 from tests.support.cli_util import capture_files, run
+from tests.support.threaded_server import ThreadedServer
 
 VBUCKETS, ITEMS = 8, 2000
 

@@ -22,9 +22,9 @@ from dcptool.protocol.dcp.server.playback import (
 )
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.synapse.playback import LineFaults, PlaybackFeed, PlaybackSession
-from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from tests.support.paths import DCPTOOL
+from tests.support.threaded_server import ThreadedServer
 
 pytestmark = pytest.mark.integration
 ITEM_OPS = ("mutation", "deletion", "expiration", "system_event", "seqno_advanced")

@@ -17,12 +17,12 @@ import pytest
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.server.bucket import vbucket_of
 from dcptool.protocol.dcp.server.cluster import Event
-from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.check import trace as T
 from dcptool.replay.local import engine as local
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from tests.support.cli_util import run
 from tests.support.live_capture import data_on_disk
+from tests.support.threaded_server import ThreadedServer
 
 pytestmark = pytest.mark.integration
 DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")

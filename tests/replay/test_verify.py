@@ -259,7 +259,7 @@ def test_summary_json_and_table_output(tmp_path):
 @pytest.mark.integration
 def test_producer_failover_capture_and_killed_resumed_captures_are_clean(tmp_path):
     from dcptool.protocol.dcp.server import producer as P
-    from dcptool.protocol.transport.dcp import ThreadedServer
+    from tests.support.threaded_server import ThreadedServer
     model = P.server_from_options(vbuckets=16, items=4000, seed=21,
                                   scenarios=P.Scenarios(failover_at=2500, failover_loss=12))
     with ThreadedServer(model) as srv:

@@ -11,11 +11,11 @@ import time
 
 from dcptool.protocol.dcp.server import chaos
 from dcptool.protocol.dcp.server import producer as P
-from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.local import engine as local
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from tests.support.cluster_state import final_state, survivors
 from tests.support.paths import DCPTOOL
+from tests.support.threaded_server import ThreadedServer
 
 BOUND = 60                  # seconds one schedule may take, at most
 LOSS = 8

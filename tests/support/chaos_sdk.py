@@ -41,11 +41,11 @@ from couchbase.options import (
 
 from dcptool.protocol.dcp.server import chaos
 from dcptool.protocol.dcp.server import producer as P
-from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.local import engine as local
 from dcptool.replay.store.reader import find_captures
 from tests.support.chaos_run import BOUND, LOSS
 from tests.support.paths import DCPTOOL
+from tests.support.threaded_server import ThreadedServer
 
 USER, PASSWORD = "Administrator", "chaos-sdk-pw"
 ENV = dict(os.environ, DCPTOOL_PASSWORD=PASSWORD)

@@ -1,4 +1,4 @@
-"""A live capture against the built-in producer (transport.dcp.ThreadedServer), driven
+"""A live capture against the built-in producer (tests/support/threaded_server.py), driven
 without sleeps: kill points are counted in frames served and in data on disk, not seconds.
 
 - `served(model, n, proc)`: until the producer has sent `n` stream frames in all.

@@ -16,7 +16,7 @@ SCRIPT = r"""
 import json, sys
 from dcptool.capture import CaptureSettings, LiveOptions, capture, parse_source
 from dcptool.protocol.dcp.server import producer as P
-from dcptool.protocol.transport.dcp import ThreadedServer
+from tests.support.threaded_server import ThreadedServer
 out, server, settings, opts = sys.argv[1], *(json.loads(a) for a in sys.argv[2:])
 with ThreadedServer(P.server_from_options(**server)) as srv:
     lo = LiveOptions(source=parse_source(f"couchbase://{srv.host}:{srv.port}/default"), user=None,

@@ -18,7 +18,7 @@ SEGMENT = 32_000   # an IPv4 packet holds at most 65535 bytes: split big reads
 
 
 class Recorder:
-    """A transport tap (transport.dcp.Session(tap=...)) that keeps a session's bytes both ways:
+    """A transport tap (transport.dcp_client.Session(tap=...)) that keeps a session's bytes both ways:
     `frames` [(from_server, frame)] and `segments` [(from_server, payload)] in wire order, for
     tshark_frames."""
 

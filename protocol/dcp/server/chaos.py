@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import re
 
 from dcptool.protocol.dcp.server.cluster import Event
 from dcptool.protocol.errors import DcptoolError
@@ -54,11 +55,32 @@ class Schedule:
                            "spares": self.spares, "events": evs}, separators=(",", ":"))
 
 
+MAX_DEPTH = 8          # a schedule nests 3 deep ({"events": [{...}]}); json.loads recurses
+
+
+def _depth(text: str) -> int:
+    """How deep the JSON nests, without recursing (strings skipped)."""
+    depth = deepest = 0
+    for tok in _BRACKETS.finditer(text):
+        c = tok.group()
+        if c in ("[", "{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in ("]", "}"):
+            depth -= 1
+    return deepest
+
+
+_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
 def from_json(text: str) -> Schedule:
     """Parse what to_json wrote; ScheduleError (one line) when it is not a schedule."""
+    if _depth(text) > MAX_DEPTH:
+        raise ScheduleError(f"not a schedule: JSON nested deeper than {MAX_DEPTH} levels")
     try:
         d = json.loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise ScheduleError(f"not JSON: {exc}") from None
     if not isinstance(d, dict) or not isinstance(d.get("events"), list):
         raise ScheduleError('not a schedule: an object with "events" (a list) is expected')
@@ -94,6 +116,61 @@ def from_json(text: str) -> Schedule:
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise ScheduleError(f"'seed' must be an integer or null, not {seed!r}")
     return Schedule(seed, nodes, replicas, spares, tuple(sorted(events, key=lambda e: e.at)))
+
+
+def validate(schedule: Schedule, max_loss: int) -> None:
+    """ScheduleError (one line) naming the first event `--chaos` could never draw: the
+    schedule is replayed over the node states `draw` follows (node 0 never leaves, fails or
+    hangs; a failover only while every vbucket has a replica and more than two nodes serve;
+    a recovery only of a node failed over; a rebalance in or a swap only with a spare or
+    ejected node), and no event loses more than `max_loss` (--failover-loss) seqnos."""
+    state = {i: "in" for i in range(schedule.nodes)}
+    state.update({schedule.nodes + i: "spare" for i in range(schedule.spares)})
+    degraded = False
+    for e in schedule.events:
+        options = _eligible(state, schedule.replicas, degraded)
+        pick = (e.node, e.other) if e.kind == "swap" else e.node
+        what = f"event at {e.at} ({e.kind}" + "".join(f" {f} {getattr(e, f)}" for f in ("node", "other")
+                                                      if getattr(e, f) is not None) + ")"
+        if e.kind not in options or (options[e.kind] and pick not in options[e.kind]):
+            raise ScheduleError(f"{what}: {_why_not(e, state, schedule.replicas, degraded)}; --chaos never "
+                                "draws it")
+        if e.loss is not None and e.loss > max_loss:
+            raise ScheduleError(f"{what}: loss {e.loss} is above --failover-loss {max_loss}")
+        degraded = _advance(state, e.kind, e.node, e.other, degraded)
+
+
+_STATE_WORDS = {"in": "serving", "spare": "a spare", "out": "ejected", "failed": "failed over"}
+
+
+def _why_not(e: Event, state: dict[int, str], replicas: int, degraded: bool) -> str:
+    """Why `_eligible` leaves the event out, in words."""
+    serving = sum(1 for s in state.values() if s == "in")
+    kind, node = e.kind, e.node
+
+    def now(n: int | None) -> str:
+        return _STATE_WORDS[state[n]] if n is not None and n in state else "unknown"
+
+    if node == 0 and kind in ("rebalance-out", "swap", "graceful-failover", "hard-failover", "hang"):
+        return "node 0 (the seed clients bootstrap from) never leaves, fails or hangs"
+    if kind in ("graceful-failover", "hard-failover", "hang"):
+        if not replicas:
+            return "a failover needs --replicas 1 or more"
+        if degraded:
+            return "a failover needs every vbucket to have a replica, and none was rebuilt since the last failover"
+        if serving <= 2:
+            return f"a failover must leave two nodes serving ({serving} serve)"
+    if kind == "rebalance-out" and serving <= 2:
+        return f"a rebalance out must leave two nodes serving ({serving} serve)"
+    if kind == "rebalance-stop":
+        return f"a rebalance needs two serving nodes ({serving} serve)"
+    if kind in ("delta-recovery", "full-recovery"):
+        return f"node {node} is {now(node)}: only a node failed over is recovered"
+    if kind == "rebalance-in":
+        return f"node {node} is {now(node)}: only a spare or ejected node joins"
+    if kind == "swap" and state.get(e.other if e.other is not None else -1) not in ("spare", "out"):
+        return f"node {e.other} is {now(e.other)}: a swap brings in a spare or ejected node"
+    return f"node {node} is {now(node)}, not serving"
 
 
 def _params(kind: str) -> tuple[str, ...]:

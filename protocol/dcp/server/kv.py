@@ -6,7 +6,7 @@ the live documents of kv_store.py.
 Each write is one item at the vbucket's next seqno, so it is on every DCP stream of the
 vbucket at once (a stream open `--to forever` gets it live, a later one backfills it).
 Durable writes (flexible framing, frame info 1: majority, majority-and-persist-on-active,
-persist-to-majority) are refused DURABILITY_IMPOSSIBLE unless the vbucket's chain has a
+persist-to-majority; on every command kv_engine takes it on: DURABLE_COMMANDS) are refused DURABILITY_IMPOSSIBLE unless the vbucket's chain has a
 majority of live nodes (`--replicas` 1 or more and enough nodes); otherwise a DCP prepare
 now, its commit and the answer at the connection's next tick (`complete`): a write to the
 key in between gets SYNC_WRITE_IN_PROGRESS. An acknowledged durable write raises the
@@ -20,17 +20,22 @@ from __future__ import annotations
 
 import json
 import struct
+from typing import Any, Callable
 
-import cramjam
-
+from dcptool.protocol.dcp.server.bucket import Item
 from dcptool.protocol.dcp.server.kv_meta import META_COMMANDS, META_MESSAGES
 from dcptool.protocol.dcp.server.kv_store import KvStore, VbIndex, store_of
-from dcptool.protocol.dcp.wire import leb128
-from dcptool.protocol.dcp.wire.constants import DatatypeBit, Feature, Opcode, Status
+from dcptool.protocol.dcp.wire import leb128, snappy
+from dcptool.protocol.dcp.wire.constants import (
+    MAX_VALUE,
+    DatatypeBit,
+    Feature,
+    Opcode,
+    Status,
+)
 from dcptool.protocol.errors import DcptoolError, ProtocolError
 
 MAX_KEY = 250                      # bytes of a key (without its collection prefix)
-MAX_VALUE = 20 * 1024 * 1024       # Couchbase's item size limit
 DEFAULT_LOCK, MAX_LOCK = 15, 30    # seconds of a get-and-lock
 LOCKED_CAS = 0xFFFFFFFFFFFFFFFF    # what GET answers for a locked document
 DURABILITY_FRAME = 1
@@ -100,10 +105,12 @@ def _value(req) -> tuple[bytes, int]:
         raise BadRequest(Status.EINVAL, f"unknown datatype 0x{dt:02x}")
     if dt & _XATTR:
         raise BadRequest(Status.NOT_SUPPORTED, "extended attributes are not supported by serve dcp")
-    if dt & _SNAPPY:
+    if dt & _SNAPPY:       # (the announced length first: a hostile one allocates nothing)
         try:
-            value = bytes(cramjam.snappy.decompress_raw(value))
-        except Exception:   # noqa: BLE001 - cramjam raises its own error types
+            value = snappy.decompress(value, MAX_VALUE)
+        except snappy.TooLarge:
+            raise BadRequest(Status.E2BIG, f"value over {MAX_VALUE} bytes once decompressed") from None
+        except ValueError:
             raise BadRequest(Status.EINVAL, "value does not decompress (Snappy)") from None
     if len(value) > MAX_VALUE:
         raise BadRequest(Status.E2BIG)
@@ -260,21 +267,25 @@ def _remove(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
 
 def _touch(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
     """TOUCH (a new expiry) and GAT (get and touch): a new version at a new seqno, the
-    same value, a new CAS."""
+    same value, a new CAS; durable as any write (kv_engine takes durability on both)."""
     _need_extras(req, 4)
     key = _key(conn, req)
+    level = _durability(req)
     wall = st.wall(now)
     cur = _current(ix, key, wall, req.cas)
     if cur is None:
         raise BadRequest(Status.KEY_ENOENT)
     expiry = st.absolute_expiry(_U32.unpack(req.extras)[0], now)
-    it = ix.append(key, "m", cur.value, cas=ix.next_cas(wall), rev=cur.rev + 1, flags=cur.flags, expiry=expiry,
-                   datatype=cur.datatype)
-    _written(conn, st)
-    if req.opcode == Opcode.GAT:
-        _doc_answer(conn, req, it)
-    else:
-        _answer(conn, req, cas=it.cas)
+    _write(conn, req, st, ix, key, level, value=cur.value, dt=cur.datatype, flags=cur.flags, expiry=expiry,
+           wall=wall, reply=_gat_reply if req.opcode == Opcode.GAT else _touch_reply)
+
+
+def _touch_reply(conn: Any, req: Any, ix: VbIndex, it: Item) -> None:
+    _answer(conn, req, cas=it.cas)
+
+
+def _gat_reply(conn: Any, req: Any, ix: VbIndex, it: Item) -> None:
+    _doc_answer(conn, req, it)
 
 
 def _get_meta(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
@@ -305,8 +316,15 @@ def _check_durable(conn, ix: VbIndex) -> None:
         raise BadRequest(Status.DURABILITY_IMPOSSIBLE)
 
 
+def _mutation_reply(conn: Any, req: Any, ix: VbIndex, it: Item) -> None:
+    """The answer to a write: the mutation token (HELLO MUTATION_SEQNO) and the new CAS."""
+    _answer(conn, req, extras=_mutation_extras(conn, ix, it.seqno), cas=it.cas)
+
+
 def _write(conn, req, st: KvStore, ix: VbIndex, key, level: int, *, value: bytes, dt: int, flags: int,
-           expiry: int, wall: float) -> None:
+           expiry: int, wall: float, reply: Callable[..., None] = _mutation_reply) -> None:
+    """One write at the next seqno, answered by `reply(conn, req, ix, item)`: now, or for a
+    durable write (level > 0) a DCP prepare now and the answer with its commit (complete)."""
     rev = ix.rev_after(key)
     if level:
         _check_durable(conn, ix)
@@ -315,11 +333,11 @@ def _write(conn, req, st: KvStore, ix: VbIndex, key, level: int, *, value: bytes
         pending = getattr(conn, "kv_pending", None)
         if pending is None:
             pending = conn.kv_pending = []
-        pending.append((req, ix, p))
+        pending.append((req, ix, p, reply))
         return
     it = ix.append(key, "m", value, cas=ix.next_cas(wall), rev=rev, flags=flags, expiry=expiry, datatype=dt)
     _written(conn, st)
-    _answer(conn, req, extras=_mutation_extras(conn, ix, it.seqno), cas=it.cas)
+    reply(conn, req, ix, it)
 
 
 def _written(conn, st: KvStore) -> None:
@@ -335,7 +353,7 @@ def complete(conn) -> None:
     if not pending:
         return
     conn.kv_pending = []
-    for req, ix, p in pending:
+    for req, ix, p, reply in pending:
         key = (p.cid, p.key)
         if ix.pending.get(key) is not p:      # a failover took the prepare away
             _answer(conn, req, Status.SYNC_WRITE_AMBIGUOUS)
@@ -344,7 +362,7 @@ def complete(conn) -> None:
                       datatype=p.datatype, prepared=p.seqno)
         ix.vb.durable_floor = c.seqno
         _written(conn, store_of(conn.bucket, conn.server))
-        _answer(conn, req, extras=_mutation_extras(conn, ix, c.seqno), cas=c.cas)
+        reply(conn, req, ix, c)
 
 
 def _collection_id(conn, req) -> None:
@@ -371,7 +389,7 @@ def _counter(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
     answer's value is the new count, 8 bytes big-endian."""
     _need_extras(req, 20)
     key = _key(conn, req)
-    _durability(req)
+    level = _durability(req)
     delta, initial, expiry = _COUNTER.unpack(req.extras)
     wall = st.wall(now)
     cur = _current(ix, key, wall, req.cas)
@@ -385,17 +403,20 @@ def _counter(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
             raise BadRequest(Status.DELTA_BADVAL, "the value is not a number")
         count, flags, exp = int(text), cur.flags, cur.expiry
         count = (count + delta) % (1 << 64) if req.opcode == Opcode.INCREMENT else max(0, count - delta)
-    it = ix.append(key, "m", b"%d" % count, cas=ix.next_cas(wall), rev=ix.rev_after(key), flags=flags,
-                   expiry=exp, datatype=1)
-    _written(conn, st)
-    _answer(conn, req, extras=_mutation_extras(conn, ix, it.seqno), value=struct.pack(">Q", count), cas=it.cas)
+    answer = struct.pack(">Q", count)
+
+    def reply(conn: Any, req: Any, ix: VbIndex, it: Item) -> None:
+        _answer(conn, req, extras=_mutation_extras(conn, ix, it.seqno), value=answer, cas=it.cas)
+
+    _write(conn, req, st, ix, key, level, value=b"%d" % count, dt=1, flags=flags, expiry=exp, wall=wall,
+           reply=reply)
 
 
 def _concat(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
     """APPEND / PREPEND: the value joined to the document's; NOT_STORED when it is missing."""
     _need_extras(req, 0)
     key = _key(conn, req)
-    _durability(req)
+    level = _durability(req)
     value, _ = _value(req)
     wall = st.wall(now)
     cur = _current(ix, key, wall, req.cas, Status.NOT_STORED)
@@ -404,10 +425,8 @@ def _concat(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
     joined = cur.value + value if req.opcode == Opcode.APPEND else value + cur.value
     if len(joined) > MAX_VALUE:
         raise BadRequest(Status.E2BIG)
-    it = ix.append(key, "m", joined, cas=ix.next_cas(wall), rev=ix.rev_after(key), flags=cur.flags,
-                   expiry=cur.expiry, datatype=1 if _is_json(joined) else 0)
-    _written(conn, st)
-    _answer(conn, req, extras=_mutation_extras(conn, ix, it.seqno), cas=it.cas)
+    _write(conn, req, st, ix, key, level, value=joined, dt=1 if _is_json(joined) else 0, flags=cur.flags,
+           expiry=cur.expiry, wall=wall)
 
 
 DOCUMENT_COMMANDS = {
@@ -419,6 +438,10 @@ DOCUMENT_COMMANDS = {
 }
 TYPED_REQUESTS = META_MESSAGES   # decoded forms routed here besides the generic Request
 OPCODES = frozenset(DOCUMENT_COMMANDS) | {Opcode.NOOP_CLIENT, Opcode.GET_COLLECTION_ID}
+# The commands kv_engine takes durability on (its is_durability_supported, sub-document
+# commands aside); any other with a durability frame info is EINVAL, as kv_engine answers.
+DURABLE_COMMANDS = frozenset({Opcode.SET, Opcode.ADD, Opcode.REPLACE, Opcode.DELETE, Opcode.INCREMENT,
+                              Opcode.DECREMENT, Opcode.APPEND, Opcode.PREPEND, Opcode.TOUCH, Opcode.GAT})
 
 
 def _serves(conn, req) -> bool:
@@ -435,6 +458,8 @@ def handle(conn, req, now: float) -> None:
     in OPCODES)."""
     op = req.op_code
     try:
+        if op not in DURABLE_COMMANDS and any(fid == DURABILITY_FRAME for fid, _ in req.frame_infos):
+            raise BadRequest(Status.EINVAL, "the command does not support durability requirements")
         if op == Opcode.NOOP_CLIENT:                      # NOOP (an SDK's ping)
             _answer(conn, req)
             return

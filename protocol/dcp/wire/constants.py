@@ -284,6 +284,11 @@ def key_sid(key):
 
 SEQNO_INFINITY = 0xFFFFFFFFFFFFFFFF
 HEADER_LEN = 24
-# The largest Couchbase item (value and xattrs together) is 20 MiB, so a frame is at most
-# that plus the 24-byte header; a larger length field is hostile or corrupt.
-DEFAULT_MAX_BODY = 20 * 1024 * 1024
+# kv_engine's two limits (its docs/DocumentSizeLimits.md): a document's value is at most
+# MAX_VALUE (max_item_size: a larger one is answered E2BIG, the connection stays), and a frame
+# is at most MAX_PACKET (max_packet_size: a server drops a connection that sends a larger one).
+# A frame carrying a 20 MiB value (a KV request or answer, a DCP mutation) is that plus its key,
+# extras and header, so the body cap is the packet's; a larger length field is hostile or corrupt.
+MAX_VALUE = 20 * 1024 * 1024
+MAX_PACKET = 30 * 1024 * 1024
+DEFAULT_MAX_BODY = MAX_PACKET - HEADER_LEN

@@ -217,19 +217,17 @@ def test_serve_prints_the_schedule_first_and_replays_a_file(tmp_path):
     assert bad.returncode == 2 and "drawn for --nodes 3 --replicas 1" in bad.stderr
 
 
-def test_a_broken_invariant_stops_the_server_loudly(tmp_path):
+def test_a_loss_above_the_bound_is_refused_before_listening(tmp_path):
+    """The schedule is checked before the server listens (issue 36): a loss above
+    --failover-loss never reaches the running cluster's invariant check (which stops the
+    server loudly: test_a_loss_above_the_bound_is_caught_and_reported_once, sans-IO)."""
     f = tmp_path / "s.json"
     f.write_text(chaos.Schedule(None, 3, 1, 0, (Event(50, "hard-failover", 2, 30),)).to_json())
     srv = _serve("--nodes", "3", "--replicas", "1", "--items", "2000", "--schedule", str(f),
                  "--failover-loss", "10")
-    srv.stdout.readline()
-    port = json.loads(srv.stdout.readline())["listening"]
-    cap = subprocess.run([DCPTOOL, "capture", f"couchbase://{port}/default", "-o", str(tmp_path / "c"),
-                          "--quiet", "--timeout", "3s"], capture_output=True, text=True, timeout=BOUND)
-    _, err = srv.communicate(timeout=BOUND)
-    assert srv.returncode == 1, err
-    assert "above the loss bound 10" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert cap.returncode != 0
+    out, err = srv.communicate(timeout=BOUND)
+    assert srv.returncode == 2 and out == ""
+    assert "loss 30 is above --failover-loss 10" in err and len(err.strip().splitlines()) == 1
 
 
 # --------------------------------------------------------------------------- property test
@@ -319,8 +317,8 @@ def _dedup_bucket():
 def test_a_resumed_capture_rolled_back_into_a_deduplicated_snapshot_replays_the_bucket(tmp_path):
     """The same across processes: `capture --resume` takes the whole-snapshot ends from the
     capture's rows (replay/store/resume.py), so the resumed run restarts at 10, not 15."""
-    from dcptool.protocol.transport.dcp import ThreadedServer
     from tests.support.chaos_run import documents_of
+    from tests.support.threaded_server import ThreadedServer
     srv, bucket, vb = _dedup_bucket()
     out = tmp_path / "cap"
     with ThreadedServer(srv) as ts:

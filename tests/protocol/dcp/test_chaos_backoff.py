@@ -13,8 +13,8 @@ import subprocess
 import time
 
 from dcptool.protocol.dcp.server import producer as P
-from dcptool.protocol.transport.dcp import ThreadedServer
 from tests.support.paths import DCPTOOL
+from tests.support.threaded_server import ThreadedServer
 
 BOUND = 15
 DROPS = 5

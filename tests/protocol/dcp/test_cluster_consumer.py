@@ -27,12 +27,12 @@ from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.server.cluster import Event
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.cluster_config import ClusterConfig, Node
-from dcptool.protocol.transport.dcp import ThreadedServer
 from tests.support.cli_util import error_line, self_signed_tls
 from tests.support.cluster_state import ROLLBACK, final_state, survivors
 from tests.support.hostile_dcp import HostileDcp
 from tests.support.paths import DCPTOOL
 from tests.support.ports import refused_port
+from tests.support.threaded_server import ThreadedServer
 
 BOUND = 120
 

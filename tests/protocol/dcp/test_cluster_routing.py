@@ -19,7 +19,7 @@ from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.cluster_config import ClusterConfig, Node
 from dcptool.protocol.dcp.wire.frames import FrameParser
-from dcptool.protocol.transport.dcp import ThreadedServer
+from tests.support.threaded_server import ThreadedServer
 
 DCPTOOL = os.path.join(os.path.dirname(sys.executable), "dcptool")
 A, B = "127.0.0.1:1", "127.0.0.1:2"

@@ -15,9 +15,9 @@ from dcptool.protocol.dcp.server import manifest as PC
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.constants import Status, StreamEndReason
-from dcptool.protocol.transport.dcp import ThreadedServer
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from tests.support.cli_util import run
+from tests.support.threaded_server import ThreadedServer
 
 ITEM_OPS = ("mutation", "deletion", "expiration")
 

@@ -22,8 +22,8 @@ from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.cluster_config import parse
 from dcptool.protocol.dcp.wire.constants import Feature, Status, StreamEndReason
 from dcptool.protocol.dcp.wire.frames import FrameParser
-from dcptool.protocol.transport.dcp import ThreadedServer
 from tests.support.paths import DCPTOOL
+from tests.support.threaded_server import ThreadedServer
 
 INF = 0xFFFFFFFFFFFFFFFF
 DEADLINE = 20.0

@@ -13,7 +13,8 @@ import pytest
 from dcptool.protocol.dcp.client import consumer as dcp_consumer
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.wire import messages as M
-from dcptool.protocol.transport.dcp import Session, ThreadedServer
+from dcptool.protocol.transport.dcp_client import Session
+from tests.support.threaded_server import ThreadedServer
 from tests.support.tshark_util import Recorder, compare, require_tshark, tshark_frames
 
 pytestmark = pytest.mark.integration

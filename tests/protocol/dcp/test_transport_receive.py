@@ -1,4 +1,4 @@
-"""The transport's receive buffer (protocol/transport/dcp.py, ClientProtocol): a receive that
+"""The transport's receive buffer (protocol/transport/dcp_client.py, ClientProtocol): a receive that
 fills a good share of its buffer hands the buffer itself on (frames are slices of it, never
 written again), a small one is copied out; a frame split anywhere across receives, and one
 larger than the buffer, arrive whole and in order; a hostile length still ends the batch
@@ -14,7 +14,7 @@ import pytest
 from dcptool.protocol.dcp.wire.constants import Opcode
 from dcptool.protocol.dcp.wire.frames import encode_frame
 from dcptool.protocol.errors import ErrorCode, RemoteError
-from dcptool.protocol.transport import dcp as transport
+from dcptool.protocol.transport import dcp_client as transport
 
 
 class _Consumer:

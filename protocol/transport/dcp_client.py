@@ -1,8 +1,8 @@
-"""The I/O edge of DCP: an asyncio client connection that feeds the sans-IO consumer
-(big reads into a buffer that is handed on with the whole frames it holds, so the bytes of a
-busy stream are copied once, by the kernel; writes coalesced; an optional tap that sees every
-frame both ways), a session loop that reconnects and resumes
-streams, and an asyncio server for the sans-IO producer.
+"""The I/O edge of the DCP consumer: an asyncio client connection that feeds the sans-IO
+consumer (big reads into a buffer that is handed on with the whole frames it holds, so the bytes
+of a busy stream are copied once, by the kernel; writes coalesced; an optional tap that sees
+every frame both ways), and a session loop that reconnects and resumes streams. The server side
+(the producer on a port) is dcp_server.py.
 
 Errors: connection refused, DNS failure, TLS failure and timeouts raise ConnectFailed; a
 connection that ends before the consumer is done raises ConnectionLost (after the allowed
@@ -22,14 +22,12 @@ import logging
 import socket
 import ssl
 import sys
-import threading
 import time
 from typing import Callable, Protocol
 
 import numpy as np
 
 from dcptool.protocol.dcp.client.consumer import Consumer, ConsumerConfig, VbState
-from dcptool.protocol.dcp.server.producer import ServerModel, rate_items
 from dcptool.protocol.dcp.wire import columnar
 from dcptool.protocol.dcp.wire.constants import DEFAULT_MAX_BODY
 from dcptool.protocol.errors import (
@@ -39,9 +37,9 @@ from dcptool.protocol.errors import (
     ProtocolError,
     RemoteError,
 )
-from dcptool.protocol.transport.reaper import Reaper
+from dcptool.protocol.transport.sockets import tune_socket
 
-log = logging.getLogger("dcptool.transport.dcp")
+log = logging.getLogger("dcptool.transport.dcp_client")
 
 READ_BUFFER = 8 * 1024 * 1024    # the largest receive buffer
 MIN_READ_BUFFER = 256 * 1024     # the smallest fresh one
@@ -56,7 +54,6 @@ HAND_ON_SHARE = 4
 # store holds 15-20 receives of 16 KiB values at a time (the writer's backlog, the row group
 # filling, the encoder's queue), so 8 were all still held when a fresh one was needed.
 SPARE_BUFFERS = 16
-HANDSHAKE_TIMEOUT = 10.0     # seconds a TLS client has to complete its handshake (serve dcp)
 
 
 class Tap(Protocol):
@@ -76,22 +73,6 @@ def tls_context(ca_cert: str | None = None, insecure: bool = False) -> ssl.SSLCo
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
     return ctx
-
-
-# --------------------------------------------------------------------------- client
-
-def _tune_socket(transport, rcvbuf: int | None = None) -> None:
-    """TCP_NODELAY (DCP is request/response during the handshake), and a larger receive
-    buffer where asked (the consumer reads in 8 MiB batches)."""
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return
-    try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if rcvbuf:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-    except OSError:
-        pass
 
 
 class ClientProtocol(asyncio.BufferedProtocol):
@@ -119,7 +100,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
     # ---- asyncio callbacks
     def connection_made(self, transport) -> None:
         self.transport = transport
-        _tune_socket(transport, rcvbuf=4 * 1024 * 1024)
+        tune_socket(transport, rcvbuf=4 * 1024 * 1024)
         now = time.monotonic()
         try:
             self.consumer.start(now)
@@ -424,235 +405,3 @@ class Session:
             except (asyncio.TimeoutError, TimeoutError, ConnectionLost, ProtocolError):
                 pass
         proto.close()
-
-
-# --------------------------------------------------------------------------- server
-
-class _ServerProtocol(asyncio.Protocol):
-    def __init__(self, server: "ProducerServer", node: int = 0):
-        self.server = server
-        self.node = node
-        self.conn = None
-        self.transport = None
-        self.wake = asyncio.Event()
-        self.can_write = asyncio.Event()
-        self.can_write.set()
-        self.task = None
-
-    def connection_made(self, transport) -> None:
-        self.transport = transport
-        _tune_socket(transport)
-        transport.set_write_buffer_limits(high=4 * 1024 * 1024)
-        model = self.server.model
-        # node-aware models (a cluster) learn which node's port the client came to
-        self.conn = model.connect(time.monotonic(), self.node) if self.node else model.connect(time.monotonic())
-        self.server.protocols.add(self)
-        self.task = asyncio.get_running_loop().create_task(self._writer())
-
-    def data_received(self, data: bytes) -> None:
-        if self.server.muted(self.node):    # a node that stopped answering (chaos "hang")
-            return
-        self.conn.receive(data, time.monotonic())
-        self.wake.set()
-
-    def connection_lost(self, exc) -> None:
-        self.server.protocols.discard(self)
-        self.server.reaper.gone += 1
-        if self.conn is not None:
-            self.conn.close(self.conn.closed or "client disconnected")
-            log.info("connection %d closed: %s", self.conn.conn_id, self.conn.closed)
-        if self.task is not None:
-            self.task.cancel()
-
-    def pause_writing(self) -> None:
-        self.can_write.clear()
-
-    def resume_writing(self) -> None:
-        self.can_write.set()
-
-    async def _writer(self) -> None:
-        conn = self.conn
-        try:
-            while True:
-                if self.server.muted(self.node):   # silent, the socket left open
-                    self.wake.clear()
-                    await self.wake.wait()
-                    continue
-                now = time.monotonic()
-                conn.tick(now)
-                chunks = conn.pull(now)
-                if chunks:
-                    self.transport.writelines(chunks)
-                self.server.wake_on_topology_change()
-                if conn.closed:
-                    self.transport.close()   # flushes what is buffered first
-                    return
-                if chunks:
-                    if not self.can_write.is_set():
-                        await self.can_write.wait()
-                    else:
-                        await asyncio.sleep(0)   # let acks and requests in
-                    continue
-                self.wake.clear()
-                deadline = conn.next_deadline()
-                timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-                try:
-                    await asyncio.wait_for(self.wake.wait(), timeout)
-                except (asyncio.TimeoutError, TimeoutError):
-                    pass
-        except asyncio.CancelledError:
-            pass
-        except Exception:  # noqa: BLE001 - a producer bug must not kill the server
-            log.exception("producer connection failed")
-            self.transport.abort()
-
-
-class ProducerServer:
-    """Serves a ServerModel on a TCP (or TLS) port; live updates at `rate` items/s.
-
-    What a client took is given back when it goes (docs/CLI.md, serve dcp): a TLS handshake
-    not complete within `handshake_timeout` is closed, and the reaper (reaper.py) collects
-    what closed connections left behind and trims the heap."""
-
-    def __init__(self, model: ServerModel, rate: float = 0.0, tick: float = 0.01,
-                 handshake_timeout: float = HANDSHAKE_TIMEOUT, freeze_heap: bool = False):
-        self.model = model
-        self.rate = rate
-        self.tick = tick
-        self.handshake_timeout = handshake_timeout
-        self.reaper = Reaper(handshake_timeout, freeze=freeze_heap)   # freeze: the process is ours
-        self._reap_task = None
-        self.protocols: set[_ServerProtocol] = set()
-        self._server = None
-        self._servers: list = []
-        self._rate_task = None
-        self.address: tuple[str, int] | None = None
-        self.addresses: list[tuple[str, int]] = []     # one per cluster node (node 0 = address)
-        self._seen_changes = (0, 0)
-
-    async def start(self, host: str = "127.0.0.1", port: int = 0, tls: ssl.SSLContext | None = None):
-        """Listen on host:port, and for a cluster model one more free port per further node
-        (spare nodes of --add-node-at included). Returns node 0's address."""
-        loop = asyncio.get_running_loop()
-        cluster = getattr(self.model, "cluster", None)
-        count = len(cluster.nodes) if cluster is not None else 1
-        for node in range(count):
-            srv = await loop.create_server(lambda n=node: self._protocol(n), host,
-                                           port if node == 0 else 0, ssl=tls, reuse_address=True,
-                                           ssl_handshake_timeout=self.handshake_timeout if tls is not None else None)
-            self._servers.append(srv)
-            addr = srv.sockets[0].getsockname()[:2]
-            self.addresses.append(addr)
-            if hasattr(self.model, "bind_node"):
-                self.model.bind_node(node, addr[0], addr[1], addr[1] if tls is not None else None)
-        self._server = self._servers[0]
-        self.address = self.addresses[0]
-        if self.rate > 0:
-            self._rate_task = loop.create_task(self._live())
-        self.reaper.tls = tls is not None
-        self._reap_task = loop.create_task(self.reaper.run())
-        return self.address
-
-    def _protocol(self, node: int) -> _ServerProtocol:
-        self.reaper.accepted += 1
-        return _ServerProtocol(self, node)
-
-    def muted(self, node: int) -> bool:
-        cluster = getattr(self.model, "cluster", None)
-        return cluster is not None and node in cluster.muted
-
-    def wake_on_topology_change(self) -> None:
-        """After a topology event every connection has something to do (stream ends, drops)."""
-        changes = (getattr(self.model, "topology_changes", 0), getattr(self.model, "kv_writes", 0))
-        if changes != self._seen_changes:   # (KV writes too: their vbuckets' streams send them)
-            self._seen_changes = changes
-            for p in list(self.protocols):
-                p.wake.set()
-
-    async def _live(self) -> None:
-        since = time.monotonic()
-        carry = 0.0
-        buckets = list(self.model.buckets.values())
-        while True:
-            await asyncio.sleep(self.tick)
-            now = time.monotonic()
-            n, carry = rate_items(self.rate, since, now, carry)
-            since = now
-            if n:
-                for b in buckets:
-                    b.mutate_random(n)
-                for p in list(self.protocols):
-                    p.wake.set()
-
-    async def serve_forever(self) -> None:
-        await self._server.serve_forever()
-
-    async def close(self) -> None:
-        for task in (self._rate_task, self._reap_task):
-            if task is not None:
-                task.cancel()
-        for srv in self._servers:
-            srv.close()
-        tasks = []
-        for p in list(self.protocols):
-            if p.transport is not None:
-                p.transport.abort()
-            if p.task is not None:
-                p.task.cancel()
-                tasks.append(p.task)
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        for srv in self._servers:
-            await srv.wait_closed()
-
-
-class ThreadedServer:
-    """A ProducerServer on its own event loop in a daemon thread (tests, benchmarks)."""
-
-    def __init__(self, model: ServerModel, host: str = "127.0.0.1", port: int = 0, rate: float = 0.0,
-                 tls: ssl.SSLContext | None = None):
-        self.server = ProducerServer(model, rate)
-        self.loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(host, port, tls), daemon=True)
-        self._thread.start()
-        if not self._ready.wait(30) or self._error is not None:
-            raise RuntimeError(f"producer did not start: {self._error}")
-        self.host, self.port = self.server.address
-        self.addresses = list(self.server.addresses)
-
-    def _run(self, host, port, tls) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.loop.run_until_complete(self.server.start(host, port, tls))
-        except BaseException as exc:  # noqa: BLE001
-            self._error = exc
-            self._ready.set()
-            return
-        self._ready.set()
-        self.loop.run_forever()
-        self.loop.close()
-
-    async def _shutdown(self) -> None:
-        await self.server.close()
-        await asyncio.sleep(0)
-        # a connection accepted or dropped while closing left a writer behind: end it here,
-        # not as "Task was destroyed but it is pending" when the loop closes
-        rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        for t in rest:
-            t.cancel()
-        if rest:
-            await asyncio.gather(*rest, return_exceptions=True)
-        self.loop.stop()
-
-    def stop(self) -> None:
-        if self.loop.is_running():
-            asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop)
-        self._thread.join(10)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
