@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import orjson
 import pytest
@@ -25,7 +28,11 @@ import pytest
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from tests.support.paths import ROOT
 from tests.support.synapse_env import SERVER_NAME, RedisServer
-from tests.support.synapse_workers import PostgresCluster, SynapseWorkers, workers_available
+from tests.support.synapse_workers import (
+    PostgresCluster,
+    SynapseWorkers,
+    workers_available,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SECRET = "dcptool-test-replication-secret"   # a throwaway secret for a throwaway server
@@ -34,12 +41,13 @@ PER_THREAD = 20
 
 
 @pytest.fixture(scope="module")
-def hs(tmp_path_factory):
+def hs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SynapseWorkers, RedisServer]]:
     reason = workers_available()
     if reason:
         pytest.skip(reason)
     redis = RedisServer(tmp_path_factory.mktemp("redis-cuw"))
-    pg = server = None
+    pg: PostgresCluster | None = None
+    server: SynapseWorkers | None = None
     try:
         pg = PostgresCluster()
         server = SynapseWorkers(tmp_path_factory.mktemp("synapse-cuw"), redis.port, pg, SECRET)
@@ -49,10 +57,10 @@ def hs(tmp_path_factory):
             server.stop()
         if pg is not None:
             pg.stop()
-        redis.stop()
+        redis.stop()  # type: ignore[no-untyped-call]
 
 
-def _capture(out, redis, hs, *extra):
+def _capture(out: pathlib.Path, redis: RedisServer, hs: SynapseWorkers, *extra: str) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if k != "DCPTOOL_PASSWORD"}
     env["DCPTOOL_REPLICATION_SECRET"] = SECRET
     catch_up = [a for name, url in hs.replication.items() for a in ("--catch-up", f"{name}={url}")]
@@ -64,16 +72,17 @@ def _capture(out, redis, hs, *extra):
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def _lines(out) -> list[dict]:
+def _lines(out: pathlib.Path) -> list[dict[str, Any]]:
     if not out.exists():
         return []
     files = [f for f in find_captures([str(out)]) if f.protocol == "synapse"]
     if not files:
         return []
-    return read_capture_table(files, columns=["direction", "command", "raw"]).to_pylist()
+    rows: list[dict[str, Any]] = read_capture_table(files, columns=["direction", "command", "raw"]).to_pylist()
+    return rows
 
 
-def _wait(pred, what: str, timeout: float = 90.0) -> None:
+def _wait(pred: Callable[[], bool], what: str, timeout: float = 90.0) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if pred():
@@ -82,19 +91,20 @@ def _wait(pred, what: str, timeout: float = 90.0) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _events_token(out) -> int:
+def _events_token(out: pathlib.Path) -> int:
     toks = [int(r["raw"].split(b" ")[3]) for r in _lines(out)
             if r["command"] == "RDATA" and r["raw"].startswith(b"RDATA events ") and r["raw"].split(b" ")[3].isdigit()]
     return max(toks, default=0)
 
 
-def _positions_after_replicate(out, n_replicate: int) -> bool:
+def _positions_after_replicate(out: pathlib.Path, n_replicate: int) -> bool:
     rows = _lines(out)
     outs = [i for i, r in enumerate(rows) if r["direction"] == "out" and r["command"] == "REPLICATE"]
     return len(outs) >= n_replicate and any(r["command"] == "POSITION" for r in rows[outs[n_replicate - 1]:])
 
 
-def test_workers_every_persisted_event_once_across_kills_and_a_resume(hs, tmp_path):
+def test_workers_every_persisted_event_once_across_kills_and_a_resume(
+        hs: tuple[SynapseWorkers, RedisServer], tmp_path: pathlib.Path) -> None:
     server, redis = hs
     out = tmp_path / "caps"
     users = [server.register(f"u{i}") for i in range(3)]
@@ -109,7 +119,7 @@ def test_workers_every_persisted_event_once_across_kills_and_a_resume(hs, tmp_pa
     lock = threading.Lock()
     errors: list[BaseException] = []
 
-    def sender(k: int, user: dict) -> None:
+    def sender(k: int, user: dict[str, Any]) -> None:
         try:
             for i in range(PER_THREAD):
                 server.request("PUT", f"/_matrix/client/v3/rooms/{rq}/send/m.room.message/t{k}-{i}",
@@ -124,7 +134,7 @@ def test_workers_every_persisted_event_once_across_kills_and_a_resume(hs, tmp_pa
         threads = [threading.Thread(target=sender, args=(k, u), daemon=True) for k, u in enumerate(users)]
         for t in threads:
             t.start()
-        rc = redis.client()
+        rc = redis.client()  # type: ignore[no-untyped-call]
         for kill, at in enumerate((10, 24), start=2):
             _wait(lambda: sent[0] >= at, f"{at} messages sent")
             assert rc.client_kill_filter(_type="pubsub") >= 1
