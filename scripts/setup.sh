@@ -37,6 +37,8 @@ if [ $want_test -eq 1 ]; then
   command -v prometheus >/dev/null 2>&1 || { echo "setup: installing prometheus" >&2; apt_install prometheus; }  # --metrics test: a real Prometheus scrapes it
   command -v redis-server >/dev/null 2>&1 || { echo "setup: installing redis-server" >&2; apt_install redis-server; }
   command -v tcpdump >/dev/null 2>&1 || { echo "setup: installing tcpdump" >&2; apt_install tcpdump; }
+  # the Synapse worker test runs its own PostgreSQL cluster (initdb/pg_ctl are not on PATH on Debian)
+  ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || { echo "setup: installing postgresql" >&2; apt_install postgresql; }
 fi
 
 stamp_of() { cat pyproject.toml "$@" 2>/dev/null | sha256sum | cut -c1-16; }
@@ -56,11 +58,13 @@ fi
 
 if [ $want_test -eq 1 ]; then
   # Synapse lives in its own venv: its pins must not shape ours.
-  if [ ! -x .synapse-venv/bin/synctl ] || [ ! -f .synapse-venv/.installed ]; then
-    echo "setup: installing matrix-synapse[redis] into .synapse-venv" >&2
-    "$PY" -m venv .synapse-venv
+  # [postgres] (psycopg2) for the worker test: a venv installed before it had only [redis]
+  if [ ! -x .synapse-venv/bin/synctl ] || [ ! -f .synapse-venv/.installed ] \
+      || ! .synapse-venv/bin/python -c 'import psycopg2' >/dev/null 2>&1; then
+    echo "setup: installing matrix-synapse[redis,postgres] into .synapse-venv" >&2
+    [ -x .synapse-venv/bin/python ] || "$PY" -m venv .synapse-venv
     .synapse-venv/bin/python -m pip install -q --upgrade pip >/dev/null
-    .synapse-venv/bin/python -m pip install -q 'matrix-synapse[redis]'
+    .synapse-venv/bin/python -m pip install -q 'matrix-synapse[redis,postgres]'
     touch .synapse-venv/.installed
   fi
 fi
