@@ -106,7 +106,7 @@ listeners:
     tls: false
     x_forwarded: false
     resources:
-      - names: [{resources}]
+      - names: [client]
         compress: false
 database:
   name: sqlite3
@@ -141,7 +141,7 @@ rc_login:
 rc_joins:
   local: {{per_second: 1000, burst_count: 1000}}
   remote: {{per_second: 1000, burst_count: 1000}}
-{extra}"""
+"""
 
 LOG_YAML = """\
 version: 1
@@ -161,17 +161,11 @@ disable_existing_loggers: false
 
 
 class SynapseServer:
-    """`replication_secret`: the listener also serves the replication resource (the catch-up
-    endpoint, get_repl_stream_updates) and checks that worker_replication_secret."""
-
-    def __init__(self, workdir: pathlib.Path, redis_port: int, replication_secret: str | None = None):
+    def __init__(self, workdir: pathlib.Path, redis_port: int):
         self.dir = workdir
-        self.db = workdir / "homeserver.db"
         cfg = workdir / "homeserver.yaml"
-        resources = "client, replication" if replication_secret else "client"
-        extra = f'worker_replication_secret: "{replication_secret}"\n' if replication_secret else ""
         cfg.write_text(HOMESERVER_YAML.format(server_name=SERVER_NAME, dir=workdir, secret=SHARED_SECRET,
-                                              redis_port=redis_port, resources=resources, extra=extra))
+                                              redis_port=redis_port))
         (workdir / "log.yaml").write_text(LOG_YAML.format(dir=workdir))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
         subprocess.run([str(SYNAPSE_PY), "-m", "synapse.app.homeserver", "--config-path", str(cfg),

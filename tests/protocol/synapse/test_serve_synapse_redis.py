@@ -1,7 +1,8 @@
 """`serve synapse --redis URL` (issue 38): the built-in server publishes on a real Redis as a
 Synapse process does, so `synapse+redis://` and its catch-up can be tried with only
-redis-server: a capture, a capture resumed after the writer moved on (a gap, fetched with
---catch-up), a subscription killed under the capture (CLIENT KILL TYPE pubsub)."""
+redis-server: a capture whose subscription is killed under it (CLIENT KILL TYPE pubsub), the
+gap fetched with --catch-up. (Resume and catch-up: test_synapse_catchup.py over TCP and
+test_synapse_catchup_workers.py against a real Synapse.)"""
 
 from __future__ import annotations
 
@@ -52,27 +53,6 @@ def _expected(seed: int, upto: int, lines: int = 20000) -> list[int]:
         if p[1] == "events" and p[3] != "batch" and int(p[3]) <= upto:
             toks.add(int(p[3]))
     return sorted(toks)
-
-
-def test_capture_of_serve_over_redis_resumed_after_a_gap(serve, redis_server, tmp_path):  # noqa: F811
-    s = serve("--redis", f"redis://127.0.0.1:{redis_server.port}", "--items", "0", "--rate", "400",
-              "--seed", "7", "--http-port", "0")
-    src = f"synapse+redis://127.0.0.1:{redis_server.port}?server_name=localhost"
-    first = run("capture", src, "-o", str(tmp_path), "--quiet", "--json", "--max-messages", "600",
-                "--duration", "30s", "--catch-up", f"master=http://{s.http}")
-    assert first.exit_code == 0, first.stderr
-    time.sleep(0.5)    # the writer publishes on while no capture listens: the gap to fetch
-    second = run("capture", src, "-o", str(tmp_path), "--quiet", "--json", "--resume",
-                 "--max-messages", "600", "--duration", "30s", "--catch-up", f"master=http://{s.http}")
-    assert second.exit_code == 0, second.stderr
-    summary = orjson.loads(second.stdout)
-    assert summary["gaps_filled"] >= 1 and summary["caught_up_rows"] > 0, summary
-    assert _gaps(tmp_path) == []
-    events = _events(tmp_path)
-    # every events token from the first one recorded to the last, once each token's rows
-    first_tok = min(events)
-    want = [t for t in _expected(7, max(events)) if t >= first_tok]
-    assert sorted(set(events)) == want, (sorted(set(want) - set(events))[:10], sorted(set(events) - set(want))[:10])
 
 
 def test_a_killed_subscription_is_caught_up(serve, redis_server, tmp_path):  # noqa: F811
