@@ -76,3 +76,5 @@ def _one_source(directory: str, source, *, resume: bool, force_new: bool) -> Non
         done = R.recover_first(directory)
         for note in done.damaged:
             err_console().print(f"dcptool: warning: {note}", highlight=False, markup=False, soft_wrap=True)
+        for note in done.torn:     # the end of a log a crash or a full disk cut short: information
+            err_console().print(f"dcptool: {note}", highlight=False, markup=False, soft_wrap=True)

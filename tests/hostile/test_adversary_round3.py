@@ -98,3 +98,96 @@ def test_a_failed_import_leaves_no_output_and_no_temporary(tmp_path):
     res = run("import", str(tmp_path / "x.pcap"), "-o", str(tmp_path / "imp"))
     assert res.returncode == 5, res.stderr
     assert sorted(os.listdir(tmp_path)) == ["x.pcap"]
+
+
+# ------------------------------------------------------------ 12: a torn tail is not damage
+
+def _killed_capture(directory, batches: int = 6, rows: int = 500) -> str:
+    """The in-progress file a killed capture leaves in `directory`: a copy of a live writer's
+    (one IPC message per batch of protocol-clean rows). Its path."""
+    import shutil
+    live = os.path.join(os.fspath(directory), ".live")
+    w = CaptureWriter(live, "dcp", source=SOURCE, options={})
+    table = clean_rows(batches * rows)
+    for i in range(batches):
+        w.write(table.slice(i * rows, rows))
+        w.flush()
+    dest = os.path.join(os.fspath(directory), os.path.basename(w.in_progress))
+    shutil.copy(w.in_progress, dest)
+    w.close()
+    shutil.rmtree(live)
+    return dest
+
+
+def _jsonl(text: str) -> list[dict]:
+    import json
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def test_a_tail_torn_mid_batch_is_truncated_on_resume_and_verify_is_clean(tmp_path):
+    """What a full disk leaves: the last batch of the in-progress file cut short."""
+    cap = tmp_path / "caps"
+    cap.mkdir()
+    path = _killed_capture(cap)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as fh:
+        fh.truncate(size - 3000)                   # inside the 6th batch
+    res = run("verify", str(cap), "--format", "jsonl")
+    found = {f["check"]: f for f in _jsonl(res.stdout)}
+    assert "file.damaged" not in found, res.stdout[:2000]
+    assert found["file.torn_tail"]["severity"] == "info" and "torn tail" in found["file.torn_tail"]["message"]
+    res = run("capture", "couchbase://127.0.0.1:1/default", "-o", str(cap), "--resume", "--quiet",
+              "--timeout", "5s")
+    assert res.returncode == 3, res.stderr            # recovered first, then the connection failed
+    notes = [ln for ln in res.stderr.splitlines() if "torn tail" in ln]
+    assert notes and "warning" not in notes[0] and "2,500 rows in 5 whole batches" in notes[0], res.stderr
+    names = sorted(os.listdir(cap))
+    assert not [n for n in names if ".damaged" in n or n.endswith(".arrows")], names
+    assert pq.read_table(path[:-len(".arrows")] + ".parquet").num_rows == 2500
+    res = run("verify", str(cap), "--format", "jsonl")
+    assert res.returncode == 0, res.stdout[:2000]
+
+
+def test_garbage_before_the_tail_is_still_damage(tmp_path):
+    from dcptool.replay.store.segment import finish_in_progress
+    path = _killed_capture(tmp_path)
+    data = bytearray(open(path, "rb").read())
+    at = len(data) // 2
+    data[at:at + 200] = b"\xde\xad\xbe\xef" * 50
+    open(path, "wb").write(bytes(data))
+    info = finish_in_progress(path)
+    assert info["damaged"] == path + ".damaged" and not info.get("torn")
+    assert open(path + ".damaged", "rb").read() == bytes(data)
+
+
+def test_a_capture_that_fills_a_real_small_file_system_leaves_a_clean_capture(tmp_path):
+    """`capture` into a 24 MiB tmpfs until it is full (needs root to mount one; skipped
+    otherwise): exit 1 with one line, then `verify` exit 0: no `.damaged` file, no hole."""
+    import subprocess
+
+    import pytest
+
+    from dcptool.protocol.dcp.server import producer as P
+    from dcptool.protocol.transport.dcp import ThreadedServer
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    try:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)],
+                                 capture_output=True, timeout=30).returncode == 0
+    except OSError:
+        mounted = False
+    if not mounted:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        out = mnt / "caps"
+        model = P.server_from_options(vbuckets=16, items=200_000, seed=7, value_size=400)
+        with ThreadedServer(model) as srv:
+            res = run("capture", f"couchbase://{srv.host}:{srv.port}/default", "-o", str(out), "--quiet",
+                      "--to", "forever", "--duration", "60s", "--rotate-size", "4MiB", timeout=120)
+        assert res.returncode == 1 and "ENOSPC" in error_line(res)
+        names = os.listdir(out)
+        assert names and not [n for n in names if ".damaged" in n or not n.endswith(".parquet")], names
+        res = run("verify", str(out), "--format", "jsonl")
+        assert res.returncode == 0, res.stdout[:2000]
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True, timeout=60)
