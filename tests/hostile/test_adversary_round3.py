@@ -168,7 +168,7 @@ def test_a_capture_that_fills_a_real_small_file_system_leaves_a_clean_capture(tm
     import pytest
 
     from dcptool.protocol.dcp.server import producer as P
-    from dcptool.protocol.transport.dcp import ThreadedServer
+    ThreadedServer = _threaded_server()
     mnt = tmp_path / "small"
     mnt.mkdir()
     try:
@@ -191,3 +191,116 @@ def test_a_capture_that_fills_a_real_small_file_system_leaves_a_clean_capture(tm
         assert res.returncode == 0, res.stdout[:2000]
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True, timeout=60)
+
+
+def _threaded_server():
+    try:                 # where the split of protocol/transport/dcp.py (issue 35) moved it
+        from tests.support.threaded_server import ThreadedServer
+    except ImportError:
+        from dcptool.protocol.transport.dcp import ThreadedServer
+    return ThreadedServer
+
+
+# ------------------------------------------------------------ 8: one writer per directory and shard
+
+NOWHERE = "couchbase://127.0.0.1:1/default"      # refused at once: exit 3 once past the checks
+
+
+def _wait_for_holder(directory, proc, deadline_s: float = 60) -> dict:
+    """The lock holder a capture process wrote (polled until it appears or the process ends)."""
+    import time
+
+    from dcptool.capture.lock import holders
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end and proc.poll() is None:
+        found = [h for h in holders(str(directory)) if h.get("pid") == proc.pid]
+        if found:
+            return found[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no lock holder: {proc.poll()} {proc.stderr.read() if proc.poll() is not None else ''}")
+
+
+def _live_capture(url, out, *args):
+    import subprocess
+
+    from tests.support.paths import DCPTOOL
+    return subprocess.Popen([DCPTOOL, "capture", url, "-o", str(out), "--quiet", "--to", "forever",
+                             "--duration", "120s", *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def test_a_second_capture_resume_or_compact_beside_a_live_capture_is_refused(tmp_path):
+    import signal
+
+    from dcptool.protocol.dcp.server import producer as P
+    out = tmp_path / "caps"
+    model = P.server_from_options(vbuckets=8, items=20_000, seed=3, value_size=100)
+    with _threaded_server()(model) as srv:
+        url = f"couchbase://{srv.host}:{srv.port}/default"
+        live = _live_capture(url, out)
+        try:
+            holder = _wait_for_holder(out, live)
+            assert holder["command"] == "capture" and holder["shard"] is None
+            for args in (["capture", url, "-o", str(out), "--resume"], ["capture", url, "-o", str(out)],
+                         ["capture", url, "-o", str(out), "--shard", "1/2"], ["compact", str(out)]):
+                res = run(*args, *(["--quiet"] if args[0] == "capture" else []))
+                assert res.returncode == 2, (args, res.stderr)
+                line = error_line(res)
+                assert f"pid {live.pid}" in line and "one writer per capture directory" in line, line
+                assert "Errno" not in res.stderr
+        finally:
+            live.send_signal(signal.SIGINT)
+            live.wait(60)
+            live.stderr.close()
+    assert live.returncode == 130
+    res = run("verify", str(out))
+    assert res.returncode == 0, res.stdout[-2000:]
+
+
+def test_a_sigkilled_capture_leaves_no_stale_lock(tmp_path):
+    import signal
+
+    from dcptool.protocol.dcp.server import producer as P
+    out = tmp_path / "caps"
+    model = P.server_from_options(vbuckets=4, items=20_000, seed=3, value_size=100)
+    with _threaded_server()(model) as srv:
+        live = _live_capture(f"couchbase://{srv.host}:{srv.port}/default", out)
+        try:
+            _wait_for_holder(out, live)
+        finally:
+            live.send_signal(signal.SIGKILL)
+            live.wait(60)
+            live.stderr.close()
+    res = run("capture", NOWHERE, "-o", str(out), "--resume", "--quiet", "--timeout", "5s")
+    assert res.returncode == 3, res.stderr          # past the lock (and the recovery): nothing listens
+    assert run("compact", str(out)).returncode == 0
+
+
+def test_shards_share_a_directory_but_one_shard_has_one_writer(tmp_path):
+    from dcptool.capture.lock import hold
+    out = tmp_path / "caps"
+    with hold(str(out), shard="1/2"):
+        res = run("capture", NOWHERE, "-o", str(out), "--shard", "1/2", "--quiet", "--timeout", "5s")
+        assert res.returncode == 2
+        line = error_line(res)
+        assert f"pid {os.getpid()}" in line and "shard 1/2" in line, line
+        res = run("capture", NOWHERE, "-o", str(out), "--shard", "2/2", "--quiet", "--timeout", "5s")
+        assert res.returncode == 3, res.stderr       # another shard: past the lock
+        for args in (["capture", NOWHERE, "-o", str(out), "--quiet"], ["compact", str(out)]):
+            res = run(*args)
+            assert res.returncode == 2 and "shard 1/2" in error_line(res), res.stderr
+    res = run("capture", NOWHERE, "-o", str(out), "--shard", "1/2", "--quiet", "--timeout", "5s")
+    assert res.returncode == 3, res.stderr           # released
+    assert not [n for n in os.listdir(out) if n.startswith(".dcptool.lock")]     # and removed by the last holder
+
+
+def test_compact_beside_a_live_compact_or_capture_names_it(tmp_path):
+    from dcptool.capture.lock import hold
+    out = tmp_path / "caps"
+    _finished_capture(out)
+    with hold(str(out), command="compact"):
+        res = run("capture", NOWHERE, "-o", str(out), "--resume", "--quiet")
+        assert res.returncode == 2 and "compact (pid" in error_line(res), res.stderr
+    with hold(str(out)):
+        res = run("compact", str(out))
+        assert res.returncode == 2 and f"capture (pid {os.getpid()}" in error_line(res), res.stderr
