@@ -304,3 +304,79 @@ def test_compact_beside_a_live_compact_or_capture_names_it(tmp_path):
     with hold(str(out)):
         res = run("compact", str(out))
         assert res.returncode == 2 and f"capture (pid {os.getpid()}" in error_line(res), res.stderr
+
+
+# ------------------------------------------------------------ 4: import's resync after a hole
+
+class _Frames:
+    """A sink that keeps the frames a framer cuts (their bytes) and its flagged fragments."""
+
+    def __init__(self):
+        self.got: list[bytes] = []
+        self.fragments: list[tuple[int, str]] = []
+
+    def frames(self, conn, out, buf, offsets, lengths, ts, pkts):
+        self.got += [bytes(buf[o:o + n]) for o, n in zip(offsets.tolist(), lengths.tolist())]
+
+    def fragment(self, conn, out, data, ts, why, pkt, where=0):
+        self.fragments.append((len(data), why))
+
+
+def _binary_frames(count: int, value: int, seed: int) -> list[bytes]:
+    """DCP mutations whose values are random bytes (binary or Snappy values): full of 0x80."""
+    import random
+    import struct
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        key, extras = b"doc-%06d" % i, bytes(31)
+        body = extras + key + rng.randbytes(value)
+        out.append(struct.pack(">BBHBBHIIQ", 0x80, 0x57, len(key), len(extras), 0, i % 1024, len(body), 0, i) + body)
+    return out
+
+
+def _cut(data: bytes, hole_at: int | None, hole: int = 10) -> tuple[_Frames, object]:
+    from dcptool.capture.pcap.flows import DcpFramer
+    sink = _Frames()
+    framer = DcpFramer(sink, 0, False, False)
+    pos, mss = 0, 1448
+    while pos < len(data):
+        if hole_at is not None and pos <= hole_at < pos + mss:
+            framer.data(data[pos:hole_at], 0, 0)
+            framer.gap(hole, 0, 0)
+            pos = hole_at + hole
+            continue
+        framer.data(data[pos:pos + mss], 0, 0)
+        pos += mss
+    framer.end(0, "the capture ended")
+    return sink, framer
+
+
+def test_after_a_hole_import_finds_the_same_frames_in_linear_work():
+    """The issue's case: a 10-byte hole before ~5 MB of frames whose values hold 0x80 bytes
+    (the DCP magic). The frames after the hole are the ones a capture without it gives, and
+    the resync examines each byte about once (its work counter), not once per packet."""
+    frames = _binary_frames(50, 100_000, seed=36)
+    data = b"".join(frames)
+    assert data.count(b"\x80") > 10_000
+    whole, _ = _cut(data, None)
+    assert whole.got == frames and whole.fragments == []
+    torn, framer = _cut(data, 5_000)                 # inside the first frame's value
+    assert torn.got == frames[1:]
+    assert len(torn.fragments) == 2 and "10 bytes lost" in torn.fragments[1][1]
+    assert sum(n for n, _ in torn.fragments) == len(frames[0]) - 10
+    # bounded work: the ~100 kB searched after the hole, looked at about once each
+    assert 0 < framer.resync_work <= 2 * len(frames[0]), framer.resync_work
+
+
+def test_a_hole_before_a_large_value_resyncs_in_linear_work():
+    """A dropped packet before 5 MB of one value's random bytes (then frames again): the bytes
+    are given up as flagged fragments (RESYNC_LIMIT at a time, or up to a false header's
+    claimed end), the frames after them kept."""
+    big = _binary_frames(1, 5_000_000, seed=1)[0]
+    after = _binary_frames(20, 1000, seed=2)
+    data = big + b"".join(after)
+    torn, framer = _cut(data, 100)
+    assert torn.got == after
+    assert sum(n for n, _ in torn.fragments) == len(big) - 10 and len(torn.fragments) >= 3
+    assert framer.resync_work <= 2 * len(data), framer.resync_work
