@@ -85,10 +85,11 @@ def _sane_headers(window: np.ndarray, max_body: int = DEFAULT_MAX_BODY) -> np.nd
     body = ((window[at + 8].astype(np.int64) << 24) | (window[at + 9].astype(np.int64) << 16)
             | (window[at + 10].astype(np.int64) << 8) | window[at + 11].astype(np.int64))
     ok = (window[at + 5] <= 0x07) & (body <= max_body) & (framing + window[at + 4] + keylen <= body)
-    return at[ok]
+    sane: np.ndarray = at[ok]
+    return sane
 
 
-def _sane_at(buf, i: int, max_body: int) -> bool:
+def _sane_at(buf: bytes | bytearray, i: int, max_body: int) -> bool:
     """`_sane_headers` of the one offset i (the header after a candidate's frame)."""
     magic = buf[i]
     if magic not in MAGICS:
@@ -112,7 +113,7 @@ class Resync:
     there), ruled out when they do not, and waited for (no new scan) while its frame is not
     whole yet. `work` counts the bytes scanned and the candidates decided."""
 
-    def __init__(self, start: int = 0, max_body: int = DEFAULT_MAX_BODY):
+    def __init__(self, start: int = 0, max_body: int = DEFAULT_MAX_BODY) -> None:
         self.base = 0                 # bytes cut from the front of the buffer since the start
         self.scanned = start          # absolute: every offset below it is a candidate or ruled out
         self.pending: list[int] = []  # absolute offsets of candidates not decided, in order
@@ -121,7 +122,7 @@ class Resync:
         self.work = 0
         self.wait_until = 0           # absolute: the bytes the first candidate needs to be decided
 
-    def find(self, buf, final: bool = False) -> int | None:
+    def find(self, buf: bytes | bytearray, final: bool = False) -> int | None:
         """The offset in `buf` of the first whole frame, or None while more data is needed."""
         n, base = len(buf), self.base
         lo = self.scanned - base
@@ -148,7 +149,7 @@ class Resync:
             self.first += 1
         return None
 
-    def undecided(self, buf) -> int:
+    def undecided(self, buf: bytes | bytearray) -> int:
         """Bytes at the front of `buf` that hold no candidate left to decide."""
         if self.first < len(self.pending):
             return self.pending[self.first] - self.base

@@ -13,7 +13,7 @@ from __future__ import annotations
 import fcntl
 import os
 import struct
-from typing import Iterator
+from typing import BinaryIO, Iterator
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -138,7 +138,7 @@ def torn_tail(path: str, start: int, size: int) -> bool:
         while True:
             fh.seek(pos)
             head = fh.read(8)
-            if not head.strip(b"\0") and _zeros(fh, size):
+            if not head.strip(b"\0") and _zeros(fh):
                 return True
             if len(head) < 8:
                 return CONTINUATION.startswith(head[:4]) and (len(head) <= 4 or head[:4] == CONTINUATION)
@@ -160,7 +160,7 @@ def torn_tail(path: str, start: int, size: int) -> bool:
             pos = end
 
 
-def _zeros(fh, size: int) -> bool:
+def _zeros(fh: BinaryIO) -> bool:
     """Whether the rest of the file from where `fh` stands (less its first 8 bytes) is zeros."""
     while True:
         chunk = fh.read(1 << 20)

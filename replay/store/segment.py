@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 import fcntl
 import os
-from typing import Iterator
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -392,7 +392,7 @@ def finish_in_progress(arrows_path: str, compression: str = "zstd") -> dict | No
         os.close(lock_fd)
 
 
-def _torn(arrows_path: str, ip: InProgress, done: dict | None) -> dict:
+def _torn(arrows_path: str, ip: InProgress, done: dict[str, Any] | None) -> dict[str, Any]:
     """The result of finishing a file whose only unread bytes are a torn tail: truncated to its
     whole batches (in the Parquet segment), the file removed, one line of information."""
     unlink_quiet(arrows_path)
