@@ -61,7 +61,12 @@ def capture(ctx, output, output_alias, rotate_size, rotate_interval, compression
     if resume and force_new:
         raise click.UsageError("--force-new starts a new capture: it does not combine with --resume")
     _one_source(settings.output, opts.source, resume=resume, force_new=force_new)
-    runner(opts.source.protocol, "capture")(opts, settings)
+    from dcptool.capture.lock import hold
+    # one writer per directory and shard, from --resume's recovery to the end-of-run merge
+    with hold(settings.output, shard=opts.shard):
+        if resume:
+            _recover(settings.output)
+        runner(opts.source.protocol, "capture")(opts, settings)
 
 
 for _p in capture.params:     # every option from the environment too: DCPTOOL_CAPTURE_ROTATE_SIZE ...
@@ -81,14 +86,20 @@ def _catch_up(values: tuple[str, ...], protocol: str) -> dict:
 
 def _one_source(directory: str, source, *, resume: bool, force_new: bool) -> None:
     """A capture directory holds one protocol and one source (replay/store/resume.py): another
-    one is a usage error naming both, before anything connects. With --resume the in-progress
-    segments a killed run left are finished here first; a damaged one is kept aside and said."""
+    one is a usage error naming both, before anything connects."""
     from dcptool.replay.store import resume as R
     try:
         R.check_source(directory, source.protocol, source.url, resume=resume, force_new=force_new)
     except R.SourceMismatch as exc:
         raise LateUsageError(str(exc)) from None
-    if resume:
-        done = R.recover_first(directory)
-        for note in done.damaged:
-            err_console().print(f"dcptool: warning: {note}", highlight=False, markup=False, soft_wrap=True)
+
+
+def _recover(directory: str) -> None:
+    """--resume: the in-progress segments a killed run left are finished first (under the
+    directory's lock); a damaged one is kept aside and said, a torn tail dropped and said."""
+    from dcptool.replay.store import resume as R
+    done = R.recover_first(directory)
+    for note in done.damaged:
+        err_console().print(f"dcptool: warning: {note}", highlight=False, markup=False, soft_wrap=True)
+    for note in done.torn:     # the end of a log a crash or a full disk cut short: information
+        err_console().print(f"dcptool: {note}", highlight=False, markup=False, soft_wrap=True)

@@ -36,7 +36,9 @@ def report(captures, output, max_points, top_keys, max_series, findings_limit, n
     """
     from dcptool.cli.sources import capture_paths
     from dcptool.replay.check import report as R
+    from dcptool.replay.store.discovery import check_output
     from dcptool.replay.store.reader import CaptureError, find_captures, protocol_of
+    check_output(output)      # never over a capture file, never into a capture directory (exit 2)
     paths = capture_paths(captures)
     try:        # what the arguments name: not a capture, none, both protocols -> usage (2)
         files = find_captures(paths)

@@ -180,11 +180,11 @@ def is_capture_dir(out_dir: str, captures) -> bool:
     """Whether out_dir is the directory of a CAPTURE given or holds capture segments: results
     never go there (they would be read as a foreign file of the capture). A directory below a
     capture directory is fine (captures are not recursive)."""
-    from dcptool.replay.store.naming import is_segment_name
+    from dcptool.replay.store.discovery import holds_segments
     real = os.path.realpath(out_dir)
     inputs = [c for c in captures if c != "-"]
     dirs = {os.path.realpath(c if os.path.isdir(c) else os.path.dirname(c) or ".") for c in inputs}
-    return real in dirs or (os.path.isdir(real) and any(is_segment_name(n) for n in os.listdir(real)))
+    return real in dirs or holds_segments(real)
 
 
 def output_dir_problem(path: str) -> str | None:

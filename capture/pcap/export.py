@@ -156,23 +156,26 @@ def export_pcap(paths: list[str], output: str, *, port: int | None = None, mss: 
                 kind: str | None = None) -> ExportResult:
     """Write the captures named by `paths` to `output` as pcapng (or pcap: `kind`, else the
     suffix of `output`). Raises CaptureError for paths that are not captures."""
+    from dcptool.replay.store.discovery import check_output, written_whole
     from dcptool.replay.store.reader import (
         find_captures,
         iter_capture_tables,
         protocol_of,
     )
+    check_output(output)      # never over a capture file, never into a capture directory
     files = find_captures(paths)
     protocol = protocol_of(files)
     kind = kind or ("pcap" if output.lower().endswith(".pcap") else "pcapng")
     cols = ["capture_id", "conn", "node", "ts", "direction", "raw"] + (["channel"] if protocol == "synapse" else [])
-    writer = PacketWriter(output, kind)
-    ex = Exporter(writer, protocol, mss, port)
-    try:
-        for t in iter_capture_tables(files, columns=cols, batch_rows=65536):
-            ex.table(t)
-        ex.close_all()
-    finally:
-        writer.close()
+    with written_whole(output) as tmp:    # the inputs found and readable first; renamed in at the end
+        writer = PacketWriter(tmp, kind)
+        ex = Exporter(writer, protocol, mss, port)
+        try:
+            for t in iter_capture_tables(files, columns=cols, batch_rows=65536):
+                ex.table(t)
+            ex.close_all()
+        finally:
+            writer.close()
     servers = sorted({f"{'.'.join(map(str, c.server_ip))}:{c.server_port}" for c in ex.conns.values()})
     return ExportResult(path=output, packets=writer.packets, frames=ex.frames, connections=len(ex.conns),
                         bytes=ex.bytes, protocol=protocol, servers=servers)

@@ -70,6 +70,99 @@ SCAN_BYTES = 16 * 2**20
 BEFORE, FRAMES, AFTER = 0, 1, 2   # where a fragment sorts among the frames of its packet
 
 
+def _sane_headers(window: np.ndarray, max_body: int = DEFAULT_MAX_BODY) -> np.ndarray:
+    """Offsets in `window` (bytes as uint8, of which the last 23 only complete a header) where
+    a memcached header could start by its own fields: a magic, a datatype, a body length
+    under the cap that holds the framing extras, extras and key. One vectorised pass."""
+    at = np.flatnonzero(_MAGIC_TABLE[window[:len(window) - 23]])
+    if not len(at):
+        return at
+    magic = window[at]
+    alt = (magic == 0x08) | (magic == 0x18)
+    b2, b3 = window[at + 2].astype(np.int64), window[at + 3].astype(np.int64)
+    framing = np.where(alt, b2, 0)
+    keylen = np.where(alt, b3, (b2 << 8) | b3)
+    body = ((window[at + 8].astype(np.int64) << 24) | (window[at + 9].astype(np.int64) << 16)
+            | (window[at + 10].astype(np.int64) << 8) | window[at + 11].astype(np.int64))
+    ok = (window[at + 5] <= 0x07) & (body <= max_body) & (framing + window[at + 4] + keylen <= body)
+    sane: np.ndarray = at[ok]
+    return sane
+
+
+def _sane_at(buf: bytes | bytearray, i: int, max_body: int) -> bool:
+    """`_sane_headers` of the one offset i (the header after a candidate's frame)."""
+    magic = buf[i]
+    if magic not in MAGICS:
+        return False
+    framing, keylen = (buf[i + 2], buf[i + 3]) if magic in (0x08, 0x18) else (0, (buf[i + 2] << 8) | buf[i + 3])
+    body = int.from_bytes(buf[i + 8:i + 12], "big")
+    return buf[i + 5] <= 0x07 and body <= max_body and framing + buf[i + 4] + keylen <= body
+
+
+_MAGIC_TABLE = np.zeros(256, dtype=bool)
+_MAGIC_TABLE[sorted(MAGICS)] = True
+RESYNC_STEP = 64 * 2**10    # new bytes scanned together (numpy's cost per call is paid per step, not per packet)
+
+
+class Resync:
+    """The first whole frame after bytes that are no frames (a hole, a mid-stream start, a
+    bad header), found in work linear in the bytes (sans-IO). Each byte is looked at once by a
+    vectorised pass for headers plausible by their own fields (`_sane_headers`); each such
+    candidate, in order, is then decided once: it is the frame when its frame is whole and the
+    bytes after it start a plausible header too (or, at the end of the data, end exactly
+    there), ruled out when they do not, and waited for (no new scan) while its frame is not
+    whole yet. `work` counts the bytes scanned and the candidates decided."""
+
+    def __init__(self, start: int = 0, max_body: int = DEFAULT_MAX_BODY) -> None:
+        self.base = 0                 # bytes cut from the front of the buffer since the start
+        self.scanned = start          # absolute: every offset below it is a candidate or ruled out
+        self.pending: list[int] = []  # absolute offsets of candidates not decided, in order
+        self.first = 0                # index into pending of the first one
+        self.max_body = max_body
+        self.work = 0
+        self.wait_until = 0           # absolute: the bytes the first candidate needs to be decided
+
+    def find(self, buf: bytes | bytearray, final: bool = False) -> int | None:
+        """The offset in `buf` of the first whole frame, or None while more data is needed."""
+        n, base = len(buf), self.base
+        lo = self.scanned - base
+        if not final and (base + n < self.wait_until
+                          or (self.first >= len(self.pending) and n - lo < RESYNC_STEP)):
+            return None               # nothing to decide yet, or too few new bytes for a pass
+        if n - lo >= 24:
+            window = np.frombuffer(bytes(buf[lo:n]), dtype=np.uint8)
+            self.pending.extend((_sane_headers(window, self.max_body) + self.scanned).tolist())
+            self.work += n - 23 - lo
+            self.scanned = base + n - 23
+        while self.first < len(self.pending):
+            i = self.pending[self.first] - base
+            self.work += 1
+            nxt = i + 24 + int.from_bytes(buf[i + 8:i + 12], "big")
+            if nxt + 24 <= n:
+                if _sane_at(buf, nxt, self.max_body):
+                    return i
+            elif final and nxt == n:
+                return i
+            elif not final:
+                self.wait_until = base + nxt + 24
+                return None           # its frame is not whole yet: wait, without scanning again
+            self.first += 1
+        return None
+
+    def undecided(self, buf: bytes | bytearray) -> int:
+        """Bytes at the front of `buf` that hold no candidate left to decide."""
+        if self.first < len(self.pending):
+            return self.pending[self.first] - self.base
+        return max(0, min(len(buf), self.scanned - self.base))
+
+    def cut(self, n: int) -> None:
+        """The first `n` bytes of the buffer were given away."""
+        self.base += n
+        if self.first:
+            del self.pending[:self.first]
+            self.first = 0
+
+
 class DcpFramer:
     """One direction of a memcached connection: frames out as whole frames. Bytes are
     held until SCAN_BYTES arrived (or the sink asks: `scan`), then cut in one pass; each
@@ -80,6 +173,8 @@ class DcpFramer:
         self.buf = bytearray()
         self.marks: list[tuple[int, int, int]] = []   # (end offset in buf, ts, packet number)
         self.resync = MIDSTREAM if midstream else None
+        self.finder: Resync | None = None
+        self.resync_work = 0     # bytes and headers the resyncs of this direction examined
 
     def data(self, chunk, ts: int, pkt: int) -> None:
         self.buf += chunk
@@ -87,9 +182,9 @@ class DcpFramer:
         if self.resync is not None or len(self.buf) >= SCAN_BYTES:
             self.scan()
 
-    def scan(self) -> None:
+    def scan(self, final: bool = False) -> None:
         while self.buf:
-            if self.resync is not None and not self._find_header():
+            if self.resync is not None and not self._find_header(final):
                 return
             offsets, lengths, consumed, err = columnar.scan(self.buf)
             if len(offsets):
@@ -99,7 +194,10 @@ class DcpFramer:
                                  marks[at, 1], marks[at, 2])
             if err is None:
                 return
+            self._end_resync()
             self.resync = f"not a frame header ({err})"
+            # the header at 0 is no header: the search starts after it (never the same one again)
+            self.finder = Resync(start=0 if consumed else 1)
 
     def _hand(self, n: int) -> bytearray:
         """buf[:n] given away without copying it: buf becomes a new buffer holding only the
@@ -120,25 +218,28 @@ class DcpFramer:
         self.sink.fragment(self.conn, self.out, bytes(self.buf[:n]), at[0], why, at[1], where)
         self._cut(n)
 
-    def _find_header(self) -> bool:
-        buf = self.buf
-        found = None
-        for m in _MAGIC_RE.finditer(bytes(buf)):
-            i = m.start()
-            if len(buf) - i < 24:
-                break
-            if plausible_header(buf, i):
-                found = i
-                break
+    def _find_header(self, final: bool = False) -> bool:
+        """Skip to the first whole frame after bytes that are no frames (Resync: bounded work);
+        False while more data is needed to tell. Bytes before the first candidate not yet
+        ruled out are given up as one fragment once they pass RESYNC_LIMIT."""
+        if self.finder is None:
+            self.finder = Resync()
+        found = self.finder.find(self.buf, final)
         if found is not None:
             if found:
                 self._fragment(found, f"{self.resync}: {found} bytes before the first whole frame skipped")
-            self.resync = None
+            self._end_resync()
             return True
-        if len(buf) > RESYNC_LIMIT:
-            keep = len(buf) - 23
-            self._fragment(keep, f"{self.resync}: {keep} bytes with no frame header skipped")
+        skip = self.finder.undecided(self.buf)
+        if skip > RESYNC_LIMIT or (final and skip):
+            self._fragment(skip, f"{self.resync}: {skip} bytes with no frame header skipped")
+            self.finder.cut(skip)
         return False
+
+    def _end_resync(self) -> None:
+        if self.finder is not None:
+            self.resync_work += self.finder.work
+        self.resync, self.finder = None, None
 
     def gap(self, n: int, ts: int, pkt: int) -> None:
         self.scan()
@@ -146,10 +247,12 @@ class DcpFramer:
             self._fragment(len(self.buf), f"frame cut short: {n} bytes after it were lost by the capture",
                            at=(ts, pkt))
         self.marks = []
+        self._end_resync()
         self.resync = f"{n} bytes lost by the capture"
 
     def end(self, ts: int, why: str) -> None:
-        self.scan()
+        self.scan(final=True)
+        self._end_resync()
         if self.buf:
             self._fragment(len(self.buf), f"{why} inside this frame", AFTER)
 

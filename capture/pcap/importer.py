@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 
 import dcptool.capture.pcap.flows as flows
@@ -259,14 +260,43 @@ class Importer:
 def import_pcap(path: str, output: str, *, ports=(), note=None, compression: str = "zstd") -> ImportResult:
     """Import the packet file at `path` into captures under `output`. `ports`: more server
     ports that carry memcached/DCP. `note(text)` hears one line per skipped or mid-stream
-    connection. Raises NotAPacketFile (not pcap/pcapng) or UndecodablePcap (nothing in it
-    could be decoded)."""
-    imp = Importer(path, output, flows.DCP_PORTS | set(ports), note or (lambda text: None), compression)
-    res = imp.run()
-    if not res.rows:
-        skipped = ", ".join(f"{n} {k}" for k, n in sorted(imp.skipped.items()))
-        raise UndecodablePcap(
-            f"{path}: nothing to import: {res.packets} packets, {res.tcp_packets} TCP"
-            + (f", connections skipped: {skipped}" if skipped else ", no DCP, Synapse or Redis connection")
-            + (" (the file is cut short)" if res.truncated else ""))
+    connection. Raises OutputIsCapture (`output` is a capture directory already), NotAPacketFile
+    (not pcap/pcapng) or UndecodablePcap (nothing in it could be decoded).
+
+    The capture is written into a hidden directory beside `output` and moved into `output`
+    only when the import succeeded: a failed import leaves nothing in `output`."""
+    from dcptool.replay.store.discovery import check_output, temporary_name
+    check_output(output, directory=True)
+    work = temporary_name(output, "importing")
+    os.makedirs(work)
+    try:
+        imp = Importer(path, work, flows.DCP_PORTS | set(ports), note or (lambda text: None), compression)
+        res = imp.run()
+        if not res.rows:
+            skipped = ", ".join(f"{n} {k}" for k, n in sorted(imp.skipped.items()))
+            raise UndecodablePcap(
+                f"{path}: nothing to import: {res.packets} packets, {res.tcp_packets} TCP"
+                + (f", connections skipped: {skipped}" if skipped else ", no DCP, Synapse or Redis connection")
+                + (" (the file is cut short)" if res.truncated else ""))
+        _move_into(work, output)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    res.outputs = {k: output + v[len(work):] for k, v in res.outputs.items()}
+    res.files = [dict(f, path=output + f["path"][len(work):]) if isinstance(f, dict) else f for f in res.files]
     return res
+
+
+def _move_into(work: str, output: str) -> None:
+    """The files of the finished import (and its `synapse/` beside DCP) into `output`: the
+    directory renamed when `output` does not exist yet, else file by file (the names are new:
+    each carries its capture's random id)."""
+    if not os.path.exists(output):
+        os.rename(work, output)
+        return
+    for name in sorted(os.listdir(work)):
+        src, dest = os.path.join(work, name), os.path.join(output, name)
+        if os.path.isdir(src):
+            os.makedirs(dest, exist_ok=True)
+            _move_into(src, dest)
+        else:
+            os.rename(src, dest)

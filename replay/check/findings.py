@@ -22,6 +22,7 @@ CHECKS: dict[str, tuple[str, str]] = {
     "file.damaged": ("error", "a part of a segment that cannot be read (the rest is verified)"),
     "file.unsupported_format": ("error", "a segment of a newer capture format than this dcptool reads (not read)"),
     "file.mixed_sources": ("error", "captures of different sources in one directory"),
+    "file.torn_tail": ("info", "the last batch of an in-progress segment cut short by a crash or a full disk (the end of the log, not damage)"),
     "file.in_progress": ("warn", "an unfinished `.arrows` segment (verified as far as it is whole)"),
     "file.leftover": ("warn", "an `.arrows` or `.parquet.tmp` next to the finished segment it was turned into"),
     "file.duplicate_segment": ("error", "two files hold the same segment of a capture"),

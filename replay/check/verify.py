@@ -279,10 +279,12 @@ def _arrows_chunks(f: reader.CaptureFile, cols: list[str], where: Where, out: Fi
         t = pa.Table.from_batches([batch])
         raw = t.column("raw").combine_chunks() if "raw" in t.column_names else pa.nulls(t.num_rows, pa.binary())
         yield reader.conform(t, want), (lambda raw=raw: raw)
-    damage = ip.damage()
+    damage, tail = ip.damage(), ip.tail()
     if damage and not held_by_writer(f.path):
         out.at(where, "file.damaged", f"in-progress segment: {damage}; `capture --resume` recovers the "
                "whole batches and keeps the file aside")
+    elif tail and not held_by_writer(f.path):
+        out.at(where, "file.torn_tail", f"in-progress segment: {tail}; `capture --resume` truncates it there")
 
 
 class _Frames:

@@ -1,4 +1,5 @@
-"""Finding capture files and what their footers say, without pyarrow: which files a list of
+"""Finding capture files and what their footers say, without pyarrow (and where an output may
+go: never over a capture file or into a capture directory, `output_problem`): which files a list of
 paths names (finished Parquet segments and in-progress Arrow IPC streams), what each is
 (`describe`: the dcptool metadata of its footer or stream schema), their order (started_at of
 the capture, capture_id, segment) and ranks, and what the Parquet statistics tell of a column
@@ -12,6 +13,7 @@ and the parts are not read."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import sys
@@ -19,8 +21,13 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 from dcptool.protocol.text import printable
-from dcptool.replay.store.errors import CaptureError, NotACapture, UnsupportedFormat
-from dcptool.replay.store.files import arrow_path, first_line, shown
+from dcptool.replay.store.errors import (
+    CaptureError,
+    NotACapture,
+    OutputIsCapture,
+    UnsupportedFormat,
+)
+from dcptool.replay.store.files import arrow_path, first_line, remove_quiet, shown
 from dcptool.replay.store.footers import key_values, null_state, prefetch_footers
 from dcptool.replay.store.naming import (
     DAMAGED_SUFFIX,
@@ -34,6 +41,8 @@ from dcptool.replay.store.naming import (
     PROTOCOLS,
     READABLE_VERSIONS,
     SEGMENT_NAME_RE,
+    TMP_SUFFIX,
+    is_segment_name,
     tool_version,
 )
 
@@ -283,3 +292,88 @@ def null_by_statistics(files: list[CaptureFile], column: str) -> bool | None:
             return False
         unknown = unknown or state is None
     return None if unknown else True
+
+
+# ------------------------------------------------- outputs never over a capture (issue 36)
+# Where a command's output may go: never over a capture file, never into a capture directory,
+# and written whole or not at all (`report -o`, `export -o`, `import -o`, `replay -o`; later
+# the checkpoints of `restore`).
+
+def holds_segments(directory: str) -> bool:
+    """Whether `directory` is a capture directory: it holds files named as capture segments
+    (finished, in progress, or kept aside as damaged)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return False
+    return any(is_capture_name(n) for n in names)
+
+
+def is_capture_name(name: str) -> bool:
+    """A name a capture writer or its recovery gives a file (a segment, its `.arrows` twin,
+    its `.parquet.tmp` or a damaged `.arrows.damaged[.N]` kept aside)."""
+    if is_segment_name(name):
+        return True
+    if name.endswith(TMP_SUFFIX) and is_segment_name(name[:-len(TMP_SUFFIX)]):
+        return True
+    base = name.split(DAMAGED_SUFFIX)[0]
+    return DAMAGED_SUFFIX in name and base.endswith(IN_PROGRESS_SUFFIX) and is_segment_name(base)
+
+
+def is_capture_file(path: str) -> bool:
+    """A file named as a capture file, or any file whose footer (schema) holds dcptool capture
+    metadata whatever its name."""
+    if is_capture_name(os.path.basename(path)):
+        return True
+    if not os.path.isfile(path):
+        return False
+    try:
+        describe(path)
+    except (CaptureError, OSError, ValueError):
+        return False
+    return True
+
+
+def output_problem(path: str, *, directory: bool = False, option: str = "-o") -> str | None:
+    """Why `path` may not be written as an output, or None: it is a capture file, or inside a
+    capture directory; with `directory` (the output is a directory) it is a capture directory."""
+    real = os.path.realpath(path)
+    if directory:
+        if os.path.isdir(real) and holds_segments(real):
+            return (f"{option} {shown(path)} is a capture directory: an output never goes into one; "
+                    "give another directory")
+        return None
+    if is_capture_file(real) or is_capture_name(os.path.basename(path)):
+        return f"{option} {shown(path)} is a capture file: an output never replaces one; give another path"
+    parent = os.path.dirname(real)
+    if holds_segments(parent):
+        return (f"{option} {shown(path)} is inside a capture directory ({shown(parent)}): an output never "
+                "goes into one; give another path")
+    return None
+
+
+def check_output(path: str, *, directory: bool = False, option: str = "-o") -> None:
+    """Raise OutputIsCapture (a usage error, exit 2) when `output_problem` finds one."""
+    problem = output_problem(path, directory=directory, option=option)
+    if problem is not None:
+        raise OutputIsCapture(problem)
+
+
+def temporary_name(path: str, tag: str = "tmp") -> str:
+    """A hidden name next to `path` (same directory, so a rename replaces it atomically; hidden,
+    so no reader of the directory takes it for data)."""
+    head, name = os.path.split(os.path.abspath(path))
+    return os.path.join(head, f".{name}.{tag}-{os.getpid()}")
+
+
+@contextlib.contextmanager
+def written_whole(path: str) -> Iterator[str]:
+    """Yield the temporary name to write `path` under; on a clean exit it is renamed over
+    `path`, on an error (or an interrupt) removed: a failed write leaves no partial output."""
+    tmp = temporary_name(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except BaseException:
+        remove_quiet(tmp)
+        raise

@@ -17,3 +17,8 @@ class UnsupportedFormat(CaptureError, LateUsageError):
 
 class NotACapture(CaptureError):
     """A file that holds no dcptool capture (no dcptool.* metadata, or not Parquet/Arrow)."""
+
+
+class OutputIsCapture(LateUsageError):
+    """An output path that is a capture file or inside a capture directory (outputs.py): refused
+    before anything is written, a usage error (exit 2)."""

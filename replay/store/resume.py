@@ -82,12 +82,14 @@ class VbResume:
 
 
 class Recovered(list):
-    """The paths of the segments `recover_in_progress` wrote, and in `damaged` one line per
-    in-progress file it could not read whole (kept aside as `.arrows.damaged`)."""
+    """The paths of the segments `recover_in_progress` wrote, in `damaged` one line per
+    in-progress file it could not read whole (kept aside as `.arrows.damaged`), and in `torn`
+    one line (information) per file whose torn tail it dropped."""
 
-    def __init__(self, paths=(), damaged=()):
+    def __init__(self, paths=(), damaged=(), torn=()):
         super().__init__(paths)
         self.damaged: list[str] = list(damaged)
+        self.torn: list[str] = list(torn)
 
 
 # a recovery done earlier in this process (capture's check before the protocol's resume
@@ -111,7 +113,7 @@ def recover_in_progress(directory) -> Recovered:
                 if info.get("path"):
                     done.append(info["path"])
                 if info.get("note"):
-                    done.damaged.append(info["note"])
+                    (done.torn if info.get("torn") else done.damaged).append(info["note"])
     return done
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 import fcntl
 import os
-from typing import Iterator
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -336,8 +336,11 @@ def finish_in_progress(arrows_path: str, compression: str = "zstd") -> dict | No
 
     Nothing recorded is deleted unless it was copied whole: every whole batch before the
     first unreadable byte goes into the Parquet segment, and a file with bytes that could
-    not be read (torn or damaged) is kept aside as `<name>.arrows.damaged` ("damaged" is its
-    path, "unread" the bytes not read, "note" one line saying so).
+    not be read (damaged) is kept aside as `<name>.arrows.damaged` ("damaged" is its path,
+    "unread" the bytes not read, "note" one line saying so). A torn tail (the last batch cut
+    short by a crash or a full disk, in_progress.torn_tail) is the end of the log, not damage:
+    it is dropped ("torn" the bytes, "note" one line of information, "damaged" None), as a
+    resumed stream fetches those frames again from the last durable position.
     """
     try:
         lock_fd = os.open(arrow_path(arrows_path), os.O_RDONLY)
@@ -360,7 +363,7 @@ def finish_in_progress(arrows_path: str, compression: str = "zstd") -> dict | No
             if not ip.unread:   # an empty file: killed before its first write
                 unlink_quiet(arrows_path)
                 return None
-            return _kept_aside(arrows_path, ip, None)
+            return _torn(arrows_path, ip, None) if ip.torn else _kept_aside(arrows_path, ip, None)
         try:
             seg = ParquetSegment(final, ip.schema, parquet_compression(compression))
             try:
@@ -369,7 +372,7 @@ def finish_in_progress(arrows_path: str, compression: str = "zstd") -> dict | No
                 if seg.rows == 0:
                     seg.abandon()
                     if ip.unread:
-                        return _kept_aside(arrows_path, ip, None)
+                        return _torn(arrows_path, ip, None) if ip.torn else _kept_aside(arrows_path, ip, None)
                     unlink_quiet(arrows_path)
                     return None
                 size = seg.finish()
@@ -379,12 +382,25 @@ def finish_in_progress(arrows_path: str, compression: str = "zstd") -> dict | No
         except OSError as exc:
             raise WriterError(f"cannot write capture segment {shown(final)}: {one_line(exc)}") from exc
         done = {"path": final, "rows": seg.rows, "bytes": size}
+        if ip.unread and ip.torn:
+            return _torn(arrows_path, ip, done)
         if ip.unread:
             return _kept_aside(arrows_path, ip, done)
         unlink_quiet(arrows_path)
         return dict(done, damaged=None, unread=0, note=None)
     finally:
         os.close(lock_fd)
+
+
+def _torn(arrows_path: str, ip: InProgress, done: dict[str, Any] | None) -> dict[str, Any]:
+    """The result of finishing a file whose only unread bytes are a torn tail: truncated to its
+    whole batches (in the Parquet segment), the file removed, one line of information."""
+    unlink_quiet(arrows_path)
+    fsync_dir(os.path.dirname(arrows_path) or ".")
+    into = f" into {os.path.basename(shown(done['path']))}" if done else ""
+    note = f"{os.path.basename(shown(arrows_path))}: recovered{into}: {ip.tail()}"
+    base = done or {"path": None, "rows": 0, "bytes": 0}
+    return dict(base, damaged=None, unread=0, torn=ip.unread, note=note)
 
 
 def _kept_aside(arrows_path: str, ip: InProgress, done: dict | None) -> dict:

@@ -73,8 +73,6 @@ COALESCE_MIN_ROWS = 4_096          # a batch with this many rows ...
 COALESCE_MIN_BYTES = 512 * 2**10   # ... or this many bytes is not merged (large values: no copy)
 
 
-
-
 # ----------------------------------------------------------------------------- helpers
 
 def _coalesced(batches: list) -> list:
@@ -97,7 +95,6 @@ def _coalesced(batches: list) -> list:
             out.append(b)
     end_run()
     return out
-
 
 
 class CaptureWriter:
@@ -527,36 +524,45 @@ class CaptureWriter:
         self._pending = []
         self._stop_finisher()
         self._stop_encoder()
-        notes = [self._salvage(path) for path in self._unfinished]
+        pending = sorted(self._unfinished)        # segment order (the names differ only there)
+        notes = [self._salvage(path, pending[i + 1:]) for i, path in enumerate(pending)]
         self._unfinished = []
         notes = [n for n in notes if n]
         if notes and self.error is not None and self.error.args:
             self.error.args = (f"{self.error.args[0]}; " + "; ".join(notes),) + self.error.args[1:]
 
-    def _salvage(self, arrows: str) -> str | None:
-        """Finish or remove one unfinished segment after a disk error (see above)."""
+    def _salvage(self, arrows: str, later: list[str]) -> str | None:
+        """Finish or remove one unfinished segment after a disk error (see above). `later`: the
+        unfinished segments after it, given up when it needs their room (the capture stays a
+        prefix of the stream, with no hole: a resumed capture fetches their frames again)."""
         final = final_path(arrows)
-        done = None
+        done, dropped = None, ""
         if os.path.exists(arrows):
             try:
                 done = finish_in_progress(arrows, self.compression)
             except (WriterError, OSError):
-                # no room for the Parquet file next to its in-progress copy: the rows go
-                # to memory, the copy goes, and its space takes the Parquet file
+                # no room for the Parquet file next to its in-progress copy: the later segments
+                # give theirs back, the rows go to memory, the copy goes, and its space takes
+                # the Parquet file
+                gone = [p for p in later if os.path.exists(p)]
+                for p in gone:
+                    remove_quiet(p)
+                    remove_quiet(final_path(p) + TMP_SUFFIX)
+                dropped = "".join(f"; removed {os.path.basename(p)} (the end of the capture, after it)" for p in gone)
                 done, lost = finish_from_memory(arrows, self.compression)
                 if done is None:
                     remove_quiet(final + TMP_SUFFIX)
                     return (f"removed {os.path.basename(arrows)}: its {lost} rows could not be saved"
-                            if lost else f"removed {os.path.basename(arrows)} (no whole row)")
+                            if lost else f"removed {os.path.basename(arrows)} (no whole row)") + dropped
         remove_quiet(final + TMP_SUFFIX)
         if done is None:
-            return None     # it held no whole row: finish_in_progress removed it
+            return dropped[2:] or None     # it held no whole row: finish_in_progress removed it
         if done.get("path") is None:
-            return done.get("note")     # damaged, no whole row: kept aside
+            return (done.get("note") or "") + dropped or None     # damaged or torn, no whole row
         self.segments.append({k: done[k] for k in ("path", "rows", "bytes")})
         self.segments.sort(key=lambda seg: seg["path"])
         text = f"finished {os.path.basename(shown(done['path']))} ({done['rows']} rows)"
-        return f"{text}; {done['note']}" if done.get("note") else text
+        return (f"{text}; {done['note']}" if done.get("note") else text) + dropped
 
     def _stop_finisher(self) -> None:
         if self._finisher is not None:

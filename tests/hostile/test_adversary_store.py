@@ -129,18 +129,20 @@ def test_resume_keeps_a_damaged_in_progress_file_and_every_whole_batch_before_it
 
 
 @pytest.mark.parametrize("cut", [0.5, 0.05])
-def test_a_torn_in_progress_file_is_kept_aside_not_deleted(tmp_path, cut):
-    """A file cut short (also inside its first batch: nothing whole to recover) keeps its
-    bytes: recovery writes the whole batches and renames the file aside."""
+def test_a_torn_in_progress_file_is_truncated_to_its_whole_batches(tmp_path, cut):
+    """A file cut short (also inside its first batch: nothing whole to recover) is a torn
+    tail, the end of a log (issue 36, 12): recovery writes the whole batches and removes the
+    file, with a note of information; nothing is kept aside as damaged."""
     path = _killed_capture(tmp_path)
     data = open(path, "rb").read()
     torn = data[:int(len(data) * cut)]
     open(path, "wb").write(torn)
     whole = sum(1 for end in _batch_ends_of(torn) if end <= len(torn)) * 347
     info = finish_in_progress(path)
-    assert info is not None and info["damaged"] == path + ".damaged"
-    assert open(path + ".damaged", "rb").read() == torn and not os.path.exists(path)
-    assert info["unread"] > 0 and info["rows"] == whole
+    assert info is not None and info["damaged"] is None and info["torn"] > 0
+    assert "torn tail" in info["note"] and not os.path.exists(path)
+    assert not [n for n in os.listdir(tmp_path) if ".damaged" in n]
+    assert info["rows"] == whole
     if whole:
         assert pq.read_table(info["path"]).num_rows == whole
     else:
