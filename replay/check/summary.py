@@ -6,6 +6,8 @@ config is), so memory does not grow with the capture."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -13,6 +15,9 @@ from dcptool.protocol.dcp.wire.constants import Status, stream_end_reason_name
 from dcptool.replay.store import reader
 from dcptool.replay.store.files import shown
 from dcptool.replay.timestamps import iso_ns
+
+if TYPE_CHECKING:
+    from dcptool.replay.rules.synapse_stream import PositionScan
 
 _DCP_COLUMNS = ["frame_no", "capture_id", "node", "ts", "direction", "decode_error", "op", "status",
                 "vbucket", "by_seqno", "snap_start", "snap_end", "stream_end_reason",
@@ -84,7 +89,7 @@ def summarize(paths) -> dict:
             s.chunk(f, t)
             if protocol == "synapse" and t.num_rows:
                 last_conn = t.column("conn")[-1].as_py()
-        if protocol == "synapse" and s.files[-1]["rows"]:
+        if s.syn is not None and s.files[-1]["rows"]:      # (synapse)
             # a change of connection drops the rows still waiting for a token (REPLAY.md)
             s.syn.connection((f.capture_id, last_conn))
     if protocol == "dcp":
@@ -194,7 +199,7 @@ class _Summary:
         self.rollbacks: list[dict] = []
         self.stream_ends: list[dict] = []
         # Synapse
-        self.syn = None
+        self.syn: PositionScan | None = None
         if protocol == "synapse":
             from dcptool.replay.rules.synapse_stream import PositionScan
             self.syn = PositionScan()
@@ -293,7 +298,7 @@ class _Summary:
         wanted = pc.and_(is_in, pc.fill_null(pc.is_in(cmd, value_set=pa.array(["RDATA", "POSITION"])),
                                              False))
         rel = t.filter(wanted)
-        if rel.num_rows:
+        if rel.num_rows and self.syn is not None:
             self.syn.feed(f.capture_id, rel)
 
     # -- result --------------------------------------------------------------------------
@@ -321,7 +326,7 @@ class _Summary:
             out["stream_ends"] = self.stream_ends
             out["configs"] = self.configs
             out["largest_lag"] = self.largest_lag
-        else:
+        elif self.syn is not None:      # (synapse)
             out["commands"] = kinds
             out["positions"], out["gaps"] = self.syn.result()
         out["decode_errors"] = {"count": self.decode_errors, "examples": self.error_examples}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-from typing import Iterator
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -35,8 +35,8 @@ class InProgress:
         self.good_end = 0
         self.error: str | None = None
         self._done = self.size == 0
-        self._source = None
-        self._reader = None
+        self._source: Any = None        # pyarrow's memory map and stream reader (untyped)
+        self._reader: Any = None
         if self.size == 0:
             return
         try:
