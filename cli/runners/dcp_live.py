@@ -80,7 +80,7 @@ class RowTap:
         self.streams_ended = 0
         self.rollbacks = 0
         self.ops: dict[str, int] = {}
-        self.notes = None              # collections.EventNotes when collections are on
+        self.notes: dcp_collections.EventNotes | None = None   # when collections are on
         self.watch: DcpWatch | None = None   # --metrics: told every receive batch (capture/lag.py)
 
     @property
@@ -97,7 +97,8 @@ class RowTap:
     def _vb_of(self, opaque: int):
         return self.consumer.vb_opaque.get(opaque) if self.consumer is not None else None
 
-    def columns(self, buf, offsets, lengths, ts: str, direction: str, mono_ns: int | None = None):
+    def columns(self, buf, offsets, lengths, ts: str, direction: str,
+                mono_ns: int | None = None) -> tuple[dict, int]:
         """Display columns of whole frames (replay/rows.py: the columnar decoder), numbered."""
         cols, n = frame_columns(buf, offsets, lengths, template=self.template,
                                 collections=self.consumer.collections if self.consumer is not None else False,
@@ -169,7 +170,7 @@ class EventLog:
         self.console = err_console()
         self.quiet = quiet
         self.filter_said = False
-        self.notes = None              # collections.EventNotes of the run's RowTap
+        self.notes: dcp_collections.EventNotes | None = None   # the run's RowTap's
 
     def __call__(self, e, state: DcpEvents) -> None:
         t = type(e)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from dcptool.capture.progress import ProgressCounters
 from dcptool.capture.run import NoProgress
@@ -48,6 +48,10 @@ class CaptureProgress(ProgressCounters, NullProgress):
     (update(), add(), rates(), positions_text()) drawn by rich a few times a second."""
 
     enabled = True
+
+    def update(self, **kw: Any) -> None:
+        """ProgressCounters.update (NoProgress's takes any keywords: so does this one)."""
+        ProgressCounters.update(self, **kw)
 
     def __init__(self, protocol: str, *, console=None, refresh_per_second: float = 4,
                  clock: Callable[[], float] = time.monotonic, start: bool = True):
