@@ -17,7 +17,7 @@ producer_controls.py.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -25,11 +25,20 @@ from dcptool.protocol.dcp.server.sync_writes import SYNC_KINDS, VISIBLE, snapsho
 from dcptool.protocol.dcp.wire.constants import SnapshotFlag, Status
 
 if TYPE_CHECKING:
-    from dcptool.protocol.dcp.server.bucket import Item, VBucket
+    from dcptool.protocol.dcp.server.bucket import Bucket, Item, VBucket
     from dcptool.protocol.dcp.server.manifest import Manifest
-    from dcptool.protocol.dcp.server.producer import ProducerConnection
 
 HISTORY_FLAGS = SnapshotFlag.HISTORY | SnapshotFlag.MAY_CONTAIN_DUPLICATES
+
+
+class ProducerConnection(Protocol):
+    """What this module reads of a connection (producer.ProducerConnection, which imports it)."""
+    @property
+    def controls(self) -> dict[str, str]: ...
+    @property
+    def bucket(self) -> Bucket | None: ...
+    @property
+    def sync_writes(self) -> bool: ...
 
 
 def enable_history(manifest: Manifest, names: Iterable[str]) -> None:

@@ -17,8 +17,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from dcptool.protocol.dcp.wire.constants import Status
 
@@ -26,8 +26,46 @@ if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
 
-    from dcptool.protocol.dcp.server.bucket import Bucket, Item
-    from dcptool.protocol.dcp.server.shared import ServerModel
+
+# What this module uses of the bucket, its items and the server (bucket.py and shared.py
+# import this module: they are described here, not imported)
+class SystemItem(Protocol):
+    """An item of a vbucket's history (bucket.Item)."""
+    @property
+    def seqno(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def cid(self) -> int: ...
+    @property
+    def value(self) -> bytes: ...
+
+
+class _Appended(Protocol):
+    datatype: int
+
+
+class _VBucket(Protocol):
+    def append(self, key: bytes, value: bytes, kind: str, cas: int, cid: int = ...) -> _Appended: ...
+
+
+class _Bucket(Protocol):
+    generation: int
+
+    @property
+    def vbuckets(self) -> Sequence[_VBucket]: ...
+
+    def next_cas(self) -> int: ...
+
+
+class _Server(Protocol):
+    topology_changes: int
+
+    @property
+    def stream_frames(self) -> int: ...
+
+
+_I = TypeVar("_I", bound=SystemItem)
 
 DEFAULT_ID = 0                  # _default scope and _default collection
 FIRST_USER_ID = 8               # kv_engine: ids 1-7 are reserved
@@ -124,7 +162,7 @@ class Manifest:
     def next_event_at(self) -> int | None:
         return self.events[0].at if self.events else None
 
-    def fire_due(self, frames: int, bucket: Bucket) -> int:
+    def fire_due(self, frames: int, bucket: _Bucket) -> int:
         """Apply every event due at `frames` stream frames: one system event per vbucket
         each. Returns how many fired."""
         fired = 0
@@ -136,7 +174,7 @@ class Manifest:
             bucket.generation += 1
         return fired
 
-    def _apply(self, ev: Event, bucket: Bucket) -> bool:
+    def _apply(self, ev: Event, bucket: _Bucket) -> bool:
         sid = self.scope_id(ev.scope)
         if sid is None:     # never: __init__ refused events in a scope that does not exist
             return False
@@ -167,7 +205,7 @@ class Manifest:
         return True
 
 
-def system_event_frame(vbid: int, opaque: int, it: Item) -> bytes:
+def system_event_frame(vbid: int, opaque: int, it: SystemItem) -> bytes:
     """The DCP_SYSTEM_EVENT of a collection create (key: the name; value version 0:
     manifest uid, scope id, collection id) or drop (no key, the same value)."""
     from dcptool.protocol.dcp.wire import messages as m
@@ -237,11 +275,11 @@ class Filter:
         mask = np.isin(cids, np.array(sorted(allowed), dtype=cids.dtype))
         return None if mask.all() else mask
 
-    def memory_items(self, items: list[Item], manifest: Manifest) -> tuple[list[Item], bool]:
+    def memory_items(self, items: list[_I], manifest: Manifest) -> tuple[list[_I], bool]:
         """(the items of a memory snapshot this stream gets, in order; whether the stream
         ends "filter empty" after the last of them: its last filtered collection dropped)."""
         allowed = self.allowed_ids(manifest)
-        out = []
+        out: list[_I] = []
         for it in items:
             if it.kind in ("sc", "sd"):
                 if not self.event_allowed(it.cid, manifest):
@@ -261,7 +299,7 @@ def next_event_at(bucket: object) -> int | None:
     return None if manifest is None else manifest.next_event_at()
 
 
-def fire_due(server: ServerModel, bucket: Bucket | None) -> None:
+def fire_due(server: _Server, bucket: object) -> None:
     """Scripted manifest events due at the server's stream frame count; wakes every
     connection when one fired (the transports watch `topology_changes`)."""
     manifest = getattr(bucket, "manifest", None)

@@ -19,7 +19,7 @@ producer_streams.py (the disk branch of Stream.refill)."""
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -28,10 +28,28 @@ from dcptool.protocol.dcp.wire import messages as m
 
 if TYPE_CHECKING:
     from dcptool.protocol.dcp.server.bucket import VBucket
-    from dcptool.protocol.dcp.server.streams import Stream
+    from dcptool.protocol.dcp.server.manifest import Filter
 
 # a piece of a backfill: ("frames", encoded frames) or ("records", fixed-size mutation records)
 Segment = Union[tuple[Literal["frames"], list[bytes]], tuple[Literal["records"], npt.NDArray[np.void]]]
+
+
+
+class Stream(Protocol):
+    """What this module reads of a stream (streams.Stream, which imports it)."""
+    @property
+    def conn(self) -> Any: ...          # producer.ProducerConnection
+    @property
+    def vb(self) -> VBucket: ...
+    @property
+    def opaque(self) -> int: ...
+    @property
+    def cursor(self) -> int: ...
+    @property
+    def first_marker(self) -> bool: ...
+    @property
+    def flt(self) -> Filter | None: ...
+
 
 OSO_START, OSO_END = 0x01, 0x02
 MODES = ("true", "true_with_seqno_advanced")

@@ -8,16 +8,13 @@ import collections
 import dataclasses
 import hashlib
 import math
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from dcptool.protocol.dcp.server.bucket import Bucket
 from dcptool.protocol.dcp.server.cluster import Change, Cluster, Event, notifications
 from dcptool.protocol.dcp.server.manifest import Manifest
 from dcptool.protocol.dcp.wire import sasl
 from dcptool.protocol.dcp.wire.constants import StreamEndReason
-
-if TYPE_CHECKING:
-    from dcptool.protocol.dcp.server.producer import ProducerConnection
 
 STATS_KEPT = 1000      # per-connection stats kept (the newest)
 
@@ -43,13 +40,14 @@ class ServerModel:
     """What all connections of one server share: buckets, users, scenario state.
     `connection_class` (producer.ProducerConnection, set there) makes each connection."""
 
-    connection_class: ClassVar[type[ProducerConnection] | None] = None
+    # producer.ProducerConnection (producer.py imports this module: connections are duck-typed here)
+    connection_class: ClassVar[type[Any] | None] = None
 
     def __init__(self, buckets: list[Bucket], users: dict[str, str] | None = None,
                  scenarios: Scenarios | None = None, seed: int = 0, cluster: Cluster | None = None):
         self.buckets = {b.name: b for b in buckets}
         self.cluster = cluster          # None: a single node, made when the transport binds
-        self.connections: set[ProducerConnection] = set()   # open ones
+        self.connections: set[Any] = set()   # open ones
         self.topology_changes = 0       # transports wake every connection when this moves
         self.scenarios = scenarios or Scenarios()
         self.users = dict(users or {})
@@ -58,7 +56,7 @@ class ServerModel:
             for mech in sasl.SCRAM_HASHES:
                 salt = hashlib.sha256(f"{seed}:{user}:{mech}".encode()).digest()[:16]
                 self._creds[(user, mech)] = sasl.ScramCredentials.derive(mech, password, salt, 4096)
-        self.connections_by_name: dict[tuple[Any, ...], ProducerConnection] = {}
+        self.connections_by_name: dict[tuple[Any, ...], Any] = {}
         self.stream_frames = 0          # stream frames sent by every connection together
         self.failover_done = False
         self.disconnect_done = False
@@ -94,7 +92,7 @@ class ServerModel:
         cl = self.cluster
         return cl if cl is not None and cl.bucket is bucket else None
 
-    def connect(self, now: float, node: int = 0) -> ProducerConnection:
+    def connect(self, now: float, node: int = 0) -> Any:
         self.accepted += 1
         make = self.connection_class
         assert make is not None, "producer.py sets ServerModel.connection_class"
