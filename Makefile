@@ -11,6 +11,7 @@ demo:
 
 test:
 	@bash scripts/setup.sh --test
+	@bash scripts/lint.sh
 	@$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 bench:

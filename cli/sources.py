@@ -57,7 +57,7 @@ def capture_paths(captures) -> list[str]:
     """CAPTURE arguments of `inspect`, `replay` and the like: paths, and `-` for paths read
     from stdin (one per line)."""
     import click
-    out = []
+    out: list[str] = []
     for c in captures:
         if c == "-":
             out.extend(line.strip() for line in sys.stdin if line.strip())

@@ -98,12 +98,13 @@ def apply_error_text(exc: BaseException) -> str | None:
     one `dcptool:` line; None when there is none."""
     import re
     seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        m = re.search(re.escape(APPLY_MARK) + r"([^\n]*)", str(exc))
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        m = re.search(re.escape(APPLY_MARK) + r"([^\n]*)", str(cur))
         if m:
             return "--apply " + m.group(1).strip()
-        exc = exc.__cause__ or exc.__context__
+        cur = cur.__cause__ or cur.__context__
     return None
 
 

@@ -177,7 +177,8 @@ def _controls(t: pa.Table, gconn, incoming, opcode):
             answered.add(g)      # a connection's first answer (the set-up's); later ones are lag polls
             try:
                 msg = m.decode_bytes(r["raw"])
-                vb_seqnos.append({int(v): int(s) for v, s in msg.seqnos})
+                if isinstance(msg, m.GetAllVbSeqnosResponse):   # else a damaged answer: not served
+                    vb_seqnos.append({int(v): int(s) for v, s in msg.seqnos})
             except Exception:  # noqa: BLE001 - a damaged answer is not served
                 pass
         elif r["opcode"] == Opcode.DCP_GET_FAILOVER_LOG and is_in and r["failover_log"] and r["vbucket"] is not None:

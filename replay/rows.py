@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import gc
+from typing import Any
 
 import orjson
 
@@ -65,7 +66,8 @@ _SASL_OPS = ("sasl_auth", "sasl_step")
 
 def _key_columns(keys: list, n: int) -> tuple[list, list]:
     """`key` as text and `key_base64` for the keys that are not UTF-8 (output contract)."""
-    text, b64 = [None] * n, [None] * n
+    text: list[str | None] = [None] * n
+    b64: list[str | None] = [None] * n
     for i, k in enumerate(keys):
         if k is not None:
             try:
@@ -96,7 +98,9 @@ def frame_columns(buf, offsets, lengths, *, template: dict, collections: bool = 
         for i in sasl:
             cols["raw"][i] = mask_sasl_credentials(bytes(cols["raw"][i]))
     if values and "value_len" in cols:
-        vals, b64s, errs = [None] * n, [None] * n, [None] * n
+        vals: list[Any] = [None] * n
+        b64s: list[Any] = [None] * n
+        errs: list[Any] = [None] * n
         dts = cols.get("datatype") or [None] * n
         masked = set(sasl)
         for i, (vl, off, ln) in enumerate(zip(cols["value_len"], offsets.tolist(), lengths.tolist())):
@@ -116,7 +120,7 @@ def frame_columns(buf, offsets, lengths, *, template: dict, collections: bool = 
 
 def rows_of(cols: dict, n: int, template: dict) -> list[dict]:
     """One dict per frame from frame_columns' result, with every key of `template` in order."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     append = rows.append
     present = [name for name in template if name in cols]
     for values in zip(*(cols[name] for name in present)):
@@ -133,7 +137,8 @@ def jsonl_of(cols: dict, n: int, template: dict) -> bytes:
     `template` (the order of keys within a line is not part of the contract)."""
     if n == 0:
         return b""
-    fixed, varying = {}, []
+    fixed: dict[str, Any] = {}
+    varying: list[str] = []
     for name in template:
         col = cols.get(name)
         if col is None:

@@ -5,11 +5,18 @@ the epoch as RFC 3339 UTC with exactly nine fraction digits and `Z`. The CLI pri
 from __future__ import annotations
 
 import time
+from typing import overload
 
 _NS = 1_000_000_000
-_last_sec: list = [None, ""]
+_last_sec: list[int | str | None] = [None, ""]
 
 
+@overload
+def iso_ns(ns: int) -> str: ...
+@overload
+def iso_ns(ns: None) -> None: ...
+@overload
+def iso_ns(ns: int | None) -> str | None: ...
 def iso_ns(ns: int | None) -> str | None:
     """Nanoseconds since the epoch as RFC 3339 UTC with exactly 9 fraction digits and `Z`
     (`2026-11-25T01:20:42.123456789Z`); None stays None. The one timestamp format of every

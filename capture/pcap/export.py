@@ -138,15 +138,17 @@ class Exporter:
         ts = t.column("ts").cast("int64").to_pylist()
         out = [d == "out" for d in t.column("direction").to_pylist()]
         raw = t.column("raw").to_pylist()
-        chan = t.column("channel").to_pylist() if "channel" in t.column_names else [None] * len(raw)
+        chan: list[str | None] = (t.column("channel").to_pylist() if "channel" in t.column_names
+                                  else [None] * len(raw))
         for i in range(len(raw)):
             data = raw[i] or b""
+            channel = chan[i]
             if self.protocol == "dcp":
                 port = DCP_PORT
-            elif chan[i] is None:
+            elif channel is None:
                 data, port = data + b"\n", SYNAPSE_PORT
             else:
-                ch = chan[i].encode()
+                ch = channel.encode()
                 data = _resp(b"PUBLISH", ch, data) if out[i] else _resp(b"message", ch, data)
                 port = REDIS_PORT
             self.frame((cid[i], conn[i]), node[i], ts[i] or 0, out[i], data, port)

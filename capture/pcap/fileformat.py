@@ -121,7 +121,7 @@ def _pcap_records(fh, state: Truncated) -> Iterator[tuple[int, int, memoryview, 
         yield sec * 1_000_000_000 + frac * unit, linktype, data, wire
 
 
-def _ng_interface(buf: bytes, le: bool) -> tuple[int, int, int]:
+def _ng_interface(buf: bytes, le: bool) -> tuple[int, tuple[int, int, int]]:
     """(linktype, ns per timestamp unit numerator/denominator as (mul, div)) of an IDB."""
     idb = ng.InterfaceDescriptionBlockLE(buf) if le else ng.InterfaceDescriptionBlock(buf)
     mul, div, offset = 1_000, 1, 0     # default resolution: microseconds
@@ -242,7 +242,7 @@ def _joined(records) -> Iterator[PacketBatch]:
     """Packets one at a time (pcapng) gathered by link type into batches over one buffer."""
     parts: list = []
     ts: list = []
-    kind, size = None, 0
+    kind, size = -1, 0          # (kind: set by the first record, before any batch)
     for t, linktype, data, _wire in records:
         if parts and (linktype != kind or size >= CHUNK):
             yield _batch(kind, parts, ts)

@@ -324,7 +324,8 @@ class RespFramer:
             if m.start():
                 self.sink.fragment(self.conn, self.out, buf[:m.start()], ts, f"{self.resync}: not a whole RESP value")
             buf, self.resync = buf[m.start():], None
-        pos, lines = 0, []
+        pos = 0
+        lines: list[tuple[str, bytes]] = []     # (channel, line)
         while True:
             got = _resp_value(buf, pos)
             if got is None:

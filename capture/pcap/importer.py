@@ -66,7 +66,7 @@ class _Flow:
         self.dirs = {True: tcp.Direction(pool=pool), False: tcp.Direction(pool=pool)}
         self.proto: str | None = None
         self.framers: dict = {}
-        self.fins = set()
+        self.fins: set[bool] = set()     # the directions (from the client?) that sent a FIN
         self.last_ts = 0
 
 

@@ -37,6 +37,10 @@ class Sink:
         self.rows = 0
         self.written = 0
 
+    def _build(self, pieces: list) -> list:
+        """The held pieces as tables (each protocol's sink builds its own rows)."""
+        raise NotImplementedError
+
     def conn(self, node: str) -> _Conn:
         c = _Conn(len(self.conns) + 1, node)
         self.conns[c.no] = c

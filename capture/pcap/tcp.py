@@ -44,10 +44,12 @@ class Direction:
         self.fin_at: int | None = None    # the offset of this direction's FIN (it takes one number)
 
     def _offset(self, seq: int) -> int:
-        """seq unwrapped to the offset nearest to `next`."""
-        cur = (self.base + self.next) & 0xFFFFFFFF
+        """seq unwrapped to the offset nearest to `next` (the stream has started)."""
+        nxt = self.next
+        assert nxt is not None, "a started stream"
+        cur = (self.base + nxt) & 0xFFFFFFFF
         d = ((seq - cur + 0x80000000) & 0xFFFFFFFF) - 0x80000000
-        return self.next + d
+        return nxt + d
 
     def syn(self, seq: int) -> None:
         if self.next is None:
@@ -93,21 +95,25 @@ class Direction:
         self._drain(out)
 
     def _drain(self, out: list) -> None:
+        nxt = self.next
+        assert nxt is not None, "a started stream"
         while self.pending:
             start = min(self.pending)
-            if start > self.next:
+            if start > nxt:
                 return
             data = self.pending.pop(start)
             self.pending_bytes -= len(data)
             self.pool.add(-len(data))
             end = start + len(data)
-            if end > self.next:
-                out.append((DATA, data[self.next - start:]))
-                self.next = end
+            if end > nxt:
+                out.append((DATA, data[nxt - start:]))
+                self.next = nxt = end
 
     def _skip_to(self, offset: int, out: list) -> None:
-        if offset > self.next:
-            n = offset - self.next
+        nxt = self.next
+        assert nxt is not None, "a started stream"
+        if offset > nxt:
+            n = offset - nxt
             out.append((GAP, n))
             self.gaps += 1
             self.lost_bytes += n

@@ -53,7 +53,7 @@ class EventLog:
         self.console = err_console()
         self.quiet = quiet
         self.filter_said = False
-        self.notes = None              # collections.EventNotes of the run's RowTap
+        self.notes: dcp_collections.EventNotes | None = None   # the run's RowTap's
 
     def __call__(self, e, state: DcpEvents) -> None:
         t = type(e)

@@ -7,7 +7,7 @@ text from the other side (`printable`); DCP keys as text / values as JSON
 from __future__ import annotations
 
 import sys
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import orjson
 
@@ -17,6 +17,9 @@ from dcptool.live.stdout_pipe import private_pipe_fd, write_pipe
 from dcptool.protocol.text import printable
 from dcptool.replay.display import JSONL_OPTS, dcp_display, json_default, jsonl_bytes
 from dcptool.replay.timestamps import iso_ns
+
+if TYPE_CHECKING:
+    from dcptool.cli.view.table import TextTable
 
 FORMATS = ("table", "jsonl", "text")
 
@@ -61,7 +64,7 @@ class Sink:
             if self._fd is not None:
                 self.out.flush()   # what was printed before the rows comes first
         self._table_rows: list[dict] = []
-        self._table = None
+        self._table: TextTable | None = None
         self.title = title
         self.count = 0
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from rich.live import Live
 from rich.table import Table
@@ -54,6 +54,10 @@ class CaptureProgress(ProgressCounters, NullProgress):
     (update(), add(), rates(), positions_text()) drawn by rich a few times a second."""
 
     enabled = True
+
+    def update(self, **kw: Any) -> None:
+        """ProgressCounters.update (NoProgress's takes any keywords: so does this one)."""
+        ProgressCounters.update(self, **kw)
 
     def __init__(self, protocol: str, *, console=None, refresh_per_second: float = 4,
                  clock: Callable[[], float] = time.monotonic, start: bool = True):

@@ -87,7 +87,9 @@ def _fold(s: str, w: int) -> list[str]:
     if s.isascii():
         return [s[i:i + w] for i in range(0, len(s), w)] or [""]
     from rich.cells import get_character_cell_size
-    out, cur, n = [], [], 0
+    out: list[str] = []
+    cur: list[str] = []
+    n = 0
     for ch in s:
         cw = get_character_cell_size(ch)
         if n + cw > w and cur:
@@ -186,8 +188,8 @@ class TextTable:
             remaining -= widths[i]
         return widths, [w and widths[i] < nat[i] for i, w in enumerate(wrap)]
 
-    def _fits(self, nat: list[int]) -> bool:
-        return sum(nat) + len(SEP) * (len(nat) - 1) <= self.width
+    def _fits(self, nat: list[int], width: int) -> bool:
+        return sum(nat) + len(SEP) * (len(nat) - 1) <= width
 
     def _least(self, c: str, n: int) -> int:
         """The narrowest column `c` (natural width n) may be on a terminal."""
@@ -201,25 +203,26 @@ class TextTable:
         """(widths, wrap, bands) of the columns `shown`: one line when they fit the width at
         their narrowest and no value is cut that bands would show whole, else bands of whole
         columns, each fitting an (indented) line, a value ending its band."""
-        if self.width is None:
+        width = self.width
+        if width is None:
             return nat, [False] * len(nat), None
         least = [self._least(c, n) for c, n in zip(shown, nat)]
-        if not self._fits(least):
-            return self._bands(shown, nat, least)
-        widths, wrap = self._layout(shown, nat, self.width)
+        if not self._fits(least, width):
+            return self._bands(shown, nat, least, width)
+        widths, wrap = self._layout(shown, nat, width)
         values = [i for i, c in enumerate(shown) if c in ELIDE]
         if all(widths[i] >= nat[i] for i in values) or values[-1] == len(shown) - 1:
             return widths, wrap, None
-        banded = self._bands(shown, nat, least)
+        banded = self._bands(shown, nat, least, width)
         if all(banded[0][i] >= nat[i] for i in values):   # the value whole on its line
             return banded
         return widths, wrap, None
 
-    def _bands(self, shown: list[str], nat: list[int], least: list[int]):
+    def _bands(self, shown: list[str], nat: list[int], least: list[int], width: int):
         bands: list[list[int]] = [[]]
         used = 0
         for i, n in enumerate(least):
-            room = self.width - (len(INDENT) if len(bands) > 1 else 0)
+            room = width - (len(INDENT) if len(bands) > 1 else 0)
             add = n + (len(SEP) if bands[-1] else 0)
             # a value ends its band: it takes the rest of that line
             if bands[-1] and (used + add > room or shown[bands[-1][-1]] in ELIDE):
@@ -229,11 +232,11 @@ class TextTable:
             bands[-1].append(i)
             used += add
         if len(bands) == 1:
-            return self._layout(shown, nat, self.width) + (None,)
+            return self._layout(shown, nat, width) + (None,)
         widths, wrap = list(nat), [False] * len(nat)
         for b, idx in enumerate(bands):
             w, f = self._layout([shown[i] for i in idx], [nat[i] for i in idx],
-                                self.width - (len(INDENT) if b else 0))
+                                width - (len(INDENT) if b else 0))
             for i, wi, fi in zip(idx, w, f):
                 widths[i], wrap[i] = wi, fi
         return widths, wrap, bands
@@ -258,7 +261,7 @@ class TextTable:
         header again), else one of this batch's own: its widths, and the columns empty in
         all of its rows take no room."""
         nat = [self.natural[c] for c in present]
-        if self.width is None or self._fits(nat):
+        if self.width is None or self._fits(nat, self.width):
             return (present, columns) + self._plan(present, nat)
         keep = [j for j, cells in enumerate(columns) if any(cells)] or list(range(len(present)))
         if self.shown and all(present[j] in self.shown for j in keep):
@@ -307,13 +310,10 @@ class TextTable:
             specs[-1] = "{}"   # no trailing blanks
         line_fmt = SEP.join(specs) + "\n"
         folding = [j for j, f in enumerate(wrap) if f]
-        if folding:
-            long_rows = set()
-            for j in folding:
-                w = widths[j]
-                long_rows.update(i for i, x in enumerate(columns[j]) if len(x) > w and _width(x) > w)
-        else:
-            long_rows = ()
+        long_rows: set[int] = set()
+        for j in folding:
+            w = widths[j]
+            long_rows.update(i for i, x in enumerate(columns[j]) if len(x) > w and _width(x) > w)
         for i, row in enumerate(zip(*columns)):
             if i in long_rows:
                 parts.append(self._folded(row, present, widths, wrap, right))
@@ -337,7 +337,7 @@ class TextTable:
         """One row over its bands: the first line(s) as usual, then each band that has a
         value in this row, indented."""
         out = []
-        for b, idx in enumerate(self.bands):
+        for b, idx in enumerate(self.bands or []):   # (a banded layout)
             cells = [row[i] for i in idx]
             if b and not any(cells):
                 continue

@@ -14,23 +14,24 @@ import operator
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 _first, _second, _third, _fourth, _fifth = (operator.itemgetter(i) for i in range(5))
-_BLANK = [b"", None, None, b"batch", b""]
+# the fields of a line off the RDATA fast path: placeholders (callers parse that line by itself)
+_BLANK = [b"", b"", b"", b"batch", b""]
 
 
 @dataclasses.dataclass(slots=True)
 class SplitLines:
     lines: list[bytes]
-    parts: list[list]
+    parts: list[list[bytes]]
     slow: list[int]                 # sorted indices of lines not on the RDATA fast path
     tokens: list[int | None]        # RDATA token (None for batch and for slow lines)
 
-    def streams(self) -> list:
+    def streams(self) -> list[bytes]:
         return list(map(_second, self.parts))
 
-    def instances(self) -> list:
+    def instances(self) -> list[bytes]:
         return list(map(_third, self.parts))
 
-    def rows(self) -> list:
+    def rows(self) -> list[bytes]:
         return list(map(_fifth, self.parts))
 
 
@@ -45,7 +46,7 @@ def split_lines(lines: list[bytes]) -> SplitLines:
             parts[i] = _BLANK
     toks = list(map(_fourth, parts))
     try:
-        tokens = [None if t == b"batch" else int(t) for t in toks]
+        tokens: list[int | None] = [None if t == b"batch" else int(t) for t in toks]
         if max(map(len, toks), default=0) > 18:  # may not fit the int64 token column
             raise ValueError
     except ValueError:
@@ -89,7 +90,7 @@ class Scan:
         arr = self.arr = np.frombuffer(buf, np.uint8)
         nl = np.flatnonzero(arr == 10)
         n = self.n = len(nl)
-        self._lines = None
+        self._lines: list[bytes] | None = None
         starts = np.empty(n, np.int64)
         if n:
             starts[0] = 0

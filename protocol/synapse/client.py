@@ -21,10 +21,11 @@ bulk.py) because it runs for every line of a capture.
 from __future__ import annotations
 
 import dataclasses
+from typing import Union
 
 from dcptool.protocol.errors import ErrorCode, RemoteError
 from dcptool.protocol.synapse import commands as C
-from dcptool.protocol.synapse.bulk import SplitLines, split_lines
+from dcptool.protocol.synapse.bulk import Scan, SplitLines, split_lines
 from dcptool.protocol.text import printable
 
 PING_INTERVAL = 5.0
@@ -56,7 +57,7 @@ class ServerName:
     name: str
 
 
-Event = "Gap | ServerError | ServerName"
+Event = Union[Gap, ServerError, ServerName]
 
 
 class SynapseClient:
@@ -143,7 +144,7 @@ class SynapseClient:
         return []
 
     # -- receiving --------------------------------------------------------------------------
-    def receive(self, lines: list[bytes], now: float, split: SplitLines | None = None) -> list:
+    def receive(self, lines: list[bytes], now: float, split: SplitLines | None = None) -> list[Event]:
         """Feed received lines (without newline); ``split`` is ``split_lines(lines)`` when
         the caller already has it. Returns events (Gap, ServerError, ServerName). A
         condition we cannot continue from is left in ``self.error`` after all lines were
@@ -153,7 +154,7 @@ class SynapseClient:
         self._last_recv = now
         if split is None:
             split = split_lines(lines)
-        events: list = []
+        events: list[Event] = []
         committed = self._committed
         pending = self._pending
         slow = split.slow
@@ -178,7 +179,7 @@ class SynapseClient:
             start = stop + 1
         return events
 
-    def receive_scan(self, scan, now: float) -> list:
+    def receive_scan(self, scan: Scan, now: float) -> list[Event]:
         """Like ``receive`` for a bulk.Scan block; a block of only well-formed RDATA lines is
         applied with numpy (last numeric token per key, batch rows after it pending)."""
         if scan.n == 0:
@@ -207,7 +208,7 @@ class SynapseClient:
                 self._pending[key] = self._pending.get(key, 0) + int(counts[u])
         return []
 
-    def _other(self, line: bytes, events: list) -> None:
+    def _other(self, line: bytes, events: list[Event]) -> None:
         try:
             cmd = C.parse_line(line.decode("utf-8"))
         except (UnicodeDecodeError, RemoteError):

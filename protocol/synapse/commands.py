@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import ClassVar, Union
+from typing import Any, ClassVar, Protocol, TypeVar, Union
 
 from dcptool.protocol.errors import ErrorCode, LocalError, RemoteError
 from dcptool.protocol.text import printable
@@ -52,7 +52,7 @@ def json_too_deep(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
-def loads_bounded(text: str | bytes):
+def loads_bounded(text: str | bytes) -> Any:
     """json.loads refusing (ValueError) nesting deeper than MAX_JSON_DEPTH."""
     if json_too_deep(text):
         raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
@@ -62,7 +62,7 @@ def loads_bounded(text: str | bytes):
         raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
 
 
-def encode_json(value) -> str:
+def encode_json(value: object) -> str:
     return _ENCODER.encode(value)
 
 
@@ -87,11 +87,14 @@ def _split(rest: str, n: int, cmd: str, form: str) -> list[str]:
     return parts
 
 
-def _json(text: str, cmd: str):
+def _json(text: str, cmd: str) -> Any:
     try:
         return loads_bounded(text)
     except ValueError as exc:
         raise RemoteError(ErrorCode.BAD_COMMAND, f"{cmd}: invalid JSON: {exc}") from None
+
+
+_S = TypeVar("_S", bound="_Simple")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -101,7 +104,7 @@ class _Simple:
     NAME: ClassVar[str] = ""
 
     @classmethod
-    def from_line(cls, rest: str):
+    def from_line(cls: type[_S], rest: str) -> _S:
         return cls(rest)
 
     def to_line(self) -> str:
@@ -168,7 +171,7 @@ class Replicate:
     NAME: ClassVar[str] = "REPLICATE"
 
     @classmethod
-    def from_line(cls, rest: str):
+    def from_line(cls, rest: str) -> Replicate:
         return cls(True)
 
     def to_line(self) -> str:
@@ -186,13 +189,13 @@ class Rdata:
     NAME: ClassVar[str] = "RDATA"
 
     @classmethod
-    def from_line(cls, rest: str):
+    def from_line(cls, rest: str) -> Rdata:
         stream, instance, token, row = _split(rest, 4, "RDATA", "<stream> <instance> <token> <row>")
         tok = None if token == "batch" else _int(token, "token", "RDATA")
         return cls(stream, instance, tok, row)
 
     @classmethod
-    def make(cls, stream: str, instance: str, token: int | None, row) -> "Rdata":
+    def make(cls, stream: str, instance: str, token: int | None, row: object) -> Rdata:
         return cls(stream, instance, token, encode_json(row))
 
     def to_line(self) -> str:
@@ -200,7 +203,7 @@ class Rdata:
         return f"{self.stream} {self.instance} {tok} {self.row_json}"
 
     @property
-    def row(self):
+    def row(self) -> Any:
         return _json(self.row_json, "RDATA")
 
     @property
@@ -219,7 +222,7 @@ class Position:
     NAME: ClassVar[str] = "POSITION"
 
     @classmethod
-    def from_line(cls, rest: str):
+    def from_line(cls, rest: str) -> Position:
         stream, instance, prev, new = _split(rest, 4, "POSITION",
                                              "<stream> <instance> <prev_token> <new_token>")
         return cls(stream, instance, _int(prev, "prev_token", "POSITION"),
@@ -240,7 +243,7 @@ class UserSync:
     NAME: ClassVar[str] = "USER_SYNC"
 
     @classmethod
-    def from_line(cls, rest: str):
+    def from_line(cls, rest: str) -> UserSync:
         inst, user, device, state, last = _split(
             rest, 5, "USER_SYNC", "<instance_id> <user_id> <device_id> start|end <last_sync_ms>")
         if state not in ("start", "end"):
@@ -261,7 +264,7 @@ class FederationAck:
     NAME: ClassVar[str] = "FEDERATION_ACK"
 
     @classmethod
-    def from_line(cls, rest: str):
+    def from_line(cls, rest: str) -> FederationAck:
         parts = rest.split(" ")
         if len(parts) != 2:
             raise RemoteError(ErrorCode.BAD_COMMAND, f"FEDERATION_ACK: expected <instance> <token>, got {rest!r}")
@@ -280,7 +283,7 @@ class UserIp:
     NAME: ClassVar[str] = "USER_IP"
 
     @classmethod
-    def from_line(cls, rest: str):
+    def from_line(cls, rest: str) -> UserIp:
         user, text = _split(rest, 2, "USER_IP", "<user_id> <json>")
         value = _json(text, "USER_IP")
         if not isinstance(value, list) or len(value) != 5:
@@ -288,14 +291,15 @@ class UserIp:
         return cls(user, text)
 
     @classmethod
-    def make(cls, user_id, access_token, ip, user_agent, device_id, last_seen) -> "UserIp":
+    def make(cls, user_id: str, access_token: str, ip: str, user_agent: str, device_id: str | None,
+             last_seen: int) -> UserIp:
         return cls(user_id, encode_json([access_token, ip, user_agent, device_id, last_seen]))
 
     def to_line(self) -> str:
         return f"{self.user_id} {self.json_text}"
 
     @property
-    def fields(self) -> dict:
+    def fields(self) -> dict[str, Any]:
         token, ip, ua, device, last = loads_bounded(self.json_text)
         return {"access_token": token, "ip": ip, "user_agent": ua, "device_id": device,
                 "last_seen": last}
@@ -308,7 +312,7 @@ class LockReleased:
     NAME: ClassVar[str] = "LOCK_RELEASED"
 
     @classmethod
-    def from_line(cls, rest: str):
+    def from_line(cls, rest: str) -> LockReleased:
         value = _json(rest, "LOCK_RELEASED")
         if not isinstance(value, list) or len(value) != 3:
             raise RemoteError(ErrorCode.BAD_COMMAND, "LOCK_RELEASED: expected a JSON array of 3 items")
@@ -318,7 +322,7 @@ class LockReleased:
         return self.json_text
 
     @property
-    def fields(self) -> dict:
+    def fields(self) -> dict[str, Any]:
         inst, name, key = loads_bounded(self.json_text)
         return {"instance": inst, "lock_name": name, "lock_key": key}
 
@@ -341,7 +345,14 @@ Command = Union[Server, Rdata, Position, Error, Ping, Name, Replicate, UserSync,
                 FederationAck, UserIp, RemoteServerUp, LockReleased, NewActiveTask, CancelTask,
                 Unknown]
 
-COMMANDS: dict[str, type] = {c.NAME: c for c in (
+class _CommandClass(Protocol):
+    """A known command's class: its word and the parser of the text after it."""
+    NAME: str
+
+    def from_line(self, rest: str) -> Command: ...
+
+
+COMMANDS: dict[str, _CommandClass] = {c.NAME: c for c in (
     Server, Rdata, Position, Error, Ping, Name, Replicate, UserSync, ClearUserSync,
     FederationAck, UserIp, RemoteServerUp, LockReleased, NewActiveTask, CancelTask)}
 

@@ -16,7 +16,9 @@ an argument."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
+from dcptool.protocol.synapse.client import PING_INTERVAL, PING_TIMEOUT
 from dcptool.protocol.synapse.server import ServerConnection
 
 DEFAULT_STALL = 5.0
@@ -81,9 +83,11 @@ class PlaybackSession:
     """One client connection: connect(), receive(), tick() as server.ServerConnection, and
     pull(now) -> (lines to send, close?)."""
 
-    def __init__(self, feed: PlaybackFeed, server_name: str, **kw):
+    def __init__(self, feed: PlaybackFeed, server_name: str, *, ping_interval: float = PING_INTERVAL,
+                 timeout: float = PING_TIMEOUT, wall_ms: Callable[[], int] | None = None):
         self.feed = feed
-        self.conn = ServerConnection(server_name, _NoFeed(), **kw)
+        self.conn = ServerConnection(server_name, _NoFeed(), ping_interval=ping_interval, timeout=timeout,
+                                     wall_ms=wall_ms)
         self.started = False
         self.anchor: tuple[float, int] | None = None
         self.next_due: float | None = None

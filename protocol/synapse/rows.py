@@ -7,6 +7,8 @@ On SQLite, booleans may arrive as 0/1; they are passed through as received.
 
 from __future__ import annotations
 
+from typing import Any
+
 from dcptool.protocol.synapse.commands import loads_bounded
 
 # stream name -> field names of its row type, in wire order
@@ -43,8 +45,8 @@ EVENT_ROW_FIELDS: dict[str, tuple[str, ...]] = {
 STREAMS: tuple[str, ...] = ("events",) + tuple(STREAM_FIELDS)
 
 
-def name_fields(names: tuple[str, ...], values) -> dict:
-    out = {}
+def name_fields(names: tuple[str, ...], values: object) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     if not isinstance(values, list):
         return {"value": values}
     for i, v in enumerate(values):
@@ -52,7 +54,7 @@ def name_fields(names: tuple[str, ...], values) -> dict:
     return out
 
 
-def decode_row(stream: str, row_json: str) -> dict:
+def decode_row(stream: str, row_json: str) -> dict[str, Any]:
     """Named fields of one RDATA row. Unknown streams give ``field0, field1 ...``; the events
     stream gives ``row_type`` plus the fields of that row type. Raises ValueError on bad
     JSON, and on JSON nested deeper than commands.MAX_JSON_DEPTH."""

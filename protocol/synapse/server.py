@@ -17,7 +17,7 @@ import hashlib
 import json
 import random
 import urllib.parse
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Protocol
 
 from dcptool.protocol.errors import RemoteError
 from dcptool.protocol.synapse import commands as C
@@ -206,12 +206,19 @@ def recorded_lines(text: str) -> list[str]:
     return out
 
 
+class Positions(Protocol):
+    """What a connection asks of its feed: the POSITION lines that answer REPLICATE (Feed;
+    playback's recorded lines carry their own)."""
+
+    def positions(self) -> list[str]: ...
+
+
 @dataclasses.dataclass
 class ServerConnection:
     """One client connection, sans-IO. ``connect`` gives the greeting; ``receive`` the
     answers to the client's lines; ``tick`` the keep-alive."""
     server_name: str
-    feed: Feed
+    feed: Positions
     ping_interval: float = PING_INTERVAL
     timeout: float = PING_TIMEOUT
     max_line: int = MAX_LINE
@@ -221,7 +228,7 @@ class ServerConnection:
     _last_sent: float = 0.0
     _last_recv: float = 0.0
     _ping_seen: bool = False
-    wall_ms: "object" = None  # callable giving wall-clock ms; None: derive from `now`
+    wall_ms: Callable[[], int] | None = None  # gives wall-clock ms; None: derive from `now`
 
     def _ms(self, now: float) -> int:
         return self.wall_ms() if self.wall_ms is not None else int(now * 1000)

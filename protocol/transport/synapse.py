@@ -13,7 +13,7 @@ import asyncio
 import logging
 import ssl as ssl_mod
 import time
-from typing import Callable, Protocol
+from typing import Any, Awaitable, Callable, ParamSpec, Protocol, TypeVar
 
 from dcptool.protocol.errors import (
     ConnectFailed,
@@ -26,11 +26,15 @@ from dcptool.protocol.synapse import commands as C
 from dcptool.protocol.synapse.bulk import Scan, SplitLines, split_lines
 from dcptool.protocol.synapse.client import SynapseClient
 from dcptool.protocol.synapse.framing import MAX_LINE, LineFramer
+from dcptool.protocol.synapse.server import Feed, ServerConnection
 from dcptool.protocol.text import printable
 
 log = logging.getLogger("dcptool.synapse")
 
 READ_SIZE = 1 << 20
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 class Handler(Protocol):
@@ -41,7 +45,7 @@ class Handler(Protocol):
     def block(self, direction: str, scan: Scan, *, conn: int, ts_ns: int, mono_ns: int,
               channel: str | None = None) -> None: ...
 
-    def events(self, events: list) -> None: ...
+    def events(self, events: list[Any]) -> None: ...   # client events, Reconnecting
 
     def tick(self) -> None: ...
 
@@ -59,21 +63,26 @@ class _HandlerFailed(DcptoolError):
         self.exc = exc
 
 
+def _guard(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """`fn` with its OSErrors (and ValueErrors) wrapped in _HandlerFailed."""
+    def call(*a: _P.args, **k: _P.kwargs) -> _R:
+        try:
+            return fn(*a, **k)
+        except (OSError, ValueError) as exc:
+            raise _HandlerFailed(exc) from exc
+    return call
+
+
 class _Guarded:
-    """Calls into the handler with its OSErrors wrapped in _HandlerFailed."""
+    """The handler, every call into it guarded (_guard)."""
 
-    def __init__(self, handler):
-        self._h = handler
-
-    def __getattr__(self, name):
-        fn = getattr(self._h, name)
-
-        def call(*a, **k):
-            try:
-                return fn(*a, **k)
-            except (OSError, ValueError) as exc:
-                raise _HandlerFailed(exc) from exc
-        return call
+    def __init__(self, handler: Handler):
+        self.lines = _guard(handler.lines)
+        self.block = _guard(handler.block)
+        self.events = _guard(handler.events)
+        self.tick = _guard(handler.tick)
+        self.should_stop = _guard(handler.should_stop)
+        self.paused = _guard(handler.paused)
 
 
 def _now() -> tuple[int, int]:
@@ -81,14 +90,14 @@ def _now() -> tuple[int, int]:
 
 
 def backoff_delay(failures: int, base: float = 0.2, cap: float = 10.0) -> float:
-    return min(cap, base * (2 ** max(0, failures - 1)))
+    return min(cap, base * float(2 ** max(0, failures - 1)))
 
 
 class _Retry:
     """The reconnect policy of both transports: the back-off grows with failures in a row,
     a connection that brought data resets it, and more than max_reconnects gives up."""
 
-    def __init__(self, max_reconnects: int, backoff):
+    def __init__(self, max_reconnects: int, backoff: Callable[[int], float]):
         self.max_reconnects = max_reconnects
         self.backoff = backoff
         self.failures = 0
@@ -124,8 +133,10 @@ async def run_tcp(host: str, port: int, client: SynapseClient, handler: Handler,
         raise exc.exc from None
 
 
-async def _run_tcp(host, port, client, handler, *, ssl, connect_timeout, max_reconnects,
-                   max_line, tick_interval, clock, backoff) -> None:
+async def _run_tcp(host: str, port: int, client: SynapseClient, handler: Handler, *,
+                   ssl: ssl_mod.SSLContext | None, connect_timeout: float, max_reconnects: int,
+                   max_line: int, tick_interval: float, clock: Callable[[], float],
+                   backoff: Callable[[int], float]) -> None:
     conn_no = 0   # connections count from 1, as in DCP
     retry = _Retry(max_reconnects, backoff)
     ever_connected = False
@@ -167,6 +178,7 @@ async def _run_tcp(host, port, client, handler, *, ssl, connect_timeout, max_rec
                 now = clock()
                 deadline = client.next_deadline()
                 wake = next_tick if deadline is None else min(deadline, next_tick)
+                data: bytes | None
                 try:
                     data = await asyncio.wait_for(reader.read(READ_SIZE), max(0.0, wake - now))
                 except asyncio.TimeoutError:
@@ -230,7 +242,7 @@ class Reconnecting:
     def __init__(self, reason: str, delay: float, conn: int):
         self.reason, self.delay, self.conn = reason, delay, conn
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Reconnecting({self.reason!r}, {self.delay}, {self.conn})"
 
 
@@ -253,7 +265,8 @@ async def run_redis(host: str, port: int, server_name: str, client: SynapseClien
         raise exc.exc from None
 
 
-async def _redis_subscribe(pubsub, channels, connect_timeout, clock, where: str) -> None:
+async def _redis_subscribe(pubsub: Any, channels: list[str], connect_timeout: float,
+                           clock: Callable[[], float], where: str) -> None:
     """Subscribe and wait until every subscription is confirmed before REPLICATE, or the
     POSITION answers could arrive before we listen (Synapse does the same). Refused
     credentials are AuthRefused, other refusals ConnectFailed; connection errors propagate."""
@@ -279,7 +292,8 @@ async def _redis_subscribe(pubsub, channels, connect_timeout, clock, where: str)
         raise ConnectFailed(f"Redis at {where}: {text}") from None
 
 
-def _redis_message(msg: dict, client, handler, conn_no: int, now: float) -> None:
+def _redis_message(msg: dict[str, Any], client: SynapseClient, handler: Handler, conn_no: int,
+                   now: float) -> None:
     """One published message: its lines to the client and the handler (recorded as received)."""
     data = msg["data"]
     if isinstance(data, str):
@@ -298,9 +312,11 @@ def _redis_message(msg: dict, client, handler, conn_no: int, now: float) -> None
         raise client.error
 
 
-async def _run_redis(host, port, server_name, client, handler, *, db, password, username, tls,
-                     ca_cert, insecure, connect_timeout, max_reconnects, tick_interval, clock,
-                     backoff) -> None:
+async def _run_redis(host: str, port: int, server_name: str, client: SynapseClient, handler: Handler, *,
+                     db: int, password: str | None, username: str | None, tls: bool,
+                     ca_cert: str | None, insecure: bool, connect_timeout: float, max_reconnects: int,
+                     tick_interval: float, clock: Callable[[], float],
+                     backoff: Callable[[int], float]) -> None:
     import redis.asyncio as aioredis
     import redis.exceptions as rexc
     from redis.asyncio.retry import Retry
@@ -314,7 +330,7 @@ async def _run_redis(host, port, server_name, client, handler, *, db, password, 
         if handler.should_stop():
             return
         conn_no += 1
-        kwargs = dict(host=host, port=port, db=db, password=password, username=username,
+        kwargs: dict[str, Any] = dict(host=host, port=port, db=db, password=password, username=username,
                       socket_connect_timeout=connect_timeout, decode_responses=False,
                       retry=Retry(NoBackoff(), 0),  # reconnects are ours, with our back-off
                       client_name="".join(c if c.isprintable() and c != " " else "_" for c in client.name))
@@ -360,7 +376,8 @@ async def _run_redis(host, port, server_name, client, handler, *, db, password, 
         finally:
             client.connection_lost()
             try:
-                await pubsub.aclose() if hasattr(pubsub, "aclose") else await pubsub.close()
+                # aclose: redis-py >= 5.0.1 (unannotated there), close before
+                await getattr(pubsub, "aclose", pubsub.close)()
                 await r.aclose() if hasattr(r, "aclose") else await r.close()
             except Exception:  # noqa: BLE001 - closing a broken connection
                 pass
@@ -371,7 +388,9 @@ async def _run_redis(host, port, server_name, client, handler, *, db, password, 
 
 # -- the built-in TCP server ----------------------------------------------------------------
 
-async def read_client_lines(reader, framer, write, receive, after=None) -> None:
+async def read_client_lines(reader: asyncio.StreamReader, framer: LineFramer,
+                            write: Callable[[list[str]], None], receive: Callable[[list[bytes]], list[str]],
+                            after: Callable[[], Awaitable[None]] | None = None) -> None:
     """The reading half of a served connection: the client's lines go to `receive`, whose
     answer lines are written; a line over the cap is answered with ERROR and ends the
     reading; `after()` (a coroutine function) runs after each read."""
@@ -388,7 +407,7 @@ async def read_client_lines(reader, framer, write, receive, after=None) -> None:
             await after()
 
 
-async def close_served(writer, reader_task) -> None:
+async def close_served(writer: asyncio.StreamWriter, reader_task: asyncio.Future[None]) -> None:
     """End a served connection: stop reading, send what is queued, close (bounded waits)."""
     reader_task.cancel()
     try:
@@ -402,7 +421,9 @@ async def close_served(writer, reader_task) -> None:
         pass
 
 
-async def serve_until_stopped(handle, bind: str, port: int, on_listening, stop) -> None:
+async def serve_until_stopped(handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+                              bind: str, port: int, on_listening: Callable[[str, int], None],
+                              stop: asyncio.Event) -> None:
     """Listen on bind:port with `handle` per connection, announce the address, serve until
     `stop` is set."""
     server = await asyncio.start_server(handle, bind, port)
@@ -412,7 +433,8 @@ async def serve_until_stopped(handle, bind: str, port: int, on_listening, stop) 
         await stop.wait()
 
 
-async def serve_tcp(bind: str, port: int, make_connection, feed, *, on_listening,
+async def serve_tcp(bind: str, port: int, make_connection: Callable[[], ServerConnection], feed: Feed, *,
+                    on_listening: Callable[[str, int], None],
                     rate: float = 0.0, chunk: int = 2000, drop_after: int | None = None,
                     skip_on_reconnect: int = 0, silent_after: int | None = None,
                     error_after: int | None = None, long_line_after: int | None = None,

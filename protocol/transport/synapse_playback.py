@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 from dcptool.protocol.synapse.framing import LineFramer
+from dcptool.protocol.synapse.playback import PlaybackSession
 from dcptool.protocol.transport.synapse import (
     close_served,
     read_client_lines,
@@ -15,7 +16,8 @@ from dcptool.protocol.transport.synapse import (
 )
 
 
-async def serve_playback(bind: str, port: int, make_session: Callable, *, on_listening,
+async def serve_playback(bind: str, port: int, make_session: Callable[[], PlaybackSession], *,
+                         on_listening: Callable[[str, int], None],
                          stop: asyncio.Event | None = None, clock: Callable[[], float] = time.monotonic) -> None:
     """Accept replication clients on bind:port until `stop`; each gets make_session()."""
     stop = stop or asyncio.Event()
@@ -25,13 +27,13 @@ async def serve_playback(bind: str, port: int, make_session: Callable, *, on_lis
         framer = LineFramer()
         wake = asyncio.Event()
 
-        def write(lines) -> None:
+        def write(lines: Sequence[bytes | str]) -> None:
             if lines:
                 data = b"\n".join(x if isinstance(x, bytes) else x.encode("utf-8") for x in lines) + b"\n"
                 writer.write(data)
                 session.sent(clock())
 
-        async def woken():
+        async def woken() -> None:
             wake.set()
 
         rt = asyncio.ensure_future(read_client_lines(reader, framer, write,

@@ -74,7 +74,7 @@ class _Acc:
         self.rows: dict[int, int] = {}                       # series id -> grid row
         self.series_changes: dict[int, int] = {}
         self.series_names: dict[str, int] = {}
-        self.marks: dict[str, list] = {}
+        self.marks: dict[str, dict[int, list]] = {}     # kind -> time bin -> [ts, text, count]
         self.mark_counts: dict[str, int] = {}
         self.kinds: dict[str, int] = {}
         self.key_parts: list[pa.Table] = []
@@ -234,13 +234,13 @@ _LOW = np.iinfo(np.int64).min
 
 def span(files: list[reader.CaptureFile]) -> tuple[int, int] | None:
     """(first, last) `ts` in ns of the captures, from the `ts` column alone; None when empty."""
-    lo = hi = None
+    bounds: tuple[int, int] | None = None
     for t in reader.iter_capture_tables(files, ["ts"]):
         mm = pc.min_max(t.column("ts").cast(pa.int64()))
         if mm["min"].is_valid:
             a, b = mm["min"].as_py(), mm["max"].as_py()
-            lo, hi = (a, b) if lo is None else (min(lo, a), max(hi, b))
-    return None if lo is None else (lo, hi)
+            bounds = (a, b) if bounds is None else (min(bounds[0], a), max(bounds[1], b))
+    return bounds
 
 
 def _plain(col):

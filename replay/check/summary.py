@@ -6,6 +6,8 @@ config is), so memory does not grow with the capture."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -18,6 +20,9 @@ from dcptool.replay.store import reader, retained
 from dcptool.replay.store.files import shown
 from dcptool.replay.store.reader import CaptureError, find_captures
 from dcptool.replay.timestamps import iso_ns
+
+if TYPE_CHECKING:
+    from dcptool.replay.rules.synapse_stream import PositionScan
 
 _DCP_COLUMNS = ["frame_no", "capture_id", "node", "ts", "direction", "decode_error", "op", "status",
                 "vbucket", "by_seqno", "snap_start", "snap_end", "stream_end_reason",
@@ -88,7 +93,7 @@ def summarize(paths) -> dict:
             s.chunk(f, t)
             if protocol == "synapse" and t.num_rows:
                 last_conn = t.column("conn")[-1].as_py()
-        if protocol == "synapse" and s.files[-1]["rows"]:
+        if s.syn is not None and s.files[-1]["rows"]:      # (synapse)
             # a change of connection drops the rows still waiting for a token (REPLAY.md)
             s.syn.connection((f.capture_id, last_conn))
     if protocol == "dcp":
@@ -195,7 +200,7 @@ class _Summary:
         self.rollbacks: list[dict] = []
         self.stream_ends: list[dict] = []
         # Synapse
-        self.syn = None
+        self.syn: PositionScan | None = None
         if protocol == "synapse":
             self.syn = PositionScan()
             self.cover = Cover()            # ranges a catch-up fetched (REPLAY.md "Caught-up rows")
@@ -295,7 +300,7 @@ class _Summary:
         wanted = pc.and_(is_in, pc.fill_null(pc.is_in(cmd, value_set=pa.array(["RDATA", "POSITION"])),
                                              False))
         rel = t.filter(wanted)
-        if rel.num_rows:
+        if rel.num_rows and self.syn is not None:
             self.syn.feed(f.capture_id, rel)
         caught = t.filter(pc.fill_null(pc.equal(_plain(t.column("direction")), "catch-up"), False))
         if caught.num_rows:
@@ -331,7 +336,7 @@ class _Summary:
             out["stream_ends"] = self.stream_ends
             out["configs"] = self.configs
             out["largest_lag"] = self.largest_lag
-        else:
+        elif self.syn is not None:      # (synapse)
             out["commands"] = kinds
             positions, gaps = self.syn.result()
             out["gaps"] = [g for g in gaps if not self.cover.covers((g["stream"], g["instance"]),

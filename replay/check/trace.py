@@ -231,6 +231,12 @@ class _Change:
     undone_by: dict | None = None
 
 
+def _undoer(c: _Change) -> dict:
+    """The rollback that undid `c`, one of the changes a rollback undid."""
+    assert c.undone_by is not None, "an undone change"
+    return c.undone_by
+
+
 class _Story:
     """One document (vbucket, collection, key): its events and verdict."""
 
@@ -353,7 +359,7 @@ class _Story:
             restored = last is not None and last.order > self.cap.order(rb)
             e = _base(rb, "rollback", self.key, self.cid)
             e.update(seqno=c.row["by_seqno"], rollback_seqno=rb["rollback_seqno"], restored=restored,
-                     restored_seqno=last.row["by_seqno"] if restored else None,
+                     restored_seqno=last.row["by_seqno"] if last is not None and restored else None,
                      detail=f"undid its change at seqno {c.row['by_seqno']} (frame {c.row['frame_no']})")
             self.add(self.cap.order(rb), e, 1)
         return self._verdict(last)
@@ -368,7 +374,7 @@ class _Story:
         v["op"] = None
         undone = [c for c in self.changes if c.undone_by is not None]
         if last is None:
-            rb = undone[-1].undone_by
+            rb = _undoer(undone[-1])
             v.update(verdict="undone", seqno=undone[-1].row["by_seqno"], rollback_seqno=rb["rollback_seqno"],
                      restored=False,
                      explain=f"{name!r}: every change received ({len(undone)}) was undone; the last, at seqno "
@@ -391,12 +397,12 @@ class _Story:
         after = [c for c in undone if c.order < last.order]
         later = [c for c in undone if c.order > last.order]
         if after:
-            rb = after[-1].undone_by
+            rb = _undoer(after[-1])
             text += (f"; its change at seqno {after[-1].row['by_seqno']} was undone by {self._rollback_text(rb)}, "
                      f"and restored by this one")
             v.update(rollback_seqno=rb["rollback_seqno"], restored=True)
         if later:
-            rb = later[-1].undone_by
+            rb = _undoer(later[-1])
             text += (f"; its later change at seqno {later[-1].row['by_seqno']} was undone by "
                      f"{self._rollback_text(rb)}; not restored")
             v.update(rollback_seqno=rb["rollback_seqno"], restored=False)

@@ -271,6 +271,11 @@ def _raw_loader(pf: pq.ParquetFile, rg: int, offset: int, n: int) -> Callable[[]
     return load
 
 
+def _given(raw: pa.Array) -> Callable[[], pa.Array]:
+    """A chunk's `raw` loader when the column is already read."""
+    return lambda: raw
+
+
 def _arrows_chunks(f: reader.CaptureFile, cols: list[str], where: Where, out: Findings) -> Iterator[Chunk]:
     schema = capture_schema(f.protocol)
     want = pa.schema([schema.field(c) for c in cols])
@@ -278,7 +283,7 @@ def _arrows_chunks(f: reader.CaptureFile, cols: list[str], where: Where, out: Fi
     for batch in ip:
         t = pa.Table.from_batches([batch])
         raw = t.column("raw").combine_chunks() if "raw" in t.column_names else pa.nulls(t.num_rows, pa.binary())
-        yield reader.conform(t, want), (lambda raw=raw: raw)
+        yield reader.conform(t, want), _given(raw)
     damage, tail = ip.damage(), ip.tail()
     if damage and not held_by_writer(f.path):
         out.at(where, "file.damaged", f"in-progress segment: {damage}; `capture --resume` recovers the "
@@ -353,7 +358,7 @@ def verify(paths: list[str], *, limit: int = 1000, batch_rows: int = BATCH_ROWS,
     captures = _group(files, out)
     _check_sources(captures, out)
     report.captures = len(captures)
-    checker = _checker(report.protocol)
+    checker = _checker(protocols[0])     # (files: one protocol)
     dropped = _retained_away(paths, captures, checker, out)
     for rank, segs in enumerate(captures):
         _verify_capture(rank, segs, checker, out, report, batch_rows, progress, dropped)

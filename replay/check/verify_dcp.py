@@ -62,7 +62,7 @@ class _Stream:
         self.marker: tuple[int, int] | None = None
         self.marker_frame = None
         self.first_marker = False
-        self.oso = None             # (where, frame) of an OSO start without its end yet
+        self.oso: tuple[Where, int] | None = None   # (where, frame) of an OSO start without its end yet
         self.oso_max = NONE
         self.unknown = False        # rows were lost: judge nothing until the next control frame
         self.log: list[tuple[int, int]] = []   # failover log received, newest first
@@ -345,7 +345,7 @@ class DcpChecker:
 
     @staticmethod
     def _oso_flags(raw, rows: np.ndarray, is_oso: np.ndarray) -> list:
-        flags = [None] * len(rows)
+        flags: list[int | None] = [None] * len(rows)
         if not is_oso.any():
             return flags
         col = raw()

@@ -13,7 +13,10 @@ changes made before it), so the state takes the rollback answers up front."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -68,8 +71,36 @@ OSO_START, OSO_END = 0x01, 0x02      # flags of an oso_snapshot frame (its snap_
 OSO_CLOSE = -3                       # an OSO end among a vbucket's rows (_prepare_snapshots)
 
 
+_Arr = npt.NDArray[Any]
+
+
 class _Prepared:
     """What `DcpState.prepare` found in a chunk, for `DcpState.apply`."""
+    # per-vbucket activity and counters (arrays nvb long)
+    nvb: int
+    seen: _Arr
+    first_ts: _Arr
+    last_ts: _Arr
+    counts: dict[str, _Arr]
+    failover: pa.Table | None        # stream-request successes with a failover log
+    ends: pa.Table | None            # stream ends
+    sid_key: _Arr | None             # snapshots' key with stream ids (_stream_key)
+    # snapshots (_prepare_snapshots): the chunk's markers, then its rows by (vbucket, frame order)
+    markers: pa.Table | None
+    m_vb: _Arr
+    m_seq: _Arr
+    m_end: _Arr
+    m_oso: _Arr
+    rvb: _Arr
+    r_hi: _Arr
+    inherited: _Arr
+    closer: _Arr
+    run_end: _Arr
+    is_item: _Arr
+    is_oso_end: _Arr
+    run_first: _Arr
+    r_seqno: _Arr
+    r_change: _Arr
 
 
 class DcpState:
@@ -386,7 +417,7 @@ class DcpState:
 
 
 
-def _stream_key(chunk: pa.Table, vb: np.ndarray) -> np.ndarray:
+def _stream_key(chunk: pa.Table, vb: _Arr) -> _Arr | None:
     """The key snapshots are tracked by (REPLAY.md) with stream ids (two streams' markers
     interleave on one vbucket): vbucket + 1024 x stream id; ids above 62 (never ours) share
     one key and a vbucket above 1023 keeps its own, so the arrays stay 2^16 long. None: no

@@ -141,9 +141,8 @@ def topology_table(candidates: pa.Table, ranks: dict[str, int]) -> pa.Table:
 def _segment_candidates(f, cols: list[str], as_of) -> Iterable[pa.Table]:
     """The candidate frames of one segment: the small columns are read first, `raw` only
     for the row groups that hold a candidate."""
-    if f.in_progress:
-        groups = [None]
-    else:
+    groups: list[int | None] = [None]
+    if not f.in_progress:
         groups = list(range(reader.footer(f.path).num_row_groups))
     for rg in groups:
         small = (reader.read_file(f, cols) if rg is None else
@@ -185,7 +184,7 @@ def local_topology(files, ranks: dict[str, int] | None = None, as_of=None) -> pa
     from dcptool.replay.rules.as_of import AS_OF_COLUMNS
     ranks = reader.capture_ranks(files) if ranks is None else ranks
     cols = list(dict.fromkeys(FILTER_COLUMNS + (AS_OF_COLUMNS if as_of else [])))
-    parts = []
+    parts: list[pa.Table] = []
     for group, streamable in reader.capture_groups(files):   # runs of small segments in one scan
         for run in (reader.runs(group, 1 << 20) if streamable else ([f] for f in group)):
             parts.extend(_run_candidates(run, cols, as_of or None) if len(run) > 1

@@ -437,7 +437,7 @@ def stop() -> tuple[Record | None, bool]:
         if rec is None:
             return None, False
         _clear_record()   # first: no replay picks a server that is stopping
-        if is_ours(rec.watchdog_pid, rec.watchdog_start, WATCHDOG_MARK):
+        if rec.watchdog_pid is not None and is_ours(rec.watchdog_pid, rec.watchdog_start, WATCHDOG_MARK):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(rec.watchdog_pid, signal.SIGTERM)
         if not record_is_ours(rec):

@@ -28,6 +28,7 @@ import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 from urllib.parse import urlparse
 
 import pyarrow as pa
@@ -52,6 +53,9 @@ from dcptool.replay.spark.arrow import (
 )
 from dcptool.replay.store import reader
 from dcptool.replay.store.schema import capture_schema
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 SEQ_SHIFT = plans.SEQ_SHIFT   # _seq = capture rank << SEQ_SHIFT | frame_no
 VBUCKET_GROUPS = 64
@@ -258,7 +262,9 @@ def _shared_session(url: str):
             return None
         sid, lock = held
         session = SparkSession.builder.remote(url + ("" if "/;" in url else "/") + f";session_id={sid}").getOrCreate()
-        session.release_session_on_close = False   # stop() closes this client; the server keeps the session
+        # stop() closes this client; the server keeps the session (`remote` gives a Spark Connect
+        # session, which has this flag; pyspark types the builder's result as the classic one)
+        session.release_session_on_close = False  # type: ignore[attr-defined]
         try:
             settings = dict(session.conf.getAll)
         except Exception:  # noqa: BLE001 - closed on the server (SESSION_CLOSED): take a new id
@@ -386,14 +392,14 @@ class SparkReplay:
     Each table's plan is built when it is first asked for: building a DataFrame costs
     round trips to the JVM (analysis), and a replay usually wants one or two tables."""
     protocol: str
-    frames_df: object
+    frames_df: DataFrame
     result_names: list[str]
     builders: dict = field(default_factory=dict)   # name -> () -> DataFrame computed without groups
-    packed_builder: object = None                  # () -> the grouped (applyInArrow) output
+    packed_builder: Callable[[], DataFrame] | None = None   # the grouped (applyInArrow) output
     _frames: dict = field(default_factory=dict)
-    _packed: object = None
+    _packed: DataFrame | None = None
     _results: dict = field(default_factory=dict)
-    _tmp: object = None
+    _tmp: tempfile.TemporaryDirectory[str] | None = None
 
     def names(self) -> list[str]:
         return T.table_names(self.protocol)
@@ -499,7 +505,7 @@ def replay_spark(spark, files: list, as_of=None) -> SparkReplay:
     conn_key = F.shiftleft(F.col("_rank"), 32) + F.col("conn").cast("long")
     df = df.withColumn("_conn", conn_key)
 
-    def packed():
+    def packed_synapse():
         max_conn = df.agg(F.max("_conn")).first()[0]  # one number, not frames
         max_conn = -1 if max_conn is None else int(max_conn)
         group_frames = df.filter(F.col("direction").isin(*synapse_rules.GROUP_DIRECTIONS) & F.col("stream").isNotNull()
@@ -517,7 +523,7 @@ def replay_spark(spark, files: list, as_of=None) -> SparkReplay:
                   .agg(F.count(F.lit(1)).alias("count"), F.min("ts").alias("first_ts"),
                        F.max("ts").alias("last_ts")))
     ranks = reader.capture_ranks(files)
-    return SparkReplay(protocol, frames, SYN_RESULTS, packed_builder=packed, _tmp=tmp, builders={
+    return SparkReplay(protocol, frames, SYN_RESULTS, packed_builder=packed_synapse, _tmp=tmp, builders={
         "commands": commands,
         "lag": lambda: lag.spark_synapse_dataframe(df, spark_schema, to_spark_arrow, ranks)})
 

@@ -106,6 +106,7 @@ def to_record_batch(batch: columnar.Batch, *, frame_no: np.ndarray, conn: int | 
     """direction: uint8 array, 0 = in, 1 = out; node: the "host:port" the connection went to
     (null when unknown). capture_id is left to the writer."""
     n = batch.n
+    assert batch.key is not None and batch.raw is not None, "a batch decode_batch made"
     cols = {
         "frame_no": _int64(frame_no, pa.int64()),
         "conn": pa.array(np.broadcast_to(np.asarray(conn, dtype=np.int32), (n,)), pa.int32()),

@@ -152,7 +152,7 @@ def describe(path: str) -> CaptureFile:
             raise ValueError(segment)
     except ValueError as exc:
         raise CaptureError(f"{shown(path)}: invalid value of metadata {META_SEGMENT}: "
-                           f"{_quoted(meta.get(META_SEGMENT))} (a segment number)") from exc
+                           f"{_quoted(meta.get(META_SEGMENT, '0'))} (a segment number)") from exc
     try:
         parse_started(meta[META_STARTED_AT])
     except CaptureError:

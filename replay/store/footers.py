@@ -233,6 +233,8 @@ def parse_footer(data: bytes) -> Footer:
         raise FooterError(f"not a Parquet footer ({exc})") from None
     if reader.pos > len(data):
         raise FooterError("footer cut short")
+    if fields is None:      # (never: only a skipped struct reads as None)
+        raise FooterError("not a Parquet footer")
     num_rows = fields.get(3)
     groups = fields.get(4, [])
     kv = fields.get(5, [])
@@ -352,7 +354,7 @@ class _Reader:
     def struct(self, depth: int, spec) -> dict | None:
         if depth > MAX_DEPTH:
             raise ValueError("nested too deep")
-        out = {} if spec is not _SKIP else None
+        out: dict | None = {} if spec is not _SKIP else None
         fid = 0
         data = self.data
         while True:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import fcntl
 import os
 import struct
-from typing import BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -40,8 +40,8 @@ class InProgress:
         self.error: str | None = None
         self._torn: bool | None = None
         self._done = self.size == 0
-        self._source = None
-        self._reader = None
+        self._source: Any = None        # pyarrow's memory map and stream reader (untyped)
+        self._reader: Any = None
         if self.size == 0:
             return
         try:

@@ -126,7 +126,7 @@ def frame_range(f: CaptureFile) -> tuple[int, int] | None:
                 if len(fn):
                     first = fn[0].as_py() if first is None else first
                     last = fn[-1].as_py()
-            if rng is not None and first is not None:
+            if rng is not None and first is not None and last is not None:
                 rng = (first, last)
         _FRAME_RANGES[key] = rng
     return _FRAME_RANGES[key]

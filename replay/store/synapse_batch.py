@@ -11,6 +11,8 @@ before anything is stored.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -84,8 +86,8 @@ def _parse_other(line: bytes) -> dict:
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as exc:
-        word = line.split(b" ", 1)[0]
-        return {"command": word.decode("ascii") if word.isascii() and word else None,
+        first = line.split(b" ", 1)[0]
+        return {"command": first.decode("ascii") if first.isascii() and first else None,
                 "decode_error": f"invalid UTF-8 at byte {exc.start}"}
     word, rest = C.split_word(text)
     out: dict = {"command": word if text else None}
@@ -129,8 +131,9 @@ def build_batch(lines: list[bytes], *, frame_no: int, conn: int, ts_ns: int, mon
         slow.update(i for i, line in enumerate(lines) if not _is_utf8(line))
     tokens = split.tokens if not slow else list(split.tokens)
     rows = split.rows()
-    streams = split.streams()
-    instances = split.instances()
+    # bytes from the fast path; a slow line's own (text or None) replace them below
+    streams: list[Any] = split.streams()
+    instances: list[Any] = split.instances()
 
     extras: dict[int, dict] = {}
     if slow:

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Iterable
+from typing import Any, Callable, Protocol, TypeVar
 
 from dcptool.protocol.dcp.server.bucket import Bucket
 from dcptool.protocol.dcp.wire import messages as m
@@ -80,6 +82,15 @@ class Event:
     other: int | None = None      # chaos swap: the spare node that comes in
 
 
+class Checker(Protocol):
+    """The invariants a chaos run keeps (chaos.install): `snapshot` before an event, `check`
+    after it (what is broken; empty when all hold)."""
+
+    def snapshot(self, cluster: Cluster) -> Any: ...
+
+    def check(self, cluster: Cluster, change: Change, before: Any) -> list[str]: ...
+
+
 class Cluster:
     def __init__(self, bucket: Bucket, nodes: int = 1, replicas: int = 0, seed: int = 0,
                  spare_nodes: int = 0, rebalance_share: float = 0.25, events: tuple[Event, ...] = ()):
@@ -111,11 +122,11 @@ class Cluster:
         self.muted: set[int] = set()  # nodes that stopped answering (sockets kept open, chaos "hang")
         self.loss_bound: int | None = None   # chaos: the most a failover or restart may lose
         self.broken: str | None = None       # the first broken invariant (chaos.check)
-        self.on_broken = None                # called with it (chaos.install: raise InvariantBroken)
-        self.checker = None                  # chaos.install: snapshot() before, check() after an event
+        self.on_broken: Callable[[str], None] | None = None  # called with it (chaos.install: raise InvariantBroken)
+        self.checker: Checker | None = None                 # chaos.install: snapshot() before, check() after an event
         # a failed-over node's data as it left: node -> {vb: (its copy's high seqno, the failover
         # uuids the vbucket had then)}; delta recovery starts from it, full recovery drops it
-        self.held: dict[int, dict[int, tuple[int, frozenset]]] = {}
+        self.held: dict[int, dict[int, tuple[int, frozenset[int]]]] = {}
 
     # ---- queries
     def serving_nodes(self) -> list[ClusterNode]:
@@ -173,7 +184,8 @@ class Cluster:
         self._config = None
         self._rendered.clear()
 
-    def _bump(self, change_kind: str, moves=(), node=None, drop=(), loss=0, recovered=()) -> Change:
+    def _bump(self, change_kind: str, moves: Iterable[Move] = (), node: int | None = None,
+              drop: Iterable[int] = (), loss: int = 0, recovered: Iterable[tuple[int, int, int]] = ()) -> Change:
         self.rev += 1
         self._dirty()
         ch = Change(change_kind, self.rev, tuple(moves), node, tuple(drop), loss, tuple(recovered))
@@ -186,12 +198,12 @@ class Cluster:
 
     def fire_due(self, frames: int, loss: int) -> list[Change]:
         """Run every scripted event whose frame count has been reached, in order."""
-        out = []
+        out: list[Change] = []
         while self.events and self.events[0].at <= frames:
             ev = self.events.pop(0)
             if ev.kind == "rebalance":
                 out.append(self.rebalance())
-            elif ev.kind == "failover":
+            elif ev.kind == "failover" and ev.node is not None:    # (always: --failover-at N:NODE)
                 out.append(self.fail_over(ev.node, loss))
             elif ev.kind == "add-node":
                 out.append(self.add_node())
@@ -205,7 +217,7 @@ class Cluster:
         chk = self.checker
         before = chk.snapshot(self) if chk is not None else None
         name, args = CHAOS_METHODS[ev.kind]
-        ch = getattr(self, name)(*[getattr(ev, a) for a in args])
+        ch: Change = getattr(self, name)(*[getattr(ev, a) for a in args])
         problems = chk.check(self, ch, before) if chk is not None else []
         if problems and self.broken is None:
             self.broken = f"chaos: after {ev.kind} at frame {ev.at} (rev {ch.rev}): {problems[0]}"
@@ -297,7 +309,7 @@ class Cluster:
     def _members(self) -> list[int]:
         return [n.index for n in self.serving_nodes()]
 
-    def _takeover(self, vb: int, new: int, moves: list) -> None:
+    def _takeover(self, vb: int, new: int, moves: list[Move]) -> None:
         """vbucket `vb` turns active on `new` with its data (a failover entry at its high seqno)."""
         old = self.vbmap[vb][0]
         v = self.bucket.vbuckets[vb]
@@ -305,7 +317,7 @@ class Cluster:
         self.vbmap[vb] = self._row(new, [old] + self.vbmap[vb][1:])
         moves.append(Move(vb, old, new, v.high_seqno))
 
-    def _fill(self, moves: list, limit: int | None = None) -> None:
+    def _fill(self, moves: list[Move], limit: int | None = None) -> None:
         """Takeovers from the most to the least loaded serving nodes until each has its
         share (`limit`: stop after that many, a rebalance stopped half way)."""
         members = self._members()
@@ -334,7 +346,7 @@ class Cluster:
             if row[0] >= 0:
                 self.vbmap[vb] = self._row(row[0], row[1:])
 
-    def _move_off(self, node: int, moves: list, to: int | None = None) -> None:
+    def _move_off(self, node: int, moves: list[Move], to: int | None = None) -> None:
         """Every vbucket active on `node` moves by takeover: to `to`, else to its first
         serving replica, else to the least loaded serving node."""
         members = [i for i in self._members() if i != node]
@@ -415,7 +427,7 @@ class Cluster:
     def hard_failover(self, node: int, loss: int) -> Change:
         return self._relabel(self.fail_over(node, loss), kind="hard-failover", drop=(node,), loss=loss)
 
-    def _relabel(self, ch: Change, **kw) -> Change:
+    def _relabel(self, ch: Change, **kw: Any) -> Change:
         new = dataclasses.replace(ch, **kw)
         self.changes[-1] = new
         return new
@@ -513,7 +525,7 @@ CHAOS_METHODS = {
 
 # --------------------------------------------------------------------------- notifications
 
-def notify_mode(features) -> str | None:
+def notify_mode(features: Iterable[int]) -> str | None:
     """"full", "brief" or None: what a connection with these HELLO features gets pushed."""
     if Feature.DUPLEX not in features:
         return None
@@ -522,7 +534,22 @@ def notify_mode(features) -> str | None:
     return "full" if Feature.CLUSTERMAP_CHANGE_NOTIFICATION in features else None
 
 
-def notifications(cluster: Cluster, conns) -> list[tuple[object, bytes]]:
+class Notified(Protocol):
+    """What `notifications` reads of a connection (producer.ProducerConnection)."""
+    @property
+    def features(self) -> set[int]: ...
+    @property
+    def closed(self) -> str | None: ...
+    @property
+    def bucket(self) -> object: ...
+    @property
+    def node(self) -> int: ...
+
+
+_Conn = TypeVar("_Conn", bound=Notified)
+
+
+def notifications(cluster: Cluster, conns: Iterable[_Conn]) -> list[tuple[_Conn, bytes]]:
     """(connection, frame) for every open connection (producer.ProducerConnection: `closed`,
     `bucket`, `node`, `features`) of a serving node that selected the cluster's bucket and
     negotiated a notification: a server request (magic 0x82, opcode 0x01), key = bucket name,

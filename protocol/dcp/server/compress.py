@@ -5,27 +5,34 @@ patched in, like the fixed-size frames of producer_bucket.disk_records."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import cramjam
 import numpy as np
+import numpy.typing as npt
 from numpy.lib.recfunctions import repack_fields
+
+if TYPE_CHECKING:
+    from dcptool.protocol.dcp.server.bucket import VBucket
 
 OPAQUE_AT = 12      # the opaque's offset in a frame header
 
 
-def compressed_disk_frames(vb, collections: bool, no_value: bool, json: bool) -> tuple[bytes, np.ndarray]:
+def compressed_disk_frames(vb: VBucket, collections: bool, no_value: bool, json: bool
+                           ) -> tuple[bytes, npt.NDArray[np.int64]]:
     """(blob, starts) of the vbucket's disk mutations with Snappy values (datatype | 0x02),
     opaque 0; frame i (seqno i + 1) is blob[starts[i]:starts[i + 1]]."""
     key = ("snappy", collections, no_value, json)
-    hit = vb.encoded.get(key)
+    hit: Any = vb.encoded.get(key)      # (blob, starts) under this key; record arrays under the others
     if hit is not None and len(hit[1]) == vb.disk_high + 1:
-        return hit
-    recs = vb.disk_records(collections, no_value, json)
+        return (hit[0], hit[1])
+    recs: npt.NDArray[np.void] = vb.disk_records(collections, no_value, json)
     n = len(recs)
     if no_value or n == 0:   # nothing to compress: the plain frames
         blob = recs.tobytes()
         starts = np.arange(n + 1, dtype=np.int64) * recs.dtype.itemsize
     else:
-        head = repack_fields(recs[[f for f in recs.dtype.names if f != "value"]])   # packed, no padding
+        head = repack_fields(recs[[f for f in recs.dtype.names or () if f != "value"]])   # packed, no padding
         values = [bytes(cramjam.snappy.compress_raw(bytes(v))) for v in vb.disk_values[:n]]
         sizes = np.fromiter((len(v) for v in values), np.int64, n)
         head["bodylen"] = head["bodylen"] - recs.dtype["value"].itemsize + sizes
@@ -39,7 +46,7 @@ def compressed_disk_frames(vb, collections: bool, no_value: bool, json: bool) ->
     return blob, starts
 
 
-def with_opaque(blob: bytes, starts: np.ndarray, lo: int, hi: int, opaque: int) -> tuple[bytearray, list]:
+def with_opaque(blob: bytes, starts: npt.NDArray[np.int64], lo: int, hi: int, opaque: int) -> tuple[bytearray, list[int]]:
     """Frames lo..hi-1 of a blob with `opaque` written in, and their starts from 0."""
     base = int(starts[lo])
     data = bytearray(blob[base:int(starts[hi])])

@@ -16,15 +16,32 @@ producer_controls.py.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol
+
 import numpy as np
 
 from dcptool.protocol.dcp.server.sync_writes import SYNC_KINDS, VISIBLE, snapshot_items
 from dcptool.protocol.dcp.wire.constants import SnapshotFlag, Status
 
+if TYPE_CHECKING:
+    from dcptool.protocol.dcp.server.bucket import Bucket, Item, VBucket
+    from dcptool.protocol.dcp.server.manifest import Manifest
+
 HISTORY_FLAGS = SnapshotFlag.HISTORY | SnapshotFlag.MAY_CONTAIN_DUPLICATES
 
 
-def enable_history(manifest, names) -> None:
+class ProducerConnection(Protocol):
+    """What this module reads of a connection (producer.ProducerConnection, which imports it)."""
+    @property
+    def controls(self) -> dict[str, str]: ...
+    @property
+    def bucket(self) -> Bucket | None: ...
+    @property
+    def sync_writes(self) -> bool: ...
+
+
+def enable_history(manifest: Manifest, names: Iterable[str]) -> None:
     """Mark the collections named `SCOPE.NAME` (or every one, also those created later, for
     "all") as keeping history. ValueError naming the first unknown one."""
     names = [n.strip() for n in names if n.strip()]
@@ -35,50 +52,56 @@ def enable_history(manifest, names) -> None:
         return
     for text in names:
         scope, dot, name = text.partition(".")
-        col = manifest.find(scope, name) if dot else None
-        if col is None:
+        found = manifest.find(scope, name) if dot else None
+        if found is None:
             have = ", ".join(f"{manifest.scopes[c.sid]}.{c.name}" for c in manifest.collections.values()
                              if not c.dropped)
             raise ValueError(f"{text!r} is not a collection of the bucket (it has: {have}; or 'all')")
-        col.history = True
+        found.history = True
 
 
-def history_ids(manifest) -> frozenset:
+def history_ids(manifest: Manifest | None) -> frozenset[int]:
     """Ids of the collections that keep history (dropped ones included: their events)."""
     if manifest is None:
         return frozenset()
     return frozenset(c.cid for c in manifest.collections.values() if c.history)
 
 
-def has_history(bucket) -> bool:
-    manifest = getattr(bucket, "manifest", None)
-    return manifest is not None and (bool(history_ids(manifest)) or getattr(manifest, "history_default", False))
+def has_history(bucket: object) -> bool:
+    manifest: Manifest | None = getattr(bucket, "manifest", None)
+    return manifest is not None and (bool(history_ids(manifest)) or manifest.history_default)
 
 
-def control_status(conn, val: str) -> int:
+def _manifest(conn: ProducerConnection) -> Manifest | None:
+    """The manifest of the connection's bucket (a connection with streams has one)."""
+    return conn.bucket.manifest if conn.bucket is not None else None
+
+
+def control_status(conn: ProducerConnection, val: str) -> int:
     """DCP_CONTROL change_streams: accepted only by a bucket that keeps history."""
     if val not in ("true", "false"):
         return Status.EINVAL
     return Status.SUCCESS if has_history(conn.bucket) else Status.NOT_SUPPORTED
 
 
-def enabled(conn) -> bool:
+def enabled(conn: ProducerConnection) -> bool:
     return conn.controls.get("change_streams") == "true"
 
 
-def memory_snapshot(conn, items: list) -> tuple[list, int | None, int]:
+def memory_snapshot(conn: ProducerConnection, items: list[Item]) -> tuple[list[Item], int | None, int]:
     """(the items of a memory snapshot the connection gets, the seqno of its last visible
     item or None, the extra marker flags). Without change_streams or history items this is
     producer_sync.snapshot_items with no extra flags."""
     sync = conn.sync_writes
-    ids = history_ids(conn.bucket.manifest) if enabled(conn) else frozenset()
+    ids = history_ids(_manifest(conn)) if enabled(conn) else frozenset()
     if not ids or not any(it.cid in ids for it in items):
-        out, mvs = snapshot_items(items, sync)
-        return out, mvs, 0
+        plain, last_visible = snapshot_items(items, sync)
+        return plain, last_visible, 0
     # every version of a history key; the other collections de-duplicated among themselves
     rest, _ = snapshot_items([it for it in items if it.cid not in ids], sync)
     keep = {it.seqno for it in rest}
-    out, mvs = [], None
+    out: list[Item] = []
+    mvs: int | None = None
     for it in items:
         if it.kind in VISIBLE:
             mvs = it.seqno
@@ -90,12 +113,12 @@ def memory_snapshot(conn, items: list) -> tuple[list, int | None, int]:
     return out, mvs, int(HISTORY_FLAGS)
 
 
-def disk_flags(conn, vb, first: int, last: int) -> int:
+def disk_flags(conn: ProducerConnection, vb: VBucket, first: int, last: int) -> int:
     """Extra flags of a disk snapshot over seqnos first..last: History | MayContainDuplicates
     when change_streams is on and the range holds items of a history collection."""
     if not enabled(conn):
         return 0
-    ids = history_ids(conn.bucket.manifest)
+    ids = history_ids(_manifest(conn))
     if not ids:
         return 0
     cids = vb.disk_cids[first - 1:last]

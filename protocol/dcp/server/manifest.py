@@ -17,8 +17,55 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from dcptool.protocol.dcp.wire.constants import Status
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+
+# What this module uses of the bucket, its items and the server (bucket.py and shared.py
+# import this module: they are described here, not imported)
+class SystemItem(Protocol):
+    """An item of a vbucket's history (bucket.Item)."""
+    @property
+    def seqno(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def cid(self) -> int: ...
+    @property
+    def value(self) -> bytes: ...
+
+
+class _Appended(Protocol):
+    datatype: int
+
+
+class _VBucket(Protocol):
+    def append(self, key: bytes, value: bytes, kind: str, cas: int, cid: int = ...) -> _Appended: ...
+
+
+class _Bucket(Protocol):
+    generation: int
+
+    @property
+    def vbuckets(self) -> Sequence[_VBucket]: ...
+
+    def next_cas(self) -> int: ...
+
+
+class _Server(Protocol):
+    topology_changes: int
+
+    @property
+    def stream_frames(self) -> int: ...
+
+
+_I = TypeVar("_I", bound=SystemItem)
 
 DEFAULT_ID = 0                  # _default scope and _default collection
 FIRST_USER_ID = 8               # kv_engine: ids 1-7 are reserved
@@ -52,7 +99,7 @@ class Event:
 class Manifest:
     """Scopes, collections and the manifest uid; the scripted events still to come."""
 
-    def __init__(self, scopes: int = 0, per_scope: int = 0, events: tuple = ()):
+    def __init__(self, scopes: int = 0, per_scope: int = 0, events: tuple[Event, ...] = ()):
         if scopes * per_scope > MAX_START_ID - FIRST_USER_ID + 1:
             raise ValueError(f"at most {MAX_START_ID - FIRST_USER_ID + 1} collections at start")
         self.scopes: dict[int, str] = {DEFAULT_ID: "_default"}
@@ -66,6 +113,7 @@ class Manifest:
                 self.collections[next_id] = Collection(next_id, name, sid)
                 next_id += 1
         self.next_id = next_id
+        self.history_default = False    # collections created later keep history too (history.py)
         self.uid = 1 if scopes else 0
         self.start_ids = tuple(self.collections)          # documents are spread over these
         self.events = sorted(events, key=lambda e: e.at)
@@ -114,7 +162,7 @@ class Manifest:
     def next_event_at(self) -> int | None:
         return self.events[0].at if self.events else None
 
-    def fire_due(self, frames: int, bucket) -> int:
+    def fire_due(self, frames: int, bucket: _Bucket) -> int:
         """Apply every event due at `frames` stream frames: one system event per vbucket
         each. Returns how many fired."""
         fired = 0
@@ -126,12 +174,15 @@ class Manifest:
             bucket.generation += 1
         return fired
 
-    def _apply(self, ev: Event, bucket) -> bool:
+    def _apply(self, ev: Event, bucket: _Bucket) -> bool:
         sid = self.scope_id(ev.scope)
+        if sid is None:     # never: __init__ refused events in a scope that does not exist
+            return False
+        col: Collection | None
         if ev.kind == "create":
             if self.find(ev.scope, ev.name) is not None:
                 return False
-            col = Collection(self.next_id, ev.name, sid, history=getattr(self, "history_default", False))
+            col = Collection(self.next_id, ev.name, sid, history=self.history_default)
             self.next_id += 1
             self.collections[col.cid] = col
             self.uid += 1
@@ -154,7 +205,7 @@ class Manifest:
         return True
 
 
-def system_event_frame(vbid: int, opaque: int, it) -> bytes:
+def system_event_frame(vbid: int, opaque: int, it: SystemItem) -> bytes:
     """The DCP_SYSTEM_EVENT of a collection create (key: the name; value version 0:
     manifest uid, scope id, collection id) or drop (no key, the same value)."""
     from dcptool.protocol.dcp.wire import messages as m
@@ -166,7 +217,7 @@ def system_event_frame(vbid: int, opaque: int, it) -> bytes:
                                   key=key, value=value))
 
 
-def parse_events(create_at, drop_at) -> tuple[Event, ...]:
+def parse_events(create_at: Iterable[str], drop_at: Iterable[str]) -> tuple[Event, ...]:
     """--create-collection-at / --drop-collection-at N:SCOPE.NAME; ValueError with the
     reason for a bad one."""
     out = []
@@ -186,12 +237,12 @@ def parse_events(create_at, drop_at) -> tuple[Event, ...]:
 class Filter:
     """What one stream sends: `cids` None for every collection, else the filtered ids;
     `scope` the scope id of a scope filter (collections created in it join)."""
-    cids: set | None = None
+    cids: set[int] | None = None
     scope: int | None = None
     legacy: bool = False        # a connection without collections: _default only, no events
-    remaining: set | None = None  # filtered collections whose drop the stream has not sent
+    remaining: set[int] | None = None  # filtered collections whose drop the stream has not sent
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.cids is not None and self.remaining is None:
             self.remaining = set(self.cids)
 
@@ -215,7 +266,7 @@ class Filter:
             return col is not None and col.sid == self.scope
         return self.cids is None or cid in self.cids
 
-    def disk_mask(self, cids, manifest: Manifest):
+    def disk_mask(self, cids: npt.NDArray[np.integer[Any]], manifest: Manifest) -> npt.NDArray[np.bool_] | None:
         """A boolean mask over disk items' collection ids; None when every item passes."""
         import numpy as np
         allowed = self.allowed_ids(manifest)
@@ -224,11 +275,11 @@ class Filter:
         mask = np.isin(cids, np.array(sorted(allowed), dtype=cids.dtype))
         return None if mask.all() else mask
 
-    def memory_items(self, items: list, manifest: Manifest) -> tuple[list, bool]:
+    def memory_items(self, items: list[_I], manifest: Manifest) -> tuple[list[_I], bool]:
         """(the items of a memory snapshot this stream gets, in order; whether the stream
         ends "filter empty" after the last of them: its last filtered collection dropped)."""
         allowed = self.allowed_ids(manifest)
-        out = []
+        out: list[_I] = []
         for it in items:
             if it.kind in ("sc", "sd"):
                 if not self.event_allowed(it.cid, manifest):
@@ -243,12 +294,12 @@ class Filter:
         return out, False
 
 
-def next_event_at(bucket) -> int | None:
+def next_event_at(bucket: object) -> int | None:
     manifest = getattr(bucket, "manifest", None)
     return None if manifest is None else manifest.next_event_at()
 
 
-def fire_due(server, bucket) -> None:
+def fire_due(server: _Server, bucket: object) -> None:
     """Scripted manifest events due at the server's stream frame count; wakes every
     connection when one fired (the transports watch `topology_changes`)."""
     manifest = getattr(bucket, "manifest", None)
@@ -256,7 +307,7 @@ def fire_due(server, bucket) -> None:
         server.topology_changes += 1
 
 
-def manifest_reply(bucket) -> tuple[int, bytes]:
+def manifest_reply(bucket: object) -> tuple[int, bytes]:
     """GET_COLLECTIONS_MANIFEST (0xba): status and body."""
     manifest = getattr(bucket, "manifest", None)
     if manifest is None:
@@ -264,7 +315,7 @@ def manifest_reply(bucket) -> tuple[int, bytes]:
     return Status.SUCCESS, manifest.to_json()
 
 
-def parse_filter(value: bytes, manifest, collections: bool) -> tuple[int, Filter | None, bytes]:
+def parse_filter(value: bytes, manifest: Manifest | None, collections: bool) -> tuple[int, Filter | None, bytes]:
     """(status, filter, error body) for a STREAM_REQ value. An empty value: every
     collection (or, without collections, the default one); the filter is None when it
     would pass everything (a bucket of `_default` alone, nothing scripted)."""

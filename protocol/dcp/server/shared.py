@@ -8,9 +8,11 @@ import collections
 import dataclasses
 import hashlib
 import math
+from typing import Any, ClassVar
 
 from dcptool.protocol.dcp.server.bucket import Bucket
-from dcptool.protocol.dcp.server.cluster import Change, Cluster, notifications
+from dcptool.protocol.dcp.server.cluster import Change, Cluster, Event, notifications
+from dcptool.protocol.dcp.server.manifest import Manifest
 from dcptool.protocol.dcp.wire import sasl
 from dcptool.protocol.dcp.wire.constants import StreamEndReason
 
@@ -38,22 +40,23 @@ class ServerModel:
     """What all connections of one server share: buckets, users, scenario state.
     `connection_class` (producer.ProducerConnection, set there) makes each connection."""
 
-    connection_class = None
+    # producer.ProducerConnection (producer.py imports this module: connections are duck-typed here)
+    connection_class: ClassVar[type[Any] | None] = None
 
     def __init__(self, buckets: list[Bucket], users: dict[str, str] | None = None,
                  scenarios: Scenarios | None = None, seed: int = 0, cluster: Cluster | None = None):
         self.buckets = {b.name: b for b in buckets}
         self.cluster = cluster          # None: a single node, made when the transport binds
-        self.connections: set = set()   # open ones
+        self.connections: set[Any] = set()   # open ones
         self.topology_changes = 0       # transports wake every connection when this moves
         self.scenarios = scenarios or Scenarios()
         self.users = dict(users or {})
-        self._creds = {}
+        self._creds: dict[tuple[str, str], sasl.ScramCredentials] = {}
         for user, password in self.users.items():
             for mech in sasl.SCRAM_HASHES:
                 salt = hashlib.sha256(f"{seed}:{user}:{mech}".encode()).digest()[:16]
                 self._creds[(user, mech)] = sasl.ScramCredentials.derive(mech, password, salt, 4096)
-        self.connections_by_name: dict = {}
+        self.connections_by_name: dict[tuple[Any, ...], Any] = {}
         self.stream_frames = 0          # stream frames sent by every connection together
         self.failover_done = False
         self.disconnect_done = False
@@ -65,9 +68,9 @@ class ServerModel:
         self.drain = False
         # one dict per connection, kept after it closes: the last STATS_KEPT only, so a server
         # does not grow with the connections it has seen
-        self.stats: collections.deque[dict] = collections.deque(maxlen=STATS_KEPT)
+        self.stats: collections.deque[dict[str, Any]] = collections.deque(maxlen=STATS_KEPT)
 
-    def credentials(self, user: str, mech: str):
+    def credentials(self, user: str, mech: str) -> sasl.ScramCredentials | None:
         return self._creds.get((user, mech))
 
     def check_plain(self, user: str, password: str) -> bool:
@@ -85,13 +88,15 @@ class ServerModel:
         if node < len(self.cluster.nodes):
             self.cluster.set_address(node, host, port, tls_port)
 
-    def cluster_for(self, bucket) -> Cluster | None:
+    def cluster_for(self, bucket: object) -> Cluster | None:
         cl = self.cluster
         return cl if cl is not None and cl.bucket is bucket else None
 
-    def connect(self, now: float, node: int = 0) :
+    def connect(self, now: float, node: int = 0) -> Any:
         self.accepted += 1
-        conn = self.connection_class(self, now, self.accepted, node)
+        make = self.connection_class
+        assert make is not None, "producer.py sets ServerModel.connection_class"
+        conn = make(self, now, self.accepted, node)
         cl = self.cluster
         if cl is not None and node < len(cl.nodes) and not cl.nodes[node].alive:
             conn.close(f"node {node} has failed over")
@@ -102,9 +107,9 @@ class ServerModel:
     def apply_changes(self, changes: list[Change]) -> None:
         """Topology events: streams of moved vbuckets end with "state changed" on the old
         owner; every connection to a failed node drops."""
-        for conn, frame in notifications(self.cluster, sorted(self.connections, key=lambda c: c.conn_id)
-                                         if changes else ()):
-            conn.push(frame)     # the new map first, then the stream ends and drops
+        if changes and self.cluster is not None:
+            for conn, frame in notifications(self.cluster, sorted(self.connections, key=lambda c: c.conn_id)):
+                conn.push(frame)     # the new map first, then the stream ends and drops
         for ch in changes:
             self.topology_changes += 1
             conns = sorted(self.connections, key=lambda c: c.conn_id)
@@ -124,9 +129,9 @@ class ServerModel:
 
 
 def server_from_options(*, bucket: str = "default", vbuckets: int = 64, items: int = 10_000, seed: int = 0,
-                        value_size: int = 61, users: dict | None = None, scenarios: Scenarios | None = None,
+                        value_size: int = 61, users: dict[str, str] | None = None, scenarios: Scenarios | None = None,
                         checkpoint_items: int = 100, nodes: int = 1, replicas: int = 0,
-                        events: tuple = (), manifest=None) -> ServerModel:
+                        events: tuple[Event, ...] = (), manifest: Manifest | None = None) -> ServerModel:
     """A server for one generated bucket; `nodes` > 1 or `events` make it a cluster
     (cluster.Cluster; events are cluster.Event, add-node events reserve spare nodes)."""
     b = Bucket(bucket, vbuckets, items, seed, value_size, checkpoint_items, manifest)

@@ -13,8 +13,10 @@ with sync writes anyway): they pass unchanged.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from dcptool.protocol.dcp.server.streams import Fixed, Var
 from dcptool.protocol.dcp.wire.constants import Opcode, Status, stream_key  # noqa: F401 (the producer's stream key)
@@ -32,7 +34,7 @@ def split_sid(value: bytes, enabled: bool) -> tuple[int, int, bytes]:
     """(status, sid, value without `sid`) of a STREAM_REQ value. With stream ids enabled the
     value must carry a `sid` of 1..65535; without, it must not carry one (kv_engine answers
     DCP_STREAM_ID_INVALID either way). A value that is not JSON is left to the filter parser."""
-    doc = None
+    doc: Any = None
     if value:
         try:
             doc = json.loads(value)
@@ -50,7 +52,7 @@ def split_sid(value: bytes, enabled: bool) -> tuple[int, int, bytes]:
     return Status.SUCCESS, sid, rest
 
 
-def tag_frame(frame, sid: int) -> bytes:
+def tag_frame(frame: bytes | memoryview | npt.NDArray[np.uint8], sid: int) -> bytes:
     """One classic-framed producer message (magic 0x80) in alt framing with the stream id."""
     fr = bytes(frame)
     if fr[0] != 0x80 or fr[1] not in TAGGED_OPS or fr[2] != 0:
@@ -60,7 +62,7 @@ def tag_frame(frame, sid: int) -> bytes:
                      bytes((0x22, sid >> 8, sid & 0xFF)), fr[24:]))
 
 
-def _tag_fixed(seg: Fixed, sid: int) -> Fixed:
+def _tag_fixed(seg: Fixed, sid: int) -> Fixed | Var:
     f, n = seg.f, seg.n - seg.i
     old = np.frombuffer(seg.data[seg.i * f:seg.n * f], dtype=np.uint8).reshape(n, f)
     if n == 0 or not ((old[:, 0] == 0x80) & np.isin(old[:, 1], sorted(TAGGED_OPS)) & (old[:, 2] == 0)).all():
@@ -80,14 +82,14 @@ def _tag_fixed(seg: Fixed, sid: int) -> Fixed:
     return Fixed(new.tobytes(), f + SID_FRAME_LEN, n, seg.data_frames)
 
 
-def _joined(frames: list[bytes]) -> tuple[bytes, list]:
+def _joined(frames: list[bytes]) -> tuple[bytes, list[int]]:
     starts = [0]
     for fr in frames:
         starts.append(starts[-1] + len(fr))
     return b"".join(frames), starts
 
 
-def tag_segment(seg, sid: int):
+def tag_segment(seg: Fixed | Var, sid: int) -> Fixed | Var:
     """The not-yet-sent rest of a segment, every stream message in it tagged with sid."""
     if isinstance(seg, Fixed):
         return _tag_fixed(seg, sid)

@@ -6,6 +6,7 @@ servers differ in (a parameter: LIVE_RANGE or RECORDED_RANGE, docs/CLUSTER.md)."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Callable, NamedTuple
 
 from dcptool.protocol.dcp.server.bucket import rollback_seqno
@@ -14,6 +15,7 @@ from dcptool.protocol.dcp.wire.constants import (
     Status,
     StreamRequestFlag,
 )
+from dcptool.protocol.dcp.wire.message_types import StreamRequest
 
 
 class Requested(NamedTuple):
@@ -46,7 +48,7 @@ LIVE_RANGE: Callable[[int, int, int], bool] = live_range
 RECORDED_RANGE: Callable[[int, int, int], bool] = recorded_range
 
 
-def requested(req, high: int, latest_uuid: int) -> Requested | None:
+def requested(req: StreamRequest, high: int, latest_uuid: int) -> Requested | None:
     """The range a request asks for (FROM_LATEST: from the high seqno, on the latest branch
     when the request names none); None when it is no range (start past end, or outside its
     snapshot): ERANGE."""
@@ -60,7 +62,7 @@ def requested(req, high: int, latest_uuid: int) -> Requested | None:
     return Requested(start, end, uuid, snap_start, snap_end)
 
 
-def decide(req, r: Requested, *, failover_log, high: int, in_range: Callable[[int, int, int], bool],
+def decide(req: StreamRequest, r: Requested, *, failover_log: Sequence[tuple[int, int]], high: int, in_range: Callable[[int, int, int], bool],
            purge_seqno: int = 0) -> Decision:
     """ROLLBACK (to the seqno of rollback_seqno), ERANGE (the range rule `in_range` refuses
     it), or SUCCESS with the stream's end."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 from dcptool.protocol.errors import ErrorCode, RemoteError
 
@@ -90,7 +91,7 @@ class ClusterConfig:
         return None
 
     # ---- JSON
-    def to_json(self, this_node: int | str | None = None) -> dict:
+    def to_json(self, this_node: int | str | None = None) -> dict[str, Any]:
         """The terse bucket config as a dict. this_node (index, or "host:kv") is the node
         that answers: its entries get `thisNode: true` and the `$HOST` placeholder."""
         me = _this_index(self, this_node)
@@ -98,7 +99,8 @@ class ClusterConfig:
         def host(i: int) -> str:
             return HOST_PLACEHOLDER if i == me else self.nodes[i].hostname
 
-        nodes, ext = [], []
+        nodes: list[dict[str, Any]] = []
+        ext: list[dict[str, Any]] = []
         for i, n in enumerate(self.nodes):
             nodes.append({"couchApiBase": f"http://{_bracket(host(i))}:8092/{self.name}%2B{self.uuid}",
                           "hostname": f"{_bracket(host(i))}:{n.mgmt}",
@@ -108,13 +110,13 @@ class ClusterConfig:
                 services["mgmtSSL"] = n.mgmt_ssl
             if n.kv_ssl is not None:
                 services["kvSSL"] = n.kv_ssl
-            entry: dict = {"services": services}
+            entry: dict[str, Any] = {"services": services}
             if i == me:
                 entry["thisNode"] = True
             else:
                 entry["hostname"] = n.hostname
             ext.append(entry)
-        vbsm = {"hashAlgorithm": "CRC", "numReplicas": self.num_replicas,
+        vbsm: dict[str, Any] = {"hashAlgorithm": "CRC", "numReplicas": self.num_replicas,
                 "serverList": [f"{_bracket(host(i))}:{n.kv}" for i, n in enumerate(self.nodes)],
                 "vBucketMap": [list(r) for r in self.vbucket_map]}
         if self.vbucket_map_forward is not None:
@@ -159,7 +161,7 @@ def _bracket(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def _this_index(cfg: ClusterConfig, this_node) -> int | None:
+def _this_index(cfg: ClusterConfig, this_node: int | str | None) -> int | None:
     if this_node is None:
         return None
     if isinstance(this_node, int):
@@ -170,7 +172,7 @@ def _this_index(cfg: ClusterConfig, this_node) -> int | None:
     return None
 
 
-def _int(d: dict, key: str, where: str, default=None) -> int:
+def _int(d: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
     v = d.get(key, default)
     if isinstance(v, bool) or not isinstance(v, int):
         if v is None:
@@ -193,7 +195,7 @@ def _split_hostport(text: str) -> tuple[str, int]:
     return host, p
 
 
-def _port(services: dict, key: str) -> int | None:
+def _port(services: dict[str, Any], key: str) -> int | None:
     v = services.get(key)
     if v is None:
         return None
@@ -202,7 +204,7 @@ def _port(services: dict, key: str) -> int | None:
     return v
 
 
-def _vbmap(rows, n_nodes: int, what: str) -> tuple[tuple[int, ...], ...]:
+def _vbmap(rows: object, n_nodes: int, what: str) -> tuple[tuple[int, ...], ...]:
     if not isinstance(rows, list):
         raise _bad(f"{what} is not a list")
     out = []

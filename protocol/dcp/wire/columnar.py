@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import array
 import struct
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from dcptool.protocol.dcp.wire import messages
 from dcptool.protocol.dcp.wire.constants import (
@@ -24,6 +26,11 @@ from dcptool.protocol.dcp.wire.constants import (
 )
 from dcptool.protocol.dcp.wire.frames import parse_frame
 from dcptool.protocol.errors import ErrorCode, RemoteError
+
+_Arr = npt.NDArray[Any]                     # a column, mask, offsets or positions array
+_Buf = bytes | bytearray | memoryview       # a receive buffer (or a capture's bytes)
+# the header fields of a batch (_header): magic, flex, framing extras, key, extras, body lengths
+_Fields = tuple[_Arr, _Arr, _Arr, _Arr, _Arr, _Arr]
 
 _BODYLEN = struct.Struct(">I").unpack_from
 _MAGIC_OK = bytes(1 if i in ALL_MAGICS else 0 for i in range(256))
@@ -52,7 +59,7 @@ _RUN_MIN = 16
 _RUN_FIRST = 64
 
 
-def _run_length(buf, pos: int, length: int, most: int) -> int:
+def _run_length(buf: _Buf, pos: int, length: int, most: int) -> int:
     """How many frames of `length` bytes follow one another from pos (at most `most`)."""
     body = length - HEADER_LEN
     done, step = 0, _RUN_FIRST
@@ -68,7 +75,7 @@ def _run_length(buf, pos: int, length: int, most: int) -> int:
     return done
 
 
-def scan(buf, max_body: int = DEFAULT_MAX_BODY, start: int = 0):
+def scan(buf: _Buf, max_body: int = DEFAULT_MAX_BODY, start: int = 0) -> tuple[_Arr, _Arr, int, RemoteError | None]:
     """Boundaries of the whole frames in buf[start:]: (offsets, lengths, consumed, error).
 
     A short tail is not consumed; a bad magic, a length above max_body or inconsistent
@@ -76,7 +83,7 @@ def scan(buf, max_body: int = DEFAULT_MAX_BODY, start: int = 0):
     offs = array.array("q")   # becomes the numpy offsets without a copy
     append = offs.append
     pos, n = start, len(buf)
-    err = None
+    err: RemoteError | None = None
     last, same = -1, 0
     while pos + HEADER_LEN <= n:
         bl = _BODYLEN(buf, pos + 8)[0]
@@ -133,10 +140,10 @@ def scan(buf, max_body: int = DEFAULT_MAX_BODY, start: int = 0):
 # (the transport hands both scan's own `offsets` array): one gather of the 24-byte headers per
 # receive, not three. Keyed by the identity of that array, which the entry keeps alive; its
 # arrays are read-only. A batch with other offsets gathers its own.
-_last_headers: tuple = (None, None, None)
+_last_headers: tuple[_Arr, _Arr, _Fields] | None = None
 
 
-def _remember(offsets, h, fields) -> None:
+def _remember(offsets: _Arr, h: _Arr, fields: _Fields) -> None:
     global _last_headers
     offsets.flags.writeable = False
     h.flags.writeable = False
@@ -145,30 +152,32 @@ def _remember(offsets, h, fields) -> None:
     _last_headers = (offsets, h, fields)
 
 
-def headers(buf, offsets):
+def headers(buf: _Buf, offsets: _Arr) -> tuple[_Arr, _Fields]:
     """(records of HEADER, _header fields) of the frames at offsets of buf: scan's when
     `offsets` is the array scan returned for buf, else gathered now."""
     last = _last_headers
-    if last[0] is offsets:
+    if last is not None and last[0] is offsets:
         return last[1], last[2]
     h = records(_u8(buf), offsets, HEADER)
     return h, _header(h)
 
 
-def _u8(buf):
+def _u8(buf: _Buf) -> npt.NDArray[np.uint8]:
     return np.frombuffer(buf, dtype=np.uint8)
 
 
-def be_uint(u8, pos, width):
+def be_uint(u8: _Arr, pos: _Arr, width: int) -> _Arr:
     """Big-endian unsigned ints of `width` bytes at byte positions pos: one gather from a
     view that has an int starting at every byte of the buffer (stride 1)."""
     if width == 1:
-        return u8[pos]
+        gathered: _Arr = u8[pos]     # numpy's stubs type fancy indexing as Any
+        return gathered
     n = len(u8) - width + 1
     if n <= 0 or len(pos) == 0:
         return np.zeros(len(pos), dtype=f"u{width}")
     view = np.ndarray(shape=(n,), dtype=f">u{width}", buffer=u8.data, offset=0, strides=(1,))
-    return view[pos].astype(f"u{width}")
+    native: _Arr = view[pos].astype(f"u{width}")
+    return native
 
 
 # The 24-byte header as a record (big-endian fields); bytes 2-3 are the key length, or
@@ -179,7 +188,7 @@ HEADER = np.dtype([("magic", "u1"), ("opcode", "u1"), ("b2", "u1"), ("b3", "u1")
 assert HEADER.itemsize == HEADER_LEN
 
 
-def _extras(*fields) -> np.dtype:
+def _extras(*fields: str) -> np.dtype[np.void]:
     return np.dtype([(name, ">u8" if name in _U64 else ">u4") for name in fields])
 
 
@@ -191,7 +200,7 @@ _SNAPSHOT_EXTRAS = _extras("snap_start", "snap_end", "snap_flags")
 _SYSTEM_EVENT_EXTRAS = _extras("by_seqno", "system_event_id")
 
 
-def records(u8, pos, dtype: np.dtype) -> np.ndarray:
+def records(u8: _Arr, pos: _Arr, dtype: np.dtype[Any]) -> _Arr:
     """Records of `dtype` (fixed-width, big-endian fields) starting at byte positions pos,
     in one gather of dtype.itemsize bytes each from a view with a record at every byte.
     Every pos + itemsize must be within u8."""
@@ -200,10 +209,11 @@ def records(u8, pos, dtype: np.dtype) -> np.ndarray:
     if n <= 0 or len(pos) == 0:
         return np.zeros(len(pos), dtype=dtype)
     view = np.ndarray(shape=(n,), dtype=f"V{width}", buffer=u8.data, offset=0, strides=(1,))
-    return view[pos].view(dtype)
+    gathered: _Arr = view[pos].view(dtype)     # numpy's stubs type fancy indexing as Any
+    return gathered
 
 
-def _header(h):
+def _header(h: _Arr) -> _Fields:
     magic = h["magic"]
     flex = (magic == 0x08) | (magic == 0x18)
     b2 = h["b2"].astype(np.int64)
@@ -221,33 +231,33 @@ class Batch:
 
     __slots__ = ("buf", "n", "numeric", "key", "raw", "objects")
 
-    def __init__(self, buf, n):
+    def __init__(self, buf: _Buf, n: int):
         self.buf = buf
         self.n = n
-        self.numeric: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        self.objects: dict[str, list | None] = {name: None for name in OBJECT}
-        self.key = None
-        self.raw = None
+        self.numeric: dict[str, tuple[_Arr, _Arr]] = {}
+        self.objects: dict[str, list[Any] | None] = {name: None for name in OBJECT}
+        self.key: tuple[_Arr, _Arr, _Arr] | None = None    # decode_batch sets both
+        self.raw: tuple[_Arr, _Arr] | None = None
 
-    def set(self, name, idx, values):
+    def set(self, name: str, idx: int | _Arr, values: int | _Arr) -> None:
         col = self.numeric.get(name)
-        if col is None and type(idx) is not int and len(idx) == self.n and self.n:
+        if col is None and not isinstance(idx, int) and len(idx) == self.n and self.n:
             # every frame has it (idx: distinct rows, in order): the values are the column
             self.numeric[name] = (np.asarray(values).astype(NUMERIC[name]), np.ones(self.n, dtype=bool))
             return
         if col is None:
             col = (np.zeros(self.n, dtype=NUMERIC[name]), np.zeros(self.n, dtype=bool))
             self.numeric[name] = col
-        if type(values) is int and col[0].dtype == np.int64 and values >= 1 << 63:
+        if isinstance(values, int) and col[0].dtype == np.int64 and values >= 1 << 63:
             values -= 1 << 64  # seqnos are int64 in the capture (as in Couchbase); the raw frame keeps all 64 bits
         col[0][idx] = values
         col[1][idx] = True
 
-    def set_all(self, name, values):
+    def set_all(self, name: str, values: _Arr) -> None:
         """Every row has the column: the values become it (one conversion, no mask)."""
         self.numeric[name] = (np.asarray(values).astype(NUMERIC[name]), np.ones(self.n, dtype=bool))
 
-    def set_object(self, name, i, value):
+    def set_object(self, name: str, i: int, value: object) -> None:
         col = self.objects[name]
         if col is None:
             col = self.objects[name] = [None] * self.n
@@ -271,7 +281,8 @@ class _Layout:
     __slots__ = ("u8", "offsets", "lengths", "opcode", "vs", "el", "kl", "ex", "key_start", "key_len",
                  "value_len", "key_valid")
 
-    def __init__(self, u8, offsets, lengths, h, fe, kl, el, bl):
+    def __init__(self, u8: _Arr, offsets: _Arr, lengths: _Arr, h: _Arr, fe: _Arr, kl: _Arr, el: _Arr,
+                 bl: _Arr):
         self.u8, self.offsets, self.lengths = u8, offsets, lengths
         self.opcode = h["opcode"].copy()
         self.vs = h["vbucket_or_status"].astype(np.uint16)
@@ -283,8 +294,8 @@ class _Layout:
         self.key_valid = np.zeros(len(offsets), dtype=bool)
 
 
-def decode_batch(buf, offsets: np.ndarray, lengths: np.ndarray, *, collections: bool = False,
-                 opaque_vbuckets: dict | None = None) -> Batch:
+def decode_batch(buf: _Buf, offsets: _Arr, lengths: _Arr, *, collections: bool = False,
+                 opaque_vbuckets: dict[int, int | tuple[int, int]] | None = None) -> Batch:
     """Decode the whole frames at offsets/lengths in buf into columns.
 
     opaque_vbuckets maps a request's opaque to its vbucket; it is updated from the requests
@@ -312,7 +323,7 @@ def decode_batch(buf, offsets: np.ndarray, lengths: np.ndarray, *, collections: 
     return b
 
 
-def _fast_frames(b: Batch, lay: _Layout, is_req, flex, fe, collections: bool) -> np.ndarray:
+def _fast_frames(b: Batch, lay: _Layout, is_req: _Arr, flex: _Arr, fe: _Arr, collections: bool) -> _Arr:
     """Which frames the vectorised path can take (sets their stream ids and one-byte
     collection prefixes on the way)."""
     u8, offsets, opcode, el, kl = lay.u8, lay.offsets, lay.opcode, lay.el, lay.kl
@@ -346,20 +357,20 @@ def _fast_frames(b: Batch, lay: _Layout, is_req, flex, fe, collections: bool) ->
     return fast
 
 
-def _fast_columns(b: Batch, lay: _Layout, fidx: np.ndarray) -> None:
+def _fast_columns(b: Batch, lay: _Layout, fidx: _Arr) -> None:
     """The columns of the frames of the vectorised path, gathered per layout."""
     u8, value_len = lay.u8, lay.value_len
     b.set("vbucket", fidx, lay.vs[fidx])
     fop = lay.opcode[fidx]
     fex = lay.ex[fidx]
 
-    def sel(mask):
+    def sel(mask: _Arr) -> tuple[_Arr, _Arr]:
         return fidx[mask], fex[mask]
 
-    def set_fields(idx, ex_pos, dtype):
+    def set_fields(idx: _Arr, ex_pos: _Arr, dtype: np.dtype[np.void]) -> None:
         # the vectorised path only takes frames whose extras are this long, or longer
         rec = records(u8, ex_pos, dtype)
-        for name in dtype.names:
+        for name in dtype.names or ():
             b.set(name, idx, rec[name].astype(NUMERIC[name]))   # native first: a fast scatter
 
     mut, mex = sel(fop == _MUT)
@@ -385,12 +396,14 @@ def _fast_columns(b: Batch, lay: _Layout, fidx: np.ndarray) -> None:
     lay.key_valid[items] = True
     lay.key_valid[se] = True
     if len(sn):
-        versions = b.objects["snap_version"] = [None] * b.n
+        versions: list[Any] = [None] * b.n
+        b.objects["snap_version"] = versions
         for i in sn.tolist():
             versions[i] = "1"
 
 
-def _slow_columns(b: Batch, lay: _Layout, slow: np.ndarray, collections: bool, opaque_vbuckets: dict) -> None:
+def _slow_columns(b: Batch, lay: _Layout, slow: _Arr, collections: bool,
+                  opaque_vbuckets: dict[int, int | tuple[int, int]]) -> None:
     """The columns of every other frame, one frame at a time through the message decoder."""
     raw_bytes = b.buf
     key_start, key_len, kl = lay.key_start, lay.key_len, lay.kl
@@ -440,22 +453,24 @@ class _BytesSlicer:
     """Slices of a buffer as bytes (a memoryview's slices are memoryviews)."""
     __slots__ = ("mv",)
 
-    def __init__(self, buf):
+    def __init__(self, buf: _Buf):
         self.mv = memoryview(buf)
 
     def __getitem__(self, s: slice) -> bytes:
         return self.mv[s].tobytes()
 
 
-def _present_columns(batch: Batch, raw: bool):
+def _present_columns(batch: Batch, raw: bool) -> tuple[list[str], list[_Arr], list[_Arr]]:
     """(names, columns, valid masks) of the columns some frame of the batch carries, in
     ROW_ORDER (then `raw`): numeric columns as numpy arrays, the rest as object arrays."""
     from dcptool.protocol.dcp.wire.constants import OP_NAME_TABLE, op_index
     n = batch.n
-    names, cols, valids = [], [], []
-    buf = batch.buf
-    if type(buf) is not bytes:   # a receive buffer handed on (memoryview): values as bytes
-        buf = _BytesSlicer(buf)
+    assert batch.key is not None and batch.raw is not None, "a batch decode_batch made"
+    names: list[str] = []
+    cols: list[_Arr] = []
+    valids: list[_Arr] = []
+    # a receive buffer handed on (memoryview): values as bytes
+    buf = batch.buf if type(batch.buf) is bytes else _BytesSlicer(batch.buf)
     for name in ROW_ORDER:
         if name == "op":
             names.append(name)
@@ -495,11 +510,11 @@ def _present_columns(batch: Batch, raw: bool):
     return names, cols, valids
 
 
-def to_columns(batch: Batch, *, raw: bool = False) -> dict[str, list]:
+def to_columns(batch: Batch, *, raw: bool = False) -> dict[str, list[Any]]:
     """Every column some frame of the batch carries, as a Python list per column with None
     where a frame does not carry it: the shape for rows that carry every column (the
     output contract), built column-wise."""
-    out = {}
+    out: dict[str, list[Any]] = {}
     for name, col, valid in zip(*_present_columns(batch, raw)):
         values = col.tolist()
         if not valid.all():
@@ -509,7 +524,7 @@ def to_columns(batch: Batch, *, raw: bool = False) -> dict[str, list]:
     return out
 
 
-def to_rows(batch: Batch, *, raw: bool = False) -> list[dict]:
+def to_rows(batch: Batch, *, raw: bool = False) -> list[dict[str, Any]]:
     """One dict per frame with the columns it carries (the same dicts messages.to_row
     gives). Rows that carry the same set of columns are built together, column-wise."""
     n = batch.n
@@ -517,10 +532,10 @@ def to_rows(batch: Batch, *, raw: bool = False) -> list[dict]:
         return []
     names, cols, valids = _present_columns(batch, raw)
     bits = np.packbits(np.stack(valids, axis=1), axis=1, bitorder="little")
-    sig = np.zeros((n, 8), dtype=np.uint8)
-    sig[:, :bits.shape[1]] = bits
-    sig = sig.view(np.uint64).ravel()
-    out: list = [None] * n
+    sig8 = np.zeros((n, 8), dtype=np.uint8)
+    sig8[:, :bits.shape[1]] = bits
+    sig = sig8.view(np.uint64).ravel()
+    out: list[Any] = [None] * n
     for s in np.unique(sig).tolist():
         idx = np.nonzero(sig == s)[0]
         present = [j for j in range(len(names)) if (s >> j) & 1]

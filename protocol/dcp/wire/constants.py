@@ -4,6 +4,14 @@ tolerated everywhere: use the `name_of` helpers, never Enum(value) on wire data.
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+# an int, or a numpy array of them (the stream-key helpers work elementwise on both)
+_Ints = TypeVar("_Ints", int, "npt.NDArray[np.integer[Any]]")
 
 
 class Magic(enum.IntEnum):
@@ -105,7 +113,7 @@ def op_name(opcode: int, magic: int = 0x80) -> str:
     return OP_NAME_TABLE[(opcode & 0xFF) + (SERVER_OP_BASE if magic in (0x82, 0x83) else 0)]
 
 
-def op_index(magic, opcode):
+def op_index(magic: npt.NDArray[np.integer[Any]], opcode: npt.NDArray[np.integer[Any]]) -> npt.NDArray[np.int32]:
     """OP_NAME_TABLE indexes (int32) of numpy magic / opcode arrays."""
     idx = opcode.astype("int32")
     server = (magic | 1) == 0x83          # 0x82 or 0x83
@@ -270,15 +278,15 @@ class FrameInfoId(enum.IntEnum):
 NUM_VB_SLOTS = 1024       # vbucket ids a bucket can have (0-1023); anything above is hostile
 
 
-def stream_key(vb, sid):
+def stream_key(vb: _Ints, sid: _Ints) -> _Ints:
     return vb + NUM_VB_SLOTS * sid
 
 
-def key_vb(key):
+def key_vb(key: _Ints) -> _Ints:
     return key % NUM_VB_SLOTS
 
 
-def key_sid(key):
+def key_sid(key: _Ints) -> _Ints:
     return key // NUM_VB_SLOTS
 
 

@@ -20,7 +20,7 @@ def encode(value: int) -> bytes:
             return bytes(out)
 
 
-def decode(data, pos: int = 0, limit: int | None = None) -> tuple[int, int]:
+def decode(data: bytes | bytearray | memoryview, pos: int = 0, limit: int | None = None) -> tuple[int, int]:
     """(value, bytes used) of the LEB128 number at data[pos:limit]."""
     end = len(data) if limit is None else limit
     if pos < end and data[pos] < 0x80:  # the common one-byte case

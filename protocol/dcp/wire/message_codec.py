@@ -8,17 +8,74 @@ bad input except framing errors."""
 
 from __future__ import annotations
 
-import struct
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict, TypeVar
 
 from dcptool.protocol.dcp.wire import leb128
 from dcptool.protocol.dcp.wire.constants import RESPONSE_MAGICS, Opcode, Status, op_name
 from dcptool.protocol.dcp.wire.frames import (
     Frame,
-    encode_frame,
-    encode_frame_infos,
     parse_frame,
     parse_frame_infos,
+)
+from dcptool.protocol.dcp.wire.layouts import (
+    DELETION_V1 as _DELETION_V1,
+)
+from dcptool.protocol.dcp.wire.layouts import (
+    DELETION_V2 as _DELETION_V2,
+)
+from dcptool.protocol.dcp.wire.layouts import (
+    EXPIRATION as _EXPIRATION,
+)
+from dcptool.protocol.dcp.wire.layouts import (
+    META as _META,
+)
+from dcptool.protocol.dcp.wire.layouts import (
+    MUTATION as _MUTATION,
+)
+from dcptool.protocol.dcp.wire.layouts import (
+    OPEN as _OPEN,
+)
+from dcptool.protocol.dcp.wire.layouts import (
+    PAIR as _PAIR,
+)
+from dcptool.protocol.dcp.wire.layouts import (
+    PREPARE as _PREPARE,
+)
+from dcptool.protocol.dcp.wire.layouts import (
+    SNAP_V1 as _SNAP_V1,
+)
+from dcptool.protocol.dcp.wire.layouts import (
+    SNAP_V20 as _SNAP_V20,
+)
+from dcptool.protocol.dcp.wire.layouts import (
+    SNAP_V22 as _SNAP_V22,
+)
+from dcptool.protocol.dcp.wire.layouts import (
+    SNAP_V22_HPS as _SNAP_V22_HPS,
+)
+from dcptool.protocol.dcp.wire.layouts import (
+    STREAM_REQ as _STREAM_REQ,
+)
+from dcptool.protocol.dcp.wire.layouts import (
+    SYSTEM_EVENT as _SYSTEM_EVENT,
+)
+from dcptool.protocol.dcp.wire.layouts import (
+    TWO_SEQNOS as _TWO_SEQNOS,
+)
+from dcptool.protocol.dcp.wire.layouts import (
+    U16 as _U16,
+)
+from dcptool.protocol.dcp.wire.layouts import (
+    U32 as _U32,
+)
+from dcptool.protocol.dcp.wire.layouts import (
+    U64 as _U64,
+)
+from dcptool.protocol.dcp.wire.layouts import (
+    VB_SEQNO as _VB_SEQNO,
+)
+from dcptool.protocol.dcp.wire.layouts import (
+    WITH_META as _WITH_META,
 )
 from dcptool.protocol.dcp.wire.message_types import (
     Abort,
@@ -66,28 +123,22 @@ from dcptool.protocol.errors import DcptoolError, ErrorCode, ProtocolError
 
 # --------------------------------------------------------------------------- layouts
 
-_U16 = struct.Struct(">H")
-_U32 = struct.Struct(">I")
-_U64 = struct.Struct(">Q")
-_OPEN = struct.Struct(">II")
-_STREAM_REQ = struct.Struct(">IIQQQQQ")
-_SNAP_V1 = struct.Struct(">QQI")
-_SNAP_V20 = struct.Struct(">QQIQQ")
-_SNAP_V22 = struct.Struct(">QQIQQQ")
-_SNAP_V22_HPS = struct.Struct(">QQIQQQQ")
-_MUTATION = struct.Struct(">QQIIIHB")
-_DELETION_V1 = struct.Struct(">QQH")
-_DELETION_V2 = struct.Struct(">QQIB")
-_EXPIRATION = struct.Struct(">QQI")
-_SYSTEM_EVENT = struct.Struct(">QIB")
-_PREPARE = struct.Struct(">QQIIIBBB")
-_TWO_SEQNOS = struct.Struct(">QQ")
-_PAIR = struct.Struct(">QQ")
-_VB_SEQNO = struct.Struct(">HQ")
-_WITH_META = struct.Struct(">IIQQ")     # flags, expiration, rev seqno, CAS (+ options u32, + meta length u16)
-_META = struct.Struct(">IIIQ")          # GET_META answer: deleted, flags, expiration, rev seqno (+ datatype)
-
 SNAPSHOT_VERSIONS = {0: "2.0", 2: "2.2"}
+
+_M = TypeVar("_M", bound=Message)
+
+
+class _Common(TypedDict):
+    """The fields every message reads the same way from its frame (`_common`)."""
+    opaque: int
+    cas: int
+    datatype: int
+    frame_infos: tuple[tuple[int, bytes], ...]
+    magic: int | None
+
+
+# reader(frame, common, collections) -> the message of a request's frame (REQUEST_READERS)
+_Reader = Callable[[Frame, _Common, bool], Message]
 
 
 class _Bad(DcptoolError):
@@ -118,21 +169,15 @@ def _split_key(key: bytes, collections: bool) -> tuple[int | None, bytes]:
     return cid, key[used:]
 
 
-def _join_key(msg) -> bytes:
-    if msg.collection_id is None:
-        return msg.key
-    return leb128.encode(msg.collection_id) + msg.key
-
-
-def _common(f: Frame) -> dict:
+def _common(f: Frame) -> _Common:
     infos = tuple(parse_frame_infos(f.framing_extras)) if f.framing_extras else ()
     default = (0x18 if f.magic in RESPONSE_MAGICS else 0x08) if infos else \
         (0x81 if f.magic in RESPONSE_MAGICS else 0x80)
-    return {"opaque": f.opaque, "cas": f.cas, "datatype": f.datatype, "frame_infos": infos,
-            "magic": None if f.magic == default else f.magic}
+    return _Common(opaque=f.opaque, cas=f.cas, datatype=f.datatype, frame_infos=infos,
+                   magic=None if f.magic == default else f.magic)
 
 
-def _mutation(f: Frame, c: dict, collections: bool):
+def _mutation(f: Frame, c: _Common, collections: bool) -> Message:
     ex = f.extras
     _need(ex, 31, "mutation")
     by, rev, fl, exp, lock, nmeta, nru = _MUTATION.unpack(ex)
@@ -141,7 +186,7 @@ def _mutation(f: Frame, c: dict, collections: bool):
                     rev_seqno=rev, item_flags=fl, expiration=exp, lock_time=lock, nmeta=nmeta, nru=nru, **c)
 
 
-def _snapshot_marker(f: Frame, c: dict, collections: bool):
+def _snapshot_marker(f: Frame, c: _Common, collections: bool) -> Message:
     ex, val, vb = f.extras, f.value, f.vbucket_or_status
     if len(ex) == 20:
         if val:
@@ -171,14 +216,14 @@ def _snapshot_marker(f: Frame, c: dict, collections: bool):
                           high_prepared_seqno=hps, **c)
 
 
-def _noop(f: Frame, c: dict, collections: bool):
+def _noop(f: Frame, c: _Common, collections: bool) -> Message:
     _need(f.extras, 0, "noop")
     if f.key or f.value:
         raise _Bad(ErrorCode.BAD_LENGTHS, "noop carries no key or value")
     return Noop(vbucket=f.vbucket_or_status, **c)
 
 
-def _deletion(f: Frame, c: dict, collections: bool):
+def _deletion(f: Frame, c: _Common, collections: bool) -> Message:
     ex, val, vb = f.extras, f.value, f.vbucket_or_status
     cid, k = _split_key(f.key, collections)
     if len(ex) == 18:
@@ -192,7 +237,7 @@ def _deletion(f: Frame, c: dict, collections: bool):
     raise _Bad(ErrorCode.BAD_EXTRAS, f"deletion needs 18 or 21 extras bytes, got {len(ex)}")
 
 
-def _expiration(f: Frame, c: dict, collections: bool):
+def _expiration(f: Frame, c: _Common, collections: bool) -> Message:
     _need(f.extras, 20, "expiration")
     by, rev, dt = _EXPIRATION.unpack(f.extras)
     cid, k = _split_key(f.key, collections)
@@ -200,12 +245,12 @@ def _expiration(f: Frame, c: dict, collections: bool):
                       rev_seqno=rev, delete_time=dt, **c)
 
 
-def _stream_end(f: Frame, c: dict, collections: bool):
+def _stream_end(f: Frame, c: _Common, collections: bool) -> Message:
     _need(f.extras, 4, "stream end")
     return StreamEnd(vbucket=f.vbucket_or_status, reason=_U32.unpack(f.extras)[0], **c)
 
 
-def _stream_request(f: Frame, c: dict, collections: bool):
+def _stream_request(f: Frame, c: _Common, collections: bool) -> Message:
     _need(f.extras, 48, "stream request")
     fl, res, st, en, uuid, ss, se = _STREAM_REQ.unpack(f.extras)
     if f.key:
@@ -214,29 +259,29 @@ def _stream_request(f: Frame, c: dict, collections: bool):
                          vbucket_uuid=uuid, snap_start=ss, snap_end=se, value=f.value, **c)
 
 
-def _buffer_ack(f: Frame, c: dict, collections: bool):
+def _buffer_ack(f: Frame, c: _Common, collections: bool) -> Message:
     _need(f.extras, 4, "buffer acknowledgement")
     return BufferAck(vbucket=f.vbucket_or_status, bytes_acked=_U32.unpack(f.extras)[0], **c)
 
 
-def _system_event(f: Frame, c: dict, collections: bool):
+def _system_event(f: Frame, c: _Common, collections: bool) -> Message:
     _need(f.extras, 13, "system event")
     by, ev, ver = _SYSTEM_EVENT.unpack(f.extras)
     return SystemEvent(vbucket=f.vbucket_or_status, by_seqno=by, event_id=ev, version=ver, key=f.key,
                        value=f.value, **c)
 
 
-def _seqno_advanced(f: Frame, c: dict, collections: bool):
+def _seqno_advanced(f: Frame, c: _Common, collections: bool) -> Message:
     _need(f.extras, 8, "seqno advanced")
     return SeqnoAdvanced(vbucket=f.vbucket_or_status, by_seqno=_U64.unpack(f.extras)[0], **c)
 
 
-def _oso_snapshot(f: Frame, c: dict, collections: bool):
+def _oso_snapshot(f: Frame, c: _Common, collections: bool) -> Message:
     _need(f.extras, 4, "oso snapshot")
     return OsoSnapshot(vbucket=f.vbucket_or_status, flags=_U32.unpack(f.extras)[0], **c)
 
 
-def _prepare(f: Frame, c: dict, collections: bool):
+def _prepare(f: Frame, c: _Common, collections: bool) -> Message:
     _need(f.extras, 31, "prepare")
     by, rev, fl, exp, lock, nru, deleted, dur = _PREPARE.unpack(f.extras)
     cid, k = _split_key(f.key, collections)
@@ -245,7 +290,7 @@ def _prepare(f: Frame, c: dict, collections: bool):
                    durability=dur, **c)
 
 
-def _commit(f: Frame, c: dict, collections: bool):
+def _commit(f: Frame, c: _Common, collections: bool) -> Message:
     _need(f.extras, 16, op_name(f.opcode))
     p, s = _TWO_SEQNOS.unpack(f.extras)
     cid, k = _split_key(f.key, collections)
@@ -253,7 +298,7 @@ def _commit(f: Frame, c: dict, collections: bool):
                   commit_seqno=s, **c)
 
 
-def _abort(f: Frame, c: dict, collections: bool):
+def _abort(f: Frame, c: _Common, collections: bool) -> Message:
     _need(f.extras, 16, op_name(f.opcode))
     p, s = _TWO_SEQNOS.unpack(f.extras)
     cid, k = _split_key(f.key, collections)
@@ -261,35 +306,35 @@ def _abort(f: Frame, c: dict, collections: bool):
                  abort_seqno=s, **c)
 
 
-def _seqno_acknowledged(f: Frame, c: dict, collections: bool):
+def _seqno_acknowledged(f: Frame, c: _Common, collections: bool) -> Message:
     _need(f.extras, 8, "seqno acknowledged")
     return SeqnoAcknowledged(vbucket=f.vbucket_or_status, prepared_seqno=_U64.unpack(f.extras)[0], **c)
 
 
-def _set_vbucket_state(f: Frame, c: dict, collections: bool):
+def _set_vbucket_state(f: Frame, c: _Common, collections: bool) -> Message:
     _need(f.extras, 1, "set vbucket state")
     return SetVbucketState(vbucket=f.vbucket_or_status, state=f.extras[0], **c)
 
 
-def _control(f: Frame, c: dict, collections: bool):
+def _control(f: Frame, c: _Common, collections: bool) -> Message:
     _need(f.extras, 0, "control")
     return Control(vbucket=f.vbucket_or_status, key=f.key, value=f.value, **c)
 
 
-def _open(f: Frame, c: dict, collections: bool):
+def _open(f: Frame, c: _Common, collections: bool) -> Message:
     _need(f.extras, 8, "open")
     seq, fl = _OPEN.unpack(f.extras)
     return DcpOpen(vbucket=f.vbucket_or_status, name=f.key, flags=fl, seqno=seq, value=f.value, **c)
 
 
-def _add_stream(f: Frame, c: dict, collections: bool):
+def _add_stream(f: Frame, c: _Common, collections: bool) -> Message:
     _need(f.extras, 4, "add stream")
     return AddStream(vbucket=f.vbucket_or_status, flags=_U32.unpack(f.extras)[0], **c)
 
 
-def _bare(cls):
+def _bare(cls: type[CloseStream | GetFailoverLog | SaslListMechs]) -> _Reader:
     """The reader of a request that carries nothing but its vbucket."""
-    def read(f: Frame, c: dict, collections: bool):
+    def read(f: Frame, c: _Common, collections: bool) -> Message:
         _need(f.extras, 0, op_name(f.opcode))
         if f.key or f.value:
             raise _Bad(ErrorCode.BAD_LENGTHS, f"{op_name(f.opcode)} carries no key or value")
@@ -297,7 +342,7 @@ def _bare(cls):
     return read
 
 
-def _hello(f: Frame, c: dict, collections: bool):
+def _hello(f: Frame, c: _Common, collections: bool) -> Message:
     _need(f.extras, 0, "hello")
     if len(f.value) % 2:
         raise _Bad(ErrorCode.BAD_LENGTHS, "hello features are not a list of u16")
@@ -305,27 +350,27 @@ def _hello(f: Frame, c: dict, collections: bool):
                  features=tuple(x for (x,) in _U16.iter_unpack(f.value)), **c)
 
 
-def _sasl(cls):
-    def read(f: Frame, c: dict, collections: bool):
+def _sasl(cls: type[SaslAuth]) -> _Reader:
+    def read(f: Frame, c: _Common, collections: bool) -> Message:
         _need(f.extras, 0, op_name(f.opcode))
         return cls(vbucket=f.vbucket_or_status, mechanism=f.key, data=f.value, **c)
     return read
 
 
-def _select_bucket(f: Frame, c: dict, collections: bool):
+def _select_bucket(f: Frame, c: _Common, collections: bool) -> Message:
     _need(f.extras, 0, "select bucket")
     if f.value:
         raise _Bad(ErrorCode.BAD_LENGTHS, "select bucket carries no value")
     return SelectBucket(vbucket=f.vbucket_or_status, bucket=f.key, **c)
 
 
-def _get_error_map(f: Frame, c: dict, collections: bool):
+def _get_error_map(f: Frame, c: _Common, collections: bool) -> Message:
     if f.extras or f.key or len(f.value) != 2:
         raise _Bad(ErrorCode.BAD_LENGTHS, "get error map carries a 2-byte version only")
     return GetErrorMap(vbucket=f.vbucket_or_status, version=_U16.unpack(f.value)[0], **c)
 
 
-def _get_all_vb_seqnos(f: Frame, c: dict, collections: bool):
+def _get_all_vb_seqnos(f: Frame, c: _Common, collections: bool) -> Message:
     if f.key or f.value or len(f.extras) not in (0, 4, 8):
         raise _Bad(ErrorCode.BAD_EXTRAS, "get all vb seqnos takes 0, 4 or 8 extras bytes only")
     return GetAllVbSeqnos(vbucket=f.vbucket_or_status, extras=f.extras, **c)
@@ -359,7 +404,7 @@ def _get_meta(f: Frame, c: dict[str, Any], collections: bool) -> Message:
 
 # opcode -> reader of a request (magic 0x80 / 0x82 / 0x08): reader(frame, common, collections)
 # gives the message, raises _Bad for a wrong layout; an opcode not here is a generic Request
-REQUEST_READERS: dict[int, Callable[[Frame, dict, bool], Message]] = {
+REQUEST_READERS: dict[int, _Reader] = {
     Opcode.DCP_MUTATION: _mutation,
     Opcode.DCP_SNAPSHOT_MARKER: _snapshot_marker,
     Opcode.DCP_NOOP: _noop,
@@ -395,7 +440,7 @@ REQUEST_READERS: dict[int, Callable[[Frame, dict, bool], Message]] = {
 }
 
 
-def _stream_request_response(f: Frame, c: dict):
+def _stream_request_response(f: Frame, c: _Common) -> Message | None:
     st, val = f.vbucket_or_status, f.value
     if f.extras or f.key:
         return None
@@ -408,7 +453,7 @@ def _stream_request_response(f: Frame, c: dict):
     return StreamRequestResponse(status=st, value=val, **c)
 
 
-def _failover_log_response(f: Frame, c: dict):
+def _failover_log_response(f: Frame, c: _Common) -> Message | None:
     if f.extras or f.key:
         return None
     if f.vbucket_or_status == Status.SUCCESS:
@@ -416,13 +461,13 @@ def _failover_log_response(f: Frame, c: dict):
     return FailoverLogResponse(status=f.vbucket_or_status, value=f.value, **c)
 
 
-def _hello_response(f: Frame, c: dict):
+def _hello_response(f: Frame, c: _Common) -> Message | None:
     if f.vbucket_or_status != Status.SUCCESS or f.extras or f.key or len(f.value) % 2:
         return None
     return HelloResponse(status=f.vbucket_or_status, features=tuple(x for (x,) in _U16.iter_unpack(f.value)), **c)
 
 
-def _vb_seqnos_response(f: Frame, c: dict):
+def _vb_seqnos_response(f: Frame, c: _Common) -> Message | None:
     if f.vbucket_or_status != Status.SUCCESS or f.extras or f.key:
         return None
     if len(f.value) % 10:
@@ -439,7 +484,7 @@ def _get_meta_response(f: Frame, c: dict[str, Any]) -> Message | None:
 
 
 # opcode -> reader of a response: the message, or None for the generic Response
-RESPONSE_READERS: dict[int, Callable[[Frame, dict], Message | None]] = {
+RESPONSE_READERS: dict[int, Callable[[Frame, _Common], Message | None]] = {
     Opcode.DCP_STREAM_REQ: _stream_request_response,
     Opcode.DCP_GET_FAILOVER_LOG: _failover_log_response,
     Opcode.HELLO: _hello_response,
@@ -456,22 +501,22 @@ def decode(frame: Frame, collections: bool = False) -> Message:
     except ProtocolError as exc:
         return _generic(frame, None, f"{exc.code.name.lower()}: {exc.message}")
     try:
+        msg: Message | None
         if frame.magic in RESPONSE_MAGICS:
-            read = RESPONSE_READERS.get(frame.opcode)
-            msg = None if read is None else read(frame, c)
+            read_response = RESPONSE_READERS.get(frame.opcode)
+            msg = None if read_response is None else read_response(frame, c)
         else:
-            read = REQUEST_READERS.get(frame.opcode)
-            msg = None if read is None else read(frame, c, collections)
+            read_request = REQUEST_READERS.get(frame.opcode)
+            msg = None if read_request is None else read_request(frame, c, collections)
     except _Bad as bad:
         return _generic(frame, c, str(bad))
     return msg if msg is not None else _generic(frame, c, None)
 
 
-def _generic(f: Frame, c: dict | None, error: str | None) -> Message:
+def _generic(f: Frame, c: _Common | None, error: str | None) -> Message:
     raw_framing = b""
     if c is None:  # framing extras that do not parse are kept raw
-        c = {"opaque": f.opaque, "cas": f.cas, "datatype": f.datatype, "frame_infos": (),
-             "magic": f.magic}
+        c = _Common(opaque=f.opaque, cas=f.cas, datatype=f.datatype, frame_infos=(), magic=f.magic)
         raw_framing = f.framing_extras
     if f.magic in RESPONSE_MAGICS:
         return Response(status=f.vbucket_or_status, opcode=f.opcode, extras=f.extras, key=f.key,
@@ -483,117 +528,3 @@ def _generic(f: Frame, c: dict | None, error: str | None) -> Message:
 def decode_bytes(data: bytes, collections: bool = False) -> Message:
     """Decode exactly one whole frame given as bytes."""
     return decode(parse_frame(data, 0, len(data)), collections)
-
-
-# --------------------------------------------------------------------------- encode
-
-def _snapshot_parts(m):
-    if m.snap_version == "1":
-        return m.vbucket, _SNAP_V1.pack(m.snap_start, m.snap_end, m.snap_flags), b"", b""
-    if m.snap_version == "2.0":
-        return m.vbucket, b"\x00", b"", _SNAP_V20.pack(m.snap_start, m.snap_end, m.snap_flags,
-                                                      m.max_visible_seqno or 0, m.high_completed_seqno or 0)
-    if m.snap_version == "2.2":
-        base = (m.snap_start, m.snap_end, m.snap_flags, m.max_visible_seqno or 0,
-                m.high_completed_seqno or 0, m.purge_seqno or 0)
-        if m.high_prepared_seqno is None:
-            return m.vbucket, b"\x02", b"", _SNAP_V22.pack(*base)
-        return m.vbucket, b"\x02", b"", _SNAP_V22_HPS.pack(*base, m.high_prepared_seqno)
-    raise ValueError(f"snapshot marker version {m.snap_version!r}")
-
-
-def _deletion_parts(m):
-    if m.delete_time is None:
-        ex = _DELETION_V1.pack(m.by_seqno, m.rev_seqno, m.nmeta)
-    else:
-        ex = _DELETION_V2.pack(m.by_seqno, m.rev_seqno, m.delete_time, m.unused)
-    return m.vbucket, ex, _join_key(m), m.value
-
-
-def _stream_response_parts(m):
-    if m.failover_log is not None:
-        return m.status, b"", b"", b"".join(_PAIR.pack(u, s) for u, s in m.failover_log)
-    if getattr(m, "rollback_seqno", None) is not None:
-        return m.status, b"", b"", _U64.pack(m.rollback_seqno)
-    return m.status, b"", b"", m.value
-
-
-def _with_meta_parts(m: SetWithMeta) -> tuple[int, bytes, bytes, bytes]:
-    ex = _WITH_META.pack(m.item_flags, m.expiration, m.rev_seqno, m.meta_cas)
-    if m.options is not None:
-        ex += _U32.pack(m.options)
-    if m.ext_meta is None:
-        return m.vbucket, ex, _join_key(m), m.value
-    return m.vbucket, ex + _U16.pack(len(m.ext_meta)), _join_key(m), m.value + m.ext_meta
-
-
-def _bare_parts(m):
-    return m.vbucket, b"", b"", b""
-
-
-# message class -> (vbucket or status, extras, key, value) of its frame; the generic
-# Request / Response (and their subclasses) carry their parts as fields
-WRITERS: dict[type, Callable[[Message], tuple[int, bytes, bytes, bytes]]] = {
-    Mutation: lambda m: (m.vbucket, _MUTATION.pack(m.by_seqno, m.rev_seqno, m.item_flags, m.expiration,
-                                                   m.lock_time, m.nmeta, m.nru), _join_key(m), m.value),
-    SnapshotMarker: _snapshot_parts,
-    Deletion: _deletion_parts,
-    Expiration: lambda m: (m.vbucket, _EXPIRATION.pack(m.by_seqno, m.rev_seqno, m.delete_time), _join_key(m),
-                           m.value),
-    Noop: _bare_parts,
-    CloseStream: _bare_parts,
-    GetFailoverLog: _bare_parts,
-    SaslListMechs: _bare_parts,
-    StreamEnd: lambda m: (m.vbucket, _U32.pack(m.reason), b"", b""),
-    StreamRequest: lambda m: (m.vbucket, _STREAM_REQ.pack(m.flags, m.reserved, m.start_seqno, m.end_seqno,
-                                                          m.vbucket_uuid, m.snap_start, m.snap_end), b"", m.value),
-    StreamRequestResponse: _stream_response_parts,
-    FailoverLogResponse: _stream_response_parts,
-    BufferAck: lambda m: (m.vbucket, _U32.pack(m.bytes_acked), b"", b""),
-    Control: lambda m: (m.vbucket, b"", m.key, m.value),
-    SystemEvent: lambda m: (m.vbucket, _SYSTEM_EVENT.pack(m.by_seqno, m.event_id, m.version), m.key, m.value),
-    SeqnoAdvanced: lambda m: (m.vbucket, _U64.pack(m.by_seqno), b"", b""),
-    OsoSnapshot: lambda m: (m.vbucket, _U32.pack(m.flags), b"", b""),
-    Prepare: lambda m: (m.vbucket, _PREPARE.pack(m.by_seqno, m.rev_seqno, m.item_flags, m.expiration, m.lock_time,
-                                                 m.nru, m.deleted, m.durability), _join_key(m), m.value),
-    Commit: lambda m: (m.vbucket, _TWO_SEQNOS.pack(m.prepared_seqno, m.commit_seqno), _join_key(m), m.value),
-    Abort: lambda m: (m.vbucket, _TWO_SEQNOS.pack(m.prepared_seqno, m.abort_seqno), _join_key(m), m.value),
-    SeqnoAcknowledged: lambda m: (m.vbucket, _U64.pack(m.prepared_seqno), b"", b""),
-    SetVbucketState: lambda m: (m.vbucket, bytes([m.state]), b"", b""),
-    DcpOpen: lambda m: (m.vbucket, _OPEN.pack(m.seqno, m.flags), m.name, m.value),
-    AddStream: lambda m: (m.vbucket, _U32.pack(m.flags), b"", b""),
-    Hello: lambda m: (m.vbucket, b"", m.agent, b"".join(_U16.pack(x) for x in m.features)),
-    HelloResponse: lambda m: (m.status, b"", b"", b"".join(_U16.pack(x) for x in m.features)),
-    SaslAuth: lambda m: (m.vbucket, b"", m.mechanism, m.data),
-    SaslStep: lambda m: (m.vbucket, b"", m.mechanism, m.data),
-    SelectBucket: lambda m: (m.vbucket, b"", m.bucket, b""),
-    GetErrorMap: lambda m: (m.vbucket, b"", b"", _U16.pack(m.version)),
-    GetAllVbSeqnos: lambda m: (m.vbucket, m.extras, b"", b""),
-    GetAllVbSeqnosResponse: lambda m: (m.status, b"", b"", b"".join(_VB_SEQNO.pack(v, s) for v, s in m.seqnos)),
-    GetMeta: lambda m: (m.vbucket, b"" if m.version is None else bytes([m.version]), _join_key(m), b""),
-    GetMetaResponse: lambda m: (m.status, _META.pack(m.deleted, m.item_flags, m.expiration, m.rev_seqno)
-                                + (b"" if m.item_datatype is None else bytes([m.item_datatype])), b"", b""),
-    SetWithMeta: _with_meta_parts,
-    AddWithMeta: _with_meta_parts,
-    DelWithMeta: _with_meta_parts,
-}
-
-
-def _parts(m: Message) -> tuple[int, bytes, bytes, bytes]:
-    """(vbucket or status, extras, key, value) of a message."""
-    write = WRITERS.get(type(m))
-    if write is not None:
-        return write(m)
-    if isinstance(m, Request):
-        return m.vbucket, m.extras, m.key, m.value
-    if isinstance(m, Response):
-        return m.status, m.extras, m.key, m.value
-    raise TypeError(f"cannot encode {type(m).__name__}")
-
-
-def encode(m: Message) -> bytes:
-    vs, extras, key, value = _parts(m)
-    fe = encode_frame_infos(m.frame_infos) if m.frame_infos else getattr(m, "raw_framing", b"")
-    magic = m.wire_magic()
-    return encode_frame(magic, m.op_code, vbucket_or_status=vs, opaque=m.opaque, cas=m.cas,
-                        datatype=m.datatype, framing_extras=fe, extras=extras, key=key, value=value)

@@ -3,6 +3,8 @@ columns, value_bytes(message)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from dcptool.protocol.dcp.wire.constants import DatatypeBit, op_name
 from dcptool.protocol.dcp.wire.message_types import (
     Abort,
@@ -74,12 +76,12 @@ def _request_sid(value: bytes) -> int | None:
     return sid if type(sid) is int and 0 < sid <= 0xFFFF else None
 
 
-def to_row(m: Message, raw: bytes | None = None, *, value: bool = False) -> dict:
+def to_row(m: Message, raw: bytes | None = None, *, value: bool = False) -> dict[str, Any]:
     """CAPTURE_FORMAT columns of a message (only the ones it carries). `raw` adds the frame
     bytes; `value` adds the value bytes under `value` (not a capture column)."""
     magic = m.wire_magic()
     op = m.op_code
-    row = {"magic": magic, "opcode": op, "op": op_name(op, magic)}
+    row: dict[str, Any] = {"magic": magic, "opcode": op, "op": op_name(op, magic)}
     if m.IS_RESPONSE:
         row["status"] = getattr(m, "status", 0)
     else:
@@ -109,9 +111,9 @@ def to_row(m: Message, raw: bytes | None = None, *, value: bool = False) -> dict
         v = getattr(m, attr)
         if v is not None:
             row[col] = v
-    if t is SystemEvent and m.event_id in (0, 1, 5) and m.version < 2 and len(m.value) >= 16:
+    if type(m) is SystemEvent and m.event_id in (0, 1, 5) and m.version < 2 and len(m.value) >= 16:
         row["collection_id"] = int.from_bytes(m.value[12:16], "big")   # the collection it is about
-    if t is StreamRequestResponse or t is FailoverLogResponse:
+    if type(m) is StreamRequestResponse or type(m) is FailoverLogResponse:
         if m.failover_log is not None:
             row["failover_log"] = [{"vbucket_uuid": u, "seqno": s} for u, s in m.failover_log]
     err = getattr(m, "decode_error", None)
@@ -130,7 +132,7 @@ def to_row(m: Message, raw: bytes | None = None, *, value: bool = False) -> dict
 
 def value_bytes(m: Message) -> bytes:
     """The value as stored: Snappy-compressed values (datatype 0x02) are decompressed."""
-    v = getattr(m, "value", b"")
+    v: bytes = getattr(m, "value", b"")
     if m.datatype & DatatypeBit.SNAPPY and v:
         import cramjam
         return bytes(cramjam.snappy.decompress_raw(v))

@@ -5,29 +5,25 @@ callers import."""
 
 from __future__ import annotations
 
-import dataclasses
+from dataclasses import dataclass
 from typing import ClassVar
 
 from dcptool.protocol.dcp.wire.constants import FrameInfoId, Opcode
 
-_dc = dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-
-
-
 # --------------------------------------------------------------------------- bases
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Message:
     opaque: int = 0
     cas: int = 0
     datatype: int = 0
-    frame_infos: tuple = ()      # flexible-framing (id, payload) pairs, unknown ids kept
+    frame_infos: tuple[tuple[int, bytes], ...] = ()  # flexible-framing (id, payload) pairs, unknown ids kept
     magic: int | None = None     # None: 0x80 / 0x81, or 0x08 / 0x18 when frame_infos is set
 
     OPCODE: ClassVar[int] = -1   # an Opcode member in each message class, kept as a plain int
     IS_RESPONSE: ClassVar[bool] = False
 
-    def __init_subclass__(cls):
+    def __init_subclass__(cls) -> None:
         cls.OPCODE = int(cls.OPCODE)    # rows and reprs show the number, as on the wire
 
     @property
@@ -49,7 +45,7 @@ class Message:
         return 0x81 if self.IS_RESPONSE else 0x80
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Request(Message):
     """A request; also the generic form of any request we do not model (or that failed to
     decode: then `decode_error` says why and the parts are kept as sent)."""
@@ -66,7 +62,7 @@ class Request(Message):
         return self.opcode
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Response(Message):
     """A response; also the generic form of responses without a special layout."""
     status: int = 0
@@ -85,7 +81,7 @@ class Response(Message):
 
 # --------------------------------------------------------------------------- requests
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Hello(Message):
     OPCODE: ClassVar[int] = Opcode.HELLO
     vbucket: int = 0
@@ -93,7 +89,7 @@ class Hello(Message):
     features: tuple[int, ...] = ()
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HelloResponse(Message):
     OPCODE: ClassVar[int] = Opcode.HELLO
     IS_RESPONSE: ClassVar[bool] = True
@@ -101,13 +97,13 @@ class HelloResponse(Message):
     features: tuple[int, ...] = ()
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SaslListMechs(Message):
     OPCODE: ClassVar[int] = Opcode.SASL_LIST_MECHS
     vbucket: int = 0
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SaslAuth(Message):
     OPCODE: ClassVar[int] = Opcode.SASL_AUTH
     vbucket: int = 0
@@ -115,26 +111,26 @@ class SaslAuth(Message):
     data: bytes = b""
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SaslStep(SaslAuth):
     OPCODE: ClassVar[int] = Opcode.SASL_STEP
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SelectBucket(Message):
     OPCODE: ClassVar[int] = Opcode.SELECT_BUCKET
     vbucket: int = 0
     bucket: bytes = b""
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GetErrorMap(Message):
     OPCODE: ClassVar[int] = Opcode.GET_ERROR_MAP
     vbucket: int = 0
     version: int = 2
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DcpOpen(Message):
     OPCODE: ClassVar[int] = Opcode.DCP_OPEN
     vbucket: int = 0
@@ -144,20 +140,20 @@ class DcpOpen(Message):
     value: bytes = b""      # optional JSON (consumer_name)
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AddStream(Message):
     OPCODE: ClassVar[int] = Opcode.DCP_ADD_STREAM
     vbucket: int = 0
     flags: int = 0
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CloseStream(Message):
     OPCODE: ClassVar[int] = Opcode.DCP_CLOSE_STREAM
     vbucket: int = 0
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StreamRequest(Message):
     OPCODE: ClassVar[int] = Opcode.DCP_STREAM_REQ
     vbucket: int = 0
@@ -171,7 +167,7 @@ class StreamRequest(Message):
     value: bytes = b""      # optional JSON filter (collections)
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StreamRequestResponse(Message):
     """Success carries the failover log; ROLLBACK (0x23) the seqno to roll back to."""
     OPCODE: ClassVar[int] = Opcode.DCP_STREAM_REQ
@@ -182,13 +178,13 @@ class StreamRequestResponse(Message):
     value: bytes = b""      # kept for other statuses (error text, or nothing)
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GetFailoverLog(Message):
     OPCODE: ClassVar[int] = Opcode.DCP_GET_FAILOVER_LOG
     vbucket: int = 0
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class FailoverLogResponse(Message):
     OPCODE: ClassVar[int] = Opcode.DCP_GET_FAILOVER_LOG
     IS_RESPONSE: ClassVar[bool] = True
@@ -197,14 +193,14 @@ class FailoverLogResponse(Message):
     value: bytes = b""
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StreamEnd(Message):
     OPCODE: ClassVar[int] = Opcode.DCP_STREAM_END
     vbucket: int = 0
     reason: int = 0
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SnapshotMarker(Message):
     """V1: 20-byte extras. V2.x: a 1-byte version extra and the fields in the value
     (V2.0 36 bytes; V2.2 44 bytes, or 52 with the high prepared seqno)."""
@@ -220,7 +216,7 @@ class SnapshotMarker(Message):
     high_prepared_seqno: int | None = None
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ItemMessage(Message):
     vbucket: int = 0
     key: bytes = b""
@@ -228,7 +224,7 @@ class ItemMessage(Message):
     value: bytes = b""
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Mutation(ItemMessage):
     OPCODE: ClassVar[int] = Opcode.DCP_MUTATION
     by_seqno: int = 0
@@ -240,7 +236,7 @@ class Mutation(ItemMessage):
     nru: int = 0
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Deletion(ItemMessage):
     """delete_time None: the V1 layout (nmeta); otherwise V2 (delete time, unused byte)."""
     OPCODE: ClassVar[int] = Opcode.DCP_DELETION
@@ -251,7 +247,7 @@ class Deletion(ItemMessage):
     unused: int = 0
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Expiration(ItemMessage):
     OPCODE: ClassVar[int] = Opcode.DCP_EXPIRATION
     by_seqno: int = 0
@@ -259,27 +255,27 @@ class Expiration(ItemMessage):
     delete_time: int = 0
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SetVbucketState(Message):
     OPCODE: ClassVar[int] = Opcode.DCP_SET_VBUCKET_STATE
     vbucket: int = 0
     state: int = 0
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Noop(Message):
     OPCODE: ClassVar[int] = Opcode.DCP_NOOP
     vbucket: int = 0
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BufferAck(Message):
     OPCODE: ClassVar[int] = Opcode.DCP_BUFFER_ACK
     vbucket: int = 0
     bytes_acked: int = 0
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Control(Message):
     OPCODE: ClassVar[int] = Opcode.DCP_CONTROL
     vbucket: int = 0
@@ -287,7 +283,7 @@ class Control(Message):
     value: bytes = b""
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SystemEvent(Message):
     OPCODE: ClassVar[int] = Opcode.DCP_SYSTEM_EVENT
     vbucket: int = 0
@@ -298,7 +294,7 @@ class SystemEvent(Message):
     value: bytes = b""
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Prepare(ItemMessage):
     OPCODE: ClassVar[int] = Opcode.DCP_PREPARE
     by_seqno: int = 0
@@ -311,49 +307,49 @@ class Prepare(ItemMessage):
     durability: int = 0
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SeqnoAcknowledged(Message):
     OPCODE: ClassVar[int] = Opcode.DCP_SEQNO_ACK
     vbucket: int = 0
     prepared_seqno: int = 0
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Commit(ItemMessage):
     OPCODE: ClassVar[int] = Opcode.DCP_COMMIT
     prepared_seqno: int = 0
     commit_seqno: int = 0
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Abort(ItemMessage):
     OPCODE: ClassVar[int] = Opcode.DCP_ABORT
     prepared_seqno: int = 0
     abort_seqno: int = 0
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SeqnoAdvanced(Message):
     OPCODE: ClassVar[int] = Opcode.DCP_SEQNO_ADVANCED
     vbucket: int = 0
     by_seqno: int = 0
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class OsoSnapshot(Message):
     OPCODE: ClassVar[int] = Opcode.DCP_OSO_SNAPSHOT
     vbucket: int = 0
     flags: int = 0
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GetAllVbSeqnos(Message):
     OPCODE: ClassVar[int] = Opcode.GET_ALL_VB_SEQNOS
     vbucket: int = 0
     extras: bytes = b""     # optional state (4) or state + collection (8)
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GetAllVbSeqnosResponse(Message):
     OPCODE: ClassVar[int] = Opcode.GET_ALL_VB_SEQNOS
     IS_RESPONSE: ClassVar[bool] = True
@@ -365,7 +361,7 @@ class GetAllVbSeqnosResponse(Message):
 # (XDCR and restores: kv_engine's GET_META, SET/ADD/DEL_WITH_META; the server side is
 # protocol/dcp/server/kv_meta.py, the client's requests protocol/dcp/client/kv_writer.py)
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GetMeta(ItemMessage):
     """GET_META: `version` None sends no extras; 1 or 2 one byte (2: the answer carries the
     document's datatype)."""
@@ -373,7 +369,7 @@ class GetMeta(ItemMessage):
     version: int | None = None
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GetMetaResponse(Message):
     """A successful GET_META answer (other statuses are the generic Response); the header CAS
     is the document's."""
@@ -387,7 +383,7 @@ class GetMetaResponse(Message):
     item_datatype: int | None = None   # version 2 only
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SetWithMeta(ItemMessage):
     """SET_WITH_META: the document with the metadata it is to keep. The header `cas` is the
     expected CAS of what the target holds (0: any); `meta_cas` is the document's own CAS.
@@ -402,13 +398,13 @@ class SetWithMeta(ItemMessage):
     ext_meta: bytes | None = None
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AddWithMeta(SetWithMeta):
     """ADD_WITH_META: SET_WITH_META that fails KEY_EEXISTS on a live document."""
     OPCODE: ClassVar[int] = Opcode.ADD_WITH_META
 
 
-@_dc
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DelWithMeta(SetWithMeta):
     """DEL_WITH_META: a tombstone with its metadata (its value: nothing, or xattrs only)."""
     OPCODE: ClassVar[int] = Opcode.DEL_WITH_META

@@ -16,7 +16,6 @@ from dcptool.protocol.dcp.wire.message_codec import (
                                                 SNAPSHOT_VERSIONS,
                                                 decode,
                                                 decode_bytes,
-                                                encode,
 )
 from dcptool.protocol.dcp.wire.message_rows import to_row, value_bytes
 from dcptool.protocol.dcp.wire.message_types import (
@@ -62,6 +61,7 @@ from dcptool.protocol.dcp.wire.message_types import (
                                                 StreamRequestResponse,
                                                 SystemEvent,
 )
+from dcptool.protocol.dcp.wire.message_writers import encode
 
 __all__ = ["parse_frame", "SNAPSHOT_VERSIONS", "decode", "decode_bytes", "encode", "to_row",
            "value_bytes", "Message", "Request", "Response", "Hello", "HelloResponse",

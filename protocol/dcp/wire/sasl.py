@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import hmac
 import os
+from typing import Callable
 
 from dcptool.protocol.errors import AuthRefused, ErrorCode, LocalError, RemoteError
 
@@ -59,7 +60,7 @@ def _unescape_name(name: bytes) -> str:
 
 
 def _attrs(msg: bytes) -> dict[str, bytes]:
-    out = {}
+    out: dict[str, bytes] = {}
     for part in msg.split(b","):
         if len(part) >= 2 and part[1:2] == b"=":
             out.setdefault(part[:1].decode("ascii", "replace"), part[2:])
@@ -149,7 +150,7 @@ class ScramCredentials:
     server_key: bytes = dataclasses.field(repr=False)
 
     @classmethod
-    def derive(cls, mechanism: str, password: str, salt: bytes, iterations: int = 4096):
+    def derive(cls, mechanism: str, password: str, salt: bytes, iterations: int = 4096) -> ScramCredentials:
         h = SCRAM_HASHES[mechanism]
         salted = salted_password(h, password, salt, iterations)
         client_key = _hmac(h, salted, b"Client Key")
@@ -160,7 +161,8 @@ class ScramServer:
     """first(client_first) -> server-first; final(client_final) -> server-final or raise
     AuthRefused. `lookup(user, mechanism)` returns ScramCredentials or None."""
 
-    def __init__(self, mechanism: str, lookup, nonce: bytes | None = None):
+    def __init__(self, mechanism: str, lookup: Callable[[str, str], ScramCredentials | None],
+                 nonce: bytes | None = None):
         self.mechanism = mechanism
         self._hash = SCRAM_HASHES[mechanism]
         self._lookup = lookup
@@ -217,7 +219,7 @@ class ScramServer:
         return b"v=" + base64.b64encode(_hmac(self._hash, self._creds.server_key, auth_message))
 
 
-def check_plain(message: bytes, verify) -> str:
+def check_plain(message: bytes, verify: Callable[[str, str], bool]) -> str:
     """Server side of PLAIN: returns the user when verify(user, password) is true."""
     parts = message.split(b"\x00")
     if len(parts) != 3:
