@@ -207,7 +207,7 @@ class CaptureTap:
         n = len(offsets)
         if n == 0:
             return
-        collections = self.consumer.collections if self.consumer is not None else False
+        collections = self.consumer.handshake.collections if self.consumer is not None else False
         batch = columnar.decode_batch(buf, offsets, lengths, collections=collections,
                                       opaque_vbuckets=self.opaque_vb)
         rb = self._to_batch(batch, frame_no=np.arange(self.frame_no, self.frame_no + n, dtype=np.int64),
@@ -257,7 +257,7 @@ class CaptureTap:
         lengths = np.array([len(f) for _, f, _, _ in out], dtype=np.int64)
         offsets = np.zeros(len(out), dtype=np.int64)
         np.cumsum(lengths[:-1], out=offsets[1:])
-        collections = self.consumer.collections if self.consumer is not None else False
+        collections = self.consumer.handshake.collections if self.consumer is not None else False
         batch = columnar.decode_batch(buf, offsets, lengths, collections=collections, opaque_vbuckets=self.opaque_vb)
         rb = self._to_batch(batch, frame_no=np.array([x[0] for x in out], dtype=np.int64), conn=self.conn,
                             ts_ns=np.array([x[2] for x in out], dtype=np.int64),
@@ -273,9 +273,9 @@ class CaptureTap:
         c = self.consumer
         if c is None:
             return
-        ended = sum(1 for s in c.states.values() if s.ended_reason is not None)
-        self.progress.update(streams_open=max(0, len(c.states) - ended), streams_ended=ended,
-                             positions={vb: s.last_seqno for vb, s in c.vb_states().items()},
+        ended = sum(1 for s in c.streams.states.values() if s.ended_reason is not None)
+        self.progress.update(streams_open=max(0, len(c.streams.states) - ended), streams_ended=ended,
+                             positions={vb: s.last_seqno for vb, s in c.streams.vb_states().items()},
                              bytes_written=self.bg.writer.bytes_written, backlog_bytes=self.bg.backlog_bytes)
 
 

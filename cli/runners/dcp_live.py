@@ -95,13 +95,13 @@ class RowTap:
         self.conn, self.consumer, self.node = conn, consumer, node
 
     def _vb_of(self, opaque: int):
-        return self.consumer.vb_opaque.get(opaque) if self.consumer is not None else None
+        return self.consumer.link.vb_opaque.get(opaque) if self.consumer is not None else None
 
     def columns(self, buf, offsets, lengths, ts: str, direction: str, mono_ns: int | None = None):
         """Display columns of whole frames (replay/rows.py: the columnar decoder), numbered."""
         cols, n = frame_columns(buf, offsets, lengths, template=self.template,
-                                collections=self.consumer.collections if self.consumer is not None else False,
-                                opaque_vbuckets=self.consumer.vb_opaque if self.consumer is not None else {},
+                                collections=self.consumer.handshake.collections if self.consumer is not None else False,
+                                opaque_vbuckets=self.consumer.link.vb_opaque if self.consumer is not None else {},
                                 values=self.values, raw=self.raw,
                                 extra={"conn": self.conn, "node": self.node, "ts": ts, "mono_ns": mono_ns, "direction": direction},
                                 first_frame_no=self.frame_no)

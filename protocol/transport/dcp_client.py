@@ -149,7 +149,8 @@ class ClientProtocol(asyncio.BufferedProtocol):
             self._check_handle.cancel()
         if not self.done.done():
             # every stream ended (a lag poll may still wait for its answer): a clean end
-            if self.consumer.finished or self.consumer.streams.finished or self.consumer.closing or self._closed_by_us:
+            streams = self.consumer.streams
+            if self.consumer.finished or streams.finished or streams.closing or self._closed_by_us:
                 self.done.set_result(None)
             else:
                 self.done.set_exception(ConnectionLost(
@@ -199,7 +200,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
         return chunk
 
     def flush(self) -> None:
-        self.consumer.stamp_sent(time.monotonic())
+        self.consumer.link.stamp_sent(time.monotonic())
         frames = self.consumer.outgoing()
         if not frames or self.transport is None or self.transport.is_closing():
             return
@@ -236,7 +237,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
         self.transport.resume_reading()
 
     def _schedule_check(self) -> None:
-        cfg = self.consumer.cfg
+        cfg = self.consumer.link.cfg
         period = min([0.5] + [x / 4 for x in (cfg.noop_interval, cfg.timeout) if x])
         self._check_handle = asyncio.get_running_loop().call_later(period, self._check)
 
@@ -261,7 +262,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
 
     def _check_partial(self, now: float) -> None:
         """A frame whose bytes stopped coming: RemoteError(TIMEOUT) after the timeout."""
-        timeout = self.consumer.cfg.timeout
+        timeout = self.consumer.link.cfg.timeout
         since = self._partial_since
         if not timeout or since is None or now - since <= timeout:
             return
@@ -378,7 +379,7 @@ class Session:
                     dead = (ErrorCode.DEAD_CONNECTION, ErrorCode.TIMEOUT)
                     if isinstance(exc, RemoteError) and exc.code not in dead:
                         raise
-                    progressed = consumer.phase == "streaming"
+                    progressed = consumer.handshake.streaming
                     if isinstance(exc, RemoteError) and exc.code == ErrorCode.TIMEOUT and not progressed:
                         # the server accepted the connection but never completed the set-up
                         raise ConnectFailed(f"{self.host}:{self.port}: {exc.message}") from None
@@ -389,7 +390,7 @@ class Session:
                         raise
                     attempts += 1
                     log.info("connection %d lost (%s); reconnecting", self.conn, exc)
-                    self.resume = consumer.resume_state()
+                    self.resume = consumer.streams.resume_state()
                     await asyncio.sleep(min(0.1 * attempts, 1.0))
             finally:
                 stop_wait.cancel()
@@ -397,7 +398,7 @@ class Session:
 
     async def _close_streams(self, proto: ClientProtocol, wait: float = 1.0) -> None:
         consumer = proto.consumer
-        if consumer.phase == "streaming" and not consumer.finished:
+        if consumer.handshake.streaming and not consumer.finished:
             consumer.close_streams()
             proto.flush()
             try:

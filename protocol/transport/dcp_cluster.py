@@ -274,7 +274,7 @@ class ClusterSession:
     def _result(self) -> ClusterResult:
         states = dict(self.final)
         for link in self.links.values():
-            states.update(link.consumer.vb_states())
+            states.update(link.consumer.streams.vb_states())
         states.update(self.states)
         return ClusterResult(states, dict(self.router.unserved))
 
@@ -327,7 +327,7 @@ class ClusterSession:
         exc = link.proto.done.exception()
         consumer = link.consumer
         if exc is None:     # finished: every stream it kept ended or failed
-            for vb, st in consumer.vb_states().items():
+            for vb, st in consumer.streams.vb_states().items():
                 self.final[vb] = st
             now = time.monotonic()
             for vb, st in link.want.items():
@@ -347,7 +347,7 @@ class ClusterSession:
         states = dict(link.want)
         if link.routed:
             going = set(link.consumer.unfinished())
-            for vb, st in link.consumer.resume_state().items():
+            for vb, st in link.consumer.streams.resume_state().items():
                 if vb in going:
                     states[vb] = st
                 else:
@@ -368,8 +368,8 @@ class ClusterSession:
         """Ask a streaming connection for the map; with none, open one to a live node."""
         for link in self.links.values():
             c = link.consumer
-            if link.proto is not None and c.phase == "streaming" and not c.finished and not c.closing:
-                c.request_config()
+            if link.proto is not None and c.streaming:
+                c.handshake.request_config()
                 link.proto.flush()
                 return
         if self.opening or any(not lk.routed for lk in self.links.values()):
@@ -412,7 +412,7 @@ class ClusterSession:
             self.on_events([Rerouted(vb, node) for vb in vbs])
         for link in self.links.values():
             c = link.consumer
-            if link.node == node and link.routed and c.phase == "streaming" and not c.finished and not c.closing:
+            if link.node == node and link.routed and c.streaming:
                 c.add_vbuckets(states)
                 link.proto.flush()
                 return
@@ -449,9 +449,9 @@ class ClusterSession:
                                      backoff=t is NotMyVbucket)
                 # ask for the map unless the one we hold (a notification may have brought it
                 # before the stream end) already names another owner
-                if (link.consumer.phase == "streaming" and not link.consumer.finished
+                if (link.consumer.handshake.streaming and not link.consumer.finished
                         and self.router.owner(e.vbucket) in (None, link.node)):
-                    link.consumer.request_config()
+                    link.consumer.handshake.request_config()
                 self._wake.set()
             else:
                 if t is StreamOpened:
@@ -480,7 +480,7 @@ class ClusterSession:
             return          # the bootstrap answer is on its way
         if not e.raw:
             if self.router.key is None or (e.rev_epoch, e.rev) > self.router.key:
-                link.consumer.request_config()
+                link.consumer.handshake.request_config()
             return
         try:
             self._apply(link, e.raw, fwd)
@@ -547,7 +547,7 @@ class ClusterSession:
             c, proto = link.consumer, link.proto
             if proto is None:
                 continue
-            if c.phase == "streaming" and not c.finished:
+            if c.handshake.streaming and not c.finished:
                 c.close_streams()
                 proto.flush()
                 procs.append(proto)

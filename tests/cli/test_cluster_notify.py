@@ -164,7 +164,7 @@ def test_producer_pushes_on_rebalance_and_the_consumer_applies_it():
     prod = model.connect(0.0, 0)
     cons.start(0.0)
     _wire(cons, prod)
-    assert cons.phase == "streaming" and notify_mode(prod.features) == "full"
+    assert cons.handshake.streaming and notify_mode(prod.features) == "full"
     change = cl.rebalance(share=0.5)
     moved = [mv.vb for mv in change.moves if mv.old == 0]
     assert moved

@@ -161,7 +161,7 @@ class ServerVbuckets:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class VbSeqnos:
-    """The answer to a lag poll (Consumer.request_seqnos): (vbucket, high seqno) pairs of the
+    """The answer to a lag poll (LagPolls.request): (vbucket, high seqno) pairs of the
     node's active vbuckets; status non-zero when the server refused it (then no pairs)."""
     seqnos: tuple
     status: int = 0

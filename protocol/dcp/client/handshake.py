@@ -1,12 +1,12 @@
 """The consumer's handshake, sans-IO: HELLO, SASL (bounded rounds), SELECT_BUCKET,
-GET_ALL_VB_SEQNOS, DCP_OPEN and the DCP_CONTROLs, each answer handled by one method. A phase
-of consumer.Consumer, composed in: it owns its state (phase, features, controls, the
-collection filter), sends through the shared Link (link.py) and, once the last control is
-answered, calls `on_ready()` (the consumer starts its streams)."""
+GET_ALL_VB_SEQNOS, DCP_OPEN and the DCP_CONTROLs, each answer handled by one method. A part
+of consumer.Consumer, composed in: it owns its state (the connection's phase, features,
+controls, the collection filter), sends through the shared Link (link.py) and, once the last
+control is answered, calls `on_ready()` (the consumer starts its streams). The phase is a
+ConnPhase and moves only as phases.CONN_MOVES allows."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable
 
 from dcptool.protocol.dcp.client import manifest as dcp_collections
@@ -21,6 +21,7 @@ from dcptool.protocol.dcp.client.consumer_api import (
     in_shard,
 )
 from dcptool.protocol.dcp.client.link import Link
+from dcptool.protocol.dcp.client.phases import CONN_MOVES, ConnPhase, move
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire import sasl
 from dcptool.protocol.dcp.wire.constants import (
@@ -37,7 +38,7 @@ class Handshake:
     def __init__(self, link: Link, on_ready: Callable[[], None]):
         self.link = link
         self.on_ready = on_ready
-        self.phase = "hello"
+        self.phase = ConnPhase.HELLO
         self.features: tuple = ()
         self.controls: dict[str, str] = {}
         self.refused: dict[str, int] = {}
@@ -58,6 +59,30 @@ class Handshake:
     def cfg(self):
         return self.link.cfg
 
+    def _move(self, to: ConnPhase) -> None:
+        self.phase = move(CONN_MOVES, self.phase, to, "the connection")
+
+    @property
+    def streaming(self) -> bool:
+        """The handshake is complete: the streams run."""
+        return self.phase is ConnPhase.STREAMING
+
+    @property
+    def collections(self) -> bool:
+        """Keys carry a collection id (HELLO collections)."""
+        return Feature.COLLECTIONS in self.features
+
+    def idle_limit(self) -> float | None:
+        """Seconds of silence after which a streaming connection is dead: 2x the noop
+        interval when noops run; when the server refused them, max(2x interval, timeout);
+        None before streaming and when the user turned noops off (--noop-interval 0)."""
+        cfg = self.cfg
+        if self.phase is not ConnPhase.STREAMING or not cfg.noop_interval:
+            return None
+        if self.noop_active:
+            return 2 * cfg.noop_interval
+        return max(2 * cfg.noop_interval, cfg.timeout or 0.0) or None
+
     def _request(self, msg, handler) -> int:
         return self.link.request(msg, handler)
 
@@ -76,7 +101,7 @@ class Handshake:
         if self.cfg.collections and Feature.COLLECTIONS not in self.features:
             raise RemoteError(ErrorCode.UNSUPPORTED, "the server does not offer collections")
         if self.cfg.user:
-            self.phase = "sasl"
+            self._move(ConnPhase.SASL)
             self._request(m.SaslListMechs(), self._on_mechs)
         else:
             self._select()
@@ -112,7 +137,7 @@ class Handshake:
         self._select()
 
     def _select(self) -> None:
-        self.phase = "select"
+        self._move(ConnPhase.SELECT)
         self._request(m.SelectBucket(bucket=self.cfg.bucket.encode()), self._on_select)
 
     def _on_select(self, rsp) -> None:
@@ -124,7 +149,7 @@ class Handshake:
         if st != Status.SUCCESS:
             raise RemoteError(ErrorCode.STATUS, f"SELECT_BUCKET {self.cfg.bucket!r} failed: {status_name(st)}", st)
         if self.cfg.fetch_config:
-            self.phase = "config"
+            self._move(ConnPhase.CONFIG)
             self._request(m.Request(opcode=Opcode.GET_CLUSTER_CONFIG), self._on_config)
             return
         self.after_select()
@@ -135,9 +160,9 @@ class Handshake:
 
     def _on_config(self, rsp) -> None:
         body = bytes(getattr(rsp, "value", b"") or b"")
-        boot = self.phase == "config"
+        boot = self.phase is ConnPhase.CONFIG
         if boot:
-            self.phase = "routing"     # route() continues the handshake
+            self._move(ConnPhase.ROUTING)     # route() continues the handshake
         self._emit(ConfigReceived(body, rsp.status, boot))
 
     # ---- collection filter: GET_COLLECTIONS_MANIFEST once, before the vbuckets and DCP_OPEN
@@ -179,7 +204,7 @@ class Handshake:
         try:
             self.filter = self._resolve_filters(manifest)    # per stream id too
         except dcp_collections.UnknownNames as exc:
-            self.phase = "manifest"        # stops here: the caller reports the names
+            # stops here, in ConnPhase.MANIFEST: the caller reports the names
             self._emit(FilterUnknown(str(exc)))
             return
         self._emit(FilterResolved(dict(self.filter), raw, self.filters_by_sid()))
@@ -188,7 +213,7 @@ class Handshake:
     def after_select(self) -> None:
         """The bucket is selected (or routed, Consumer.route): the filter, the vbuckets, DCP_OPEN."""
         if self._wants_manifest():
-            self.phase = "manifest"
+            self._move(ConnPhase.MANIFEST)
             self._request(m.Request(opcode=Opcode.GET_COLLECTIONS_MANIFEST), self._on_manifest)
             return
         if self.cfg.stream_filter is not None and self.filter is None:
@@ -210,13 +235,13 @@ class Handshake:
             if vbs[-1] >= NUM_VB_SLOTS:
                 raise RemoteError(ErrorCode.BAD_VBUCKET, f"GET_ALL_VB_SEQNOS lists vbucket {vbs[-1]}: vbucket "
                                   f"ids go up to {NUM_VB_SLOTS - 1}; use --vbuckets to choose them")
-            self.link.cfg = dataclasses.replace(self.cfg, vbuckets=in_shard(vbs, self.cfg.shard))
+            self.link.reconfigure(vbuckets=in_shard(vbs, self.cfg.shard))
         else:
-            self.link.cfg = dataclasses.replace(self.cfg, vbuckets=in_shard(range(NUM_VB_SLOTS), self.cfg.shard))
+            self.link.reconfigure(vbuckets=in_shard(range(NUM_VB_SLOTS), self.cfg.shard))
         self._open()
 
     def _open(self) -> None:
-        self.phase = "open"
+        self._move(ConnPhase.OPEN)
         flags = OpenFlag.PRODUCER | OpenFlag.INCLUDE_DELETE_TIMES
         if self.cfg.no_value:
             flags |= OpenFlag.NO_VALUE
@@ -230,7 +255,7 @@ class Handshake:
             raise AuthRefused(f"DCP_OPEN on {self.cfg.bucket!r} denied: {status_name(st)}", st)
         if st != Status.SUCCESS:
             raise RemoteError(ErrorCode.STATUS, f"DCP_OPEN refused: {status_name(st)}", st)
-        self.phase = "control"
+        self._move(ConnPhase.CONTROL)
         cfg = self.cfg
         controls = []
         if cfg.buffer_size:
@@ -281,6 +306,6 @@ class Handshake:
         if self._controls_left == 0:
             self.noop_active = self.controls.get("enable_noop") == "true"
             self.buffer_active = "connection_buffer_size" in self.controls
-            self.phase = "streaming"
+            self._move(ConnPhase.STREAMING)
             self._emit(HandshakeComplete(self.features, dict(self.controls)))
             self.on_ready()

@@ -2,14 +2,15 @@
 send, the events to emit, the requests waiting for their answer (by opaque, each with the
 handler of its answer and when it left) and the clock of the last call.
 
-The consumer is composed of phases that each own their state (handshake.py, streams.py,
-consumer_receive.py) and talk through this object and each other's public methods:
-nothing reaches into another phase's private names."""
+The consumer is composed of parts that each own their state (handshake.py, streams.py,
+consumer_receive.py, lag_polls.py) and talk through this object and each other's public
+methods: a part changes its own fields only (tests/test_architecture.py checks it), so the
+configuration changes here, through `reconfigure`, and a request is given up through `forget`."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable
 
 from dcptool.protocol.dcp.client.consumer_api import ConsumerConfig
 from dcptool.protocol.dcp.wire import messages as m
@@ -34,6 +35,14 @@ class Link:
         self.unstamped: list[int] = []     # requests queued since the last stamp_sent()
         self.vb_opaque: dict[int, int] = {}       # request opaque -> vbucket (for rows)
         self.opaque = 0
+
+    def at(self, now: float) -> None:
+        """The clock of the current call (what a request queued now is stamped with)."""
+        self.now = now
+
+    def reconfigure(self, **changes: Any) -> None:
+        """The configuration with these fields changed (the vbuckets found or routed, handoff)."""
+        self.cfg = dataclasses.replace(self.cfg, **changes)
 
     def request(self, msg, handler: Callable) -> int:
         """Queue a request with the next opaque; `handler(answer)` runs when it is answered."""
@@ -69,6 +78,16 @@ class Link:
         self.sent_at.pop(rsp.opaque, None)
         if handler is not None:
             handler(rsp)
+
+    def sent_time(self, opaque: int) -> float | None:
+        """When the pending request of `opaque` left, None when it is not pending."""
+        sent = self.sent_at.get(opaque)
+        return None if sent is None else sent[0]
+
+    def forget(self, opaque: int) -> None:
+        """Give up waiting for the answer of `opaque` (an answer that comes later is ignored)."""
+        self.pending.pop(opaque, None)
+        self.sent_at.pop(opaque, None)
 
     def take_out(self) -> list[bytes]:
         out, self.out = self.out, []

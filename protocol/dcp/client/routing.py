@@ -19,7 +19,6 @@ from dcptool.protocol.dcp.wire import cluster_config
 from dcptool.protocol.dcp.wire.cluster_config import ClusterConfig
 
 # why a vbucket was not served (the summary's `unserved` values)
-NOT_IN_MAP = "not in the cluster map"
 NO_ACTIVE = "no active node in the cluster map"
 NODE_DOWN = "its node stopped answering and no replica was promoted in time"
 REFUSED = "refused (NOT_MY_VBUCKET) by the owner of every cluster map held until the timeout"

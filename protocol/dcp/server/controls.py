@@ -24,8 +24,6 @@ from dcptool.protocol.dcp.wire.constants import Feature, OpenFlag, Status
 
 MIN_NOOP_INTERVAL = 0.1           # connection_manager_interval: smaller intervals are refused
 BOOLS = ("true", "false")
-ACCEPTED_IGNORED = ("set_priority", "supports_cursor_dropping", "supports_cursor_dropping_vulcan",
-                    "supports_hifi_MFU", "consumer_name")
 REFUSED = ("stream_buffer_size", "change_streams")
 
 
