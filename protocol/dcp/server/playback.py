@@ -34,6 +34,7 @@ from dcptool.protocol.dcp.server.producer import (
     STREAM_CHUNK,
     ProducerConnection,
     ServerModel,
+    refusal,
 )
 from dcptool.protocol.dcp.server.stream_request import RECORDED_RANGE, decide, requested
 from dcptool.protocol.dcp.wire import messages as m
@@ -359,12 +360,9 @@ class PlaybackConnection:
             self._reply(req, Status.ERANGE)
             return
         d = decide(req, r, failover_log=list(log), high=high, in_range=RECORDED_RANGE)
-        if d.status == Status.ROLLBACK:
-            self.stats["rollbacks"] += 1
-            self._reply(req, Status.ROLLBACK, cls=m.StreamRequestResponse, rollback_seqno=d.rollback_seqno)
-            return
-        if d.status != Status.SUCCESS:
-            self._reply(req, d.status)
+        no = refusal(req, d, self.stats)
+        if no is not None:
+            self._out.append(m.encode(no))
             return
         start, end = r.start, d.end
         self._reply(req, cls=m.StreamRequestResponse, failover_log=tuple(log))
