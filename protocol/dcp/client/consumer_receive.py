@@ -25,21 +25,23 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from typing import Callable
+from typing import Any, Callable
 
-from dcptool.protocol.dcp.client.consumer_api import NUM_VB_SLOTS, stream_key
 from dcptool.protocol.dcp.client.link import Link
-from dcptool.protocol.dcp.client.streams import DATA_OPS, Streams
+from dcptool.protocol.dcp.client.streams import DATA_OPS as DATA_OPS
+from dcptool.protocol.dcp.client.streams import Streams
 from dcptool.protocol.dcp.wire import columnar, snappy
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.columnar import be_uint as _be
 from dcptool.protocol.dcp.wire.constants import (
+    NUM_VB_SLOTS,
     SERVER_OP_CLUSTERMAP_CHANGE_NOTIFICATION,
     Opcode,
     SnapshotFlag,
     op_name,
+    stream_key,
 )
-from dcptool.protocol.dcp.wire.frames import parse_frame
+from dcptool.protocol.dcp.wire.frames import Frame, parse_frame
 from dcptool.protocol.errors import ErrorCode, RemoteError
 
 _DATA_OPS_ARRAY = sorted(DATA_OPS)
@@ -56,7 +58,7 @@ _EPOCH_REV = struct.Struct(">qq")
 _SNAPPY = 0x02
 
 
-def _tolist(a):
+def _tolist(a: Any) -> list[int]:
     return a.tolist() if hasattr(a, "tolist") else list(a)
 
 
@@ -89,7 +91,7 @@ class Receiver:
         self.data_frames = 0
         self.noops_answered = 0
 
-    def receive(self, buf, offsets, lengths, now: float) -> None:
+    def receive(self, buf: Any, offsets: Any, lengths: Any, now: float) -> None:
         """Process the whole frames at offsets/lengths in buf.
 
         Long runs of data frames (a backfill) are applied column-wise: per vbucket the seqnos
@@ -106,7 +108,7 @@ class Receiver:
         else:
             self._receive_vectorised(buf, offsets, lengths, now)
 
-    def _receive_vectorised(self, buf, offsets, lengths, now: float) -> None:
+    def _receive_vectorised(self, buf: Any, offsets: Any, lengths: Any, now: float) -> None:
         import numpy as np
         n = len(offsets)
         u8 = np.frombuffer(buf, dtype=np.uint8)
@@ -145,8 +147,8 @@ class Receiver:
         # consecutive stops go through the per-frame loop together, in one call: it takes
         # them in wire order either way (the data frames that arrive in the same receive as
         # their stream's answer are such a run, thousands long at the start of a backfill)
-        firsts: list = []
-        ends: list = []
+        firsts: list[int] = []
+        ends: list[int] = []
         if len(stops):
             gi = np.nonzero(np.r_[True, np.diff(stops) != 1])[0]     # where each group starts
             firsts = stops[gi].tolist()
@@ -159,7 +161,8 @@ class Receiver:
                 self._receive_frames(buf, offsets[s:e].tolist(), lengths[s:e].tolist(), now)
             prev = e
 
-    def _apply_run(self, buf, offsets, lengths, a: int, b: int, pos_in_idx, vbs, seqs, now) -> None:
+    def _apply_run(self, buf: Any, offsets: Any, lengths: Any, a: int, b: int, pos_in_idx: Any, vbs: Any,
+                   seqs: Any, now: float) -> None:
         if b - a < _VECTOR_MIN:
             self._receive_frames(buf, offsets[a:b].tolist(), lengths[a:b].tolist(), now)
             return
@@ -170,7 +173,7 @@ class Receiver:
         self.unacked += int(lengths[a:b].sum())
         self.data_frames += b - a
 
-    def _receive_frames(self, buf, offsets: list, lengths: list, now: float) -> None:
+    def _receive_frames(self, buf: Any, offsets: list[int], lengths: list[int], now: float) -> None:
         take_data = self.streams.take_data
         n = len(offsets)
         i = 0
@@ -198,9 +201,9 @@ class Receiver:
         self.acked_total += n
         return n
 
-    def _slow(self, frame, now: float) -> None:
+    def _slow(self, frame: Frame, now: float) -> None:
         link = self.link
-        msg = m.decode(frame, self.collections())
+        msg: Any = m.decode(frame, self.collections())
         if msg.IS_RESPONSE:
             link.answered(msg)
             return
@@ -245,7 +248,7 @@ class Receiver:
         elif getattr(msg, "decode_error", None) and op in DATA_OPS:
             raise RemoteError(ErrorCode.BAD_EXTRAS, f"vbucket {vb}: {msg.decode_error}")
 
-    def _server_request(self, frame) -> ConfigPushed | PushIgnored:
+    def _server_request(self, frame: Frame) -> ConfigPushed | PushIgnored:
         """What a server request means to us: every field is checked, nothing is fatal."""
         op = frame.opcode
         if op != SERVER_OP_CLUSTERMAP_CHANGE_NOTIFICATION:

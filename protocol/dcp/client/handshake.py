@@ -7,12 +7,13 @@ ConnPhase and moves only as phases.CONN_MOVES allows."""
 
 from __future__ import annotations
 
-from typing import Callable
+import functools
+from typing import Any, Callable, Iterable
 
 from dcptool.protocol.dcp.client import manifest as dcp_collections
 from dcptool.protocol.dcp.client.consumer_api import (
-    NUM_VB_SLOTS,
     ConfigReceived,
+    ConsumerConfig,
     ControlRefused,
     FilterResolved,
     FilterUnknown,
@@ -25,6 +26,7 @@ from dcptool.protocol.dcp.client.phases import CONN_MOVES, ConnPhase, move
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire import sasl
 from dcptool.protocol.dcp.wire.constants import (
+    NUM_VB_SLOTS,
     Feature,
     Opcode,
     OpenFlag,
@@ -35,28 +37,28 @@ from dcptool.protocol.errors import AuthRefused, ErrorCode, RemoteError
 
 
 class Handshake:
-    def __init__(self, link: Link, on_ready: Callable[[], None]):
+    def __init__(self, link: Link, on_ready: Callable[[], None]) -> None:
         self.link = link
         self.on_ready = on_ready
         self.phase = ConnPhase.HELLO
-        self.features: tuple = ()
+        self.features: tuple[int, ...] = ()
         self.controls: dict[str, str] = {}
         self.refused: dict[str, int] = {}
         self.noop_active = False
         self.buffer_active = False
-        self.filter: dict | None = None       # the collection filter, once resolved
+        self.filter: dict[str, Any] | None = None       # the collection filter, once resolved
         cfg = link.cfg
         # stream ids: each group's filter (sid 1..n)
-        self.sid_filters: dict[int, dict | None] = {}
+        self.sid_filters: dict[int, dict[str, Any] | None] = {}
         if cfg.stream_ids and cfg.stream_filters is not None:
             self.sid_filters = {i + 1: (dict(f) if f else None) for i, f in enumerate(cfg.stream_filters)}
-        self._sasl = None
-        self._mech = None
+        self._sasl: sasl.ScramClient | None = None
+        self._mech = ""
         self._sasl_rounds = 0
         self._controls_left = 0
 
     @property
-    def cfg(self):
+    def cfg(self) -> ConsumerConfig:
         return self.link.cfg
 
     def _move(self, to: ConnPhase) -> None:
@@ -81,20 +83,21 @@ class Handshake:
             return None
         if self.noop_active:
             return 2 * cfg.noop_interval
-        return max(2 * cfg.noop_interval, cfg.timeout or 0.0) or None
+        limit: float = max(2 * cfg.noop_interval, cfg.timeout or 0.0)
+        return limit or None
 
-    def _request(self, msg, handler) -> int:
+    def _request(self, msg: Any, handler: Callable[[Any], None]) -> int:
         return self.link.request(msg, handler)
 
-    def _emit(self, event) -> None:
+    def _emit(self, event: Any) -> None:
         self.link.emit(event)
 
-    def start(self, features) -> None:
+    def start(self, features: Iterable[int]) -> None:
         """Queue HELLO asking for `features`."""
         self._request(m.Hello(agent=self.cfg.agent.encode(), features=tuple(int(f) for f in features)),
                       self._on_hello)
 
-    def _on_hello(self, rsp) -> None:
+    def _on_hello(self, rsp: Any) -> None:
         if rsp.status != Status.SUCCESS:
             raise RemoteError(ErrorCode.STATUS, f"HELLO refused: {status_name(rsp.status)}", rsp.status)
         self.features = tuple(getattr(rsp, "features", ()))
@@ -106,19 +109,19 @@ class Handshake:
         else:
             self._select()
 
-    def _on_mechs(self, rsp) -> None:
+    def _on_mechs(self, rsp: Any) -> None:
         if rsp.status != Status.SUCCESS:
             raise AuthRefused(f"SASL mechanisms not listed: {status_name(rsp.status)}", rsp.status)
         mech = sasl.choose_mechanism(rsp.value, allow_plain=self.cfg.tls or self.cfg.allow_plain)
         self._mech = mech
         if mech == "PLAIN":
-            data = sasl.plain_message(self.cfg.user, self.cfg.password or "")
+            data = sasl.plain_message(self.cfg.user or "", self.cfg.password or "")
         else:
-            self._sasl = sasl.ScramClient(mech, self.cfg.user, self.cfg.password or "")
+            self._sasl = sasl.ScramClient(mech, self.cfg.user or "", self.cfg.password or "")
             data = self._sasl.first()
         self._request(m.SaslAuth(mechanism=mech.encode(), data=data), self._on_sasl)
 
-    def _on_sasl(self, rsp) -> None:
+    def _on_sasl(self, rsp: Any) -> None:
         st = rsp.status
         self._sasl_rounds += 1
         if st == Status.AUTH_CONTINUE and self._sasl_rounds >= sasl.MAX_SASL_ROUNDS:
@@ -140,7 +143,7 @@ class Handshake:
         self._move(ConnPhase.SELECT)
         self._request(m.SelectBucket(bucket=self.cfg.bucket.encode()), self._on_select)
 
-    def _on_select(self, rsp) -> None:
+    def _on_select(self, rsp: Any) -> None:
         st = rsp.status
         if st in (Status.EACCESS, Status.AUTH_ERROR, Status.AUTH_STALE):
             raise AuthRefused(f"access to bucket {self.cfg.bucket!r} denied: {status_name(st)}", st)
@@ -158,7 +161,7 @@ class Handshake:
         """Ask GET_CLUSTER_CONFIG (a poll); the answer comes as ConfigReceived(bootstrap=False)."""
         self._request(m.Request(opcode=Opcode.GET_CLUSTER_CONFIG), self._on_config)
 
-    def _on_config(self, rsp) -> None:
+    def _on_config(self, rsp: Any) -> None:
         body = bytes(getattr(rsp, "value", b"") or b"")
         boot = self.phase is ConnPhase.CONFIG
         if boot:
@@ -178,11 +181,11 @@ class Handshake:
         flt = self.sid_filters.get(sid) if self.sid_filters else None
         return dcp_collections.filter_value({**(flt or {}), "sid": sid})
 
-    def filters_by_sid(self) -> tuple:
+    def filters_by_sid(self) -> tuple[dict[str, Any] | None, ...]:
         """The filter of each stream id (1, 2, ...) for the FilterResolved event; () without."""
         return tuple(self.sid_filters.get(sid) for sid in self.link.sids) if self.sid_filters else ()
 
-    def _resolve_filters(self, manifest) -> dict:
+    def _resolve_filters(self, manifest: dcp_collections.Manifest) -> dict[str, Any]:
         """The filter of --scope / --collection (raises UnknownNames); with stream ids, each
         group's too (self.sid_filters)."""
         cfg = self.cfg
@@ -195,7 +198,7 @@ class Handshake:
         cfg = self.cfg
         return bool(cfg.scopes or cfg.collection_names) and cfg.stream_filter is None and self.filter is None
 
-    def _on_manifest(self, rsp) -> None:
+    def _on_manifest(self, rsp: Any) -> None:
         if rsp.status != Status.SUCCESS:
             raise RemoteError(ErrorCode.STATUS, "GET_COLLECTIONS_MANIFEST refused: "
                               f"{status_name(rsp.status)}; the server cannot filter collections", rsp.status)
@@ -224,7 +227,7 @@ class Handshake:
         else:
             self._open()
 
-    def _on_vb_seqnos(self, rsp) -> None:
+    def _on_vb_seqnos(self, rsp: Any) -> None:
         if self.cfg.vbuckets is not None:   # given: the caller checks them against the server's
             if rsp.status == Status.SUCCESS and getattr(rsp, "seqnos", None):
                 self._emit(ServerVbuckets(tuple(sorted({v for v, _ in rsp.seqnos}))))
@@ -249,7 +252,7 @@ class Handshake:
             flags |= OpenFlag.INCLUDE_XATTRS
         self._request(m.DcpOpen(name=self.cfg.name.encode(), flags=int(flags)), self._on_open)
 
-    def _on_open(self, rsp) -> None:
+    def _on_open(self, rsp: Any) -> None:
         st = rsp.status
         if st in (Status.EACCESS, Status.AUTH_ERROR):
             raise AuthRefused(f"DCP_OPEN on {self.cfg.bucket!r} denied: {status_name(st)}", st)
@@ -281,7 +284,7 @@ class Handshake:
         self._controls_left = len(controls)
         for key, val in controls:
             self._request(m.Control(key=key.encode(), value=val.encode()),
-                          lambda rsp, k=key, v=val: self._on_control(k, v, rsp))
+                          functools.partial(self._on_control, key, val))
 
     def _required(self, key: str) -> str | None:
         """Why a refusal of `key` is fatal, or None when the run goes on without it."""
@@ -291,7 +294,7 @@ class Handshake:
             return "noops are required with collections or xattrs"
         return None
 
-    def _on_control(self, key: str, val: str, rsp) -> None:
+    def _on_control(self, key: str, val: str, rsp: Any) -> None:
         if rsp.status == Status.SUCCESS:
             self.controls[key] = val
         else:

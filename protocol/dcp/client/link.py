@@ -16,21 +16,23 @@ from dcptool.protocol.dcp.client.consumer_api import ConsumerConfig
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.constants import Opcode, op_name
 
+Handler = Callable[[Any], None]     # what runs with the answer to a request
 
-def sids_of(cfg: ConsumerConfig) -> tuple:
+
+def sids_of(cfg: ConsumerConfig) -> tuple[int, ...]:
     """The stream ids of a configuration: one per group (sid 1..n), or (0,) = none."""
     groups = len(cfg.stream_filters if cfg.stream_filters is not None else cfg.stream_groups)
     return tuple(range(1, max(1, groups) + 1)) if cfg.stream_ids else (0,)
 
 
 class Link:
-    def __init__(self, config: ConsumerConfig, now: float):
+    def __init__(self, config: ConsumerConfig, now: float) -> None:
         self.cfg = config
-        self.sids: tuple = sids_of(config)     # stream ids (1..n), or (0,) = none
+        self.sids: tuple[int, ...] = sids_of(config)     # stream ids (1..n), or (0,) = none
         self.now = now
         self.out: list[bytes] = []
-        self.events: list = []
-        self.pending: dict[int, Callable] = {}
+        self.events: list[Any] = []
+        self.pending: dict[int, Handler] = {}
         self.sent_at: dict[int, tuple[float, str]] = {}   # opaque -> (when, what) of a pending request
         self.unstamped: list[int] = []     # requests queued since the last stamp_sent()
         self.vb_opaque: dict[int, int] = {}       # request opaque -> vbucket (for rows)
@@ -44,7 +46,7 @@ class Link:
         """The configuration with these fields changed (the vbuckets found or routed, handoff)."""
         self.cfg = dataclasses.replace(self.cfg, **changes)
 
-    def request(self, msg, handler: Callable) -> int:
+    def request(self, msg: Any, handler: Handler) -> int:
         """Queue a request with the next opaque; `handler(answer)` runs when it is answered."""
         self.opaque += 1
         opaque = self.opaque
@@ -65,14 +67,14 @@ class Link:
         self.out.append(m.encode(msg))
         return opaque
 
-    def send(self, msg) -> None:
+    def send(self, msg: Any) -> None:
         """Queue a message that expects no answer (a response, a buffer ack)."""
         self.out.append(m.encode(msg))
 
-    def emit(self, event) -> None:
+    def emit(self, event: Any) -> None:
         self.events.append(event)
 
-    def answered(self, rsp) -> None:
+    def answered(self, rsp: Any) -> None:
         """A response arrived: its request is no longer pending; its handler runs."""
         handler = self.pending.pop(rsp.opaque, None)
         self.sent_at.pop(rsp.opaque, None)
@@ -93,7 +95,7 @@ class Link:
         out, self.out = self.out, []
         return out
 
-    def take_events(self) -> list:
+    def take_events(self) -> list[Any]:
         ev, self.events = self.events, []
         return ev
 

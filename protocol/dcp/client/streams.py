@@ -22,11 +22,12 @@ vb_states) stays per vbucket: a VbState whose `streams` holds the per-sid states
 from __future__ import annotations
 
 import dataclasses
+import functools
 import struct
 from typing import Any, Callable
 
 from dcptool.protocol.dcp.client.consumer_api import (
-    NUM_VB_SLOTS,
+    ConsumerConfig,
     Finished,
     Handoff,
     NotMyVbucket,
@@ -35,21 +36,22 @@ from dcptool.protocol.dcp.client.consumer_api import (
     StreamFailed,
     StreamOpened,
     VbState,
-    key_sid,
-    key_vb,
-    stream_key,
 )
 from dcptool.protocol.dcp.client.link import Link
 from dcptool.protocol.dcp.client.phases import STREAM_MOVES, StreamPhase, move
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.constants import (
+    NUM_VB_SLOTS,
     SEQNO_INFINITY,
     FrameInfoId,
     Opcode,
     Status,
     StreamEndReason,
     StreamRequestFlag,
+    key_sid,
+    key_vb,
     status_name,
+    stream_key,
 )
 from dcptool.protocol.errors import AuthRefused, ErrorCode, RemoteError
 
@@ -83,7 +85,7 @@ class Streams:
         for k, st in self.states.items():
             self.last[k] = st.last_seqno
             self.exact[k] = st.exact_from
-        self.oso: dict[int, list] = {}      # stream key -> [Y, X] inside an OSO snapshot
+        self.oso: dict[int, list[int]] = {}      # stream key -> [Y, X] inside an OSO snapshot
         self.phase: dict[int, StreamPhase] = {}
         self.active = False                 # streaming: the handshake is complete
         self.finished = False
@@ -95,7 +97,7 @@ class Streams:
         self._end_seqno: dict[int, int] = {}
 
     @property
-    def cfg(self):
+    def cfg(self) -> ConsumerConfig:
         return self.link.cfg
 
     def _move(self, k: int, to: StreamPhase) -> None:
@@ -119,7 +121,7 @@ class Streams:
     def vb_states(self) -> dict[int, VbState]:
         if self.sids == (0,):
             return dict(self.states)
-        by_vb: dict[int, dict] = {}
+        by_vb: dict[int, dict[int, VbState]] = {}
         for k, st in self.states.items():
             by_vb.setdefault(key_vb(k), {})[key_sid(k)] = st
         return {vb: summary(ss) for vb, ss in by_vb.items()}
@@ -238,7 +240,7 @@ class Streams:
                 start = uuid = ss = se = 0
             elif cfg.start not in ("0", "") and int(cfg.start) > 0 and not st.failover_log:
                 self._move(k, FLOG)   # a start seqno needs the branch it belongs to
-                self.link.request(m.GetFailoverLog(vbucket=vb), lambda rsp, k=k: self._on_flog(k, rsp))
+                self.link.request(m.GetFailoverLog(vbucket=vb), functools.partial(self._on_flog, k))
                 return
             else:
                 start = uuid = ss = se = 0
@@ -260,9 +262,9 @@ class Streams:
         self._end_seqno[k] = end
         req = m.StreamRequest(vbucket=vb, flags=int(flags), start_seqno=start, end_seqno=end,
                               vbucket_uuid=uuid, snap_start=ss, snap_end=se, value=self.stream_value(sid))
-        self.link.request(req, lambda rsp, k=k, start=start: self._on_stream_rsp(k, start, rsp))
+        self.link.request(req, functools.partial(self._on_stream_rsp, k, start))
 
-    def _on_flog(self, k: int, rsp) -> None:
+    def _on_flog(self, k: int, rsp: Any) -> None:
         if self.phase.get(k) is not FLOG:
             return      # given up meanwhile (taken, perhaps given back since)
         st = self.states[k]
@@ -282,12 +284,12 @@ class Streams:
         st.snapshot_complete = True
         self._send_stream_req(k)
 
-    def _not_mine(self, k: int, rsp) -> None:
+    def _not_mine(self, k: int, rsp: Any) -> None:
         self.link.emit(NotMyVbucket(key_vb(k), bytes(getattr(rsp, "value", b"") or b"")))
         self._move(k, WAIT)     # until the caller takes it (take_states)
         self.pump()
 
-    def _on_stream_rsp(self, k: int, start: int, rsp) -> None:
+    def _on_stream_rsp(self, k: int, start: int, rsp: Any) -> None:
         if self.phase.get(k) is not REQ:
             return      # given up meanwhile (taken, perhaps given back since)
         st = self.states[k]
@@ -439,7 +441,7 @@ class Streams:
             self.exact[k] = -1
         self.last[k] = seq
 
-    def snapshot(self, k: int, msg) -> None:
+    def snapshot(self, k: int, msg: Any) -> None:
         """A snapshot marker of stream k."""
         st = self.states[k]
         self.leave_oso(k)      # a marker inside an OSO snapshot (verify flags it) ends it unfinished
@@ -538,6 +540,6 @@ def summary(streams: dict[int, VbState]) -> VbState:
                    streams=dict(streams))
 
 
-def sid_info(sid: int) -> tuple:
+def sid_info(sid: int) -> tuple[tuple[int, bytes], ...]:
     """The frame info of a request for stream id sid (CLOSE_STREAM); () for no stream id."""
     return ((FrameInfoId.DCP_STREAM_ID, sid.to_bytes(2, "big")),) if sid else ()

@@ -19,6 +19,8 @@ NOT_SUPPORTED once sync writes are enabled, as kv_engine does. Unknown keys: EIN
 
 from __future__ import annotations
 
+from typing import Any
+
 from dcptool.protocol.dcp.server.history import control_status as history_control_status
 from dcptool.protocol.dcp.wire.constants import Feature, OpenFlag, Status
 
@@ -27,7 +29,7 @@ BOOLS = ("true", "false")
 REFUSED = ("stream_buffer_size", "change_streams")
 
 
-def control_status(conn, key: str, val: str, now: float) -> int:
+def control_status(conn: Any, key: str, val: str, now: float) -> int:
     """Apply one DCP_CONTROL to `conn` (a ProducerConnection); the status to answer."""
     if not key or not val:
         return Status.EINVAL

@@ -24,13 +24,17 @@ from typing import Any, Callable, NamedTuple
 from dcptool.protocol.dcp.server import kv
 from dcptool.protocol.dcp.server import manifest as pcol
 from dcptool.protocol.dcp.server import stream_ids as producer_sid
-from dcptool.protocol.dcp.server.bucket import Bucket, Item, VBucket, rollback_seqno  # noqa: F401
+
+# re-exported: callers name the model, its bucket and its options from here
+from dcptool.protocol.dcp.server.bucket import Bucket as Bucket
+from dcptool.protocol.dcp.server.bucket import Item, VBucket
+from dcptool.protocol.dcp.server.bucket import rollback_seqno as rollback_seqno
 from dcptool.protocol.dcp.server.controls import control_status
-from dcptool.protocol.dcp.server.shared import (  # noqa: F401
-    Scenarios,
-    ServerModel,
-    rate_items,
-    server_from_options,
+from dcptool.protocol.dcp.server.shared import Scenarios as Scenarios
+from dcptool.protocol.dcp.server.shared import ServerModel as ServerModel
+from dcptool.protocol.dcp.server.shared import rate_items as rate_items
+from dcptool.protocol.dcp.server.shared import (
+    server_from_options as server_from_options,
 )
 from dcptool.protocol.dcp.server.stream_request import (
     LIVE_RANGE,
@@ -74,7 +78,7 @@ class Route(NamedTuple):
     decode, is an unknown command); whether it waits for authentication and, for the opcodes
     of NEEDS_DCP_OPEN, for DCP_OPEN (False: answered before, as Couchbase does)."""
     handler: Callable[[Any, Any, float], None]
-    cls: type | None
+    cls: Any          # a message class (its OPCODE), None: any
     after_auth: bool = True
 
 
@@ -82,7 +86,7 @@ def _unknown(conn: Any, msg: Any, now: float) -> None:
     conn.push(m.encode(m.Response(opcode=msg.op_code, opaque=msg.opaque, status=Status.UNKNOWN_COMMAND)))
 
 
-def refusal(req: Any, d: Decision, stats: dict[str, int]) -> Any:
+def refusal(req: Any, d: Decision, stats: dict[str, Any]) -> Any:
     """The answer to a STREAM_REQ that the decision `d` refuses (a rollback is counted in
     `stats`), None when it is accepted: the generated producer and playback alike."""
     if d.status == Status.ROLLBACK:
@@ -99,7 +103,7 @@ class ProducerConnection:
     """One client connection. receive() requests, pull() bytes to send, tick() timers.
     `closed` is set (to the reason) when the server drops the connection."""
 
-    def __init__(self, server: ServerModel, now: float, conn_id: int = 1, node: int = 0):
+    def __init__(self, server: ServerModel, now: float, conn_id: int = 1, node: int = 0) -> None:
         self.server = server
         self.conn_id = conn_id
         self.node = node
@@ -109,7 +113,7 @@ class ProducerConnection:
         self.bucket: Bucket | None = None
         self.dcp_open = False
         self.name = b""
-        self.name_key: tuple | None = None      # (node, bucket, name): DCP names are per node and bucket
+        self.name_key: tuple[int, str, bytes] | None = None      # (node, bucket, name): DCP names are per node and bucket
         self.open_flags = 0
         self.controls: dict[str, str] = {}
         self.buffer_size = 0
@@ -123,11 +127,11 @@ class ProducerConnection:
         self._order: list[int] = []
         self._rr = 0
         self._out: list[bytes] = []
-        self._sasl = None
+        self._sasl: sasl.ScramServer | None = None
         self.closed: str | None = None
         self.next_send = 0.0
         self.last_rx = now
-        self.stats = {"conn": conn_id, "max_outstanding": 0, "flow_blocked": 0, "noops_sent": 0,
+        self.stats: dict[str, Any] = {"conn": conn_id, "max_outstanding": 0, "flow_blocked": 0, "noops_sent": 0,
                       "noops_answered": 0, "stream_frames": 0, "bytes_sent": 0, "acked": 0,
                       "stream_requests": 0, "rollbacks": 0, "closed": None}
         server.stats.append(self.stats)
@@ -208,19 +212,20 @@ class ProducerConnection:
         the server sends unasked (a cluster-map notification)."""
         self._out.append(frame)
 
-    def _reply(self, req, status: int = Status.SUCCESS, value: bytes = b"", cls=None, **kw) -> None:
+    def _reply(self, req: Any, status: int = Status.SUCCESS, value: bytes = b"", cls: Any = None,
+               **kw: Any) -> None:
         if cls is not None:
             msg = cls(opaque=req.opaque, status=status, **kw)
         else:
             msg = m.Response(opcode=req.op_code, opaque=req.opaque, status=status, value=value)
         self._out.append(m.encode(msg))
 
-    def _reply_json(self, req, status: int, body: bytes) -> None:
+    def _reply_json(self, req: Any, status: int, body: bytes) -> None:
         dt = 1 if (body and self.json) else 0
         self._out.append(m.encode(m.Response(opcode=req.op_code, opaque=req.opaque, status=status, value=body,
                                              datatype=dt)))
 
-    def not_my_vbucket(self, req) -> None:
+    def not_my_vbucket(self, req: Any) -> None:
         """NOT_MY_VBUCKET with this node's current config as the body, as Couchbase does."""
         cl = self.server.cluster_for(self.bucket)
         self._reply_json(req, Status.NOT_MY_VBUCKET, cl.render(self.node) if cl is not None else b"")
@@ -229,7 +234,7 @@ class ProducerConnection:
         cl = self.server.cluster_for(self.bucket)
         return cl is None or cl.is_active(self.node, vbid)
 
-    def _cluster_config(self, req, now: float) -> None:
+    def _cluster_config(self, req: Any, now: float) -> None:
         """GET_CLUSTER_CONFIG (0xb5), before authentication too: the bucket's config once a
         bucket is selected, else the cluster part of it; KEY_ENOENT without a cluster."""
         cl = self.server.cluster_for(self.bucket) if self.bucket is not None else self.server.cluster
@@ -241,7 +246,7 @@ class ProducerConnection:
             self._reply_json(req, Status.SUCCESS, cl.render(self.node))
 
     # ---- requests: one handler per opcode, found in ROUTES (below the handlers)
-    def _handle(self, msg, now: float) -> None:
+    def _handle(self, msg: Any, now: float) -> None:
         if msg.IS_RESPONSE:
             if msg.op_code == Opcode.DCP_NOOP and self.noop_waiting == msg.opaque:
                 self.noop_waiting = None
@@ -259,27 +264,27 @@ class ProducerConnection:
                 return
         (_unknown if route is None else route.handler)(self, msg, now)
 
-    def _buffer_ack(self, msg, now: float) -> None:
+    def _buffer_ack(self, msg: Any, now: float) -> None:
         self.outstanding = max(0, self.outstanding - msg.bytes_acked)
         self.stats["acked"] += msg.bytes_acked
 
-    def _hello(self, msg, now: float) -> None:
+    def _hello(self, msg: Any, now: float) -> None:
         self.features = {f for f in msg.features if f in GRANTED_FEATURES}
         if Feature.CLUSTERMAP_CHANGE_NOTIFICATION_BRIEF in self.features:   # brief wins (CLUSTER.md)
             self.features.discard(Feature.CLUSTERMAP_CHANGE_NOTIFICATION)
         self._reply(msg, cls=m.HelloResponse, features=tuple(f for f in msg.features if f in self.features))
 
-    def _sasl_mechs(self, msg, now: float) -> None:
+    def _sasl_mechs(self, msg: Any, now: float) -> None:
         self._reply(msg, value=sasl.SERVER_MECHS.encode())
 
-    def _error_map(self, msg, now: float) -> None:
+    def _error_map(self, msg: Any, now: float) -> None:
         status, body = error_map(msg.version)
         self._reply_json(msg, status, body)
 
-    def _kv(self, msg, now: float) -> None:
+    def _kv(self, msg: Any, now: float) -> None:
         kv.handle(self, msg, now)     # documents (KV): kv.py
 
-    def _select_bucket(self, msg, now: float) -> None:
+    def _select_bucket(self, msg: Any, now: float) -> None:
         bucket = self.server.buckets.get(msg.bucket.decode("utf-8", "replace"))
         if bucket is None:
             self._reply(msg, Status.KEY_ENOENT)
@@ -287,17 +292,17 @@ class ProducerConnection:
             self.bucket = bucket
             self._reply(msg)
 
-    def _manifest(self, msg, now: float) -> None:
+    def _manifest(self, msg: Any, now: float) -> None:
         self._reply_json(msg, *pcol.manifest_reply(self.bucket))
 
-    def _all_vb_seqnos(self, msg, now: float) -> None:
+    def _all_vb_seqnos(self, msg: Any, now: float) -> None:
         if self.bucket is None:
             self._reply(msg, Status.NO_BUCKET)
         else:
             self._reply(msg, cls=m.GetAllVbSeqnosResponse,
                         seqnos=tuple((vb.vbid, vb.high_seqno) for vb in self._vbuckets_in_state(msg.extras)))
 
-    def _failover_log(self, msg, now: float) -> None:
+    def _failover_log(self, msg: Any, now: float) -> None:
         vb = self._vb(msg.vbucket)
         if vb is None:
             self._reply(msg, Status.NOT_MY_VBUCKET)
@@ -306,7 +311,7 @@ class ProducerConnection:
         else:
             self._reply(msg, cls=m.FailoverLogResponse, failover_log=tuple(vb.failover_log))
 
-    def _close_stream(self, msg, now: float) -> None:
+    def _close_stream(self, msg: Any, now: float) -> None:
         sid = msg.stream_id
         if (sid is not None) != self.stream_ids or sid == 0:
             self._reply(msg, Status.DCP_STREAM_ID_INVALID)
@@ -324,12 +329,12 @@ class ProducerConnection:
             self._out.append(end)
             self.outstanding += len(end)
 
-    def _client_noop(self, msg, now: float) -> None:
+    def _client_noop(self, msg: Any, now: float) -> None:
         self.close("DCP_NOOP received from the client")   # a consumer must never send one: kv_engine disconnects
 
     def _vbuckets_in_state(self, extras: bytes) -> list[VBucket]:
         cl = self.server.cluster_for(self.bucket)
-        vbs = self.bucket.vbuckets
+        vbs = self.bucket.vbuckets if self.bucket is not None else []
         return vbs if cl is None else [vbs[i] for i in cl.vbuckets_in_state(self.node, extras)]
 
     def _vb(self, vbid: int) -> VBucket | None:
@@ -337,7 +342,7 @@ class ProducerConnection:
             return None
         return self.bucket.vbuckets[vbid]
 
-    def _sasl_step(self, msg, now: float) -> None:
+    def _sasl_step(self, msg: Any, now: float) -> None:
         mech = msg.mechanism.decode("ascii", "replace")
         try:
             if mech == "PLAIN":
@@ -362,7 +367,7 @@ class ProducerConnection:
             self._sasl = None
             self._reply(msg, Status.AUTH_ERROR)
 
-    def _open(self, msg, now: float) -> None:
+    def _open(self, msg: Any, now: float) -> None:
         if self.bucket is None:
             self._reply(msg, Status.NO_BUCKET)
             return
@@ -389,7 +394,7 @@ class ProducerConnection:
         self.dcp_open = True
         self._reply(msg)
 
-    def _control(self, msg, now: float) -> None:
+    def _control(self, msg: Any, now: float) -> None:
         key = msg.key.decode("utf-8", "replace")
         val = msg.value.decode("utf-8", "replace")
         ok = control_status(self, key, val, now)
@@ -397,7 +402,7 @@ class ProducerConnection:
             self.controls[key] = val
         self._reply(msg, ok)
 
-    def _stream_request(self, req, now: float) -> None:
+    def _stream_request(self, req: Any, now: float) -> None:
         self.stats["stream_requests"] += 1
         vb = self._vb(req.vbucket)
         sc = self.server.scenarios
@@ -478,7 +483,7 @@ class ProducerConnection:
         return min(times) if times else None
 
     # ---- output
-    def pull(self, now: float, limit: int = PULL_LIMIT) -> list:
+    def pull(self, now: float, limit: int = PULL_LIMIT) -> list[bytes]:
         """Bytes to send now: responses and noops first, then stream data within the flow
         control window. An empty list means wait (for input, an ack, a timer or new items)."""
         out = self._out
@@ -595,4 +600,4 @@ class ProducerConnection:
     }
 
 
-ServerModel.connection_class = ProducerConnection
+ServerModel.connection_class = ProducerConnection  # type: ignore[assignment]  # shared.py: None until here
