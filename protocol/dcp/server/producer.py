@@ -24,8 +24,6 @@ from typing import Any, Callable, NamedTuple
 from dcptool.protocol.dcp.server import kv
 from dcptool.protocol.dcp.server import manifest as pcol
 from dcptool.protocol.dcp.server import stream_ids as producer_sid
-
-# re-exported: callers name the model, its bucket and its options from here
 from dcptool.protocol.dcp.server.bucket import Bucket as Bucket
 from dcptool.protocol.dcp.server.bucket import Item, VBucket
 from dcptool.protocol.dcp.server.bucket import rollback_seqno as rollback_seqno
@@ -73,12 +71,11 @@ NEEDS_DCP_OPEN = frozenset({Opcode.DCP_ADD_STREAM, Opcode.DCP_CLOSE_STREAM, Opco
 
 
 class Route(NamedTuple):
-    """How a request is answered: its handler (connection, request, now); the message class
-    its opcode decodes to (None: any; a request of another class, one whose layout did not
-    decode, is an unknown command); whether it waits for authentication and, for the opcodes
-    of NEEDS_DCP_OPEN, for DCP_OPEN (False: answered before, as Couchbase does)."""
+    """How a request is answered: its handler (connection, request, now); the message class its
+    opcode decodes to (None: any; another class, a layout that did not decode, is an unknown
+    command); whether it waits for authentication and, in NEEDS_DCP_OPEN, for DCP_OPEN."""
     handler: Callable[[Any, Any, float], None]
-    cls: Any          # a message class (its OPCODE), None: any
+    cls: Any
     after_auth: bool = True
 
 
@@ -212,8 +209,7 @@ class ProducerConnection:
         the server sends unasked (a cluster-map notification)."""
         self._out.append(frame)
 
-    def _reply(self, req: Any, status: int = Status.SUCCESS, value: bytes = b"", cls: Any = None,
-               **kw: Any) -> None:
+    def _reply(self, req: Any, status: int = Status.SUCCESS, value: bytes = b"", cls: Any = None, **kw: Any) -> None:
         if cls is not None:
             msg = cls(opaque=req.opaque, status=status, **kw)
         else:
