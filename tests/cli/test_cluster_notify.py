@@ -15,6 +15,7 @@ import subprocess
 import orjson
 import pytest
 
+from dcptool.protocol.dcp.client import consumer as dcp_consumer
 from dcptool.protocol.dcp.client.consumer import (
     ConfigPushed,
     Consumer,
@@ -325,7 +326,7 @@ def test_capture_replay_topology_shows_the_notifications(tmp_path):
 
 
 def test_brief_notifications_fetch_the_map(monkeypatch):
-    monkeypatch.setattr(Consumer, "NOTIFY_FEATURES", (BRIEF,))
+    monkeypatch.setattr(dcp_consumer, "NOTIFY_FEATURES", (BRIEF,))   # what Consumer.start asks HELLO for
     model = late_model(seed=3)
     frames: list[tuple[int, bytes, str]] = []
     events: list = []
