@@ -1,5 +1,5 @@
 """Lag polls of a DCP run (`--lag-interval`, docs/CLI.md "Metrics and lag"): every interval, each streaming
-connection asks GET_ALL_VB_SEQNOS for its node's active vbuckets (Consumer.request_seqnos),
+connection asks GET_ALL_VB_SEQNOS for its node's active vbuckets (consumer.polls.request()),
 and once more when the run ends (a stop, or the last stream of a connection ending). The
 request and its answer cross the wire like any frame, so a capture records them and
 `replay --table lag` (replay/rules/lag.py) computes the lag afterwards; the live answers
@@ -55,13 +55,13 @@ class LagPoller:
 
     @staticmethod
     def _live(c) -> bool:
-        return c.phase == "streaming" and not c.finished and not c.closing
+        return c.streaming
 
     def poll(self) -> None:
         """Ask every streaming connection (sent with its next flush, within half a second)."""
         for c in list(self.consumers.values()):
             if self._live(c):
-                c.request_seqnos()
+                c.polls.request()
                 self.polls += 1
 
     def final(self) -> None:
@@ -73,7 +73,7 @@ class LagPoller:
         for conn, c in list(self.consumers.items()):
             if self._live(c) and conn not in self.asked_final:
                 self.asked_final.add(conn)
-                c.request_seqnos()
+                c.polls.request()
                 self.polls += 1
 
     def events(self, evs, consumer, conn: int | None = None) -> None:
@@ -88,15 +88,15 @@ class LagPoller:
                 self._answer(e, consumer)
             elif t is StreamEnded:
                 ended = True
-        if ended and consumer.phase == "streaming" and consumer.streams.finished and not consumer.seqnos_pending:
+        if ended and consumer.handshake.streaming and consumer.streams.finished and not consumer.polls.pending:
             key = conn if conn is not None else id(consumer)
             if key not in self.asked_final:
                 self.asked_final.add(key)
-                consumer.request_seqnos()
+                consumer.polls.request()
                 self.polls += 1
 
     def _answer(self, e: VbSeqnos, consumer) -> None:
-        seqnos = consumer.vb_states()
+        seqnos = consumer.streams.vb_states()
         now = time.time_ns()
         for vb, high in e.seqnos:
             st = seqnos.get(vb)
@@ -178,14 +178,14 @@ class DcpWatch:
         now = time.monotonic()
         if consumer is not None and now >= self._next:   # positions: as often as the progress line
             self._next = now + 0.25
-            self.positions.update((vb, s.last_seqno) for vb, s in consumer.vb_states().items())
+            self.positions.update((vb, s.last_seqno) for vb, s in consumer.streams.vb_states().items())
 
     def events(self, evs, consumer, conn: int | None, dcp_events=None) -> None:
         self.lag.events(evs, consumer, conn)
         if self.live is not None and dcp_events is not None:
             self.live.rollbacks = dcp_events.rollbacks
             if consumer is not None and any(type(e) is VbSeqnos for e in evs):
-                self.positions.update((vb, s.last_seqno) for vb, s in consumer.vb_states().items())
+                self.positions.update((vb, s.last_seqno) for vb, s in consumer.streams.vb_states().items())
 
     def final(self) -> None:
         """The run is asked to stop: the last lag poll goes out before its streams close."""

@@ -416,3 +416,178 @@ def test_the_engines_share_only_through_neutral_modules():
     bad = [f"{p.relative_to(ROOT)} imports {m}" for folder, other in pairs for p in _py(folder)
            for m in _imports(p) if m.startswith(other)]
     assert _py("replay/local") and _py("replay/spark") and bad == []
+# ---- the DCP consumer (issue 35): a few parts that each own their state, held together by a
+# ---- Consumer that offers what a caller needs
+
+CLIENT = "protocol/dcp/client"
+# methods that change the container they are called on
+MUTATORS = frozenset({"append", "extend", "insert", "pop", "popitem", "remove", "clear", "update", "setdefault",
+                      "add", "discard", "sort", "reverse", "__setitem__", "__delitem__"})
+
+
+def _consumer_parts() -> tuple[set[str], set[str]]:
+    """(the classes of the consumer's parts, the attribute names that hold a part). The parts
+    are the classes Consumer.__init__ builds; an attribute holds a part when an __init__ of a
+    client module sets it to a part built there or to a parameter annotated with a part's class."""
+    trees = [ast.parse(p.read_text(), str(p)) for p in _py(CLIENT)]
+    classes: set[str] = set()
+    for tree in trees:
+        for cls in ast.walk(tree):
+            if isinstance(cls, ast.ClassDef) and cls.name == "Consumer":
+                init = next(f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+                classes |= {n.value.func.id for n in ast.walk(init) if isinstance(n, ast.Assign)
+                            and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name)}
+    attrs: set[str] = set()
+    for tree in trees:
+        for init in ast.walk(tree):
+            if not (isinstance(init, ast.FunctionDef) and init.name == "__init__"):
+                continue
+            typed = {a.arg for a in init.args.args if a.annotation is not None
+                     and ast.unparse(a.annotation).strip("'\"") in classes}
+            for n in ast.walk(init):
+                if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Attribute) \
+                        and isinstance(n.targets[0].value, ast.Name) and n.targets[0].value.id == "self" \
+                        and ((isinstance(n.value, ast.Name) and n.value.id in typed)
+                             or (isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name)
+                                 and n.value.func.id in classes)):
+                    attrs.add(n.targets[0].attr)
+    return classes, attrs
+
+
+def _foreign_writes(source: str, label: str, classes: set[str], attrs: set[str]) -> list[str]:
+    """Where a function changes a field of another part: `part.field = ...`, `part.field[k] = ...`,
+    `del part.field[k]`, `part.field.pop(...)` (any MUTATORS method), also through a local name
+    bound to a part (`streams = self.streams`) or to a part's field (`last = streams.last`,
+    `st = self.streams.states[k]`). A part is `self.<attr>` for an attribute that holds one, a
+    parameter annotated with a part's class, or a local name bound to either; `self` is not."""
+    found = []
+    for fn in ast.walk(ast.parse(source, label)):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        part_names = {a.arg for a in fn.args.args if a.annotation is not None
+                      and ast.unparse(a.annotation).strip("'\"") in classes}
+        field_names: set[str] = set()
+
+        def is_part(e: ast.expr) -> bool:
+            return (isinstance(e, ast.Name) and e.id in part_names) or (
+                isinstance(e, ast.Attribute) and e.attr in attrs and isinstance(e.value, ast.Name)
+                and e.value.id == "self")
+
+        def is_field(e: ast.expr) -> bool:
+            """A part's field, an item of one, or a local name bound to one of those."""
+            while isinstance(e, ast.Subscript):
+                e = e.value
+            if isinstance(e, ast.Name):
+                return e.id in field_names
+            return isinstance(e, ast.Attribute) and (is_part(e.value) or is_field(e.value)) and not is_part(e)
+
+        def bind(target: ast.expr, value: ast.expr) -> None:
+            if isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple):
+                for t, v in zip(target.elts, value.elts):
+                    bind(t, v)
+            elif isinstance(target, ast.Name):
+                if is_part(value):
+                    part_names.add(target.id)
+                elif is_field(value):
+                    field_names.add(target.id)
+
+        def changed(t: ast.expr) -> bool:
+            if isinstance(t, ast.Attribute):
+                return is_part(t.value) or is_field(t.value)
+            if isinstance(t, ast.Subscript):
+                return is_field(t.value)
+            if isinstance(t, ast.Tuple):
+                return any(changed(e) for e in t.elts)
+            return False
+
+        # in source order, so that a name is bound before it is used
+        for node in sorted((n for n in ast.walk(fn) if hasattr(n, "lineno")), key=lambda n: (n.lineno, n.col_offset)):
+            targets: list[ast.expr] = []
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+                targets = [node.target]
+            elif isinstance(node, ast.Delete):
+                targets = node.targets
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in MUTATORS and is_field(node.func.value):
+                found.append(f"{label}:{node.lineno}: {ast.unparse(node)}")
+            bad = [t for t in targets if changed(t)]
+            if bad:
+                found.append(f"{label}:{node.lineno}: {ast.unparse(node).splitlines()[0]}")
+            if isinstance(node, ast.Assign):
+                for t in node.targets:
+                    bind(t, node.value)
+    return found
+
+
+def test_no_part_of_the_consumer_changes_another_parts_field():
+    """A part changes its own fields only, through its own methods: no `self.link.cfg = ...`,
+    `self.receiver.unacked = 0`, `self.link.pending.pop(...)`, `exact = self.streams.exact;
+    exact[k] = -1` in protocol/dcp/client."""
+    classes, attrs = _consumer_parts()
+    assert {"Link", "Handshake", "Streams", "Receiver"} <= classes, classes
+    assert {"link", "handshake", "streams", "receiver"} <= attrs, attrs
+    found = [w for p in _py(CLIENT) for w in _foreign_writes(p.read_text(), str(p.relative_to(ROOT)), classes, attrs)]
+    assert found == []
+
+
+def test_the_part_check_sees_every_form_of_a_write():
+    probe = '''
+class Consumer:
+    def __init__(self, cfg):
+        self.link = Link(cfg)
+        self.streams = Streams(self.link)
+
+    def route(self, cfg):
+        self.link.cfg = cfg                      # 1 a field replaced
+        self.link.pending.pop(3, None)           # 2 a field's container changed
+        self.streams.exact[4] = -1               # 3 an item of a field
+        self.link.clock += 1                     # 4 augmented
+        self.link.send(b"x")                     # the part's own method: fine
+        self.mine = self.streams.last[0]         # reading: fine
+
+class Receiver:
+    def __init__(self, link: Link, streams: "Streams"):
+        self.link = link
+        self.streams = streams
+        self.count = 0
+
+    def receive(self, k):
+        streams = self.streams
+        last, own = streams.last, self.count
+        last[k] = 5                              # 5 through a local name
+        st = streams.states[k]
+        st.last_seqno = 6                        # 6 a record in a part's table
+        del streams.oso[k]                       # 7 deleted
+        own += 1                                 # a local: fine
+        self.count = own                         # its own field: fine
+
+def helper(link: Link):
+    link.out.append(b"")                         # 8 a parameter annotated with a part's class
+'''
+    classes, attrs = _consumer_parts()
+    found = _foreign_writes(probe, "probe", classes | {"Link", "Streams"}, attrs | {"link", "streams"})
+    assert sorted(int(f.split(":")[1]) for f in found) == [8, 9, 10, 11, 24, 26, 27, 32], found
+
+
+def test_the_consumer_offers_at_most_25_public_names():
+    """Consumer keeps what a caller needs; the rest is a part's (consumer.handshake.features,
+    consumer.streams.vb_states(), consumer.receiver.data_frames, consumer.polls.request())."""
+    from dcptool.protocol.dcp.client.consumer import Consumer, ConsumerConfig
+    public = sorted(n for n in dir(Consumer(ConsumerConfig(bucket="b", name="n"))) if not n.startswith("_"))
+    assert {"link", "handshake", "streams", "receiver", "start", "receive", "outgoing"} <= set(public)
+    assert len(public) <= 25, public
+
+
+def test_the_consumer_phases_are_enums_with_one_table_each():
+    from dcptool.protocol.dcp.client import phases
+    assert set(phases.CONN_MOVES) == set(phases.ConnPhase) and set(phases.STREAM_MOVES) == set(phases.StreamPhase)
+    # every phase but the first is reached by some move
+    assert {p for to in phases.CONN_MOVES.values() for p in to} == set(phases.ConnPhase) - {phases.ConnPhase.HELLO}
+    assert {p for to in phases.STREAM_MOVES.values() for p in to} == set(phases.StreamPhase)
+    for path in (ROOT / CLIENT / "handshake.py", ROOT / CLIENT / "streams.py"):
+        text = path.read_text()
+        assert "self.phase = " not in text.replace("self.phase = ConnPhase.HELLO", "").replace(
+            "self.phase = move(", "")
+        assert "range(5)" not in text

@@ -23,7 +23,7 @@ import socket
 import ssl
 import sys
 import time
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol, cast
 
 import numpy as np
 
@@ -54,6 +54,7 @@ HAND_ON_SHARE = 4
 # store holds 15-20 receives of 16 KiB values at a time (the writer's backlog, the row group
 # filling, the encoder's queue), so 8 were all still held when a fresh one was needed.
 SPARE_BUFFERS = 16
+OnEvents = Callable[[list[Any]], None]     # a connection's consumer events, as they come
 
 
 class Tap(Protocol):
@@ -62,7 +63,7 @@ class Tap(Protocol):
     stream's receive buffer handed on without a copy): `bytes(buf[a:b])` where a value must be
     bytes."""
 
-    def on_received(self, buf, offsets, lengths, ts_ns: int, mono_ns: int) -> None: ...
+    def on_received(self, buf: Any, offsets: Any, lengths: Any, ts_ns: int, mono_ns: int) -> None: ...
 
     def on_sent(self, frame: bytes, ts_ns: int, mono_ns: int) -> None: ...
 
@@ -80,7 +81,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
     the whole frames of each receive to the tap and the consumer, writes what the consumer
     asks to send."""
 
-    def __init__(self, consumer: Consumer, tap: Tap | None, on_events: Callable | None,
+    def __init__(self, consumer: Consumer, tap: Tap | None, on_events: OnEvents | None,
                  max_body: int = DEFAULT_MAX_BODY):
         self.consumer = consumer
         self.tap = tap
@@ -90,16 +91,16 @@ class ClientProtocol(asyncio.BufferedProtocol):
         self._lent: list[np.ndarray] = []    # buffers handed on, taken back when free (_spare)
         self._end = 0
         self.transport: asyncio.Transport | None = None
-        self.done: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._paused = False
-        self._check_handle = None
+        self._check_handle: asyncio.TimerHandle | None = None
         self._closed_by_us = False
         self.bytes_in = 0
         self._partial_since: float | None = None   # when the unfinished frame in _buf began
 
     # ---- asyncio callbacks
-    def connection_made(self, transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
         tune_socket(transport, rcvbuf=4 * 1024 * 1024)
         now = time.monotonic()
         try:
@@ -110,10 +111,10 @@ class ClientProtocol(asyncio.BufferedProtocol):
             return
         self._schedule_check()
 
-    def get_buffer(self, sizehint: int):
+    def get_buffer(self, sizehint: int) -> memoryview:
         if self._end >= len(self._buf) - 65536:
             self._renew(2 * len(self._buf), 0)   # a frame larger than the buffer
-        return memoryview(self._buf)[self._end:]
+        return memoryview(self._buf)[self._end:]  # type: ignore[arg-type]  # numpy arrays are buffers
 
     def _renew(self, size: int, start: int) -> None:
         """A fresh buffer of `size` bytes holding what the old one has from `start` on."""
@@ -141,15 +142,16 @@ class ClientProtocol(asyncio.BufferedProtocol):
         except BaseException as exc:  # noqa: BLE001 - handed to the session
             self._fail(exc)
 
-    def eof_received(self):
+    def eof_received(self) -> bool:
         return False
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         if self._check_handle is not None:
             self._check_handle.cancel()
         if not self.done.done():
             # every stream ended (a lag poll may still wait for its answer): a clean end
-            if self.consumer.finished or self.consumer.streams.finished or self.consumer.closing or self._closed_by_us:
+            streams = self.consumer.streams
+            if self.consumer.finished or streams.finished or streams.closing or self._closed_by_us:
                 self.done.set_result(None)
             else:
                 self.done.set_exception(ConnectionLost(
@@ -157,7 +159,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
 
     # ---- work
     def _process(self) -> None:
-        mv = memoryview(self._buf)[:self._end]
+        mv = memoryview(self._buf)[:self._end]  # type: ignore[arg-type]
         offsets, lengths, consumed, err = columnar.scan(mv, self.max_body)
         del mv
         if consumed:
@@ -180,7 +182,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
             self._partial_since = time.monotonic()
         self._maybe_pause()
 
-    def _take(self, consumed: int):
+    def _take(self, consumed: int) -> bytes | memoryview:
         """The first `consumed` bytes (whole frames), the rest moved to the buffer's start:
         the buffer itself when the receive filled a good share of it (the kernel's copy is
         the only one), else a copy of those bytes."""
@@ -191,7 +193,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
             self._lent.append(buf)
             if len(self._lent) > SPARE_BUFFERS:
                 del self._lent[0]
-            return memoryview(buf)[:consumed].toreadonly()
+            return memoryview(buf)[:consumed].toreadonly()  # type: ignore[arg-type]
         chunk = buf[:consumed].tobytes()
         tail = self._end - consumed
         buf[:tail] = buf[consumed:self._end]   # numpy copies overlapping ranges safely
@@ -199,7 +201,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
         return chunk
 
     def flush(self) -> None:
-        self.consumer.stamp_sent(time.monotonic())
+        self.consumer.link.stamp_sent(time.monotonic())
         frames = self.consumer.outgoing()
         if not frames or self.transport is None or self.transport.is_closing():
             return
@@ -215,7 +217,8 @@ class ClientProtocol(asyncio.BufferedProtocol):
             return
         if sp():
             self._paused = True
-            self.transport.pause_reading()
+            if self.transport is not None:
+                self.transport.pause_reading()
             asyncio.get_running_loop().call_later(0.005, self._unpause)
         elif self.consumer.flush_acks(check_pause=False):
             # the consumer held its ack back at its own look (the queue was full then) and we
@@ -236,7 +239,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
         self.transport.resume_reading()
 
     def _schedule_check(self) -> None:
-        cfg = self.consumer.cfg
+        cfg = self.consumer.link.cfg
         period = min([0.5] + [x / 4 for x in (cfg.noop_interval, cfg.timeout) if x])
         self._check_handle = asyncio.get_running_loop().call_later(period, self._check)
 
@@ -261,7 +264,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
 
     def _check_partial(self, now: float) -> None:
         """A frame whose bytes stopped coming: RemoteError(TIMEOUT) after the timeout."""
-        timeout = self.consumer.cfg.timeout
+        timeout = self.consumer.link.cfg.timeout
         since = self._partial_since
         if not timeout or since is None or now - since <= timeout:
             return
@@ -285,7 +288,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
 
 async def open_connection(consumer: Consumer, host: str, port: int, *, tls: ssl.SSLContext | None = None,
                           server_hostname: str | None = None, tap: Tap | None = None,
-                          on_events: Callable | None = None, timeout: float = 10.0) -> ClientProtocol:
+                          on_events: OnEvents | None = None, timeout: float = 10.0) -> ClientProtocol:
     loop = asyncio.get_running_loop()
     where = f"{host}:{port}"
     try:
@@ -320,7 +323,7 @@ class Session:
 
     def __init__(self, cfg: ConsumerConfig, host: str, port: int, *, tls: ssl.SSLContext | None = None,
                  server_hostname: str | None = None, tap: Tap | None = None,
-                 on_events: Callable | None = None, on_connect: Callable | None = None,
+                 on_events: OnEvents | None = None, on_connect: Callable[[int, Consumer], None] | None = None,
                  resume: dict[int, VbState] | None = None,
                  should_pause: Callable[[], bool] | None = None, reconnects: int = 3,
                  connect_timeout: float | None = None):
@@ -365,9 +368,10 @@ class Session:
                                               server_hostname=self.server_hostname, tap=self.tap,
                                               on_events=self.on_events, timeout=self.connect_timeout)
             self._proto = proto
-            stop_wait = asyncio.ensure_future(self._stop.wait())
+            stop_wait: asyncio.Future[Any] = asyncio.ensure_future(self._stop.wait())
             try:
-                await asyncio.wait({proto.done, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+                either: set[asyncio.Future[Any]] = {proto.done, stop_wait}
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
                 if self._stop.is_set() and not proto.done.done():
                     await self._close_streams(proto)
                     return consumer
@@ -378,7 +382,7 @@ class Session:
                     dead = (ErrorCode.DEAD_CONNECTION, ErrorCode.TIMEOUT)
                     if isinstance(exc, RemoteError) and exc.code not in dead:
                         raise
-                    progressed = consumer.phase == "streaming"
+                    progressed = consumer.handshake.streaming
                     if isinstance(exc, RemoteError) and exc.code == ErrorCode.TIMEOUT and not progressed:
                         # the server accepted the connection but never completed the set-up
                         raise ConnectFailed(f"{self.host}:{self.port}: {exc.message}") from None
@@ -389,7 +393,7 @@ class Session:
                         raise
                     attempts += 1
                     log.info("connection %d lost (%s); reconnecting", self.conn, exc)
-                    self.resume = consumer.resume_state()
+                    self.resume = consumer.streams.resume_state()
                     await asyncio.sleep(min(0.1 * attempts, 1.0))
             finally:
                 stop_wait.cancel()
@@ -397,7 +401,7 @@ class Session:
 
     async def _close_streams(self, proto: ClientProtocol, wait: float = 1.0) -> None:
         consumer = proto.consumer
-        if consumer.phase == "streaming" and not consumer.finished:
+        if consumer.handshake.streaming and not consumer.finished:
             consumer.close_streams()
             proto.flush()
             try:

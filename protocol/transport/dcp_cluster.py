@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import ssl
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from dcptool.protocol.dcp.client import routing
 from dcptool.protocol.dcp.client.consumer import (
@@ -53,7 +54,7 @@ from dcptool.protocol.errors import (
     ProtocolError,
     RemoteError,
 )
-from dcptool.protocol.transport.dcp_client import Session, open_connection
+from dcptool.protocol.transport.dcp_client import OnEvents, Session, open_connection
 
 log = logging.getLogger("dcptool.transport.dcp_cluster")
 
@@ -69,7 +70,7 @@ class _Link:
     port: int
     consumer: Consumer
     want: dict[int, VbState]          # vbuckets to hand it once its config arrives
-    proto: object = None
+    proto: Any = None          # its ClientProtocol once connected
     routed: bool = False
 
     @property
@@ -81,10 +82,10 @@ class _LinkTap:
     """Tells the tap which connection and node the next frames belong to."""
     __slots__ = ("s", "link")
 
-    def __init__(self, session: "ClusterSession", link: _Link):
+    def __init__(self, session: "ClusterSession", link: _Link) -> None:
         self.s, self.link = session, link
 
-    def on_received(self, buf, offsets, lengths, ts_ns: int, mono_ns: int) -> None:
+    def on_received(self, buf: Any, offsets: Any, lengths: Any, ts_ns: int, mono_ns: int) -> None:
         self.s.switch_to(self.link)
         self.s.tap.on_received(buf, offsets, lengths, ts_ns, mono_ns)
 
@@ -106,10 +107,10 @@ class ClusterResult:
 
 class ClusterSession:
     def __init__(self, cfg: ConsumerConfig, seeds: list[tuple[str, int]], *, tls: ssl.SSLContext | None = None,
-                 server_hostname: str | None = None, tap=None, on_events: Callable | None = None,
-                 on_connect: Callable | None = None, resume: dict[int, VbState] | None = None,
+                 server_hostname: str | None = None, tap: Any = None, on_events: OnEvents | None = None,
+                 on_connect: Callable[[int, Consumer], None] | None = None, resume: dict[int, VbState] | None = None,
                  should_pause: Callable[[], bool] | None = None, reconnects: int = 3,
-                 connect_timeout: float | None = None, conn_per_node: int = 1, config_poll: float = 2.5):
+                 connect_timeout: float | None = None, conn_per_node: int = 1, config_poll: float = 2.5) -> None:
         self.cfg = cfg
         self.seeds = list(seeds)
         self.tls, self.server_hostname = tls, server_hostname
@@ -124,14 +125,14 @@ class ClusterSession:
                                            for vb, s in (resume or {}).items() if 0 <= vb < NUM_VB_SLOTS}
         self.final: dict[int, VbState] = {}    # ended for good or failed
         self.links: dict[int, _Link] = {}
-        self.opening: set[asyncio.Task] = set()
+        self.opening: set[asyncio.Task[None]] = set()
         self.down: dict[str, float] = {}       # node -> when to try it again
         self._backoff: dict[str, float] = {}
         self.conn = 0
         self.single: Session | None = None
         self.stopped = False
-        self._stop: asyncio.Event | None = None
-        self._wake: asyncio.Event | None = None
+        self._stop = asyncio.Event()     # both made again by run(), on its loop
+        self._wake = asyncio.Event()
         self._current: _Link | None = None
         self._last_consumer: Consumer | None = None
         self._next_spawn = 0.0
@@ -139,7 +140,7 @@ class ClusterSession:
 
     # ---- the Session interface the CLI uses
     @property
-    def consumer(self):
+    def consumer(self) -> Consumer | None:
         if self.single is not None:
             return self.single.consumer
         return self._last_consumer
@@ -156,7 +157,7 @@ class ClusterSession:
             self._stop.set()
 
     # ---- run
-    async def run(self):
+    async def run(self) -> Consumer | ClusterResult | None:
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
         if self.stopped:
@@ -171,7 +172,7 @@ class ClusterSession:
     async def _bootstrap(self) -> _Link | None:
         """Connect to the seeds in order until one answers GET_CLUSTER_CONFIG (or says it has
         no map); that connection stays open."""
-        errors = []
+        errors: list[ConnectFailed | ConnectionLost] = []
         for host, port in self.seeds:
             if self._stop.is_set():
                 return None
@@ -193,28 +194,28 @@ class ClusterSession:
             if self._stop.is_set():
                 link.proto.close()
                 return None
-            exc = link.proto.done.exception()
+            why = link.proto.done.exception()
             self.links.pop(link.conn, None)
             link.proto.close()
-            if exc is None:
-                exc = ConnectionLost("the server closed the connection during the set-up")
-            if isinstance(exc, RemoteError) and exc.code == ErrorCode.TIMEOUT:
-                exc = ConnectFailed(f"{link.node}: {exc.message}")
-            if not isinstance(exc, (ConnectFailed, ConnectionLost)):
-                raise exc
-            errors.append(exc)
+            if why is None:
+                why = ConnectionLost("the server closed the connection during the set-up")
+            if isinstance(why, RemoteError) and why.code == ErrorCode.TIMEOUT:
+                why = ConnectFailed(f"{link.node}: {why.message}")
+            if not isinstance(why, (ConnectFailed, ConnectionLost)):
+                raise why
+            errors.append(why)
         if len(errors) == 1:
             raise errors[0]
         raise ConnectFailed(f"none of the {len(self.seeds)} seeds answered: "
                             + "; ".join(str(getattr(e, 'message', e)) for e in errors))
 
-    async def _run_single(self, link: _Link):
+    async def _run_single(self, link: _Link) -> Consumer:
         """No map, or one node: the single-connection Session continues on this connection."""
         self.links.pop(link.conn, None)
         node = link.node
         tap = self.tap
 
-        def on_connect(conn, consumer):
+        def on_connect(conn: int, consumer: Consumer) -> None:
             if self.on_connect is not None:
                 self.on_connect(conn, consumer)
             if tap is not None:
@@ -274,7 +275,7 @@ class ClusterSession:
     def _result(self) -> ClusterResult:
         states = dict(self.final)
         for link in self.links.values():
-            states.update(link.consumer.vb_states())
+            states.update(link.consumer.streams.vb_states())
         states.update(self.states)
         return ClusterResult(states, dict(self.router.unserved))
 
@@ -301,7 +302,7 @@ class ClusterSession:
             link.proto = await open_connection(consumer, host, port, tls=self.tls,
                                                server_hostname=self.server_hostname,
                                                tap=_LinkTap(self, link) if self.tap is not None else None,
-                                               on_events=lambda evs, lk=link: self._events(lk, evs),
+                                               on_events=functools.partial(self._events, link),
                                                timeout=self.connect_timeout)
         except ConnectFailed:
             self.links.pop(link.conn, None)
@@ -327,7 +328,7 @@ class ClusterSession:
         exc = link.proto.done.exception()
         consumer = link.consumer
         if exc is None:     # finished: every stream it kept ended or failed
-            for vb, st in consumer.vb_states().items():
+            for vb, st in consumer.streams.vb_states().items():
                 self.final[vb] = st
             now = time.monotonic()
             for vb, st in link.want.items():
@@ -347,7 +348,7 @@ class ClusterSession:
         states = dict(link.want)
         if link.routed:
             going = set(link.consumer.unfinished())
-            for vb, st in link.consumer.resume_state().items():
+            for vb, st in link.consumer.streams.resume_state().items():
                 if vb in going:
                     states[vb] = st
                 else:
@@ -368,8 +369,8 @@ class ClusterSession:
         """Ask a streaming connection for the map; with none, open one to a live node."""
         for link in self.links.values():
             c = link.consumer
-            if link.proto is not None and c.phase == "streaming" and not c.finished and not c.closing:
-                c.request_config()
+            if link.proto is not None and c.streaming:
+                c.handshake.request_config()
                 link.proto.flush()
                 return
         if self.opening or any(not lk.routed for lk in self.links.values()):
@@ -407,26 +408,28 @@ class ClusterSession:
 
     def _assign(self, node: str, vbs: list[int], moved: bool = False) -> None:
         """Give vbuckets to node: an open streaming connection to it takes them, else new ones."""
-        states = {vb: self.states.pop(vb, None) or VbState() for vb in vbs}
+        states = {vb: self.states.get(vb) or VbState() for vb in vbs}
+        for vb in vbs:
+            self.states.pop(vb, None)
         if moved and self.on_events is not None:
             self.on_events([Rerouted(vb, node) for vb in vbs])
         for link in self.links.values():
             c = link.consumer
-            if link.node == node and link.routed and c.phase == "streaming" and not c.finished and not c.closing:
+            if link.node == node and link.routed and c.streaming:
                 c.add_vbuckets(states)
                 link.proto.flush()
                 return
         for group in routing.split(list(states), self.conn_per_node):
             self._spawn(node, {vb: states[vb] for vb in group})
 
-    def _events(self, link: _Link, evs: list) -> None:
+    def _events(self, link: _Link, evs: list[Any]) -> None:
         """A connection's consumer events (called inside its read): routing acts here, the
         rest goes on to the caller."""
         if self._mode == "single":
             if self.on_events is not None:
                 self.on_events(evs)
             return
-        fwd = []
+        fwd: list[Any] = []
         now = time.monotonic()
         for e in evs:
             t = type(e)
@@ -449,9 +452,9 @@ class ClusterSession:
                                      backoff=t is NotMyVbucket)
                 # ask for the map unless the one we hold (a notification may have brought it
                 # before the stream end) already names another owner
-                if (link.consumer.phase == "streaming" and not link.consumer.finished
+                if (link.consumer.handshake.streaming and not link.consumer.finished
                         and self.router.owner(e.vbucket) in (None, link.node)):
-                    link.consumer.request_config()
+                    link.consumer.handshake.request_config()
                 self._wake.set()
             else:
                 if t is StreamOpened:
@@ -464,15 +467,16 @@ class ClusterSession:
         if fwd and self.on_events is not None:
             self.on_events(fwd)
 
-    def _apply(self, link: _Link, raw: bytes, fwd: list) -> bool:
+    def _apply(self, link: _Link, raw: bytes, fwd: list[Any]) -> bool:
         if not self.router.apply(raw, link.host):
             return False
         cfg = self.router.config
+        assert cfg is not None     # apply() made it current
         fwd.append(MapApplied(cfg.rev_epoch, cfg.rev, tuple(self.router.node_addresses())))
         self._wake.set()
         return True
 
-    def _pushed(self, link: _Link, e: ConfigPushed, fwd: list) -> None:
+    def _pushed(self, link: _Link, e: ConfigPushed, fwd: list[Any]) -> None:
         """A cluster-map change notification: applied as a poll answer would be; a brief one
         (no body) that is newer than our map is fetched at once. A malformed pushed config
         is reported and ignored (the next poll or NOT_MY_VBUCKET body still counts)."""
@@ -480,7 +484,7 @@ class ClusterSession:
             return          # the bootstrap answer is on its way
         if not e.raw:
             if self.router.key is None or (e.rev_epoch, e.rev) > self.router.key:
-                link.consumer.request_config()
+                link.consumer.handshake.request_config()
             return
         try:
             self._apply(link, e.raw, fwd)
@@ -491,12 +495,13 @@ class ClusterSession:
             log.info("connection %d: %s", link.conn, ign.reason)
             fwd.append(ign)
 
-    def _config(self, link: _Link, e: ConfigReceived, fwd: list) -> None:
+    def _config(self, link: _Link, e: ConfigReceived, fwd: list[Any]) -> None:
         has_map = e.status == 0 and bool(e.raw)
         if self._mode is None:
             if has_map:
                 self._apply(link, e.raw, fwd)
-            if not has_map or len(self.router.config.nodes) <= 1:
+            cfg = self.router.config
+            if not has_map or cfg is None or len(cfg.nodes) <= 1:
                 self._mode = "single"
                 self._wake.set()
                 if fwd and self.on_events is not None:
@@ -509,10 +514,10 @@ class ClusterSession:
             self._mode = "cluster"
             self._wake.set()
             if self.cfg.vbuckets is not None:
-                fwd.append(ServerVbuckets(tuple(range(self.router.config.num_vbuckets))))
+                fwd.append(ServerVbuckets(tuple(range(cfg.num_vbuckets))))
             now = time.monotonic()
             for vb in self.router.wanted():
-                if vb >= self.router.config.num_vbuckets:
+                if vb >= cfg.num_vbuckets:
                     continue
                 self.states.setdefault(vb, VbState())
                 self.router.wait(vb, None, now, self.cfg.timeout, routing.NO_ACTIVE)
@@ -547,7 +552,7 @@ class ClusterSession:
             c, proto = link.consumer, link.proto
             if proto is None:
                 continue
-            if c.phase == "streaming" and not c.finished:
+            if c.handshake.streaming and not c.finished:
                 c.close_streams()
                 proto.flush()
                 procs.append(proto)

@@ -34,7 +34,7 @@ _ACCEPT_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 class _ServerProtocol(asyncio.Protocol):
-    def __init__(self, server: "ProducerServer", node: int = 0):
+    def __init__(self, server: "ProducerServer", node: int = 0) -> None:
         self.server = server
         self.node = node
         self.conn = None
@@ -45,7 +45,7 @@ class _ServerProtocol(asyncio.Protocol):
         self.task = None
         self.inbox = bytearray()        # received, not yet answered (whole requests and a partial one)
 
-    def connection_made(self, transport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
         tune_socket(transport)
         transport.set_write_buffer_limits(high=WRITE_HIGH, low=WRITE_LOW)
@@ -106,7 +106,7 @@ class _ServerProtocol(asyncio.Protocol):
             if queued > self.server.peak_queued:
                 self.server.peak_queued = queued
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self.server.protocols.discard(self)
         self.server.reaper.gone += 1
         if self.conn is not None:
@@ -191,16 +191,17 @@ class ProducerServer:
         self.tick = tick
         self.handshake_timeout = handshake_timeout
         self.reaper = Reaper(handshake_timeout, freeze=freeze_heap)   # freeze: the process is ours
-        self._reap_task = None
+        self._reap_task: asyncio.Task[None] | None = None
         self.protocols: set[_ServerProtocol] = set()
-        self._server = None
-        self._servers: list = []
-        self._rate_task = None
+        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
+        self._rate_task: asyncio.Task[None] | None = None
         self.address: tuple[str, int] | None = None
         self.addresses: list[tuple[str, int]] = []     # one per cluster node (node 0 = address)
         self._seen_changes = (0, 0)
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0, tls: ssl.SSLContext | None = None):
+    async def start(self, host: str = "127.0.0.1", port: int = 0,
+                    tls: ssl.SSLContext | None = None) -> tuple[str, int]:
         """Listen on host:port, and for a cluster model one more free port per further node
         (spare nodes of --add-node-at included). Returns node 0's address."""
         loop = asyncio.get_running_loop()
@@ -279,7 +280,8 @@ class ProducerServer:
                     p.wake.set()
 
     async def serve_forever(self) -> None:
-        await self._server.serve_forever()
+        if self._server is not None:
+            await self._server.serve_forever()
 
     async def close(self) -> None:
         for task in (self._rate_task, self._reap_task):
@@ -287,7 +289,7 @@ class ProducerServer:
                 task.cancel()
         for srv in self._servers:
             srv.close()
-        tasks = []
+        tasks: list[asyncio.Task[None]] = []
         for p in list(self.protocols):
             if p.transport is not None:
                 p.transport.abort()

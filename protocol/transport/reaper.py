@@ -21,12 +21,13 @@ import asyncio
 import ctypes
 import gc
 import time
+from typing import Any, Callable
 
 REAP_EVERY = 1.0     # seconds between looks
 REAP_SHARE = 20      # a collection taking t seconds waits REAP_SHARE * t before the next
 
 
-def malloc_trim():
+def malloc_trim() -> Callable[..., Any] | None:
     """glibc's malloc_trim, or None where there is none."""
     try:
         return ctypes.CDLL(None).malloc_trim

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 
-def tune_socket(transport, rcvbuf: int | None = None) -> None:
+def tune_socket(transport: asyncio.BaseTransport, rcvbuf: int | None = None) -> None:
     """TCP_NODELAY (DCP is request/response during the handshake), and a larger receive
     buffer where asked (the consumer reads in 8 MiB batches)."""
     sock = transport.get_extra_info("socket")

@@ -1,4 +1,4 @@
-"""The lag poll of the sans-IO consumer (Consumer.request_seqnos, used by capture/lag.py),
+"""The lag poll of the sans-IO consumer (Consumer.polls, lag_polls.py, used by capture/lag.py),
 against the sans-IO producer in memory: a poll asked mid-stream is answered with the active
 vbuckets' high seqnos; a poll asked as the last stream ends keeps the connection unfinished
 until its answer is in (so a `--to now` run ends with a recorded lag of 0)."""
@@ -14,14 +14,14 @@ from tests.support.dcp_pair import Pair, cfg
 def _streaming_pair():
     srv = P.server_from_options(vbuckets=4, items=200, seed=4)
     pair = Pair(srv, cfg())
-    while pair.cons.phase != "streaming":
+    while not pair.cons.handshake.streaming:
         assert pair.step()
     return srv, pair
 
 
 def test_poll_mid_stream_is_answered_with_high_seqnos():
     srv, pair = _streaming_pair()
-    pair.cons.request_seqnos()
+    pair.cons.polls.request()
     pair.run()
     polls = pair.of(dcp_consumer.VbSeqnos)
     highs = {vb.vbid: vb.high_seqno for vb in srv.buckets["default"].vbuckets}
@@ -36,10 +36,10 @@ def test_a_poll_pending_at_the_end_keeps_the_connection_open_until_answered():
     while not pair.cons.streams.finished:
         assert pair.step()
     assert pair.cons.finished
-    pair.cons.request_seqnos()          # what capture/lag.py does as the last stream ends
-    assert not pair.cons.finished and pair.cons.seqnos_pending == 1
+    pair.cons.polls.request()          # what capture/lag.py does as the last stream ends
+    assert not pair.cons.finished and pair.cons.polls.pending == 1
     pair.run()
-    assert pair.cons.finished and pair.cons.seqnos_pending == 0
+    assert pair.cons.finished and pair.cons.polls.pending == 0
     assert len(pair.of(dcp_consumer.VbSeqnos)) == 1
 
 
@@ -47,10 +47,10 @@ def test_an_unanswered_last_poll_is_given_up_after_the_timeout():
     _, pair = _streaming_pair()
     while not pair.cons.streams.finished:
         assert pair.step()
-    pair.cons.request_seqnos()
+    pair.cons.polls.request()
     pair.cons.outgoing()                # never reaches the server: no answer will come
-    timeout = pair.cons.cfg.timeout
+    timeout = pair.cons.link.cfg.timeout
     pair.cons.check(pair.now + timeout / 2)
     assert not pair.cons.finished
     pair.cons.check(pair.now + timeout + 1)   # no TIMEOUT error: the run is over, not the connection dead
-    assert pair.cons.finished and pair.cons.seqnos_pending == 0
+    assert pair.cons.finished and pair.cons.polls.pending == 0

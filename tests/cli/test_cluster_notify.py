@@ -15,6 +15,7 @@ import subprocess
 import orjson
 import pytest
 
+from dcptool.protocol.dcp.client import consumer as dcp_consumer
 from dcptool.protocol.dcp.client.consumer import (
     ConfigPushed,
     Consumer,
@@ -164,7 +165,7 @@ def test_producer_pushes_on_rebalance_and_the_consumer_applies_it():
     prod = model.connect(0.0, 0)
     cons.start(0.0)
     _wire(cons, prod)
-    assert cons.phase == "streaming" and notify_mode(prod.features) == "full"
+    assert cons.handshake.streaming and notify_mode(prod.features) == "full"
     change = cl.rebalance(share=0.5)
     moved = [mv.vb for mv in change.moves if mv.old == 0]
     assert moved
@@ -325,7 +326,7 @@ def test_capture_replay_topology_shows_the_notifications(tmp_path):
 
 
 def test_brief_notifications_fetch_the_map(monkeypatch):
-    monkeypatch.setattr(Consumer, "NOTIFY_FEATURES", (BRIEF,))
+    monkeypatch.setattr(dcp_consumer, "NOTIFY_FEATURES", (BRIEF,))   # what Consumer.start asks HELLO for
     model = late_model(seed=3)
     frames: list[tuple[int, bytes, str]] = []
     events: list = []

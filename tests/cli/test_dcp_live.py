@@ -127,7 +127,7 @@ def test_noops_answered_and_silent_consumer_dropped():
 
         session = Session(cfg, srv.host, srv.port, tap=Tap())
         consumer = asyncio.run(asyncio.wait_for(session.run(), 20))
-        assert seen["noops"] >= 3 and consumer.noops_answered >= 3
+        assert seen["noops"] >= 3 and consumer.receiver.noops_answered >= 3
         st = model.stats[0]
         assert st["noops_answered"] >= 2 and st["closed"] != "noop not answered"
 
@@ -167,7 +167,7 @@ def test_flow_control_with_a_slow_consumer():
 
         session = Session(cfg, srv.host, srv.port, should_pause=should_pause)
         consumer = asyncio.run(asyncio.wait_for(session.run(), 60))
-    assert consumer.finished and consumer.data_frames == 8000
+    assert consumer.finished and consumer.receiver.data_frames == 8000
     st = model.stats[0]
     assert st["flow_blocked"] > 0
     assert buffer <= st["max_outstanding"] < buffer + 128   # never more than one frame over

@@ -67,7 +67,7 @@ def test_key_order_is_not_seqno_order():
 def test_oso_backfill_then_memory_snapshots_in_order(compress):
     model = shuffled_model(2)
     pair = Pair(model, cfg(collections=True, oso=True, stream_filter=FILTER, compress=compress)).run()
-    assert pair.cons.finished and pair.cons.controls["enable_out_of_order_snapshots"] == "true_with_seqno_advanced"
+    assert pair.cons.finished and pair.cons.handshake.controls["enable_out_of_order_snapshots"] == "true_with_seqno_advanced"
     b = model.buckets["default"]
     for vb in b.vbuckets:
         fr = frames_of(pair, vb.vbid)
@@ -93,7 +93,7 @@ def test_oso_backfill_then_memory_snapshots_in_order(compress):
         seqs = [f.by_seqno for f in after if type(f) in (m.Mutation, m.Deletion, m.Expiration)]
         assert seqs == sorted(seqs) and all(s > vb.disk_high for s in seqs)
     # the consumer's resume point after the OSO end: the highest seqno received
-    state = pair.cons.resume_state()
+    state = pair.cons.streams.resume_state()
     for vb in b.vbuckets:
         seqnos = [f.by_seqno for f in frames_of(pair, vb.vbid) if getattr(f, "by_seqno", None) is not None]
         assert state[vb.vbid].last_seqno == max(seqnos)
@@ -135,7 +135,7 @@ def test_consumer_resumes_inside_an_oso_snapshot_from_its_start():
     model = shuffled_model(5, scenarios=P.Scenarios(disconnect_after=25))
     first = Pair(model, cfg(collections=True, oso=True, stream_filter=FILTER)).run()
     assert first.prod.closed and not first.cons.finished
-    state = first.cons.resume_state()
+    state = first.cons.streams.resume_state()
     b = model.buckets["default"]
     started = {f.vbucket for r in first.inbound if type(f := m.decode_bytes(r, True)) is m.OsoSnapshot}
     ended = {f.vbucket for r in first.inbound if type(f := m.decode_bytes(r, True)) is m.OsoSnapshot
@@ -145,7 +145,7 @@ def test_consumer_resumes_inside_an_oso_snapshot_from_its_start():
     # items came, but the resume point stays at the snapshot's start
     assert any(type(f) is m.Mutation for vb in cut for f in frames_of(first, vb))
     for vb in cut:
-        assert state[vb].last_seqno == 0 and first.cons.last_seqno(vb) == 0
+        assert state[vb].last_seqno == 0 and first.cons.streams.last_seqno(vb) == 0
     for vb in ended:
         assert state[vb].last_seqno >= b.vbuckets[vb].disk_high
     second = Pair(model, cfg(collections=True, oso=True, stream_filter=FILTER), resume=state).run()

@@ -179,10 +179,10 @@ def test_consumer_takes_alt_framed_data_frames_on_its_fast_paths(vectorised, mon
         else:
             cons.receive(data, offs, lens, 0.0)
     assert cons.finished
-    assert cons.data_frames >= sum(items.values()) > 0          # every item took a fast path
+    assert cons.receiver.data_frames >= sum(items.values()) > 0          # every item took a fast path
     assert (max(runs, default=0) >= 48) == vectorised           # whole reads applied column-wise
     assert sorted(items) == [(vb, sid) for vb in range(2) for sid in (1, 2)]
-    states = cons.resume_state()
+    states = cons.streams.resume_state()
     bucket = model.buckets["default"]
     man = bucket.manifest
     for vb in range(2):
@@ -190,8 +190,8 @@ def test_consumer_takes_alt_framed_data_frames_on_its_fast_paths(vectorised, mon
         for sid, name in ((1, "inventory.airline"), (2, "tenants.route")):
             cid = man.find(*name.split(".")).cid
             top = max(it.seqno for it in bucket.vbuckets[vb].items() if it.cid == cid)
-            assert cons.last_seqno(vb, sid) >= top     # at the stream's end (a seqno advanced may follow)
-            assert states[vb].streams[sid].last_seqno == cons.last_seqno(vb, sid)
+            assert cons.streams.last_seqno(vb, sid) >= top     # at the stream's end (a seqno advanced may follow)
+            assert states[vb].streams[sid].last_seqno == cons.streams.last_seqno(vb, sid)
 
 
 # --------------------------------------------------------------------------- end to end

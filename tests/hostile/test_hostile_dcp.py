@@ -253,7 +253,7 @@ def test_consumer_times_out_an_unanswered_request_and_hold_restarts_the_clock():
 
 def test_time_spent_before_a_request_leaves_does_not_count():
     c = _consumer(timeout=5.0)            # HELLO queued at 100
-    c.stamp_sent(103.0)                   # ... and written at 103 (after long local work)
+    c.link.stamp_sent(103.0)                   # ... and written at 103 (after long local work)
     c.check(107.5)
     with pytest.raises(RemoteError):
         c.check(108.5)
@@ -261,7 +261,7 @@ def test_time_spent_before_a_request_leaves_does_not_count():
 
 def test_idle_limit_follows_the_noop_answer():
     c = _consumer(timeout=5.0, noop_interval=1.0, buffer_size=0)
-    assert c.idle_limit() is None         # not streaming yet
+    assert c.handshake.idle_limit() is None         # not streaming yet
     frames = [m.encode(m.HelloResponse(opaque=1)), m.encode(m.Response(opcode=0x89, opaque=2)),
               m.encode(m.Response(opcode=0x50, opaque=3))]
     c.feed(b"".join(frames), 100.0)
@@ -269,9 +269,9 @@ def test_idle_limit_follows_the_noop_answer():
     answers = [m.encode(m.Response(opcode=0x5E, opaque=q.opaque, status=0x83 if q.key == b"enable_noop" else 0))
                for q in ctrl]
     c.feed(b"".join(answers), 100.0)
-    assert c.phase == "streaming" and not c.noop_active
-    assert c.idle_limit() == 5.0          # max(2 x 1 s, timeout 5 s)
-    assert _consumer(noop_interval=0).idle_limit() is None
+    assert c.handshake.streaming and not c.handshake.noop_active
+    assert c.handshake.idle_limit() == 5.0          # max(2 x 1 s, timeout 5 s)
+    assert _consumer(noop_interval=0).handshake.idle_limit() is None
 
 
 def test_ctrl_c_while_waiting_for_a_silent_server_exits_130():

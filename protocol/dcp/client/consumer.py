@@ -13,12 +13,16 @@ twice the noop interval, or, when noops were refused, for max(2 x noop interval,
 Every field from the peer is checked before it indexes anything: a stream message for a
 vbucket outside 0-1023 is RemoteError(BAD_VBUCKET) (the caller has already recorded it).
 
-The consumer is a composition of phases that each own their state and meet only through
-public names: the shared Link (link.py: configuration, frames out, events, pending requests
-and the clock), the Handshake (handshake.py), the Streams (streams.py: per-stream phases,
-requests, rollbacks, OSO) and the Receiver (consumer_receive.py: the hot path for data
-frames, and server requests such as cluster-map change notifications). This class holds
-them together and is the one API callers use.
+The consumer is a composition of parts that each own their state and change only their own
+fields (tests/test_architecture.py checks it): the shared Link (link.py: configuration, frames
+out, events, pending requests and the clock), the Handshake (handshake.py: the connection's
+phase, features, controls), the Streams (streams.py: per-stream phases, positions, requests,
+rollbacks, OSO), the Receiver (consumer_receive.py: the hot path for data frames, server
+requests such as cluster-map change notifications, what is not acknowledged yet) and the
+LagPolls (lag_polls.py). The phases and their moves are tables (phases.py). This class holds
+the parts together and does what takes more than one of them; a caller uses a part directly
+for what is that part's (`consumer.handshake.features`, `consumer.streams.vb_states()`,
+`consumer.receiver.data_frames`, `consumer.polls.request()`).
 
 Streams are keyed by consumer_api.stream_key(vbucket, stream id): the vbucket itself without
 stream ids; with them (enable_stream_id) one stream per vbucket and group, sids 1..n, each with
@@ -28,8 +32,7 @@ resume_state, vb_states) stays per vbucket: a VbState whose `streams` holds the 
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Callable
+from typing import Any, Callable
 
 from dcptool.protocol.dcp.client.consumer_api import (
     DEFAULT_REOPEN,
@@ -57,14 +60,12 @@ from dcptool.protocol.dcp.client.consumer_receive import (
     Receiver,
 )
 from dcptool.protocol.dcp.client.handshake import Handshake
+from dcptool.protocol.dcp.client.lag_polls import LagPolls
 from dcptool.protocol.dcp.client.link import Link
+from dcptool.protocol.dcp.client.phases import ConnPhase, StreamPhase
 from dcptool.protocol.dcp.client.streams import Streams
 from dcptool.protocol.dcp.wire import messages as m
-from dcptool.protocol.dcp.wire.constants import (
-    Feature,
-    stream_end_reason_name,
-    stream_key,
-)
+from dcptool.protocol.dcp.wire.constants import Feature
 from dcptool.protocol.dcp.wire.frames import split_until_error
 from dcptool.protocol.errors import ErrorCode, RemoteError
 
@@ -72,141 +73,67 @@ from dcptool.protocol.errors import ErrorCode, RemoteError
 __all__ = ["Consumer", "ConsumerConfig", "VbState", "DEFAULT_REOPEN", "NUM_VB_SLOTS", "ConfigReceived",
            "ControlRefused", "Finished", "Handoff", "HandshakeComplete", "NotMyVbucket", "Rollback",
            "ServerVbuckets", "StreamEnded", "StreamFailed", "StreamOpened", "VbSeqnos", "ConfigPushed", "PushIgnored",
-           "DATA_OPS", "STREAM_OPS"]
+           "DATA_OPS", "STREAM_OPS", "ConnPhase", "StreamPhase"]
 
 
-ACTIVE_STATE = (1).to_bytes(4, "big")    # GET_ALL_VB_SEQNOS extras: the active vbuckets only
+# HELLO asks for these with Duplex: the server pushes each new cluster map (0x0d, whole)
+NOTIFY_FEATURES = (Feature.CLUSTERMAP_CHANGE_NOTIFICATION,)
 
 
 class Consumer:
-    # HELLO asks for these with Duplex: the server pushes each new cluster map (0x0d, whole)
-    NOTIFY_FEATURES: tuple = (Feature.CLUSTERMAP_CHANGE_NOTIFICATION,)
-
     def __init__(self, config: ConsumerConfig, resume: dict[int, VbState] | None = None, now: float = 0.0):
         self.link = Link(config, now)
         self.handshake = Handshake(self.link, on_ready=self._on_ready)
         self.streams = Streams(self.link, resume, self.handshake.stream_value_of)
-        self.receiver = Receiver(self.link, self.streams, lambda: self.collections, now)
+        self.receiver = Receiver(self.link, self.streams, lambda: self.handshake.collections, now)
+        self.polls = LagPolls(self.link)
         self.should_pause: Callable[[], bool] | None = None
-        self.acked_total = 0
         self._tail = b""
-        self.seqnos_pending = 0     # lag polls not answered yet: the connection is not finished
-        self._polls: set[int] = set()   # their opaques
 
     def _on_ready(self) -> None:
         self.streams.start()
 
-    # ---- what the phases own, under the names callers use
-    @property
-    def cfg(self) -> ConsumerConfig:
-        return self.link.cfg
-
-    @property
-    def sids(self) -> tuple:
-        return self.link.sids
-
-    @property
-    def max_sid(self) -> int:
-        return self.streams.max_sid
-
-    @property
-    def states(self) -> dict[int, VbState]:
-        return self.streams.states
-
-    @property
-    def vb_opaque(self) -> dict[int, int]:
-        return self.link.vb_opaque
-
-    @property
-    def phase(self) -> str:
-        return self.handshake.phase
-
-    @property
-    def features(self) -> tuple:
-        return self.handshake.features
-
-    @property
-    def controls(self) -> dict[str, str]:
-        return self.handshake.controls
-
-    @property
-    def refused(self) -> dict[str, int]:
-        return self.handshake.refused
-
-    @property
-    def noop_active(self) -> bool:
-        return self.handshake.noop_active
-
-    @property
-    def buffer_active(self) -> bool:
-        return self.handshake.buffer_active
-
     @property
     def finished(self) -> bool:
-        return self.streams.finished and not self.seqnos_pending
+        """Every stream ended or failed and no lag poll waits for its answer."""
+        return self.streams.finished and not self.polls.pending
 
     @property
-    def closing(self) -> bool:
-        return self.streams.closing
+    def streaming(self) -> bool:
+        """The handshake is complete, the streams not all ended and not being closed: the
+        connection can take more work (vbuckets, polls)."""
+        return self.handshake.streaming and not self.finished and not self.streams.closing
 
-    @property
-    def last_rx(self) -> float:
-        return self.receiver.last_rx
+    def vb_states(self) -> dict[int, VbState]:
+        """The live state per vbucket (with stream ids: a summary holding each stream's). A
+        run's result, a consumer or a cluster session's ClusterResult, answers this alike."""
+        return self.streams.vb_states()
 
-    @property
-    def frames_in(self) -> int:
-        return self.receiver.frames_in
-
-    @property
-    def data_frames(self) -> int:
-        return self.receiver.data_frames
-
-    @property
-    def noops_answered(self) -> int:
-        return self.receiver.noops_answered
-
-    @property
-    def stream_value(self) -> bytes:
-        return self.handshake.stream_value
-
-    @property
-    def collections(self) -> bool:
-        return Feature.COLLECTIONS in self.handshake.features
-
-    def sid_filters(self) -> tuple:
-        """The filter of each stream id (1, 2, ...) for the FilterResolved event; () without."""
-        return self.handshake.filters_by_sid()
-
-    def stream_opaque(self, vb: int, sid: int = 0) -> int:
-        """The opaque of the open stream of (vb, sid), -1 when none is open."""
-        return self.streams.sopq[stream_key(vb, sid)]
-
-    # ---- public
+    # ---- bytes and time in, frames out
     def start(self, now: float) -> None:
         """Queue the first request (HELLO)."""
-        self.receiver.last_rx = self.link.now = now
+        self.link.at(now)
+        self.receiver.heard(now)
+        cfg = self.link.cfg
         feats = [Feature.XERROR, Feature.SELECT_BUCKET, Feature.JSON, Feature.SNAPPY, Feature.DUPLEX,
-                 Feature.TCP_NODELAY, *self.NOTIFY_FEATURES]
-        if self.cfg.xattrs:
+                 Feature.TCP_NODELAY, *NOTIFY_FEATURES]
+        if cfg.xattrs:
             feats.append(Feature.XATTR)
-        if self.cfg.collections:
+        if cfg.collections:
             feats.append(Feature.COLLECTIONS)
         self.handshake.start(feats)
 
     def outgoing(self) -> list[bytes]:
         return self.link.take_out()
 
-    def events(self) -> list:
-        return self.link.take_events()
-
-    def receive(self, buf, offsets, lengths, now: float) -> list:
+    def receive(self, buf: Any, offsets: Any, lengths: Any, now: float) -> list[Any]:
         """Process the whole frames at offsets/lengths in buf (consumer_receive.py). Returns the events."""
         if len(offsets):
             self.receiver.receive(buf, offsets, lengths, now)
             self.flush_acks()
-        return self.events()
+        return self.link.take_events()
 
-    def feed(self, data: bytes, now: float) -> list:
+    def feed(self, data: bytes, now: float) -> list[Any]:
         """Convenience: split data (with any kept tail) into frames and receive them."""
         buf = self._tail + bytes(data)
         bounds, consumed, err = split_until_error(buf)
@@ -216,59 +143,71 @@ class Consumer:
             raise err
         return ev
 
-    def resume_state(self) -> dict[int, VbState]:
-        """Per-vbucket state to restart streams from on a new connection."""
-        return self.streams.resume_state()
+    def check(self, now: float) -> None:
+        """Raise RemoteError(TIMEOUT) when a request has waited longer than the timeout for
+        its answer, RemoteError(DEAD_CONNECTION) when a streaming connection is silent for
+        longer than its idle limit (Handshake.idle_limit())."""
+        self.link.at(now)
+        cfg = self.link.cfg
+        timeout = cfg.timeout
+        if timeout and self.polls.pending and self.streams.finished:
+            self.polls.give_up(now, timeout)
+        oldest = self.link.oldest_pending() if timeout else None
+        if oldest is not None and now - oldest[0] > timeout:
+            raise RemoteError(ErrorCode.TIMEOUT, f"no answer to {oldest[1]} from the server within "
+                              f"{timeout:g} s (--timeout)")
+        # ended: only a lag poll can be waiting
+        limit = None if self.streams.finished else self.handshake.idle_limit()
+        last_rx = self.receiver.last_rx
+        if limit is not None and now - last_rx > limit:
+            why = (f"noop interval {cfg.noop_interval:g} s" if self.handshake.noop_active else
+                   f"the server refused noops: idle limit max(2 x noop interval, --timeout {timeout:g} s)")
+            raise RemoteError(ErrorCode.DEAD_CONNECTION,
+                              f"no frame from the producer for {now - last_rx:.1f} s ({why})")
 
-    def vb_states(self) -> dict[int, VbState]:
-        """The live state per vbucket (with stream ids: a summary holding each stream's)."""
-        return self.streams.vb_states()
+    def hold(self, now: float) -> None:
+        """We are holding reads back (flow control towards our writer): the silence and the
+        waiting that follow are ours, so every clock restarts from now."""
+        self.receiver.heard(now)
+        self.link.restart_clocks(now)
+
+    def flush_acks(self, check_pause: bool = True) -> bool:
+        """Send the pending buffer ack if it is due and nothing asks us to pause; True if sent."""
+        cfg = self.link.cfg
+        if (self.handshake.buffer_active and self.receiver.unacked >= cfg.buffer_size * cfg.ack_ratio
+                and not (check_pause and self.should_pause is not None and self.should_pause())):
+            self.link.send(m.BufferAck(bytes_acked=self.receiver.take_unacked()))
+            return True
+        return False
+
+    def close_streams(self) -> None:
+        """Ask the producer to close every open stream (Ctrl-C, --max-messages)."""
+        self.streams.close_all()
 
     # ---- commands of a cluster session (transport/dcp_cluster.py)
-    def request_config(self) -> None:
-        """Ask GET_CLUSTER_CONFIG (a poll); the answer comes as ConfigReceived(bootstrap=False)."""
-        self.handshake.request_config()
-
-    def request_seqnos(self) -> None:
-        """A lag poll: GET_ALL_VB_SEQNOS of the active vbuckets (extras: state 1); the answer
-        comes as VbSeqnos, and the connection waits for it before it counts as finished (so a
-        poll asked as the last stream ends is still answered)."""
-        self.seqnos_pending += 1
-        self._polls.add(self.link.request(m.GetAllVbSeqnos(extras=ACTIVE_STATE), self._on_seqnos))
-
-    def _on_seqnos(self, rsp) -> None:
-        self._polls.discard(rsp.opaque)
-        self.seqnos_pending = max(0, self.seqnos_pending - 1)
-        status = getattr(rsp, "status", 0)
-        self.link.emit(VbSeqnos(tuple(getattr(rsp, "seqnos", ()) or ()) if status == 0 else (), status))
-
-    def route(self, vbuckets: list[int] | None, *, states: dict | None = None, check: bool = False,
-              handoff: bool = False) -> None:
+    def route(self, vbuckets: list[int] | None, *, states: dict[int, VbState] | None = None,
+              check: bool = False, handoff: bool = False) -> None:
         """After ConfigReceived(bootstrap=True): stream these vbuckets (None: every vbucket the
         server lists, as without a map) from `states` where given, and go on with DCP_OPEN."""
-        self.link.cfg = dataclasses.replace(self.cfg, vbuckets=None if vbuckets is None else list(vbuckets),
-                                            check_vbuckets=check, handoff=handoff, fetch_config=False)
+        self.link.reconfigure(vbuckets=None if vbuckets is None else list(vbuckets), check_vbuckets=check,
+                              handoff=handoff, fetch_config=False)
         for vb, st in (states or {}).items():
-            self.adopt(vb, st)
+            self.streams.adopt(vb, st)
         self.handshake.after_select()
-
-    def adopt(self, vb: int, state: VbState) -> None:
-        """Take over a vbucket's state (it moved here from another connection)."""
-        self.streams.adopt(vb, state)
 
     def add_vbuckets(self, states: dict[int, VbState]) -> None:
         """Stream these vbuckets too, from their states (a streaming connection, not finished)."""
-        streaming = self.phase == "streaming"
+        streaming = self.handshake.streaming
         for vb, st in states.items():
-            self.adopt(vb, st)
+            self.streams.adopt(vb, st)
             if streaming:
                 self.streams.add(vb)
             else:
-                self.link.cfg = dataclasses.replace(self.cfg, vbuckets=[*(self.cfg.vbuckets or ()), vb])
+                self.link.reconfigure(vbuckets=[*(self.link.cfg.vbuckets or ()), vb])
         if streaming:
             self.streams.pump()
 
-    def take_states(self, vbuckets) -> dict[int, VbState]:
+    def take_states(self, vbuckets: Any) -> dict[int, VbState]:
         """Give up these vbuckets (handed off, or their stream is to move): their states,
         current to the last seqno received. The connection forgets them."""
         out = {}
@@ -281,86 +220,6 @@ class Consumer:
 
     def unfinished(self) -> list[int]:
         """The vbuckets this connection streams or will, whose streams have not all ended or failed."""
-        if self.phase != "streaming":
-            return list(self.cfg.vbuckets or ())
+        if not self.handshake.streaming:
+            return list(self.link.cfg.vbuckets or ())
         return self.streams.unfinished()
-
-    def check(self, now: float) -> None:
-        """Raise RemoteError(TIMEOUT) when a request has waited longer than the timeout for
-        its answer, RemoteError(DEAD_CONNECTION) when a streaming connection is silent for
-        longer than its idle limit (idle_limit())."""
-        self.link.now = now
-        timeout = self.cfg.timeout
-        if timeout and self._polls and self.streams.finished:
-            self._give_up_polls(now, timeout)
-        oldest = self.link.oldest_pending() if timeout else None
-        if oldest is not None and now - oldest[0] > timeout:
-            raise RemoteError(ErrorCode.TIMEOUT, f"no answer to {oldest[1]} from the server within "
-                              f"{timeout:g} s (--timeout)")
-        limit = None if self.streams.finished else self.idle_limit()   # ended: only a lag poll can be waiting
-        if limit is not None and now - self.last_rx > limit:
-            why = (f"noop interval {self.cfg.noop_interval:g} s" if self.noop_active else
-                   f"the server refused noops: idle limit max(2 x noop interval, --timeout {timeout:g} s)")
-            raise RemoteError(ErrorCode.DEAD_CONNECTION,
-                              f"no frame from the producer for {now - self.last_rx:.1f} s ({why})")
-
-    def _give_up_polls(self, now: float, timeout: float) -> None:
-        """Every stream ended and a lag poll went unanswered for the timeout: the run is over,
-        not the connection dead; the poll is dropped and the connection finishes."""
-        for opaque in list(self._polls):
-            sent = self.link.sent_at.get(opaque)
-            if sent is not None and now - sent[0] > timeout:
-                self.link.pending.pop(opaque, None)
-                self.link.sent_at.pop(opaque, None)
-                self._polls.discard(opaque)
-                self.seqnos_pending = max(0, self.seqnos_pending - 1)
-
-    def idle_limit(self) -> float | None:
-        """Seconds of silence after which a streaming connection is dead: 2x the noop
-        interval when noops run; when the server refused them, max(2x interval, timeout);
-        None before streaming and when the user turned noops off (--noop-interval 0)."""
-        if self.phase != "streaming" or not self.cfg.noop_interval:
-            return None
-        if self.noop_active:
-            return 2 * self.cfg.noop_interval
-        return max(2 * self.cfg.noop_interval, self.cfg.timeout or 0.0) or None
-
-    def next_check(self) -> float | None:
-        limit = self.idle_limit()
-        return None if limit is None else self.last_rx + limit
-
-    def stamp_sent(self, now: float) -> None:
-        """The requests queued since the last call left at `now` (after any long work such
-        as SCRAM's PBKDF2, which must not count against the server's answer time)."""
-        self.link.stamp_sent(now)
-
-    def hold(self, now: float) -> None:
-        """We are holding reads back (flow control towards our writer): the silence and the
-        waiting that follow are ours, so every clock restarts from now."""
-        self.receiver.last_rx = now
-        self.link.restart_clocks(now)
-
-    def close_streams(self) -> None:
-        """Ask the producer to close every open stream (Ctrl-C, --max-messages)."""
-        self.streams.close_all()
-
-    def flush_acks(self, check_pause: bool = True) -> bool:
-        """Send the pending buffer ack if it is due and nothing asks us to pause; True if sent."""
-        unacked = self.receiver.unacked
-        if (self.buffer_active and unacked >= self.cfg.buffer_size * self.cfg.ack_ratio
-                and not (check_pause and self.should_pause is not None and self.should_pause())):
-            self.link.send(m.BufferAck(bytes_acked=unacked))
-            self.acked_total += unacked
-            self.receiver.unacked = 0
-            return True
-        return False
-
-    # ---- introspection
-    def open_streams(self) -> int:
-        return self.streams.open_count()
-
-    def last_seqno(self, vb: int, sid: int = 0) -> int:
-        return self.streams.held_last(stream_key(vb, sid))
-
-    def describe_end(self, reason: int) -> str:
-        return stream_end_reason_name(reason)

@@ -5,15 +5,14 @@ capture side can name them without the state machine."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Iterable
 
 # the stream key lives in the wire (constants.py); callers of the consumer name it from here too
-from dcptool.protocol.dcp.wire.constants import (  # noqa: F401
-    NUM_VB_SLOTS,
-    StreamEndReason,
-    key_sid,
-    key_vb,
-    stream_key,
-)
+from dcptool.protocol.dcp.wire.constants import NUM_VB_SLOTS as NUM_VB_SLOTS
+from dcptool.protocol.dcp.wire.constants import StreamEndReason
+from dcptool.protocol.dcp.wire.constants import key_sid as key_sid
+from dcptool.protocol.dcp.wire.constants import key_vb as key_vb
+from dcptool.protocol.dcp.wire.constants import stream_key as stream_key
 
 DEFAULT_REOPEN = frozenset({StreamEndReason.STATE_CHANGED, StreamEndReason.DISCONNECTED,
                            StreamEndReason.TOO_SLOW, StreamEndReason.BACKFILL_FAIL,
@@ -25,7 +24,7 @@ DEFAULT_REOPEN = frozenset({StreamEndReason.STATE_CHANGED, StreamEndReason.DISCO
 @dataclasses.dataclass
 class VbState:
     """What a consumer keeps per vbucket to resume (PROTOCOLS.md "Consumer rules")."""
-    failover_log: list = dataclasses.field(default_factory=list)   # [(uuid, seqno)], newest first
+    failover_log: list[tuple[int, int]] = dataclasses.field(default_factory=list)   # [(uuid, seqno)], newest first
     last_seqno: int = 0
     snap_start: int = 0
     snap_end: int = 0
@@ -33,11 +32,11 @@ class VbState:
     ended_reason: int | None = None    # the stream ended for good (not re-requested on resume)
     # with stream ids (--stream-ids): the state of each of the vbucket's streams, by stream id;
     # the fields above then summarise them (the lowest last seqno; ended when all ended)
-    streams: dict = dataclasses.field(default_factory=dict)
+    streams: dict[int, VbState] = dataclasses.field(default_factory=dict)
     # seqnos at which what was received equals the vbucket (the ends of whole snapshots), oldest
     # first: a rollback below the last seqno restarts at the newest of them at or below its
     # seqno, as a snapshot may be deduplicated and hold no state in between
-    points: list = dataclasses.field(default_factory=list)
+    points: list[int] = dataclasses.field(default_factory=list)
     # every seqno from this one to last_seqno was received (-1: not known): a rollback to a
     # seqno at or above it restarts there, as nothing in between was deduplicated away
     exact_from: int = -1
@@ -69,7 +68,7 @@ class ConsumerConfig:
     allow_plain: bool = False             # PLAIN over plain TCP
     max_in_flight: int = 64
     agent: str = "dcptool"
-    reopen_reasons: frozenset = DEFAULT_REOPEN
+    reopen_reasons: frozenset[int] = DEFAULT_REOPEN
     max_reopens: int = 5
     max_rollbacks: int = 20
     ack_ratio: float = 0.5
@@ -89,27 +88,27 @@ class ConsumerConfig:
     expiry_opcode: bool = True            # enable_expiry_opcode=true
     change_streams: bool = False          # change_streams=true: history snapshots, every version
     oso: bool = False                     # enable_out_of_order_snapshots=true_with_seqno_advanced
-    required: frozenset = frozenset()
+    required: frozenset[str] = frozenset()
     # collection filter (collections.py, handshake.py): --scope / --collection names resolved
     # through GET_COLLECTIONS_MANIFEST after SELECT_BUCKET; or a filter already resolved
     # (capture --resume keeps the recorded one): the STREAM_REQ value as a dict
-    scopes: tuple = ()
-    collection_names: tuple = ()
-    stream_filter: dict | None = None
+    scopes: tuple[str, ...] = ()
+    collection_names: tuple[str, ...] = ()
+    stream_filter: dict[str, Any] | None = None
     # stream ids (enable_stream_id): one stream per vbucket per group, sids 1, 2, ... in order;
     # a group is (scope names, collection names) resolved like scopes / collection_names, or
     # its filter already resolved (stream_filters, capture --resume); no group: one stream, sid 1
     stream_ids: bool = False
-    stream_groups: tuple = ()
-    stream_filters: tuple | None = None
+    stream_groups: tuple[tuple[Any, Any], ...] = ()
+    stream_filters: tuple[dict[str, Any] | None, ...] | None = None
 
 
 # --------------------------------------------------------------------------- events
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class HandshakeComplete:
-    features: tuple
-    controls: dict
+    features: tuple[int, ...]
+    controls: dict[str, str]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -123,7 +122,7 @@ class ControlRefused:
 class StreamOpened:
     vbucket: int
     start: int
-    failover_log: tuple
+    failover_log: tuple[tuple[int, int], ...]
     stream_id: int = 0
 
 
@@ -149,21 +148,21 @@ class StreamEnded:
     stream_id: int = 0
 
 
-def in_shard(vbuckets, shard: tuple[int, int] | None) -> list[int]:
+def in_shard(vbuckets: Iterable[int], shard: tuple[int, int] | None) -> list[int]:
     """The vbuckets of a shard (index, count): vb % count == index; all without one."""
     return list(vbuckets) if shard is None else [vb for vb in vbuckets if vb % shard[1] == shard[0]]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ServerVbuckets:
-    vbuckets: tuple     # the vbuckets GET_ALL_VB_SEQNOS listed (with check_vbuckets and given vbuckets)
+    vbuckets: tuple[int, ...]     # the vbuckets GET_ALL_VB_SEQNOS listed (with check_vbuckets and given vbuckets)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class VbSeqnos:
-    """The answer to a lag poll (Consumer.request_seqnos): (vbucket, high seqno) pairs of the
+    """The answer to a lag poll (LagPolls.request): (vbucket, high seqno) pairs of the
     node's active vbuckets; status non-zero when the server refused it (then no pairs)."""
-    seqnos: tuple
+    seqnos: tuple[tuple[int, int], ...]
     status: int = 0
 
 
@@ -203,9 +202,9 @@ class Handoff:
 class FilterResolved:
     """The collection filter every stream request carries (STREAM_REQ value) and the
     manifest it was resolved from (raw JSON; empty when it came from the config)."""
-    filter: dict
+    filter: dict[str, Any]
     manifest_raw: bytes
-    filters: tuple = ()     # with stream ids: the filter of each stream id (1, 2, ...), None = all
+    filters: tuple[dict[str, Any] | None, ...] = ()     # with stream ids: the filter of each stream id (1, 2, ...), None = all
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

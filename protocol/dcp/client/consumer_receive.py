@@ -1,7 +1,8 @@
 """The consumer's receive path, sans-IO: whole frames in, per-stream state and events out.
-A phase of consumer.Consumer, composed in: it updates the stream tables of streams.py
-(`last`, `sopq`, `oso`, through their public names and methods), answers through the shared
-Link (responses go to the handler of their request) and counts what it received.
+A part of consumer.Consumer, composed in: it reads the stream tables of streams.py (`last`,
+`sopq`, `oso`) and reports what arrived through the Streams' methods (the per-stream positions
+are theirs to change), answers through the shared Link (responses go to the handler of their
+request) and counts what it received and what it has not acknowledged yet (flow control).
 
 Hot path: data frames (mutation, deletion, expiration, system event, seqno advanced) are
 never decoded into messages: opcode, vbucket, opaque and by_seqno are read with one
@@ -24,27 +25,25 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from typing import Callable
+from typing import Any, Callable
 
-from dcptool.protocol.dcp.client.consumer_api import NUM_VB_SLOTS, stream_key
 from dcptool.protocol.dcp.client.link import Link
+from dcptool.protocol.dcp.client.streams import DATA_OPS as DATA_OPS
 from dcptool.protocol.dcp.client.streams import Streams
 from dcptool.protocol.dcp.wire import columnar, snappy
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.columnar import be_uint as _be
 from dcptool.protocol.dcp.wire.constants import (
+    NUM_VB_SLOTS,
     SERVER_OP_CLUSTERMAP_CHANGE_NOTIFICATION,
     Opcode,
     SnapshotFlag,
     op_name,
+    stream_key,
 )
-from dcptool.protocol.dcp.wire.frames import parse_frame
+from dcptool.protocol.dcp.wire.frames import Frame, parse_frame
 from dcptool.protocol.errors import ErrorCode, RemoteError
 
-_DATA = struct.Struct(">BB4xH4xI8xQ")     # magic opcode . vbucket . opaque . by_seqno
-_DATA_SID = struct.Struct(">6xH4xI8xxHQ")  # alt framing: vbucket . opaque . 0x22 sid . by_seqno
-DATA_OPS = frozenset(int(o) for o in (Opcode.DCP_MUTATION, Opcode.DCP_DELETION, Opcode.DCP_EXPIRATION,
-                                      Opcode.DCP_SYSTEM_EVENT, Opcode.DCP_SEQNO_ADVANCED))
 _DATA_OPS_ARRAY = sorted(DATA_OPS)
 # DCP messages that belong to a vbucket's stream: one for a vbucket beyond NUM_VB_SLOTS makes
 # the stream meaningless
@@ -59,7 +58,7 @@ _EPOCH_REV = struct.Struct(">qq")
 _SNAPPY = 0x02
 
 
-def _tolist(a):
+def _tolist(a: Any) -> list[int]:
     return a.tolist() if hasattr(a, "tolist") else list(a)
 
 
@@ -87,11 +86,12 @@ class Receiver:
         self.max_sid = streams.max_sid
         self.last_rx = now
         self.unacked = 0          # bytes received that count for flow control, not yet acknowledged
+        self.acked_total = 0      # bytes acknowledged (take_unacked)
         self.frames_in = 0
         self.data_frames = 0
         self.noops_answered = 0
 
-    def receive(self, buf, offsets, lengths, now: float) -> None:
+    def receive(self, buf: Any, offsets: Any, lengths: Any, now: float) -> None:
         """Process the whole frames at offsets/lengths in buf.
 
         Long runs of data frames (a backfill) are applied column-wise: per vbucket the seqnos
@@ -100,14 +100,15 @@ class Receiver:
         n = len(offsets)
         if n == 0:
             return
-        self.last_rx = self.link.now = now
+        self.last_rx = now
+        self.link.at(now)
         self.frames_in += n
         if n < _VECTOR_MIN or not hasattr(offsets, "dtype"):
             self._receive_frames(buf, _tolist(offsets), _tolist(lengths), now)
         else:
             self._receive_vectorised(buf, offsets, lengths, now)
 
-    def _receive_vectorised(self, buf, offsets, lengths, now: float) -> None:
+    def _receive_vectorised(self, buf: Any, offsets: Any, lengths: Any, now: float) -> None:
         import numpy as np
         n = len(offsets)
         u8 = np.frombuffer(buf, dtype=np.uint8)
@@ -146,8 +147,8 @@ class Receiver:
         # consecutive stops go through the per-frame loop together, in one call: it takes
         # them in wire order either way (the data frames that arrive in the same receive as
         # their stream's answer are such a run, thousands long at the start of a backfill)
-        firsts: list = []
-        ends: list = []
+        firsts: list[int] = []
+        ends: list[int] = []
         if len(stops):
             gi = np.nonzero(np.r_[True, np.diff(stops) != 1])[0]     # where each group starts
             firsts = stops[gi].tolist()
@@ -160,87 +161,49 @@ class Receiver:
                 self._receive_frames(buf, offsets[s:e].tolist(), lengths[s:e].tolist(), now)
             prev = e
 
-    def _apply_run(self, buf, offsets, lengths, a: int, b: int, pos_in_idx, vbs, seqs, now) -> None:
-        import numpy as np
+    def _apply_run(self, buf: Any, offsets: Any, lengths: Any, a: int, b: int, pos_in_idx: Any, vbs: Any,
+                   seqs: Any, now: float) -> None:
         if b - a < _VECTOR_MIN:
             self._receive_frames(buf, offsets[a:b].tolist(), lengths[a:b].tolist(), now)
             return
         sel = pos_in_idx[a:b]
-        v = vbs[sel]
-        q = seqs[sel].astype(np.int64)
-        order = np.argsort(v, kind="stable")
-        v_sorted, q_sorted = v[order], q[order]
-        first = np.ones(len(v_sorted), dtype=bool)
-        first[1:] = v_sorted[1:] != v_sorted[:-1]
-        last = np.asarray(self.streams.last, dtype=np.int64)
-        rising = np.where(first, q_sorted > last[v_sorted], np.r_[True, q_sorted[1:] > q_sorted[:-1]])
-        if not rising.all() or (seqs[sel] >= 1 << 63).any():
+        if not self.streams.apply_run(vbs[sel], seqs[sel]):
             self._receive_frames(buf, offsets[a:b].tolist(), lengths[a:b].tolist(), now)
             return
-        ends = np.r_[np.nonzero(first)[0][1:] - 1, len(v_sorted) - 1]
-        step = np.where(first, q_sorted - last[v_sorted], np.r_[1, np.diff(q_sorted)])
-        if (step != 1).any():   # a gap in seqnos (deduplicated, filtered): no exact state in it
-            exact = self.streams.exact
-            for vb in np.unique(v_sorted[step != 1]).tolist():
-                exact[vb] = -1
-        last = self.streams.last
-        for vb, seq in zip(v_sorted[ends].tolist(), q_sorted[ends].tolist()):
-            last[vb] = seq
         self.unacked += int(lengths[a:b].sum())
         self.data_frames += b - a
 
-    def _receive_frames(self, buf, offsets: list, lengths: list, now: float) -> None:
-        unpack = _DATA.unpack_from
-        streams = self.streams
-        last = streams.last
-        exact = streams.exact
-        sopq = streams.sopq
-        unacked = 0
-        data = 0
-        max_sid = self.max_sid
-        oso = streams.oso
-        for i in range(len(offsets)):
-            off = offsets[i]
-            ln = lengths[i]
-            op = buf[off + 1]
-            if op in DATA_OPS and ln >= 32 and buf[off] == 0x80:
-                _, _, vb, opaque, seq = unpack(buf, off)
-                if vb < NUM_VB_SLOTS and opaque == sopq[vb] and seq > last[vb]:
-                    if seq != last[vb] + 1:
-                        exact[vb] = -1
-                    last[vb] = seq
-                    unacked += ln
-                    data += 1
-                    continue
-                if oso and vb in oso and opaque == sopq[vb]:    # an OSO snapshot's item (key order)
-                    streams.oso_item(vb, seq)
-                    unacked += ln
-                    data += 1
-                    continue
-            elif max_sid and op in DATA_OPS and ln >= 35 and buf[off] == 0x08 and buf[off + 2] == 3 \
-                    and buf[off + 24] == 0x22:
-                vb, opaque, sid, seq = _DATA_SID.unpack_from(buf, off)
-                k = stream_key(vb, sid)
-                if vb < NUM_VB_SLOTS and sid <= max_sid and opaque == sopq[k] and seq > last[k]:
-                    if seq != last[k] + 1:
-                        exact[k] = -1
-                    last[k] = seq
-                    unacked += ln
-                    data += 1
-                    continue
-            magic = buf[off]
-            if (magic == 0x80 or magic == 0x08) and op != _NOOP:
-                unacked += ln
+    def _receive_frames(self, buf: Any, offsets: list[int], lengths: list[int], now: float) -> None:
+        take_data = self.streams.take_data
+        n = len(offsets)
+        i = 0
+        while True:
+            i, unacked, data = take_data(buf, offsets, lengths, i)
             self.unacked += unacked
             self.data_frames += data     # counted before a frame that may raise
-            unacked = data = 0
+            if i >= n:
+                return
+            off = offsets[i]
+            ln = lengths[i]
+            magic = buf[off]
+            if (magic == 0x80 or magic == 0x08) and buf[off + 1] != _NOOP:
+                self.unacked += ln
             self._slow(parse_frame(buf, off, ln), now)
-        self.unacked += unacked
-        self.data_frames += data
+            i += 1
 
-    def _slow(self, frame, now: float) -> None:
+    def heard(self, now: float) -> None:
+        """Silence is counted from now (we held reads back: the silence was ours)."""
+        self.last_rx = now
+
+    def take_unacked(self) -> int:
+        """The bytes to acknowledge (a buffer ack is sent for them): counted as acknowledged."""
+        n, self.unacked = self.unacked, 0
+        self.acked_total += n
+        return n
+
+    def _slow(self, frame: Frame, now: float) -> None:
         link = self.link
-        msg = m.decode(frame, self.collections())
+        msg: Any = m.decode(frame, self.collections())
         if msg.IS_RESPONSE:
             link.answered(msg)
             return
@@ -281,19 +244,11 @@ class Receiver:
             if seq is None:
                 seq = getattr(msg, "commit_seqno", None) or getattr(msg, "abort_seqno", None)
             if seq is not None:
-                if k in streams.oso:      # inside an OSO snapshot: key order, held until its end
-                    streams.oso_item(k, seq)
-                    return
-                if seq <= streams.last[k]:
-                    raise RemoteError(ErrorCode.UNEXPECTED_MESSAGE,
-                                      f"{streams.name(k)}: seqno {seq} after {streams.last[k]}")
-                if seq != streams.last[k] + 1:
-                    streams.exact[k] = -1
-                streams.last[k] = seq
+                streams.advance(k, seq)
         elif getattr(msg, "decode_error", None) and op in DATA_OPS:
             raise RemoteError(ErrorCode.BAD_EXTRAS, f"vbucket {vb}: {msg.decode_error}")
 
-    def _server_request(self, frame) -> ConfigPushed | PushIgnored:
+    def _server_request(self, frame: Frame) -> ConfigPushed | PushIgnored:
         """What a server request means to us: every field is checked, nothing is fatal."""
         op = frame.opcode
         if op != SERVER_OP_CLUSTERMAP_CHANGE_NOTIFICATION:

@@ -1,18 +1,19 @@
 """The consumer's handshake, sans-IO: HELLO, SASL (bounded rounds), SELECT_BUCKET,
-GET_ALL_VB_SEQNOS, DCP_OPEN and the DCP_CONTROLs, each answer handled by one method. A phase
-of consumer.Consumer, composed in: it owns its state (phase, features, controls, the
-collection filter), sends through the shared Link (link.py) and, once the last control is
-answered, calls `on_ready()` (the consumer starts its streams)."""
+GET_ALL_VB_SEQNOS, DCP_OPEN and the DCP_CONTROLs, each answer handled by one method. A part
+of consumer.Consumer, composed in: it owns its state (the connection's phase, features,
+controls, the collection filter), sends through the shared Link (link.py) and, once the last
+control is answered, calls `on_ready()` (the consumer starts its streams). The phase is a
+ConnPhase and moves only as phases.CONN_MOVES allows."""
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Callable
+import functools
+from typing import Any, Callable, Iterable
 
 from dcptool.protocol.dcp.client import manifest as dcp_collections
 from dcptool.protocol.dcp.client.consumer_api import (
-    NUM_VB_SLOTS,
     ConfigReceived,
+    ConsumerConfig,
     ControlRefused,
     FilterResolved,
     FilterUnknown,
@@ -21,9 +22,11 @@ from dcptool.protocol.dcp.client.consumer_api import (
     in_shard,
 )
 from dcptool.protocol.dcp.client.link import Link
+from dcptool.protocol.dcp.client.phases import CONN_MOVES, ConnPhase, move
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire import sasl
 from dcptool.protocol.dcp.wire.constants import (
+    NUM_VB_SLOTS,
     Feature,
     Opcode,
     OpenFlag,
@@ -34,66 +37,91 @@ from dcptool.protocol.errors import AuthRefused, ErrorCode, RemoteError
 
 
 class Handshake:
-    def __init__(self, link: Link, on_ready: Callable[[], None]):
+    def __init__(self, link: Link, on_ready: Callable[[], None]) -> None:
         self.link = link
         self.on_ready = on_ready
-        self.phase = "hello"
-        self.features: tuple = ()
+        self.phase = ConnPhase.HELLO
+        self.features: tuple[int, ...] = ()
         self.controls: dict[str, str] = {}
         self.refused: dict[str, int] = {}
         self.noop_active = False
         self.buffer_active = False
-        self.filter: dict | None = None       # the collection filter, once resolved
+        self.filter: dict[str, Any] | None = None       # the collection filter, once resolved
         cfg = link.cfg
         # stream ids: each group's filter (sid 1..n)
-        self.sid_filters: dict[int, dict | None] = {}
+        self.sid_filters: dict[int, dict[str, Any] | None] = {}
         if cfg.stream_ids and cfg.stream_filters is not None:
             self.sid_filters = {i + 1: (dict(f) if f else None) for i, f in enumerate(cfg.stream_filters)}
-        self._sasl = None
-        self._mech = None
+        self._sasl: sasl.ScramClient | None = None
+        self._mech = ""
         self._sasl_rounds = 0
         self._controls_left = 0
 
     @property
-    def cfg(self):
+    def cfg(self) -> ConsumerConfig:
         return self.link.cfg
 
-    def _request(self, msg, handler) -> int:
+    def _move(self, to: ConnPhase) -> None:
+        self.phase = move(CONN_MOVES, self.phase, to, "the connection")
+
+    @property
+    def streaming(self) -> bool:
+        """The handshake is complete: the streams run."""
+        return self.phase is ConnPhase.STREAMING
+
+    @property
+    def collections(self) -> bool:
+        """Keys carry a collection id (HELLO collections)."""
+        return Feature.COLLECTIONS in self.features
+
+    def idle_limit(self) -> float | None:
+        """Seconds of silence after which a streaming connection is dead: 2x the noop
+        interval when noops run; when the server refused them, max(2x interval, timeout);
+        None before streaming and when the user turned noops off (--noop-interval 0)."""
+        cfg = self.cfg
+        if self.phase is not ConnPhase.STREAMING or not cfg.noop_interval:
+            return None
+        if self.noop_active:
+            return 2 * cfg.noop_interval
+        limit: float = max(2 * cfg.noop_interval, cfg.timeout or 0.0)
+        return limit or None
+
+    def _request(self, msg: Any, handler: Callable[[Any], None]) -> int:
         return self.link.request(msg, handler)
 
-    def _emit(self, event) -> None:
+    def _emit(self, event: Any) -> None:
         self.link.emit(event)
 
-    def start(self, features) -> None:
+    def start(self, features: Iterable[int]) -> None:
         """Queue HELLO asking for `features`."""
         self._request(m.Hello(agent=self.cfg.agent.encode(), features=tuple(int(f) for f in features)),
                       self._on_hello)
 
-    def _on_hello(self, rsp) -> None:
+    def _on_hello(self, rsp: Any) -> None:
         if rsp.status != Status.SUCCESS:
             raise RemoteError(ErrorCode.STATUS, f"HELLO refused: {status_name(rsp.status)}", rsp.status)
         self.features = tuple(getattr(rsp, "features", ()))
         if self.cfg.collections and Feature.COLLECTIONS not in self.features:
             raise RemoteError(ErrorCode.UNSUPPORTED, "the server does not offer collections")
         if self.cfg.user:
-            self.phase = "sasl"
+            self._move(ConnPhase.SASL)
             self._request(m.SaslListMechs(), self._on_mechs)
         else:
             self._select()
 
-    def _on_mechs(self, rsp) -> None:
+    def _on_mechs(self, rsp: Any) -> None:
         if rsp.status != Status.SUCCESS:
             raise AuthRefused(f"SASL mechanisms not listed: {status_name(rsp.status)}", rsp.status)
         mech = sasl.choose_mechanism(rsp.value, allow_plain=self.cfg.tls or self.cfg.allow_plain)
         self._mech = mech
         if mech == "PLAIN":
-            data = sasl.plain_message(self.cfg.user, self.cfg.password or "")
+            data = sasl.plain_message(self.cfg.user or "", self.cfg.password or "")
         else:
-            self._sasl = sasl.ScramClient(mech, self.cfg.user, self.cfg.password or "")
+            self._sasl = sasl.ScramClient(mech, self.cfg.user or "", self.cfg.password or "")
             data = self._sasl.first()
         self._request(m.SaslAuth(mechanism=mech.encode(), data=data), self._on_sasl)
 
-    def _on_sasl(self, rsp) -> None:
+    def _on_sasl(self, rsp: Any) -> None:
         st = rsp.status
         self._sasl_rounds += 1
         if st == Status.AUTH_CONTINUE and self._sasl_rounds >= sasl.MAX_SASL_ROUNDS:
@@ -112,10 +140,10 @@ class Handshake:
         self._select()
 
     def _select(self) -> None:
-        self.phase = "select"
+        self._move(ConnPhase.SELECT)
         self._request(m.SelectBucket(bucket=self.cfg.bucket.encode()), self._on_select)
 
-    def _on_select(self, rsp) -> None:
+    def _on_select(self, rsp: Any) -> None:
         st = rsp.status
         if st in (Status.EACCESS, Status.AUTH_ERROR, Status.AUTH_STALE):
             raise AuthRefused(f"access to bucket {self.cfg.bucket!r} denied: {status_name(st)}", st)
@@ -124,7 +152,7 @@ class Handshake:
         if st != Status.SUCCESS:
             raise RemoteError(ErrorCode.STATUS, f"SELECT_BUCKET {self.cfg.bucket!r} failed: {status_name(st)}", st)
         if self.cfg.fetch_config:
-            self.phase = "config"
+            self._move(ConnPhase.CONFIG)
             self._request(m.Request(opcode=Opcode.GET_CLUSTER_CONFIG), self._on_config)
             return
         self.after_select()
@@ -133,11 +161,11 @@ class Handshake:
         """Ask GET_CLUSTER_CONFIG (a poll); the answer comes as ConfigReceived(bootstrap=False)."""
         self._request(m.Request(opcode=Opcode.GET_CLUSTER_CONFIG), self._on_config)
 
-    def _on_config(self, rsp) -> None:
+    def _on_config(self, rsp: Any) -> None:
         body = bytes(getattr(rsp, "value", b"") or b"")
-        boot = self.phase == "config"
+        boot = self.phase is ConnPhase.CONFIG
         if boot:
-            self.phase = "routing"     # route() continues the handshake
+            self._move(ConnPhase.ROUTING)     # route() continues the handshake
         self._emit(ConfigReceived(body, rsp.status, boot))
 
     # ---- collection filter: GET_COLLECTIONS_MANIFEST once, before the vbuckets and DCP_OPEN
@@ -153,11 +181,11 @@ class Handshake:
         flt = self.sid_filters.get(sid) if self.sid_filters else None
         return dcp_collections.filter_value({**(flt or {}), "sid": sid})
 
-    def filters_by_sid(self) -> tuple:
+    def filters_by_sid(self) -> tuple[dict[str, Any] | None, ...]:
         """The filter of each stream id (1, 2, ...) for the FilterResolved event; () without."""
         return tuple(self.sid_filters.get(sid) for sid in self.link.sids) if self.sid_filters else ()
 
-    def _resolve_filters(self, manifest) -> dict:
+    def _resolve_filters(self, manifest: dcp_collections.Manifest) -> dict[str, Any]:
         """The filter of --scope / --collection (raises UnknownNames); with stream ids, each
         group's too (self.sid_filters)."""
         cfg = self.cfg
@@ -170,7 +198,7 @@ class Handshake:
         cfg = self.cfg
         return bool(cfg.scopes or cfg.collection_names) and cfg.stream_filter is None and self.filter is None
 
-    def _on_manifest(self, rsp) -> None:
+    def _on_manifest(self, rsp: Any) -> None:
         if rsp.status != Status.SUCCESS:
             raise RemoteError(ErrorCode.STATUS, "GET_COLLECTIONS_MANIFEST refused: "
                               f"{status_name(rsp.status)}; the server cannot filter collections", rsp.status)
@@ -179,7 +207,7 @@ class Handshake:
         try:
             self.filter = self._resolve_filters(manifest)    # per stream id too
         except dcp_collections.UnknownNames as exc:
-            self.phase = "manifest"        # stops here: the caller reports the names
+            # stops here, in ConnPhase.MANIFEST: the caller reports the names
             self._emit(FilterUnknown(str(exc)))
             return
         self._emit(FilterResolved(dict(self.filter), raw, self.filters_by_sid()))
@@ -188,7 +216,7 @@ class Handshake:
     def after_select(self) -> None:
         """The bucket is selected (or routed, Consumer.route): the filter, the vbuckets, DCP_OPEN."""
         if self._wants_manifest():
-            self.phase = "manifest"
+            self._move(ConnPhase.MANIFEST)
             self._request(m.Request(opcode=Opcode.GET_COLLECTIONS_MANIFEST), self._on_manifest)
             return
         if self.cfg.stream_filter is not None and self.filter is None:
@@ -199,7 +227,7 @@ class Handshake:
         else:
             self._open()
 
-    def _on_vb_seqnos(self, rsp) -> None:
+    def _on_vb_seqnos(self, rsp: Any) -> None:
         if self.cfg.vbuckets is not None:   # given: the caller checks them against the server's
             if rsp.status == Status.SUCCESS and getattr(rsp, "seqnos", None):
                 self._emit(ServerVbuckets(tuple(sorted({v for v, _ in rsp.seqnos}))))
@@ -210,13 +238,13 @@ class Handshake:
             if vbs[-1] >= NUM_VB_SLOTS:
                 raise RemoteError(ErrorCode.BAD_VBUCKET, f"GET_ALL_VB_SEQNOS lists vbucket {vbs[-1]}: vbucket "
                                   f"ids go up to {NUM_VB_SLOTS - 1}; use --vbuckets to choose them")
-            self.link.cfg = dataclasses.replace(self.cfg, vbuckets=in_shard(vbs, self.cfg.shard))
+            self.link.reconfigure(vbuckets=in_shard(vbs, self.cfg.shard))
         else:
-            self.link.cfg = dataclasses.replace(self.cfg, vbuckets=in_shard(range(NUM_VB_SLOTS), self.cfg.shard))
+            self.link.reconfigure(vbuckets=in_shard(range(NUM_VB_SLOTS), self.cfg.shard))
         self._open()
 
     def _open(self) -> None:
-        self.phase = "open"
+        self._move(ConnPhase.OPEN)
         flags = OpenFlag.PRODUCER | OpenFlag.INCLUDE_DELETE_TIMES
         if self.cfg.no_value:
             flags |= OpenFlag.NO_VALUE
@@ -224,13 +252,13 @@ class Handshake:
             flags |= OpenFlag.INCLUDE_XATTRS
         self._request(m.DcpOpen(name=self.cfg.name.encode(), flags=int(flags)), self._on_open)
 
-    def _on_open(self, rsp) -> None:
+    def _on_open(self, rsp: Any) -> None:
         st = rsp.status
         if st in (Status.EACCESS, Status.AUTH_ERROR):
             raise AuthRefused(f"DCP_OPEN on {self.cfg.bucket!r} denied: {status_name(st)}", st)
         if st != Status.SUCCESS:
             raise RemoteError(ErrorCode.STATUS, f"DCP_OPEN refused: {status_name(st)}", st)
-        self.phase = "control"
+        self._move(ConnPhase.CONTROL)
         cfg = self.cfg
         controls = []
         if cfg.buffer_size:
@@ -256,7 +284,7 @@ class Handshake:
         self._controls_left = len(controls)
         for key, val in controls:
             self._request(m.Control(key=key.encode(), value=val.encode()),
-                          lambda rsp, k=key, v=val: self._on_control(k, v, rsp))
+                          functools.partial(self._on_control, key, val))
 
     def _required(self, key: str) -> str | None:
         """Why a refusal of `key` is fatal, or None when the run goes on without it."""
@@ -266,7 +294,7 @@ class Handshake:
             return "noops are required with collections or xattrs"
         return None
 
-    def _on_control(self, key: str, val: str, rsp) -> None:
+    def _on_control(self, key: str, val: str, rsp: Any) -> None:
         if rsp.status == Status.SUCCESS:
             self.controls[key] = val
         else:
@@ -281,6 +309,6 @@ class Handshake:
         if self._controls_left == 0:
             self.noop_active = self.controls.get("enable_noop") == "true"
             self.buffer_active = "connection_buffer_size" in self.controls
-            self.phase = "streaming"
+            self._move(ConnPhase.STREAMING)
             self._emit(HandshakeComplete(self.features, dict(self.controls)))
             self.on_ready()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
+from typing import Any
 
 from dcptool.protocol.errors import DcptoolError, ErrorCode, RemoteError
 
@@ -21,7 +22,7 @@ EVENT_NAMES = {0: "collection_create", 1: "collection_drop", 3: "scope_create", 
 @dataclasses.dataclass(frozen=True)
 class Manifest:
     uid: int
-    scopes: dict          # scope name -> (scope id, {collection name: collection id})
+    scopes: dict[str, tuple[int, dict[str, int]]]          # scope name -> (scope id, {collection name: collection id})
 
     def names(self) -> list[str]:
         """Every scope and SCOPE.COLLECTION, for error messages."""
@@ -39,7 +40,7 @@ class Manifest:
         return None
 
 
-def _hex(text, what: str) -> int:
+def _hex(text: Any, what: str) -> int:
     if not isinstance(text, str) or not text or len(text) > 16:
         raise ValueError(f"{what} is not a hex string")
     return int(text, 16)
@@ -73,7 +74,7 @@ class UnknownNames(DcptoolError, ValueError):
                          f"the bucket has {', '.join(manifest.names())} (manifest uid {manifest.uid:x})")
 
 
-def resolve(manifest: Manifest, scopes: tuple = (), collections: tuple = ()) -> dict:
+def resolve(manifest: Manifest, scopes: tuple[str, ...] = (), collections: tuple[str, ...] = ()) -> dict[str, Any]:
     """The STREAM_REQ filter for --scope and --collection names: {"scope": "8"} or
     {"collections": [...]}, plus "uid". A scope with collections given too: the scope's
     collections join the list (a stream takes one kind of filter). Raises UnknownNames."""
@@ -98,7 +99,7 @@ def resolve(manifest: Manifest, scopes: tuple = (), collections: tuple = ()) -> 
     return {"collections": [f"{c:x}" for c in sorted(set(ids))], "uid": uid}
 
 
-def filter_value(flt: dict | None) -> bytes:
+def filter_value(flt: dict[str, Any] | None) -> bytes:
     return b"" if not flt else json.dumps(flt, separators=(",", ":")).encode()
 
 
@@ -106,7 +107,7 @@ _V0 = struct.Struct(">QII")
 _SCOPE = struct.Struct(">QI")
 
 
-def decode_system_event(event_id: int, version: int, key: bytes, value: bytes) -> dict:
+def decode_system_event(event_id: int, version: int, key: bytes, value: bytes) -> dict[str, Any]:
     """The fields of a collection or scope system event (version 0 or 1 values); an
     unknown event or a short value gives what could be read and `error`."""
     out = {"event": EVENT_NAMES.get(event_id, f"unknown_{event_id}"), "name": None, "manifest_uid": None,
@@ -129,11 +130,11 @@ class EventNotes:
     """One line per distinct collection system event a run received (a drop reaches every
     vbucket: it is told once), naming the collection from the manifest when it is known."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.manifest: Manifest | None = None
-        self._seen: set = set()
+        self._seen: set[tuple[Any, ...]] = set()
 
-    def lines(self, buf, offsets, lengths) -> list[str]:
+    def lines(self, buf: Any, offsets: Any, lengths: Any) -> list[str]:
         """Lines for the new events among the whole frames at offsets/lengths of buf."""
         import numpy as np
 
@@ -143,7 +144,7 @@ class EventNotes:
         out = []
         for i in hit.tolist():
             off, n = int(offsets[i]), int(lengths[i])
-            msg = m.decode_bytes(bytes(u8[off:off + n]), False)
+            msg: Any = m.decode_bytes(bytes(u8[off:off + n]), False)
             if getattr(msg, "decode_error", None) is not None or not hasattr(msg, "event_id"):
                 continue
             ev = decode_system_event(msg.event_id, msg.version, msg.key, msg.value)
@@ -154,7 +155,7 @@ class EventNotes:
             out.append(self.describe(ev))
         return out
 
-    def describe(self, ev: dict) -> str:
+    def describe(self, ev: dict[str, Any]) -> str:
         name = ev["name"]
         cid = ev["collection_id"]
         if self.manifest is not None and cid is not None:

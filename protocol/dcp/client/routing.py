@@ -14,12 +14,12 @@ nothing here does I/O.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Iterable
 
 from dcptool.protocol.dcp.wire import cluster_config
 from dcptool.protocol.dcp.wire.cluster_config import ClusterConfig
 
 # why a vbucket was not served (the summary's `unserved` values)
-NOT_IN_MAP = "not in the cluster map"
 NO_ACTIVE = "no active node in the cluster map"
 NODE_DOWN = "its node stopped answering and no replica was promoted in time"
 REFUSED = "refused (NOT_MY_VBUCKET) by the owner of every cluster map held until the timeout"
@@ -31,7 +31,7 @@ RETRY_MAX = 2.0         # the backoff doubles per try up to this
 class Waiting:
     vb: int
     left: str | None          # the node ("host:port") it left, None: never had one
-    since_key: tuple | None   # the config (revEpoch, rev) when it left
+    since_key: tuple[int, int] | None   # the config (revEpoch, rev) when it left
     deadline: float
     why: str
     retry_at: float = 0.0     # when it may go back to the node it left under the same map
@@ -61,13 +61,13 @@ class Router:
         return True
 
     @property
-    def key(self) -> tuple | None:
+    def key(self) -> tuple[int, int] | None:
         return None if self.config is None else self.config.key
 
     def node_addresses(self) -> list[str]:
         return [self.address_of(n) for n in self.config.nodes] if self.config else []
 
-    def address_of(self, node) -> str:
+    def address_of(self, node: Any) -> str:
         host, port = node.kv_address(self.tls)
         if port is None:            # no kvSSL port under TLS: the plain one is all we know
             port = node.kv
@@ -95,7 +95,7 @@ class Router:
         n = self.config.num_vbuckets if self.config else 0
         return [vb for vb in self.requested or () if vb >= n]
 
-    def plan(self, vbuckets) -> dict[str, list[int]]:
+    def plan(self, vbuckets: Iterable[int]) -> dict[str, list[int]]:
         """Owner -> vbuckets (in order) of those that have an active node."""
         out: dict[str, list[int]] = {}
         for vb in vbuckets:
@@ -121,7 +121,7 @@ class Router:
         self._since.pop(vb, None)
         self._tries.pop(vb, None)
 
-    def ready(self, down: set[str] | frozenset = frozenset(), now: float | None = None) -> dict[str, list[int]]:
+    def ready(self, down: set[str] | frozenset[str] = frozenset(), now: float | None = None) -> dict[str, list[int]]:
         """Waiting vbuckets that may go to a node now, by owner in the newest map: the owner
         is not a node known down, and it is another node than the one left, or the map is
         newer since, or (with `now`) its retry time has come."""
@@ -138,7 +138,7 @@ class Router:
                 del self.waiting[vb]
         return out
 
-    def next_retry(self, down: set[str] | frozenset = frozenset()) -> float | None:
+    def next_retry(self, down: set[str] | frozenset[str] = frozenset()) -> float | None:
         """The earliest retry time of a vbucket whose owner is the node it left (a node known
         down is not retried: its own backoff says when)."""
         times = []
@@ -173,7 +173,7 @@ class MapApplied:
     """A newer cluster map is current: its (revEpoch, rev) and its KV nodes ("host:port")."""
     rev_epoch: int
     rev: int
-    nodes: tuple
+    nodes: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

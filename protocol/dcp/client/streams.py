@@ -4,10 +4,15 @@ rollback loop, stream ends and reopens, handoffs, OSO snapshots and the end cond
 `--to`. A phase of consumer.Consumer, composed in: it owns the per-stream tables (public, for
 the receive path: `last`, `sopq`, `oso`, `states`) and sends through the shared Link.
 
-Each stream is in one phase of STREAM_PHASES (the `phase` table, by stream key): waiting for
+Each stream is in one StreamPhase (phases.py; the `phase` table, by stream key): waiting for
 its turn (WAIT), asking the failover log of a start seqno (FLOG), asking the stream (REQ, again
 after each rollback), open (OPEN: its opaque in `sopq`), done (DONE: ended or failed). An end
-with a reopen reason, a handoff or NOT_MY_VBUCKET puts it back to WAIT.
+with a reopen reason, a handoff or NOT_MY_VBUCKET puts it back to WAIT. Every move goes through
+phases.STREAM_MOVES; an answer to a request the stream no longer waits for is ignored.
+
+The positions (`last`, `exact`, `sopq`, `oso`) are this object's alone: the receive path reads
+them and reports what arrived through `take_data` (the per-frame fast path), `apply_run` (a
+long run of data frames, column-wise) and `advance` (one item of the slow path).
 
 Streams are keyed by stream_key(vbucket, stream id): the vbucket itself without stream ids;
 with them (enable_stream_id) one stream per vbucket and group, sids 1..n, each with its own
@@ -17,10 +22,12 @@ vb_states) stays per vbucket: a VbState whose `streams` holds the per-sid states
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+import functools
+import struct
+from typing import Any, Callable
 
 from dcptool.protocol.dcp.client.consumer_api import (
-    NUM_VB_SLOTS,
+    ConsumerConfig,
     Finished,
     Handoff,
     NotMyVbucket,
@@ -29,27 +36,33 @@ from dcptool.protocol.dcp.client.consumer_api import (
     StreamFailed,
     StreamOpened,
     VbState,
-    key_sid,
-    key_vb,
-    stream_key,
 )
 from dcptool.protocol.dcp.client.link import Link
+from dcptool.protocol.dcp.client.phases import STREAM_MOVES, StreamPhase, move
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.constants import (
+    NUM_VB_SLOTS,
     SEQNO_INFINITY,
     FrameInfoId,
+    Opcode,
     Status,
     StreamEndReason,
     StreamRequestFlag,
+    key_sid,
+    key_vb,
     status_name,
+    stream_key,
 )
 from dcptool.protocol.errors import AuthRefused, ErrorCode, RemoteError
 
-# per-stream phase: waiting for its turn, asking the failover log, asking the stream, open, done
-WAIT, FLOG, REQ, OPEN, DONE = range(5)
-STREAM_PHASES = ("wait", "failover_log", "requested", "open", "done")
+WAIT, FLOG, REQ, OPEN, DONE = (StreamPhase.WAIT, StreamPhase.FLOG, StreamPhase.REQ, StreamPhase.OPEN,
+                                StreamPhase.DONE)
 OSO_START, OSO_END = 0x01, 0x02
 OSO_HOLD = (1 << 63) - 1   # `last` of a stream inside an OSO snapshot: no item passes the fast paths
+DATA = struct.Struct(">BB4xH4xI8xQ")     # magic opcode . vbucket . opaque . by_seqno
+DATA_SID = struct.Struct(">6xH4xI8xxHQ")  # alt framing: vbucket . opaque . 0x22 sid . by_seqno
+DATA_OPS = frozenset(int(o) for o in (Opcode.DCP_MUTATION, Opcode.DCP_DELETION, Opcode.DCP_EXPIRATION,
+                                      Opcode.DCP_SYSTEM_EVENT, Opcode.DCP_SEQNO_ADVANCED))
 
 
 class Streams:
@@ -72,8 +85,8 @@ class Streams:
         for k, st in self.states.items():
             self.last[k] = st.last_seqno
             self.exact[k] = st.exact_from
-        self.oso: dict[int, list] = {}      # stream key -> [Y, X] inside an OSO snapshot
-        self.phase: dict[int, int] = {}
+        self.oso: dict[int, list[int]] = {}      # stream key -> [Y, X] inside an OSO snapshot
+        self.phase: dict[int, StreamPhase] = {}
         self.active = False                 # streaming: the handshake is complete
         self.finished = False
         self.closing = False
@@ -84,11 +97,18 @@ class Streams:
         self._end_seqno: dict[int, int] = {}
 
     @property
-    def cfg(self):
+    def cfg(self) -> ConsumerConfig:
         return self.link.cfg
 
-    def _move(self, k: int, to: int) -> None:
-        self.phase[k] = to
+    def _move(self, k: int, to: StreamPhase) -> None:
+        self.phase[k] = move(STREAM_MOVES, self.phase[k], to, self.name(k))
+
+    def _enter(self, k: int) -> None:
+        """Stream k waits for its turn: a new stream, or one given to this connection again."""
+        if k in self.phase:
+            self._move(k, WAIT)
+        else:
+            self.phase[k] = WAIT
 
     # ---- in and out, per vbucket
     def resume_state(self) -> dict[int, VbState]:
@@ -101,7 +121,7 @@ class Streams:
     def vb_states(self) -> dict[int, VbState]:
         if self.sids == (0,):
             return dict(self.states)
-        by_vb: dict[int, dict] = {}
+        by_vb: dict[int, dict[int, VbState]] = {}
         for k, st in self.states.items():
             by_vb.setdefault(key_vb(k), {})[key_sid(k)] = st
         return {vb: summary(ss) for vb, ss in by_vb.items()}
@@ -136,7 +156,7 @@ class Streams:
         self.finished = False
         for k in self.keys_of(vb):
             self._reopens.pop(k, None)
-            self.phase[k] = WAIT
+            self._enter(k)
             self._queue.append(k)
 
     def take(self, vb: int) -> VbState | None:
@@ -171,8 +191,13 @@ class Streams:
                 self.link.request(m.CloseStream(vbucket=key_vb(k), frame_infos=sid_info(key_sid(k))),
                                   lambda f: None)
 
-    def open_count(self) -> int:
-        return sum(1 for p in self.phase.values() if p == OPEN)
+    def last_seqno(self, vb: int, sid: int = 0) -> int:
+        """The resume point of the stream of (vb, sid)."""
+        return self.held_last(stream_key(vb, sid))
+
+    def opaque_of(self, vb: int, sid: int = 0) -> int:
+        """The opaque of the open stream of (vb, sid), -1 when none is open."""
+        return self.sopq[stream_key(vb, sid)]
 
     # ---- requests
     def start(self) -> None:
@@ -185,7 +210,7 @@ class Streams:
                     continue
                 if st is None:
                     self.states[k] = VbState()
-                self.phase[k] = WAIT
+                self._enter(k)
                 self._queue.append(k)
         self.pump()
         self.check_finished()
@@ -215,7 +240,7 @@ class Streams:
                 start = uuid = ss = se = 0
             elif cfg.start not in ("0", "") and int(cfg.start) > 0 and not st.failover_log:
                 self._move(k, FLOG)   # a start seqno needs the branch it belongs to
-                self.link.request(m.GetFailoverLog(vbucket=vb), lambda rsp, k=k: self._on_flog(k, rsp))
+                self.link.request(m.GetFailoverLog(vbucket=vb), functools.partial(self._on_flog, k))
                 return
             else:
                 start = uuid = ss = se = 0
@@ -237,11 +262,11 @@ class Streams:
         self._end_seqno[k] = end
         req = m.StreamRequest(vbucket=vb, flags=int(flags), start_seqno=start, end_seqno=end,
                               vbucket_uuid=uuid, snap_start=ss, snap_end=se, value=self.stream_value(sid))
-        self.link.request(req, lambda rsp, k=k, start=start: self._on_stream_rsp(k, start, rsp))
+        self.link.request(req, functools.partial(self._on_stream_rsp, k, start))
 
-    def _on_flog(self, k: int, rsp) -> None:
-        if k not in self.phase:
-            return      # given up meanwhile
+    def _on_flog(self, k: int, rsp: Any) -> None:
+        if self.phase.get(k) is not FLOG:
+            return      # given up meanwhile (taken, perhaps given back since)
         st = self.states[k]
         if rsp.status == Status.NOT_MY_VBUCKET and self.cfg.handoff:
             self._in_flight -= 1
@@ -259,14 +284,14 @@ class Streams:
         st.snapshot_complete = True
         self._send_stream_req(k)
 
-    def _not_mine(self, k: int, rsp) -> None:
+    def _not_mine(self, k: int, rsp: Any) -> None:
         self.link.emit(NotMyVbucket(key_vb(k), bytes(getattr(rsp, "value", b"") or b"")))
         self._move(k, WAIT)     # until the caller takes it (take_states)
         self.pump()
 
-    def _on_stream_rsp(self, k: int, start: int, rsp) -> None:
-        if k not in self.phase:
-            return      # given up meanwhile
+    def _on_stream_rsp(self, k: int, start: int, rsp: Any) -> None:
+        if self.phase.get(k) is not REQ:
+            return      # given up meanwhile (taken, perhaps given back since)
         st = self.states[k]
         vb, sid = key_vb(k), key_sid(k)
         status = rsp.status
@@ -336,7 +361,87 @@ class Streams:
         self.check_finished()
 
     # ---- what the receive path reports
-    def snapshot(self, k: int, msg) -> None:
+    def take_data(self, buf: Any, offsets: list[int], lengths: list[int], i: int) -> tuple[int, int, int]:
+        """The per-frame fast path: apply the data frames of open streams from index `i` on,
+        in wire order, up to the first frame that is not one or breaks a rule (that frame
+        goes the slow path). Returns (its index, or len(offsets); the bytes applied; the
+        frames applied)."""
+        unpack = DATA.unpack_from
+        last, exact, sopq, oso = self.last, self.exact, self.sopq, self.oso
+        max_sid = self.max_sid
+        unacked = data = 0
+        n = len(offsets)
+        while i < n:
+            off = offsets[i]
+            ln = lengths[i]
+            op = buf[off + 1]
+            if op in DATA_OPS and ln >= 32 and buf[off] == 0x80:
+                _, _, vb, opaque, seq = unpack(buf, off)
+                if vb < NUM_VB_SLOTS and opaque == sopq[vb] and seq > last[vb]:
+                    if seq != last[vb] + 1:
+                        exact[vb] = -1
+                    last[vb] = seq
+                elif oso and vb in oso and opaque == sopq[vb]:    # an OSO snapshot's item (key order)
+                    self.oso_item(vb, seq)
+                else:
+                    break
+            elif max_sid and op in DATA_OPS and ln >= 35 and buf[off] == 0x08 and buf[off + 2] == 3 \
+                    and buf[off + 24] == 0x22:
+                vb, opaque, sid, seq = DATA_SID.unpack_from(buf, off)
+                k = stream_key(vb, sid)
+                if vb < NUM_VB_SLOTS and sid <= max_sid and opaque == sopq[k] and seq > last[k]:
+                    if seq != last[k] + 1:
+                        exact[k] = -1
+                    last[k] = seq
+                else:
+                    break
+            else:
+                break
+            unacked += ln
+            data += 1
+            i += 1
+        return i, unacked, data
+
+    def apply_run(self, keys: Any, seqnos: Any) -> bool:
+        """A run of data frames of open streams, column-wise (numpy arrays: stream keys and
+        by_seqnos in wire order): applied when every stream's seqnos rise, else False and
+        nothing changed (the run takes the per-frame path, which reports what is wrong)."""
+        import numpy as np  # lazily: the consumer is imported by commands that never stream
+        if (seqnos >= 1 << 63).any():
+            return False
+        q = seqnos.astype(np.int64)
+        order = np.argsort(keys, kind="stable")
+        v_sorted, q_sorted = keys[order], q[order]
+        first = np.ones(len(v_sorted), dtype=bool)
+        first[1:] = v_sorted[1:] != v_sorted[:-1]
+        last = np.asarray(self.last, dtype=np.int64)
+        rising = np.where(first, q_sorted > last[v_sorted], np.r_[True, q_sorted[1:] > q_sorted[:-1]])
+        if not rising.all():
+            return False
+        ends = np.r_[np.nonzero(first)[0][1:] - 1, len(v_sorted) - 1]
+        step = np.where(first, q_sorted - last[v_sorted], np.r_[1, np.diff(q_sorted)])
+        if (step != 1).any():   # a gap in seqnos (deduplicated, filtered): no exact state in it
+            exact = self.exact
+            for k in np.unique(v_sorted[step != 1]).tolist():
+                exact[k] = -1
+        positions = self.last
+        for k, seq in zip(v_sorted[ends].tolist(), q_sorted[ends].tolist()):
+            positions[k] = seq
+        return True
+
+    def advance(self, k: int, seq: int) -> None:
+        """An item of stream k decoded by the slow path (a data frame that took it, a prepare,
+        commit or abort): inside an OSO snapshot held until its end, else its seqno must rise."""
+        if k in self.oso:      # inside an OSO snapshot: key order, held until its end
+            self.oso_item(k, seq)
+            return
+        if seq <= self.last[k]:
+            raise RemoteError(ErrorCode.UNEXPECTED_MESSAGE, f"{self.name(k)}: seqno {seq} after {self.last[k]}")
+        if seq != self.last[k] + 1:
+            self.exact[k] = -1
+        self.last[k] = seq
+
+    def snapshot(self, k: int, msg: Any) -> None:
         """A snapshot marker of stream k."""
         st = self.states[k]
         self.leave_oso(k)      # a marker inside an OSO snapshot (verify flags it) ends it unfinished
@@ -435,6 +540,6 @@ def summary(streams: dict[int, VbState]) -> VbState:
                    streams=dict(streams))
 
 
-def sid_info(sid: int) -> tuple:
+def sid_info(sid: int) -> tuple[tuple[int, bytes], ...]:
     """The frame info of a request for stream id sid (CLOSE_STREAM); () for no stream id."""
     return ((FrameInfoId.DCP_STREAM_ID, sid.to_bytes(2, "big")),) if sid else ()

@@ -19,17 +19,17 @@ NOT_SUPPORTED once sync writes are enabled, as kv_engine does. Unknown keys: EIN
 
 from __future__ import annotations
 
+from typing import Any
+
 from dcptool.protocol.dcp.server.history import control_status as history_control_status
 from dcptool.protocol.dcp.wire.constants import Feature, OpenFlag, Status
 
 MIN_NOOP_INTERVAL = 0.1           # connection_manager_interval: smaller intervals are refused
 BOOLS = ("true", "false")
-ACCEPTED_IGNORED = ("set_priority", "supports_cursor_dropping", "supports_cursor_dropping_vulcan",
-                    "supports_hifi_MFU", "consumer_name")
 REFUSED = ("stream_buffer_size", "change_streams")
 
 
-def control_status(conn, key: str, val: str, now: float) -> int:
+def control_status(conn: Any, key: str, val: str, now: float) -> int:
     """Apply one DCP_CONTROL to `conn` (a ProducerConnection); the status to answer."""
     if not key or not val:
         return Status.EINVAL

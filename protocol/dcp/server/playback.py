@@ -26,6 +26,7 @@ one model (like the producer's scenarios, each fault fires once). Time is an arg
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 
@@ -34,6 +35,7 @@ from dcptool.protocol.dcp.server.producer import (
     STREAM_CHUNK,
     ProducerConnection,
     ServerModel,
+    refusal,
 )
 from dcptool.protocol.dcp.server.stream_request import RECORDED_RANGE, decide, requested
 from dcptool.protocol.dcp.wire import messages as m
@@ -43,7 +45,7 @@ from dcptool.protocol.dcp.wire.constants import (
     Status,
     StreamEndReason,
 )
-from dcptool.protocol.dcp.wire.frames import FrameParser
+from dcptool.protocol.dcp.wire.frames import Frame, FrameParser
 from dcptool.protocol.errors import ProtocolError
 
 OP_MARKER = int(Opcode.DCP_SNAPSHOT_MARKER)
@@ -112,9 +114,9 @@ class Faults:
 class _Bucket:
     """What the handshake of producer.ProducerConnection needs of a bucket: its name."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str) -> None:
         self.name = name
-        self.vbuckets: list = []
+        self.vbuckets: list[Any] = []
         self.num_vbuckets = 0
 
 
@@ -122,8 +124,8 @@ class _History:
     """A vbucket's history by the rule of the module docstring: (stream, first, last) pieces."""
 
     def __init__(self, streams: list[RecordedStream]):
-        self.pieces: list[list] = []
-        self.failover_log: tuple = ()
+        self.pieces: list[list[Any]] = []
+        self.failover_log: tuple[tuple[int, int], ...] = ()
         self.last: RecordedStream | None = None
         for rs in streams:
             if rs.status != Status.SUCCESS:
@@ -162,8 +164,8 @@ class PlaybackModel:
         self.recording = recording
         self.pace = pace                   # None: as fast as the client reads; else speed factor
         self.faults = faults or Faults()
-        self.handshake = ServerModel([_Bucket(recording.bucket)], users, None, seed)
-        self.buckets: dict = {}            # no live updates (ProducerServer's rate loop)
+        self.handshake = ServerModel([_Bucket(recording.bucket)], users, None, seed)  # type: ignore[list-item]  # a name only
+        self.buckets: dict[str, Any] = {}            # no live updates (ProducerServer's rate loop)
         self.users = self.handshake.users
         self.accepted = 0
         self.stream_frames = 0
@@ -197,7 +199,7 @@ class PlaybackModel:
             out[vb] = answer[vb] if vb in answer else self.history[vb].high() if vb in self.history else 0
         return out
 
-    def match(self, vb: int, request: tuple) -> RecordedStream | None:
+    def match(self, vb: int, request: tuple[int, ...]) -> RecordedStream | None:
         """The recorded stream request equal to `request`: the next unused one first."""
         streams = self.recording.streams.get(vb, [])
         first = self._next_use.get(vb, 0)
@@ -212,7 +214,8 @@ class _Served:
     """A stream being served: pieces of recorded frames, then optional extra frames."""
     __slots__ = ("vb", "opaque", "pieces", "tail", "opened", "anchor", "ended_by")
 
-    def __init__(self, vb: int, opaque: int, pieces: list, tail: list[bytes], opened: float, ended_by: str):
+    def __init__(self, vb: int, opaque: int, pieces: list[list[Any]], tail: list[bytes], opened: float,
+                 ended_by: str) -> None:
         self.vb, self.opaque, self.pieces, self.tail = vb, opaque, pieces, tail
         self.opened, self.ended_by = opened, ended_by
         self.anchor = None
@@ -277,15 +280,15 @@ class PlaybackConnection:
                 return
             self._handle(fr, now)
 
-    def _reply(self, req, status: int = Status.SUCCESS, cls=None, **kw) -> None:
+    def _reply(self, req: Any, status: int = Status.SUCCESS, cls: Any = None, **kw: Any) -> None:
         if cls is None:
             msg = m.Response(opcode=req.op_code, opaque=req.opaque, status=status)
         else:
             msg = cls(opaque=req.opaque, status=status, **kw)
         self._out.append(m.encode(msg))
 
-    def _handle(self, fr, now: float) -> None:
-        msg = m.decode(fr, self.inner.collections)
+    def _handle(self, fr: Frame, now: float) -> None:
+        msg: Any = m.decode(fr, self.inner.collections)
         t = type(msg)
         if msg.IS_RESPONSE or t not in (m.StreamRequest, m.GetFailoverLog, m.GetAllVbSeqnos, m.CloseStream,
                                         m.BufferAck):
@@ -323,7 +326,7 @@ class PlaybackConnection:
         else:
             self._stream_request(msg, now)
 
-    def _stream_request(self, req, now: float) -> None:
+    def _stream_request(self, req: Any, now: float) -> None:
         self.stats["stream_requests"] += 1
         model, vb = self.model, req.vbucket
         if vb not in model.recording.streams:
@@ -349,7 +352,7 @@ class PlaybackConnection:
             return
         self._from_history(req, now)
 
-    def _from_history(self, req, now: float) -> None:
+    def _from_history(self, req: Any, now: float) -> None:
         model, vb = self.model, req.vbucket
         hist = model.history[vb]
         log = hist.failover_log or model.current_log.get(vb) or ()
@@ -359,16 +362,13 @@ class PlaybackConnection:
             self._reply(req, Status.ERANGE)
             return
         d = decide(req, r, failover_log=list(log), high=high, in_range=RECORDED_RANGE)
-        if d.status == Status.ROLLBACK:
-            self.stats["rollbacks"] += 1
-            self._reply(req, Status.ROLLBACK, cls=m.StreamRequestResponse, rollback_seqno=d.rollback_seqno)
-            return
-        if d.status != Status.SUCCESS:
-            self._reply(req, d.status)
+        no = refusal(req, d, self.stats)
+        if no is not None:
+            self._out.append(m.encode(no))
             return
         start, end = r.start, d.end
         self._reply(req, cls=m.StreamRequestResponse, failover_log=tuple(log))
-        pieces = []
+        pieces: list[list[Any]] = []
         for s, a, b in hist.pieces:
             a2 = _first_item_above(s, a, b, start)
             b2 = _first_item_above(s, a, b, end) if end < SEQNO_INFINITY else b
@@ -381,7 +381,8 @@ class PlaybackConnection:
                     if s.snap_start[k] > start:
                         a2 = k
                     else:
-                        marker = dataclasses.replace(m.decode_bytes(s.frame(k)), snap_start=start)
+                        first: Any = m.decode_bytes(s.frame(k))
+                        marker = dataclasses.replace(first, snap_start=start)
                         pieces.append([_single(m.encode(marker), int(s.order[k]), int(s.mono[k])), 0, 1])
             pieces.append([s, a2, b2])
         tail = []
@@ -389,7 +390,8 @@ class PlaybackConnection:
         if end != SEQNO_INFINITY and end <= high:
             ends = StreamEndReason.OK
         elif hist.last is not None and hist.last.ended_by == "end":
-            ends = m.decode_bytes(hist.last.frame(hist.last.frames - 1)).reason
+            last: Any = m.decode_bytes(hist.last.frame(hist.last.frames - 1))
+            ends = last.reason
         if ends is not None:
             tail.append(m.encode(m.StreamEnd(vbucket=vb, opaque=req.opaque, reason=ends)))
         self.streams[vb] = _Served(vb, req.opaque, pieces, tail, now, "open")
@@ -413,9 +415,9 @@ class PlaybackConnection:
         return a + int(np.searchsorted(s.mono[a:b], limit, side="right"))
 
     def _due_time(self, st: _Served, mono: int) -> float:
-        return st.opened + (mono - st.anchor) / (self.model.pace * 1e9)
+        return st.opened + (mono - (st.anchor or 0)) / ((self.model.pace or 1.0) * 1e9)
 
-    def pull(self, now: float, limit: int = PULL_LIMIT) -> list:
+    def pull(self, now: float, limit: int = PULL_LIMIT) -> list[bytes]:
         """Bytes to send now: replies first, then recorded frames in recorded order (the
         stream with the earliest next frame goes first), within flow control, --pace and
         the faults. An empty list means wait (input, an ack, or next_deadline())."""
@@ -472,9 +474,9 @@ class PlaybackConnection:
             if (faults.corrupt_at is not None and not model.corrupt_done
                     and model.stream_frames <= faults.corrupt_at < model.stream_frames + (b - a)):
                 model.corrupt_done = True
-                data = bytearray(data)
-                data[int(offs[a + faults.corrupt_at - model.stream_frames] - offs[a])] = CORRUPT_MAGIC
-                data = bytes(data)
+                hurt = bytearray(data)
+                hurt[int(offs[a + faults.corrupt_at - model.stream_frames] - offs[a])] = CORRUPT_MAGIC
+                data = bytes(hurt)
             st.pieces[0][1] = b
             out.append(data)
             total += len(data)
@@ -537,7 +539,7 @@ def _single(frame: bytes, order: int, mono: int) -> RecordedStream:
 _ZERO = np.zeros(1, np.int64)
 
 
-def _patch_opaque(data, starts: np.ndarray, opaque: int) -> bytes:
+def _patch_opaque(data: Any, starts: np.ndarray, opaque: int) -> bytes:
     """The frames in `data` (starting at `starts`) with their opaque set to `opaque`."""
     buf = np.frombuffer(bytearray(data), np.uint8)
     if len(starts):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import struct
+from typing import Any
 
 import cramjam
 import numpy as np
@@ -29,11 +30,11 @@ class Fixed:
     costs the server what its transport buffers hold, and nothing once it goes."""
     __slots__ = ("data", "f", "n", "i", "data_frames", "opaque")
 
-    def __init__(self, data, f: int, n: int, data_frames: bool = True, opaque: int | None = None):
+    def __init__(self, data: Any, f: int, n: int, data_frames: bool = True, opaque: int | None = None) -> None:
         self.data, self.f, self.n, self.i, self.data_frames = memoryview(data), f, n, 0, data_frames
         self.opaque = opaque
 
-    def take(self, budget: int, max_frames: int):
+    def take(self, budget: int, max_frames: int) -> tuple[memoryview, int]:
         k = min(self.n - self.i, max(1, -(-budget // self.f)), max_frames)
         out = self.data[self.i * self.f:(self.i + k) * self.f]
         self.i += k
@@ -44,7 +45,7 @@ class Fixed:
         return out, k
 
     @property
-    def done(self):
+    def done(self) -> bool:
         return self.i >= self.n
 
 
@@ -52,7 +53,7 @@ class Var:
     """Frames of any size: data with frame start offsets."""
     __slots__ = ("data", "starts", "i", "data_frames")
 
-    def __init__(self, frames: list[bytes]):
+    def __init__(self, frames: list[bytes]) -> None:
         self.data = memoryview(b"".join(frames))
         starts = [0]
         for fr in frames:
@@ -60,7 +61,7 @@ class Var:
         self.starts = starts
         self.i = 0
 
-    def take(self, budget: int, max_frames: int):
+    def take(self, budget: int, max_frames: int) -> tuple[memoryview, int]:
         s = self.starts
         lo = s[self.i]
         j = bisect.bisect_left(s, lo + budget, self.i + 1)   # frames starting before the budget ends
@@ -72,11 +73,11 @@ class Var:
         return out, k
 
     @property
-    def done(self):
+    def done(self) -> bool:
         return self.i >= len(self.starts) - 1
 
     @classmethod
-    def of_blob(cls, data, starts: list) -> "Var":
+    def of_blob(cls, data: Any, starts: list[int]) -> "Var":
         """Frames already joined in `data`, frame i at starts[i]:starts[i + 1]."""
         v = cls.__new__(cls)
         v.data, v.starts, v.i = memoryview(data), starts, 0
@@ -86,7 +87,7 @@ class Var:
 # --------------------------------------------------------------------------- streams
 
 class Stream:
-    def __init__(self, conn, vb: VBucket, opaque: int, start: int, end: int,
+    def __init__(self, conn: Any, vb: VBucket, opaque: int, start: int, end: int,
                  end_reason: int | None, partial_snap_start: int | None = None):
         self.conn = conn
         self.vb = vb
@@ -94,12 +95,14 @@ class Stream:
         self.cursor = start          # last seqno covered
         self.end = end               # inclusive, SEQNO_INFINITY for ever
         self.first_marker = True
-        self.segments: list = []
+        self.segments: list[Any] = []
         self.ended = False
         self.injected_end = end_reason   # scenario: end after the first data chunk
         self.sent_data = False
         self.partial_snap_start = partial_snap_start   # requested snap_start when start was inside it
-        self.flt = None              # producer_collections.Filter: what this stream sends
+        self.flt: Any = None         # manifest.Filter: what this stream sends
+        self.sid = 0                 # its stream id (producer_sid.py), 0: none
+        self.sid_seg: Any = None     # the segment last tagged with the stream id
 
     def _marker(self, start: int, end: int, flags: int, disk: bool, mvs: int | None = None) -> bytes:
         c = self.conn
@@ -197,7 +200,7 @@ class Stream:
                 self.cursor = last
                 return self.refill()
             snap_last = last if c.sync_writes else mvs
-            frames = [self._marker(snap_from, snap_last, flags, False, mvs or 0)]
+            frames = [self._marker(snap_from, snap_last or 0, flags, False, mvs or 0)]
             frames.extend(c.encode_item(vb.vbid, self.opaque, it) for it in items)
             self.segments.append(Var(frames[:1]))
             self.segments.append(Var(frames[1:]) if len(frames) > 1 else None)
@@ -213,7 +216,7 @@ class Stream:
 _MUTATION = struct.Struct(">BBHBBHIIQQQIIIHB")   # header + DCP_MUTATION extras (lock time, nmeta, nru 0)
 
 
-def encode_item(c, vbid: int, opaque: int, it: Item) -> bytes:
+def encode_item(c: Any, vbid: int, opaque: int, it: Item) -> bytes:
     """One memory item as the connection `c` (a ProducerConnection) gets it."""
     cid = it.cid if c.collections else None
     if it.kind in ("sc", "sd"):
@@ -233,12 +236,12 @@ def encode_item(c, vbid: int, opaque: int, it: Item) -> bytes:
     if it.kind == "x" and c.delete_times and c.controls.get("enable_expiry_opcode") == "true":
         return m.encode(m.Expiration(vbucket=vbid, opaque=opaque, cas=it.cas, key=it.key, collection_id=cid,
                                      by_seqno=it.seqno, rev_seqno=it.rev, delete_time=0))
-    dt = 0 if c.delete_times else None
+    del_dt = 0 if c.delete_times else None
     return m.encode(m.Deletion(vbucket=vbid, opaque=opaque, cas=it.cas, key=it.key, collection_id=cid,
-                               by_seqno=it.seqno, rev_seqno=it.rev, delete_time=dt))
+                               by_seqno=it.seqno, rev_seqno=it.rev, delete_time=del_dt))
 
 
-def corrupt_value(c, value: bytes) -> bytes:
+def corrupt_value(c: Any, value: bytes) -> bytes:
     """Scenario `--corrupt-value-at N`: the N-th compressed value the server sends (counted
     over every connection, once) loses its last bytes, so it does not decompress."""
     srv = c.server

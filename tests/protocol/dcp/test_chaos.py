@@ -291,7 +291,7 @@ def test_a_rollback_into_a_deduplicated_snapshot_restarts_at_a_whole_snapshot():
     srv, bucket, vb = _dedup_bucket()
     first = Pair(srv, cfg(to="now")).run()
     assert [s for s, _ in first.data()[0]][-9:] == list(range(12, 21))          # 11 deduplicated away
-    state = {v: dataclasses.replace(s, ended_reason=None) for v, s in first.cons.resume_state().items()}
+    state = {v: dataclasses.replace(s, ended_reason=None) for v, s in first.cons.streams.resume_state().items()}
     r = vb.fail_over(777, 15, bucket.rng, bucket.next_cas())
     second = Pair(srv, cfg(to="now"), resume=state).run()
     assert [e.seqno for e in second.of(dcp_consumer.Rollback)] == [r] == [15]

@@ -17,6 +17,7 @@ from dcptool.cli.sources import parse_source
 from dcptool.protocol.dcp.client import routing
 from dcptool.protocol.dcp.client.consumer import (
     ConfigReceived,
+    ConnPhase,
     Consumer,
     ConsumerConfig,
     Handoff,
@@ -120,7 +121,7 @@ def _handshake(c: Consumer, config_body: bytes | None) -> list:
                 rsp = m.Response(opcode=op, opaque=req.opaque)
             events += c.feed(m.encode(rsp), 1.0)
             for e in events:
-                if type(e) is ConfigReceived and e.bootstrap and c.phase == "routing":
+                if type(e) is ConfigReceived and e.bootstrap and c.handshake.phase is ConnPhase.ROUTING:
                     c.route([3, 4], states={3: VbState(last_seqno=5, failover_log=[(7, 0)])}, handoff=True)
     return events
 
@@ -131,9 +132,9 @@ def test_consumer_asks_the_map_waits_for_route_then_hands_vbuckets_back():
     body = _config([1], [[0]] * 8).render()
     ev = _handshake(c, body)
     assert [e for e in ev if type(e) is ConfigReceived] == [ConfigReceived(body, 0, True)]
-    assert c.phase == "streaming" and sorted(c.unfinished()) == [3, 4]
-    assert c.states[3].last_seqno == 5                   # adopted state: resumes from it
-    ev = c.feed(m.encode(m.StreamEnd(vbucket=3, reason=2, opaque=c.stream_opaque(3))), 2.0)
+    assert c.handshake.streaming and sorted(c.unfinished()) == [3, 4]
+    assert c.streams.states[3].last_seqno == 5                   # adopted state: resumes from it
+    ev = c.feed(m.encode(m.StreamEnd(vbucket=3, reason=2, opaque=c.streams.opaque_of(3))), 2.0)
     assert Handoff(3, 2) in ev                           # "state changed": back to the session
     st = c.take_states([3])
     assert st[3].last_seqno == 5 and c.unfinished() == [4]
@@ -154,7 +155,7 @@ def test_a_vbucket_handed_back_to_a_connection_whose_last_stream_just_ended_keep
     c.start(0.0)
     _handshake(c, _config([1], [[0]] * 8).render())
     for vb in (3, 4):
-        c.feed(m.encode(m.StreamEnd(vbucket=vb, reason=2, opaque=c.stream_opaque(vb))), 2.0)
+        c.feed(m.encode(m.StreamEnd(vbucket=vb, reason=2, opaque=c.streams.opaque_of(vb))), 2.0)
     states = c.take_states([3, 4])        # the session takes what was handed off
     assert c.finished and c.unfinished() == []
     c.add_vbuckets({4: states[4]})        # ... and the map gives 4 straight back

@@ -8,10 +8,17 @@ import dataclasses
 import pytest
 
 from dcptool.protocol.dcp.client import consumer as dcp_consumer
+from dcptool.protocol.dcp.client.phases import (
+    STREAM_MOVES,
+    ConnPhase,
+    IllegalTransition,
+    StreamPhase,
+    move,
+)
 from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.constants import SnapshotFlag, Status, StreamEndReason
-from dcptool.protocol.errors import AuthRefused, ErrorCode, RemoteError
+from dcptool.protocol.errors import AuthRefused, ErrorCode, ProtocolError, RemoteError
 from tests.support.dcp_pair import Pair, cfg
 
 
@@ -27,7 +34,7 @@ def test_all_items_once_in_order():
         assert [k for _, k in got] == [it.key for it in vb.items()]
         total += len(got)
     assert total == 3000
-    assert pair.cons.data_frames == 3000
+    assert pair.cons.receiver.data_frames == 3000
 
 
 def test_handshake_order_and_byte_at_a_time():
@@ -79,7 +86,7 @@ def test_control_refusal_reported_not_fatal():
     pair = Pair(srv, cfg()).run()
     refused = {e.key: e.status for e in pair.of(dcp_consumer.ControlRefused)}
     assert refused == {"enable_expiry_opcode": Status.NOT_SUPPORTED, "connection_buffer_size": Status.NOT_SUPPORTED}
-    assert pair.cons.finished and not pair.cons.buffer_active
+    assert pair.cons.finished and not pair.cons.handshake.buffer_active
     assert not any(f[1] == 0x5D for f in pair.outbound)   # no acks without flow control
 
 
@@ -95,7 +102,7 @@ def test_rollback_loop_after_failover():
     srv = P.server_from_options(vbuckets=4, items=400, seed=5)
     bucket = srv.buckets["default"]
     first = Pair(srv, cfg(to="now")).run()
-    state = first.cons.resume_state()
+    state = first.cons.streams.resume_state()
     assert all(s.last_seqno == bucket.vbuckets[vb].high_seqno for vb, s in state.items())
     assert all(s.ended_reason == StreamEndReason.OK for s in state.values())
     state = {vb: dataclasses.replace(s, ended_reason=None) for vb, s in state.items()}  # a later run
@@ -115,7 +122,7 @@ def test_rollback_loop_after_failover():
     data = second.data()
     for vb in bucket.vbuckets:   # after the rollback: exactly the new branch above r1
         assert [s for s, _ in data[vb.vbid]] == list(range(r1[vb.vbid] + 1, vb.high_seqno + 1))
-        assert second.cons.resume_state()[vb.vbid].failover_log == vb.failover_log
+        assert second.cons.streams.resume_state()[vb.vbid].failover_log == vb.failover_log
     assert r2 == {vb: bucket.vbuckets[vb].failover_log[0][1] for vb in range(4)}
 
 
@@ -124,7 +131,7 @@ def test_resume_mid_snapshot_has_no_gap_or_duplicate():
                                 scenarios=P.Scenarios(disconnect_after=700))
     first = Pair(srv, cfg()).run()
     assert first.prod.closed and not first.cons.finished
-    state = first.cons.resume_state()
+    state = first.cons.streams.resume_state()
     incomplete = [vb for vb, s in state.items() if not s.snapshot_complete]
     assert incomplete   # some vbucket was cut inside its disk snapshot
     second = Pair(srv, cfg(), resume=state).run()
@@ -188,7 +195,7 @@ def test_buffer_ack_at_half_and_pause():
     pair.cons.should_pause = lambda: paused["on"]
     pair.run(max_steps=200)
     # paused: the producer stops at the window, nothing acked
-    assert pair.prod.outstanding >= 32 * 1024 and pair.cons.acked_total == 0
+    assert pair.prod.outstanding >= 32 * 1024 and pair.cons.receiver.acked_total == 0
     assert pair.prod.stats["max_outstanding"] < 32 * 1024 + 200
     paused["on"] = False
     pair.cons.flush_acks()
@@ -260,7 +267,7 @@ def test_stream_requests_in_flight_are_bounded():
 def test_snapshot_ack_and_set_vbucket_state_are_answered():
     srv = P.server_from_options(vbuckets=1, items=3)
     pair = Pair(srv, cfg(to="forever")).run(max_steps=50)
-    opaque = pair.cons.stream_opaque(0)
+    opaque = pair.cons.streams.opaque_of(0)
     assert opaque > 0
     marker = m.encode(m.SnapshotMarker(vbucket=0, opaque=opaque, snap_start=4, snap_end=4,
                                        snap_flags=SnapshotFlag.MEMORY | SnapshotFlag.ACK))
@@ -274,7 +281,7 @@ def test_snapshot_ack_and_set_vbucket_state_are_answered():
 def test_seqno_regression_is_a_remote_error():
     srv = P.server_from_options(vbuckets=1, items=5)
     pair = Pair(srv, cfg(to="forever")).run(max_steps=50)
-    opaque = pair.cons.stream_opaque(0)
+    opaque = pair.cons.streams.opaque_of(0)
     bad = m.encode(m.Mutation(vbucket=0, opaque=opaque, key=b"k", by_seqno=2, rev_seqno=1))
     with pytest.raises(RemoteError) as info:
         pair.cons.feed(bad, pair.now)
@@ -320,9 +327,28 @@ def test_vectorised_receive_takes_consecutive_per_frame_frames_in_one_call(monke
     monkeypatch.setattr(receiver, "_receive_frames", counting)
     srv2 = P.server_from_options(vbuckets=8, items=4000, seed=5)
     got = _run_columnar(Pair(srv2, cfg(buffer_size=4 << 20)))
-    assert got.cons.finished and got.cons.data_frames == ref.cons.data_frames == 4000
-    assert {vb: s.last_seqno for vb, s in got.cons.vb_states().items()} == \
-        {vb: s.last_seqno for vb, s in ref.cons.vb_states().items()}
+    assert got.cons.finished and got.cons.receiver.data_frames == ref.cons.receiver.data_frames == 4000
+    assert {vb: s.last_seqno for vb, s in got.cons.streams.vb_states().items()} == \
+        {vb: s.last_seqno for vb, s in ref.cons.streams.vb_states().items()}
     assert got.of(dcp_consumer.Finished) == ref.of(dcp_consumer.Finished)
     # some call took many frames at once (before: one call per such frame)
     assert max(calls) >= 100 and len(calls) < sum(calls) / 10
+
+
+def test_phases_move_only_as_their_tables_allow():
+    """Issue 35: the connection's and each stream's phases are enums moved through one table
+    each; a run visits them in order, and a move the table lacks is a typed protocol error."""
+    srv = P.server_from_options(vbuckets=4, items=40, seed=3)
+    pair = Pair(srv, cfg(vbuckets=[0, 1, 2, 3]))
+    assert pair.cons.handshake.phase is ConnPhase.HELLO and not pair.cons.handshake.streaming
+    pair.run()
+    assert pair.cons.handshake.phase is ConnPhase.STREAMING and pair.cons.finished
+    assert set(pair.cons.streams.phase.values()) == {StreamPhase.DONE}
+    # routing a connection that was never asked for its map: HELLO cannot move to OPEN
+    c = dcp_consumer.Consumer(cfg(vbuckets=[0]), now=0.0)
+    c.start(0.0)
+    with pytest.raises(IllegalTransition, match="no move from phase 'hello' to 'open'") as exc:
+        c.route([0])
+    assert isinstance(exc.value, ProtocolError) and exc.value.code == ErrorCode.UNEXPECTED_MESSAGE
+    with pytest.raises(IllegalTransition, match="vbucket 3: no move from phase 'done' to 'open'"):
+        move(STREAM_MOVES, StreamPhase.DONE, StreamPhase.OPEN, "vbucket 3")

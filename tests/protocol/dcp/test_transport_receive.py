@@ -17,6 +17,11 @@ from dcptool.protocol.errors import ErrorCode, RemoteError
 from dcptool.protocol.transport import dcp_client as transport
 
 
+class _Link:
+    def stamp_sent(self, now):
+        pass
+
+
 class _Consumer:
     """What ClientProtocol asks of a consumer, recording what it is given."""
     finished = False
@@ -24,9 +29,7 @@ class _Consumer:
 
     def __init__(self):
         self.frames: list[bytes] = []
-
-    def stamp_sent(self, now):
-        pass
+        self.link = _Link()
 
     def outgoing(self):
         return []
