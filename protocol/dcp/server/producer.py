@@ -588,9 +588,7 @@ class ProducerConnection:
             Route(_client_noop, m.Noop))},
         Opcode.GET_COLLECTIONS_MANIFEST: Route(_manifest, None),
         **dict.fromkeys(kv.OPCODES, Route(_kv, m.Request)),
-        # with-meta commands decode to their own messages (kv_meta.py); a layout that did not
-        # decode comes as a generic Request and kv.py answers it
-        **{c.OPCODE: Route(_kv, None) for c in kv.TYPED_REQUESTS},
+        **{c.OPCODE: Route(_kv, None) for c in kv.TYPED_REQUESTS},   # with-meta: typed or not, kv.py
         **{r.cls.OPCODE: r for r in (
             Route(_buffer_ack, m.BufferAck, False), Route(_hello, m.Hello, False),
             Route(_sasl_mechs, m.SaslListMechs, False), Route(_sasl_step, m.SaslAuth, False),
