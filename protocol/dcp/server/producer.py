@@ -588,7 +588,7 @@ class ProducerConnection:
             Route(_client_noop, m.Noop))},
         Opcode.GET_COLLECTIONS_MANIFEST: Route(_manifest, None),
         **dict.fromkeys(kv.OPCODES, Route(_kv, m.Request)),
-        **{c.OPCODE: Route(_kv, None) for c in kv.TYPED_REQUESTS},   # with-meta: typed or not, kv.py
+        **dict.fromkeys((c.OPCODE for c in kv.TYPED_REQUESTS), Route(_kv, None)),   # with-meta: any form
         **{r.cls.OPCODE: r for r in (
             Route(_buffer_ack, m.BufferAck, False), Route(_hello, m.Hello, False),
             Route(_sasl_mechs, m.SaslListMechs, False), Route(_sasl_step, m.SaslAuth, False),
