@@ -37,6 +37,7 @@ from dcptool.replay.rules import dcp as dcp_rules
 from dcptool.replay.rules import lag, plans, topology
 from dcptool.replay.rules import synapse as synapse_rules
 from dcptool.replay.rules import tables as T
+from dcptool.replay.spark import bodies as spark_bodies
 from dcptool.replay.spark import documents as spark_documents
 from dcptool.replay.spark.arrow import (
     DCP_RESULTS,
@@ -484,7 +485,7 @@ def replay_spark(spark, files: list, as_of=None) -> SparkReplay:
             return grouped.applyInArrow(dcp_group, spark_schema(packed_schema("dcp", DCP_RESULTS)))
 
         ranks = reader.capture_ranks(files)
-        facts = plans.PlanFacts.of(files, ops_present(files))
+        facts = plans.PlanFacts.of(files, ops_present(files), spark_bodies.prepare(spark, files))
 
         def planned(name):
             # the SQL of replay/rules/plans.py: the text DuckDB runs in-process
