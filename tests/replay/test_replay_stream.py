@@ -6,7 +6,6 @@ what that path needs (REPLAY.md "Running a replay", In-process)."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
