@@ -7,6 +7,7 @@ decompressed), snapshot flags by name, the printed column order, rows as JSON li
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import orjson
 
@@ -107,7 +108,7 @@ def dcp_display(row: dict) -> dict:
 VALUE_COLUMNS = ["value", "value_base64", "value_error"]
 
 
-def body_display(row: dict) -> dict:
+def body_display(row: dict[str, Any]) -> dict[str, Any]:
     """A row of `documents` or `history` (REPLAY.md "Bodies": `value` already decompressed,
     without its xattrs) made ready for output, in place: a JSON body (`value_json` set) as
     the JSON value itself in `value`; any other value as base64 in `value_base64`; a

@@ -21,6 +21,8 @@ Nothing here imports numpy or pyarrow (the DuckDB-written `-o` path loads neithe
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 
 SNAPPY, XATTR = 0x02, 0x04
@@ -80,13 +82,13 @@ def _json_text(val: bytes) -> bytes:
         return orjson.dumps(val.decode("utf-8", "replace"))
 
 
-def split_struct(value: bytes | None, datatype: int | None) -> dict | None:
+def split_struct(value: bytes | None, datatype: int | None) -> dict[str, object]:
     """`split` as the struct both engines' function returns ({value, xattrs})."""
     v, x = split(value, datatype)
     return {"value": v, "xattrs": x}
 
 
-def may_be_coded(files: list) -> bool:
+def may_be_coded(files: list[Any]) -> bool:
     """Whether a change of the captures may carry Snappy or xattrs, by the Parquet statistics
     of `datatype` (its max below 2: neither bit anywhere); True when they cannot tell. For
     the Spark engine (pyarrow loaded), which then leaves the Python UDF out of its plans."""

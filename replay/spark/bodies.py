@@ -8,19 +8,22 @@ the plan reaches it; the others with a null value, returned at once)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from dcptool.replay.rules import bodies
 
 
-def prepare(spark, files: list) -> bool:
+def prepare(spark: Any, files: list[Any]) -> bool:
     """Registers `dcp_body` on `spark` when a change of `files` may carry Snappy or xattrs,
     and says whether it did (plans.PlanFacts.coded)."""
     if not bodies.may_be_coded(files):
         return False
+    from pyspark.sql import functions as F
     from pyspark.sql import types as ST
     returns = ST.StructType([ST.StructField("value", ST.BinaryType()), ST.StructField("xattrs", ST.StringType())])
-    spark.udf.register(bodies.FUNCTION, _split, returns, useArrow=True)
+    spark.udf.register(bodies.FUNCTION, F.udf(_split, returns, useArrow=True))
     return True
 
 
-def _split(value, datatype):
+def _split(value: bytes | None, datatype: int | None) -> dict[str, object]:
     return bodies.split_struct(value, datatype)
