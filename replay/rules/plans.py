@@ -148,9 +148,10 @@ class PlanFacts:
 def table_sql(d: Dialect, name: str, source: str, facts: PlanFacts) -> str:
     """The SQL of the plan table `name` (PLAN_TABLES) over the vbucket frames `source`."""
     if name == "documents":
-        return with_bodies(d, documents_sql(d, source, facts.ranks, facts.rollbacks, facts.may_hold("commit"),
-                                            facts.may_hold("system_event")),
-                           source, name, facts.coded)
+        commits, drops = facts.may_hold("commit"), facts.may_hold("system_event")
+        carried = d.pick_by_join and not (facts.rollbacks or commits or drops)
+        return with_bodies(d, documents_sql(d, source, facts.ranks, facts.rollbacks, commits, drops),
+                           source, name, facts.coded, carried)
     if name == "undone":
         return undone_sql(d, source, facts.ranks, facts.rollbacks)
     if name == "rollbacks":
@@ -234,7 +235,7 @@ def documents_sql(d: Dialect, source: str, ranks: dict[str, int], rollbacks: boo
                     "ON x_vb = k.vbucket AND x_cid = k.collection_id)")
         changes = "_kept"
     if d.pick_by_join:
-        return _documents_by_join(d, ctes, changes, ranks, bseq)
+        return _documents_by_join(d, ctes, changes, ranks, bseq, plain)
     state = ("CASE op WHEN 'deletion' THEN 1 WHEN 'expiration' THEN 2 ELSE 0 END")
     small = (f"(coalesce(CAST(value_len AS BIGINT), 0) + coalesce(CAST(datatype AS BIGINT), 0) * {1 << 32}"
              f" + ({state}) * {1 << 40}"
@@ -257,7 +258,8 @@ def documents_sql(d: Dialect, source: str, ranks: dict[str, int], rollbacks: boo
             f"{v['ts']} AS ts, {v['_bseq']} AS _bseq FROM _last")
 
 
-def _documents_by_join(d: Dialect, ctes: list[str], changes: str, ranks: dict[str, int], bseq: str) -> str:
+def _documents_by_join(d: Dialect, ctes: list[str], changes: str, ranks: dict[str, int], bseq: str,
+                       plain: bool) -> str:
     """`documents` as each document's max(_seq), its change taken from the changes by a semi
     join (`_seq` is unique): the aggregate carries one number per document. The changes are
     read twice; a plain filter of the frames is read again rather than held (NOT MATERIALIZED),
@@ -267,7 +269,7 @@ def _documents_by_join(d: Dialect, ctes: list[str], changes: str, ranks: dict[st
             "SELECT vbucket, collection_id, key, by_seqno, rev_seqno, _cas_bits AS cas, CASE op WHEN 'deletion' "
             "THEN 'deleted' WHEN 'expiration' THEN 'expired' ELSE 'live' END AS state, datatype, item_flags, "
             f"expiration, value_len, {capture_of(d, '_seq', ranks)} AS capture_id, {frame_of('_seq')} AS frame_no, "
-            f"ts, {bseq} AS _bseq FROM {changes} k SEMI JOIN _pick ON k._seq = _pick._m")
+            f"ts, {bseq} AS _bseq{', raw AS _raw' if plain else ''} FROM {changes} k SEMI JOIN _pick ON k._seq = _pick._m")
 
 
 def _undone_ctes(source: str, rollbacks: bool) -> str:
@@ -356,16 +358,18 @@ SELECT vbucket, collection_id, key, by_seqno, op,
 FROM _chg WHERE _n = 1"""
 
 
-def with_bodies(d: Dialect, sql: str, source: str, name: str, coded: bool = True) -> str:
+def with_bodies(d: Dialect, sql: str, source: str, name: str, coded: bool = True, carried: bool = False) -> str:
     """The plan `sql` (the columns of `name` but the body ones, and `_bseq`: the frame whose
     value is the row's) with its bodies (replay/rules/bodies.py): `raw` of that frame joined
     in after the plan chose its rows, the value as sent cut off its end (its last `value_len`
     bytes), `bodies.FUNCTION` over the rows whose datatype says Snappy or xattrs (`coded`
     False: the facts show none, the function is left out), `value_json` when the datatype
-    says JSON and the value is UTF-8."""
+    says JSON and the value is UTF-8. `carried`: `sql` has `_raw` already (DuckDB's
+    `documents` over a plain filter of the frames: `raw` read by the scan that picks the rows,
+    no join: one hash join of every change frame less)."""
     keep = ", ".join(c for c, _ in PLAN_COLUMNS[name] if c not in BODY_COLUMNS)
     dt = "coalesce(CAST(datatype AS INT), 0)"
-    joined = (f"SELECT _b.*, _r.raw AS _raw FROM ({sql}) _b LEFT JOIN (SELECT _seq AS _r_seq, raw FROM {source} "
+    joined = sql if carried else (f"SELECT _b.*, _r.raw AS _raw FROM ({sql}) _b LEFT JOIN (SELECT _seq AS _r_seq, raw FROM {source} "
               f"WHERE op IN {_in(BODY_OPS)}) _r ON _r._r_seq = _b._bseq")
     cut = (f"CASE WHEN _raw IS NOT NULL AND value_len IS NOT NULL AND value_len <= octet_length(_raw) - 24 "
            f"THEN {d.tail('_raw', 'value_len')} END")
