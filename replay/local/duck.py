@@ -167,7 +167,7 @@ class DuckFrames:
     def document_counts(self) -> "pa.Table":
         """(vbucket, live, deleted, expired): the documents of each vbucket in each state, a
         GROUP BY over the `documents` plan (for `vbuckets`, dcp_rules.with_document_counts)."""
-        sql = plans.table_sql(D, "documents", self.source, self._facts())
+        sql = plans.table_sql(D, "documents", self.source, self._facts(), bodies=False)
         states = ", ".join(f"count(*) FILTER (WHERE state = '{s}') AS {s}" for s in dcp_names.DOC_STATES.values())
         return self.arrow(f"SELECT vbucket, {states} FROM ({sql}) _d GROUP BY vbucket")
 

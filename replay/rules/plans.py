@@ -145,10 +145,14 @@ class PlanFacts:
         return self.ops is None or op in self.ops
 
 
-def table_sql(d: Dialect, name: str, source: str, facts: PlanFacts) -> str:
-    """The SQL of the plan table `name` (PLAN_TABLES) over the vbucket frames `source`."""
+def table_sql(d: Dialect, name: str, source: str, facts: PlanFacts, bodies: bool = True) -> str:
+    """The SQL of the plan table `name` (PLAN_TABLES) over the vbucket frames `source`;
+    `bodies` False: `documents` and `history` without their body columns (and with `_bseq`),
+    for a query that does not read them (the document counts of `vbuckets`)."""
     if name == "documents":
         commits, drops = facts.may_hold("commit"), facts.may_hold("system_event")
+        if not bodies:
+            return documents_sql(d, source, facts.ranks, facts.rollbacks, commits, drops)
         carried = d.pick_by_join and not (facts.rollbacks or commits or drops)
         return with_bodies(d, documents_sql(d, source, facts.ranks, facts.rollbacks, commits, drops),
                            source, name, facts.coded, carried)

@@ -13,15 +13,13 @@ from typing import Any
 from dcptool.replay.rules import bodies
 
 
-def prepare(spark: Any, files: list[Any]) -> bool:
+def prepare(spark: Any, files: list[Any], F: Any) -> bool:  # noqa: N803 - F: pyspark.sql.functions
     """Registers `dcp_body` on `spark` when a change of `files` may carry Snappy or xattrs,
-    and says whether it did (plans.PlanFacts.coded)."""
+    and says whether it did (plans.PlanFacts.coded). `F` is pyspark.sql.functions, passed in
+    (only engine.py imports pyspark)."""
     if not bodies.may_be_coded(files):
         return False
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as ST
-    returns = ST.StructType([ST.StructField("value", ST.BinaryType()), ST.StructField("xattrs", ST.StringType())])
-    spark.udf.register(bodies.FUNCTION, F.udf(_split, returns, useArrow=True))
+    spark.udf.register(bodies.FUNCTION, F.udf(_split, "struct<value:binary,xattrs:string>", useArrow=True))
     return True
 
 

@@ -63,7 +63,7 @@ _NO_BODIES = """
 import sys
 from dcptool.replay.rules import plans
 from dcptool.replay.rules.table_types import BODY_COLUMNS, PLAN_COLUMNS
-def _none(d, sql, source, name, coded=True):
+def _none(d, sql, source, name, coded=True, carried=False):
     keep = ", ".join(c for c, _ in PLAN_COLUMNS[name] if c not in BODY_COLUMNS)
     return (f"SELECT {keep}, CAST(NULL AS BLOB) AS value, CAST(NULL AS VARCHAR) AS xattrs, "
             f"CAST(NULL AS VARCHAR) AS value_json FROM ({sql}) _b")

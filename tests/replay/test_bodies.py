@@ -89,28 +89,8 @@ def test_bodies_split_rule():
     assert bodies.split(b"abc", 0x00) == (b"abc", None)
 
 
-def _sync_capture() -> body_caps.Built:
-    """A prepare then its commit; a commit whose prepare is not in the capture; a mutation
-    with xattrs then its deletion that keeps them (a tombstone with xattrs); a rollback that
-    undoes a change."""
-    b = body_caps.Built()
-    body_caps.stream(b, 0)
-    body_caps.change(b, "prepare", 0, b"p", 1, cid=None, value=b'{"v":"prepared"}', json_value=True,
-                     xattrs=[(b"_sync", b'{"s":1}')], snappy=True)
-    body_caps.commit(b, 0, b"p", 2, 1, cid=None)
-    body_caps.commit(b, 0, b"orphan", 3, 0, cid=None)
-    body_caps.change(b, "mutation", 0, b"t", 4, cid=None, value=b'{"v":1}', json_value=True,
-                     xattrs=[(b"_sync", b'{"rev":"1"}')])
-    body_caps.change(b, "deletion", 0, b"t", 5, cid=None, xattrs=[(b"_sync", b'{"rev":"2","deleted":true}')])
-    body_caps.change(b, "mutation", 0, b"r", 6, cid=None, value=b'{"v":"first"}', json_value=True)
-    body_caps.change(b, "mutation", 0, b"r", 7, cid=None, value=b'{"v":"second"}', json_value=True)
-    b.add("out", op="stream_req", vbucket=0, opaque=8, req_start_seqno=7)
-    b.add("in", op="stream_req", vbucket=0, opaque=8, status=0x23, rollback_seqno=6)
-    return b
-
-
 def test_commits_tombstones_and_rollbacks(tmp_path):
-    files = _files(tmp_path, _sync_capture(), cuts=())
+    files = _files(tmp_path, body_caps.sync_capture(), cuts=())
     rep = local.replay_local(files)
     docs = {r["key"]: r for r in rep.table("documents").to_pylist()}
     assert _body(docs[b"p"]) == (b'{"v":"prepared"}', '{"_sync":{"s":1}}', '{"v":"prepared"}')

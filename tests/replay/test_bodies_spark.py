@@ -13,7 +13,6 @@ from dcptool.replay.rules import tables as T
 from dcptool.replay.rules.as_of import AsOf
 from dcptool.replay.spark import engine as spark_engine
 from dcptool.replay.store import reader
-from tests.replay.test_bodies import _sync_capture
 from tests.support import body_caps
 
 pytestmark = pytest.mark.spark
@@ -27,7 +26,7 @@ def _files(tmp_path, built, name):
 
 def test_spark_bodies_equal_local(spark, tmp_path):
     coded = body_caps.generate(7, True)
-    coded.rows.extend(_sync_capture().rows[2:])        # a prepare and commit, a tombstone with xattrs, a rollback
+    coded.rows.extend(body_caps.sync_capture().rows[2:])        # a prepare and commit, a tombstone with xattrs, a rollback
     for i, r in enumerate(coded.rows):
         r["ts"] = body_caps.TS0 + 1000 * (i + 1)
     plain = body_caps.generate(8, False)

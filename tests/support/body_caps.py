@@ -143,5 +143,25 @@ def generate(seed: int, snappy: bool, docs: int = 30, vbuckets: int = 3) -> Buil
     return b
 
 
+def sync_capture() -> Built:
+    """A prepare then its commit; a commit whose prepare is not in the capture; a mutation
+    with xattrs then its deletion that keeps them (a tombstone with xattrs); a rollback that
+    undoes a change."""
+    b = Built()
+    stream(b, 0)
+    change(b, "prepare", 0, b"p", 1, cid=None, value=b'{"v":"prepared"}', json_value=True,
+                     xattrs=[(b"_sync", b'{"s":1}')], snappy=True)
+    commit(b, 0, b"p", 2, 1, cid=None)
+    commit(b, 0, b"orphan", 3, 0, cid=None)
+    change(b, "mutation", 0, b"t", 4, cid=None, value=b'{"v":1}', json_value=True,
+                     xattrs=[(b"_sync", b'{"rev":"1"}')])
+    change(b, "deletion", 0, b"t", 5, cid=None, xattrs=[(b"_sync", b'{"rev":"2","deleted":true}')])
+    change(b, "mutation", 0, b"r", 6, cid=None, value=b'{"v":"first"}', json_value=True)
+    change(b, "mutation", 0, b"r", 7, cid=None, value=b'{"v":"second"}', json_value=True)
+    b.add("out", op="stream_req", vbucket=0, opaque=8, req_start_seqno=7)
+    b.add("in", op="stream_req", vbucket=0, opaque=8, status=0x23, rollback_seqno=6)
+    return b
+
+
 def write(b: Built, directory: str, cuts=()) -> list:
     return capture_rows.write(b.rows, directory, cuts=cuts)
