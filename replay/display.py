@@ -7,6 +7,7 @@ decompressed), snapshot flags by name, the printed column order, rows as JSON li
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import orjson
 
@@ -105,6 +106,26 @@ def dcp_display(row: dict) -> dict:
 
 
 VALUE_COLUMNS = ["value", "value_base64", "value_error"]
+
+
+def body_display(row: dict[str, Any]) -> dict[str, Any]:
+    """A row of `documents` or `history` (REPLAY.md "Bodies": `value` already decompressed,
+    without its xattrs) made ready for output, in place: a JSON body (`value_json` set) as
+    the JSON value itself in `value`; any other value as base64 in `value_base64`; a
+    `value_json` that does not parse as JSON as base64 too, with `value_error`; `xattrs` as
+    a JSON object; `value_json` itself left out (it is `value`)."""
+    v, text = row.get("value"), row.pop("value_json", None)
+    row["value"] = row["value_base64"] = row["value_error"] = None
+    if text is not None:
+        try:
+            row["value"] = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            row["value_base64"], row["value_error"] = _b64(v), f"not valid JSON: {str(exc).splitlines()[0]}"
+    elif v is not None:
+        row["value_base64"] = _b64(v)
+    x = row.pop("xattrs", None)
+    row["xattrs"] = None if x is None else orjson.loads(x)
+    return row
 
 
 def display_columns(columns: list[str], values: bool = False) -> list[str]:

@@ -42,16 +42,18 @@ def _binary_columns(table) -> set:
 def table_rows(table, chunk: int = 4096):
     """Rows as dicts, one list per chunk of rows: timestamps as RFC 3339 UTC with 9 fraction
     digits (replay/timestamps.py iso_ns); a binary `key` as text (`key_base64` when not UTF-8)
-    and a binary `value` as the output contract says (replay/display.py dcp_display)."""
+    and a binary `value` as the output contract says (replay/display.py dcp_display; the bodies
+    of `documents` and `history`: display.body_display, a JSON body as JSON)."""
     import pyarrow as pa
 
-    from dcptool.replay.display import dcp_display
+    from dcptool.replay.display import body_display, dcp_display
     from dcptool.replay.timestamps import iso_ns
     schema = table.schema
     ts = {f.name: _TS_FACTOR[f.type.unit] for f in schema if pa.types.is_timestamp(f.type)}
     binary = _binary_columns(table)
     display = "key" in binary or "value" in binary
     names = table.column_names
+    bodies = "value_json" in names      # documents, history: bodies cut already
     for batch in table.to_batches(max_chunksize=chunk):
         cols = []
         for i, name in enumerate(names):
@@ -62,6 +64,8 @@ def table_rows(table, chunk: int = 4096):
             else:
                 cols.append(col.to_pylist())
         rows = [dict(zip(names, vals)) for vals in zip(*cols)]
+        if bodies:
+            rows = [body_display(r) for r in rows]
         if display:
             rows = [dcp_display(r) for r in rows]
         yield rows
@@ -77,6 +81,8 @@ def display_columns(table) -> list[str]:
     if "value" in binary:
         at = cols.index("value")
         cols[at:at + 1] = VALUE_COLUMNS
+    if "value_json" in cols:     # shown as `value` (display.body_display)
+        cols.remove("value_json")
     return cols
 
 

@@ -28,7 +28,7 @@ import tempfile
 from typing import TYPE_CHECKING, Iterator
 
 from dcptool.protocol.errors import DcptoolError, Interrupted
-from dcptool.replay.rules import dcp_names, plans
+from dcptool.replay.rules import bodies, dcp_names, plans
 from dcptool.replay.rules.table_types import PLAN_COLUMNS, PLAN_KEYS
 from dcptool.replay.store import discovery, footers
 from dcptool.replay.store.errors import CaptureError
@@ -146,16 +146,31 @@ class DuckFrames:
             # 20 MiB in pyarrow's pool at 1M frames). Over the files, every frame's op: a
             # superset is as true ("may hold") and reads one column, not the view's five (1M
             # frames: 0.015 s against 0.03 s); a small capture's table is in memory already
+            # The same pass tells whether a change may carry Snappy or xattrs (the datatype
+            # column too): only then do the bodies call Python (bodies.FUNCTION)
             source = "frames" if self.source == "vb_frames" else self.source
             with self._errors():
-                ops = {op for (op,) in self.con.sql(f"SELECT DISTINCT op FROM {source}").fetchall()}
-            self.facts = plans.PlanFacts.of(self.files, ops)
+                found = self.con.sql(f"SELECT op, bool_or((coalesce(datatype, 0) & {bodies.CODED}) <> 0) "
+                                     f"FROM {source} GROUP BY op").fetchall()
+            coded = any(flag for op, flag in found if op in plans.BODY_OPS)
+            self.facts = plans.PlanFacts.of(self.files, {op for op, _ in found}, coded)
+            if coded:
+                self._body_function()
         return self.facts
+
+    def _body_function(self) -> None:
+        """bodies.split as DuckDB's `dcp_body(value, datatype)`, a Python scalar function
+        called only for the rows whose datatype says Snappy or xattrs (DuckDB evaluates a CASE
+        branch for its rows only). Registering it loads numpy (DuckDB's Python functions do):
+        the `-o` path of a capture without either loads neither numpy nor pyarrow."""
+        with self._errors():
+            self.con.create_function(bodies.FUNCTION, bodies.split_struct, ["BLOB", "INTEGER"],
+                                     "STRUCT(value BLOB, xattrs VARCHAR)", type="native", side_effects=False)
 
     def document_counts(self) -> "pa.Table":
         """(vbucket, live, deleted, expired): the documents of each vbucket in each state, a
         GROUP BY over the `documents` plan (for `vbuckets`, dcp_rules.with_document_counts)."""
-        sql = plans.table_sql(D, "documents", self.source, self._facts())
+        sql = plans.table_sql(D, "documents", self.source, self._facts(), bodies=False)
         states = ", ".join(f"count(*) FILTER (WHERE state = '{s}') AS {s}" for s in dcp_names.DOC_STATES.values())
         return self.arrow(f"SELECT vbucket, {states} FROM ({sql}) _d GROUP BY vbucket")
 

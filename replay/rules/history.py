@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dcptool.replay.rules import bodies
 from dcptool.replay.rules import tables as T
 from dcptool.replay.rules.columns import as_numpy, lookup_codes
 from dcptool.replay.rules.dcp_sync import FROM_PREPARE
@@ -100,7 +101,39 @@ def history_table(t: pa.Table) -> pa.Table:
            for name in HISTORY_COLUMNS if name != "snap_flags"}
     out["snap_flags"] = pa.array(flags[r], pa.uint32(), mask=~snap_ok[r])
     out["state"] = _states(ops)
+    out.update(_bodies(t, from_prep, ops))
     return T.canonical("dcp", "history", pa.table(out), presorted=True)
+
+
+def _bodies(t: pa.Table, rows: pa.Array, ops) -> dict:
+    """The body columns (replay/rules/bodies.py) of the rows taken, one row at a time (this is
+    the rule's statement, not an engine): from `raw` when `t` has it (a commit's from the
+    prepare it took its columns from; none when it took none), else null."""
+    n = len(rows)
+    if "raw" not in t.column_names:
+        return {"value": pa.nulls(n, pa.binary()), "xattrs": pa.nulls(n, pa.string()),
+                "value_json": pa.nulls(n, pa.string())}
+    values, xattrs, texts = [], [], []
+    raws = t.column("raw").take(rows).to_pylist()
+    lens = t.column("value_len").take(rows).to_pylist()
+    dts = t.column("datatype").take(rows).to_pylist()
+    took = t.column("op").take(rows).to_pylist()
+    for raw, vlen, dt, op in zip(raws, lens, dts, took):
+        sent = None
+        if op != "commit" and raw is not None and vlen is not None and vlen <= len(raw) - 24:
+            sent = raw[len(raw) - vlen:]
+        v, x = bodies.split(sent, dt) if sent is not None and (dt or 0) & bodies.CODED else (sent, None)
+        text = None
+        if v is not None and (dt or 0) & 1:
+            try:
+                text = v.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+        values.append(v)
+        xattrs.append(x)
+        texts.append(text)
+    return {"value": pa.array(values, pa.binary()), "xattrs": pa.array(xattrs, pa.string()),
+            "value_json": pa.array(texts, pa.string())}
 
 
 def _states(ops) -> pa.Array:

@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dcptool.protocol.dcp.wire.constants import Status
-from dcptool.replay.rules import dcp_sync
+from dcptool.replay.rules import bodies, dcp_sync
+from dcptool.replay.rules.table_types import BODY_COLUMNS, PLAN_COLUMNS
 
 SEQ_SHIFT = 44     # _seq = capture rank << SEQ_SHIFT | frame_no
 COLLECTION_DROP = 1      # system_event_id of a collection drop (dcp_rules.COLLECTION_DROP)
@@ -85,6 +86,18 @@ class Dialect:
             return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
         return "'" + text.replace("'", "''") + "'"
 
+    def tail(self, x: str, n: str) -> str:
+        """The last `n` bytes of the binary `x` (n at most its length)."""
+        if self.name == "spark":
+            return f"substring({x}, CAST(octet_length({x}) - ({n}) + 1 AS INT))"
+        return f"array_slice({x}, octet_length({x}) - ({n}) + 1, octet_length({x}))"
+
+    def utf8(self, x: str) -> str:
+        """The binary `x` as text, null when it is not UTF-8."""
+        if self.name == "spark":
+            return f"try_validate_utf8(CAST({x} AS STRING))"
+        return f"try(decode({x}))"
+
     def exploded(self, table: str, keys: str, lst: str) -> str:
         """FROM text: each row of `table` once per element of its list `lst`, as `_pos`
         (0-based) and `_e`, with its `keys` columns."""
@@ -98,6 +111,9 @@ DUCKDB = Dialect("duckdb")
 SPARK = Dialect("spark")
 
 
+# the frames that carry a value (a commit's is its prepare's)
+BODY_OPS = ("mutation", "deletion", "expiration", "prepare")
+
 # the tables defined here, in the order they are usually asked for
 PLAN_TABLES = ("documents", "undone", "rollbacks", "failover", "history")
 
@@ -110,9 +126,10 @@ class PlanFacts:
     ranks: dict
     rollbacks: bool = True
     ops: frozenset | None = None
+    coded: bool = True    # a change may carry Snappy or xattrs: bodies call bodies.FUNCTION
 
     @classmethod
-    def of(cls, files: list, ops) -> "PlanFacts":
+    def of(cls, files: list, ops, coded: bool = True) -> "PlanFacts":
         """Whether a ROLLBACK answer may be there comes from the Parquet statistics when they
         tell (no pyarrow loaded: the DuckDB-written `-o` path), else the column is read."""
         from dcptool.replay.store import discovery
@@ -122,17 +139,23 @@ class PlanFacts:
             rollbacks = reader.may_have_values(files, "rollback_seqno")
         else:
             rollbacks = not none
-        return cls(discovery.capture_ranks(files), rollbacks, None if ops is None else frozenset(ops))
+        return cls(discovery.capture_ranks(files), rollbacks, None if ops is None else frozenset(ops), coded)
 
     def may_hold(self, op: str) -> bool:
         return self.ops is None or op in self.ops
 
 
-def table_sql(d: Dialect, name: str, source: str, facts: PlanFacts) -> str:
-    """The SQL of the plan table `name` (PLAN_TABLES) over the vbucket frames `source`."""
+def table_sql(d: Dialect, name: str, source: str, facts: PlanFacts, bodies: bool = True) -> str:
+    """The SQL of the plan table `name` (PLAN_TABLES) over the vbucket frames `source`;
+    `bodies` False: `documents` and `history` without their body columns (and with `_bseq`),
+    for a query that does not read them (the document counts of `vbuckets`)."""
     if name == "documents":
-        return documents_sql(d, source, facts.ranks, facts.rollbacks, facts.may_hold("commit"),
-                             facts.may_hold("system_event"))
+        commits, drops = facts.may_hold("commit"), facts.may_hold("system_event")
+        if not bodies:
+            return documents_sql(d, source, facts.ranks, facts.rollbacks, commits, drops)
+        carried = d.pick_by_join and not (facts.rollbacks or commits or drops)
+        return with_bodies(d, documents_sql(d, source, facts.ranks, facts.rollbacks, commits, drops),
+                           source, name, facts.coded, carried)
     if name == "undone":
         return undone_sql(d, source, facts.ranks, facts.rollbacks)
     if name == "rollbacks":
@@ -140,7 +163,7 @@ def table_sql(d: Dialect, name: str, source: str, facts: PlanFacts) -> str:
     if name == "failover":
         return failover_sql(d, source)
     if name == "history":
-        return history_sql(d, source, facts.ranks)
+        return with_bodies(d, history_sql(d, source, facts.ranks), source, name, facts.coded)
     raise KeyError(name)
 
 
@@ -193,16 +216,19 @@ def documents_sql(d: Dialect, source: str, ranks: dict[str, int], rollbacks: boo
     plain = not (rollbacks or commits or drops)   # the changes are a filter of the frames
     ctes.append(d.inline("_alive", alive) if plain and d.pick_by_join else f"_alive AS ({alive})")
     changes = "_alive"
+    bseq = "_bseq" if commits else "_seq"    # the frame whose value is the document's (a prepare's for a commit)
     if commits:
         prep = _alive(d, source, "c.op = 'prepare'") if rollbacks else f"SELECT * FROM {source} c WHERE c.op = 'prepare'"
         cols = dcp_sync.FROM_PREPARE + ("_cas_bits",)
         found = ("SELECT c._seq AS c_seq, " + ", ".join(f"{d.max_by('p.' + c, 'p._seq')} AS c_{c}" for c in cols)
+                 + ", max(p._seq) AS c_pseq"
                  + f" FROM _alive c JOIN ({prep}) p ON c.op = 'commit' AND p.vbucket = c.vbucket"
                  " AND p.collection_id IS NOT DISTINCT FROM c.collection_id"
                  " AND p.key IS NOT DISTINCT FROM c.key AND p._seq < c._seq GROUP BY c._seq")
         taken = ", ".join(f"CASE WHEN f.c_seq IS NOT NULL THEN f.c_{c} ELSE a.{c} END AS {c}" for c in cols)
         ctes.append(f"_found AS ({found})")
         ctes.append("_changes AS (SELECT a.vbucket, a.collection_id, a.key, a.op, a.by_seqno, a.ts, a._seq, "
+                    "CASE WHEN f.c_seq IS NOT NULL THEN f.c_pseq WHEN a.op = 'commit' THEN NULL ELSE a._seq END AS _bseq, "
                     f"{taken} FROM _alive a LEFT JOIN _found f ON a._seq = f.c_seq)".replace(
                         "SELECT", "SELECT /*+ BROADCAST(f) */", 1))
         changes = "_changes"
@@ -213,13 +239,13 @@ def documents_sql(d: Dialect, source: str, ranks: dict[str, int], rollbacks: boo
                     "ON x_vb = k.vbucket AND x_cid = k.collection_id)")
         changes = "_kept"
     if d.pick_by_join:
-        return _documents_by_join(d, ctes, changes, ranks)
+        return _documents_by_join(d, ctes, changes, ranks, bseq, plain)
     state = ("CASE op WHEN 'deletion' THEN 1 WHEN 'expiration' THEN 2 ELSE 0 END")
     small = (f"(coalesce(CAST(value_len AS BIGINT), 0) + coalesce(CAST(datatype AS BIGINT), 0) * {1 << 32}"
              f" + ({state}) * {1 << 40}"
              + "".join(f" + CASE WHEN {c} IS NULL THEN {1 << b} ELSE 0 END" for c, b in NULL_BIT.items()) + ")")
     values = {"_last": "_seq", "by_seqno": "by_seqno", "rev_seqno": "rev_seqno", "cas": "_cas_bits",
-              "_small": small, "item_flags": "item_flags", "expiration": "expiration", "ts": "ts"}
+              "_small": small, "item_flags": "item_flags", "expiration": "expiration", "ts": "ts", "_bseq": bseq}
     aggs, v = d.last_by(values, "_seq")
     agg = f"SELECT vbucket, collection_id, key, {aggs} FROM {changes} GROUP BY vbucket, collection_id, key"
     states = " ".join(f"WHEN {i} THEN '{s}'" for i, s in enumerate(DOC_STATES))
@@ -233,10 +259,11 @@ def documents_sql(d: Dialect, source: str, ranks: dict[str, int], rollbacks: boo
             f"{v['item_flags']} AS item_flags, {v['expiration']} AS expiration, "
             f"{unless_null('value_len', v['_small'] + ' & 4294967295')} AS value_len, "
             f"{capture_of(d, v['_last'], ranks)} AS capture_id, {frame_of(v['_last'])} AS frame_no, "
-            f"{v['ts']} AS ts FROM _last")
+            f"{v['ts']} AS ts, {v['_bseq']} AS _bseq FROM _last")
 
 
-def _documents_by_join(d: Dialect, ctes: list[str], changes: str, ranks: dict[str, int]) -> str:
+def _documents_by_join(d: Dialect, ctes: list[str], changes: str, ranks: dict[str, int], bseq: str,
+                       plain: bool) -> str:
     """`documents` as each document's max(_seq), its change taken from the changes by a semi
     join (`_seq` is unique): the aggregate carries one number per document. The changes are
     read twice; a plain filter of the frames is read again rather than held (NOT MATERIALIZED),
@@ -246,7 +273,7 @@ def _documents_by_join(d: Dialect, ctes: list[str], changes: str, ranks: dict[st
             "SELECT vbucket, collection_id, key, by_seqno, rev_seqno, _cas_bits AS cas, CASE op WHEN 'deletion' "
             "THEN 'deleted' WHEN 'expiration' THEN 'expired' ELSE 'live' END AS state, datatype, item_flags, "
             f"expiration, value_len, {capture_of(d, '_seq', ranks)} AS capture_id, {frame_of('_seq')} AS frame_no, "
-            f"ts FROM {changes} k SEMI JOIN _pick ON k._seq = _pick._m")
+            f"ts, {bseq} AS _bseq{', raw AS _raw' if plain else ''} FROM {changes} k SEMI JOIN _pick ON k._seq = _pick._m")
 
 
 def _undone_ctes(source: str, rollbacks: bool) -> str:
@@ -310,7 +337,8 @@ def history_sql(d: Dialect, source: str, ranks: dict[str, int]) -> str:
                                f"WHEN op IN {closers} THEN -1 END")
     cols = dcp_sync.FROM_PREPARE[:2] + ("_cas_bits",) + dcp_sync.FROM_PREPARE[2:]
     cols = tuple(c for c in cols if c != "cas")
-    prep = d.last_ignore_nulls("CASE WHEN op = 'prepare' THEN " + d.struct(**{c: c for c in cols}) + " END")
+    prep = d.last_ignore_nulls("CASE WHEN op = 'prepare' THEN " + d.struct(**{c: c for c in cols}, _pseq="_seq")
+                               + " END")
     taken = ", ".join(f"CASE WHEN op = 'commit' AND _p IS NOT NULL THEN _p.{c} ELSE {c} END AS {c}" for c in cols)
     ops = _in(("mutation", "deletion", "expiration", "commit", "prepare", "snapshot_marker", "stream_end",
                "stream_req", "oso_snapshot"))
@@ -324,13 +352,42 @@ _res AS (SELECT *, {prep} OVER (PARTITION BY vbucket, collection_id, key ORDER B
                  ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS _p FROM _alive),
 _chg AS (SELECT vbucket, collection_id, key, by_seqno, op, {taken},
          CASE WHEN _snap >= 0 THEN _snap END AS snap_flags, _rank, frame_no, ts,
+         CASE WHEN op = 'commit' THEN _p._pseq ELSE _seq END AS _bseq,
          row_number() OVER (PARTITION BY vbucket, collection_id, key, by_seqno ORDER BY _seq DESC) AS _n
          FROM _res WHERE op <> 'prepare')
 SELECT vbucket, collection_id, key, by_seqno, op,
        CASE op WHEN 'deletion' THEN 'deleted' WHEN 'expiration' THEN 'expired' ELSE 'live' END AS state,
        rev_seqno, _cas_bits AS cas, datatype, item_flags, expiration, value_len, snap_flags,
-       {rank_to_capture(d, '_rank', ranks)} AS capture_id, frame_no, ts
+       {rank_to_capture(d, '_rank', ranks)} AS capture_id, frame_no, ts, _bseq
 FROM _chg WHERE _n = 1"""
+
+
+def with_bodies(d: Dialect, sql: str, source: str, name: str, coded: bool = True, carried: bool = False) -> str:
+    """The plan `sql` (the columns of `name` but the body ones, and `_bseq`: the frame whose
+    value is the row's) with its bodies (replay/rules/bodies.py): `raw` of that frame joined
+    in after the plan chose its rows, the value as sent cut off its end (its last `value_len`
+    bytes), `bodies.FUNCTION` over the rows whose datatype says Snappy or xattrs (`coded`
+    False: the facts show none, the function is left out), `value_json` when the datatype
+    says JSON and the value is UTF-8. `carried`: `sql` has `_raw` already (DuckDB's
+    `documents` over a plain filter of the frames: `raw` read by the scan that picks the rows,
+    no join: one hash join of every change frame less)."""
+    keep = ", ".join(c for c, _ in PLAN_COLUMNS[name] if c not in BODY_COLUMNS)
+    dt = "coalesce(CAST(datatype AS INT), 0)"
+    joined = sql if carried else (f"SELECT _b.*, _r.raw AS _raw FROM ({sql}) _b LEFT JOIN (SELECT _seq AS _r_seq, raw FROM {source} "
+              f"WHERE op IN {_in(BODY_OPS)}) _r ON _r._r_seq = _b._bseq")
+    cut = (f"CASE WHEN _raw IS NOT NULL AND value_len IS NOT NULL AND value_len <= octet_length(_raw) - 24 "
+           f"THEN {d.tail('_raw', 'value_len')} END")
+    sent = f"SELECT {keep}, {cut} AS _v FROM ({joined}) _j"
+    if coded:
+        when = f"({dt} & {bodies.CODED}) <> 0"
+        called = (f"SELECT {keep}, _v, CASE WHEN {when} THEN {bodies.FUNCTION}(CASE WHEN {when} THEN _v END, "
+                  f"{dt}) END AS _x FROM ({sent}) _c")
+        stored = f"SELECT {keep}, CASE WHEN {when} THEN _x.value ELSE _v END AS value, _x.xattrs AS xattrs FROM ({called}) _s"
+    else:
+        text = "STRING" if d.name == "spark" else "VARCHAR"
+        stored = f"SELECT {keep}, _v AS value, CAST(NULL AS {text}) AS xattrs FROM ({sent}) _c"
+    return (f"SELECT {keep}, value, xattrs, CASE WHEN ({dt} & 1) = 1 THEN {d.utf8('value')} END AS value_json "
+            f"FROM ({stored}) _u")
 
 
 def as_of_sql(as_of) -> str:

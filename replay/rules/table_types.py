@@ -15,12 +15,15 @@ TABLE_NAMES: dict[str, tuple[str, ...]] = {
 }
 
 _TS = "TIMESTAMPTZ_NS"
+# the body columns of `documents` and `history` (replay/rules/bodies.py), last in both
+BODY_COLUMNS = ("value", "xattrs", "value_json")
+_BODY = (("value", "BLOB"), ("xattrs", "VARCHAR"), ("value_json", "VARCHAR"))
 
 PLAN_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
     "documents": (("vbucket", "USMALLINT"), ("collection_id", "UINTEGER"), ("key", "BLOB"), ("by_seqno", "BIGINT"),
                   ("rev_seqno", "BIGINT"), ("cas", "UBIGINT"), ("state", "VARCHAR"), ("datatype", "UTINYINT"),
                   ("item_flags", "UINTEGER"), ("expiration", "UINTEGER"), ("value_len", "UINTEGER"),
-                  ("capture_id", "VARCHAR"), ("frame_no", "BIGINT"), ("ts", _TS)),
+                  ("capture_id", "VARCHAR"), ("frame_no", "BIGINT"), ("ts", _TS)) + _BODY,
     "undone": (("vbucket", "USMALLINT"), ("capture_id", "VARCHAR"), ("frame_no", "BIGINT"), ("ts", _TS),
                ("rollback_seqno", "BIGINT"), ("collection_id", "UINTEGER"), ("key", "BLOB"), ("by_seqno", "BIGINT"),
                ("op", "VARCHAR"), ("change_capture_id", "VARCHAR"), ("change_frame_no", "BIGINT"),
@@ -32,7 +35,7 @@ PLAN_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
                 ("op", "VARCHAR"), ("state", "VARCHAR"), ("rev_seqno", "BIGINT"), ("cas", "UBIGINT"),
                 ("datatype", "UTINYINT"), ("item_flags", "UINTEGER"), ("expiration", "UINTEGER"),
                 ("value_len", "UINTEGER"), ("snap_flags", "UINTEGER"), ("capture_id", "VARCHAR"),
-                ("frame_no", "BIGINT"), ("ts", _TS)),
+                ("frame_no", "BIGINT"), ("ts", _TS)) + _BODY,
 }
 
 # each table's key: its canonical order (nulls first, blobs bytewise)

@@ -29,6 +29,9 @@ from dcptool.replay.store.schema import DICT_STR, fields
 TS = pa.timestamp("ns", tz="UTC")
 STR = pa.string()
 I64 = pa.int64()
+# the body columns of `documents` and `history` (replay/rules/bodies.py): the value as the
+# application stored it, its xattrs as JSON object text, the value as text when JSON
+BODY = (("value", pa.binary()), ("xattrs", STR), ("value_json", STR))
 
 
 def _s(*cols) -> pa.Schema:
@@ -39,7 +42,7 @@ DCP_TABLES: dict[str, tuple[pa.Schema, tuple[str, ...]]] = {
     "documents": (_s(("vbucket", pa.uint16()), ("collection_id", pa.uint32()), ("key", pa.binary()),
                      ("by_seqno", I64), ("rev_seqno", I64), ("cas", pa.uint64()), ("state", STR),
                      ("datatype", pa.uint8()), ("item_flags", pa.uint32()), ("expiration", pa.uint32()),
-                     ("value_len", pa.uint32()), ("capture_id", STR), ("frame_no", I64), ("ts", TS)),
+                     ("value_len", pa.uint32()), ("capture_id", STR), ("frame_no", I64), ("ts", TS), *BODY),
                   ("vbucket", "collection_id", "key")),
     "vbuckets": (_s(("vbucket", pa.uint16()), ("vbucket_uuid", pa.uint64()), ("high_seqno", I64),
                     ("live", I64), ("deleted", I64), ("expired", I64), ("mutations", I64),
@@ -74,7 +77,7 @@ DCP_TABLES: dict[str, tuple[pa.Schema, tuple[str, ...]]] = {
                    ("by_seqno", I64), ("op", STR), ("state", STR), ("rev_seqno", I64), ("cas", pa.uint64()),
                    ("datatype", pa.uint8()), ("item_flags", pa.uint32()), ("expiration", pa.uint32()),
                    ("value_len", pa.uint32()), ("snap_flags", pa.uint32()), ("capture_id", STR),
-                   ("frame_no", I64), ("ts", TS)),
+                   ("frame_no", I64), ("ts", TS), *BODY),
                 ("vbucket", "collection_id", "key", "by_seqno")),
     # one row per (cluster config revision, vbucket), the revision where it was first seen
     # (replay/rules/topology.py): who sent it (node, via) and the vbucket's active node and replicas

@@ -38,6 +38,7 @@ from dcptool.replay.rules import dcp as dcp_rules
 from dcptool.replay.rules import lag, plans, topology
 from dcptool.replay.rules import synapse as synapse_rules
 from dcptool.replay.rules import tables as T
+from dcptool.replay.spark import bodies as spark_bodies
 from dcptool.replay.spark import documents as spark_documents
 from dcptool.replay.spark.arrow import (
     DCP_RESULTS,
@@ -490,17 +491,18 @@ def replay_spark(spark, files: list, as_of=None) -> SparkReplay:
             return grouped.applyInArrow(dcp_group, spark_schema(packed_schema("dcp", DCP_RESULTS)))
 
         ranks = reader.capture_ranks(files)
-        facts = plans.PlanFacts.of(files, ops_present(files))
+        facts = plans.PlanFacts.of(files, ops_present(files), spark_bodies.prepare(spark, files, F))
 
         def planned(name):
             # the SQL of replay/rules/plans.py: the text DuckDB runs in-process
             cas = "cas" in T.schema_of("dcp", name).names
             return lambda: _planned(vb_frames, plans.table_sql(plans.SPARK, name, "{vb}", facts), cas)
         rep = SparkReplay(protocol, frames, DCP_RESULTS, packed_builder=packed, _tmp=tmp, builders={
-            **{name: planned(name) for name in plans.PLAN_TABLES},
+            **{name: planned(name) for name in plans.PLAN_TABLES},   # and the states alone (no bodies):
+            "_states": lambda: _planned(vb_frames, plans.table_sql(plans.SPARK, "documents", "{vb}", facts, False), False),
             "topology": lambda: topology.spark_dataframe(df, spark_schema, to_spark_arrow, ranks),
             "lag": lambda: lag.spark_dataframe(df, spark_schema, to_spark_arrow, ranks)})
-        rep.builders["vbuckets"] = lambda: _vbuckets_with_counts(rep)
+        rep.builders["vbuckets"] = lambda: spark_documents.vbuckets_with_counts(rep, F)
         return rep
     conn_key = F.shiftleft(F.col("_rank"), 32) + F.col("conn").cast("long")
     df = df.withColumn("_conn", conn_key)
@@ -526,21 +528,6 @@ def replay_spark(spark, files: list, as_of=None) -> SparkReplay:
     return SparkReplay(protocol, frames, SYN_RESULTS, packed_builder=packed_synapse, _tmp=tmp, builders={
         "commands": commands,
         "lag": lambda: lag.spark_synapse_dataframe(df, spark_schema, to_spark_arrow, ranks)})
-
-
-def _vbuckets_with_counts(rep):
-    """`vbuckets` of the grouped rules with its live / deleted / expired counts from the
-    `documents` plan (a GROUP BY vbucket, as the in-process engine counts them)."""
-    from pyspark.sql import functions as F
-    names = [f.name for f in T.schema_of("dcp", "vbuckets")]
-    i = rep.result_names.index("vbuckets")
-    vb = rep.packed_df.filter(F.col("_t") == i).select([F.col(f"vbuckets__{n}").alias(n) for n in names])
-    states = list(dcp_rules.DOC_STATES.values())
-    counts = rep.dataframe("documents").groupBy(F.col("vbucket").alias("_c_vb")).agg(
-        *[F.count(F.when(F.col("state") == s, 1)).alias("_c_" + s) for s in states])
-    joined = vb.join(counts, F.col("vbucket") == F.col("_c_vb"), "left")
-    return joined.select([F.coalesce(F.col("_c_" + n), F.lit(0)).cast("long").alias(n) if n in states else F.col(n)
-                          for n in names])
 
 
 def _planned(vb_frames, sql: str, cas: bool):

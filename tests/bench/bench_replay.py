@@ -26,6 +26,7 @@ of the query's process, which a busy host disturbs less than wall time.
 
     .venv/bin/python tests/bench/bench_replay.py            # 1M and 10M
     .venv/bin/python tests/bench/bench_replay.py 1000000    # sizes to run
+    BENCH_SCALE=100000 .venv/bin/python tests/bench/bench_replay.py bodies 1000000   # what bodies cost
 The captures hold mutations, deletions, expirations over 1024 vbuckets, snapshot markers
 and stream-request responses, and no rollbacks (so last-write-wins SQL is the right answer).
 """
@@ -50,6 +51,12 @@ from dcptool.replay.store.segment import dictionary_columns  # noqa: E402
 from tests.support.paths import ROOT  # noqa: E402
 
 OPS = np.array(["mutation", "deletion", "expiration", "snapshot_marker"])
+# frame bytes as replay reads them: a body ends with the value (`value_len` bytes), REPLAY.md
+# "Bodies"; the header's lengths are not read by replay
+MUTATION_HEAD, DELETION_HEAD, MARKER = bytes(24 + 31), bytes(24 + 18), bytes(24 + 20)
+VALUES = [json.dumps({"type": ["order", "user", "item"][i % 3], "n": i, "pad": "x" * (80 + i * 7 % 880)}).encode()
+          for i in range(256)]
+VALUE_LENS = np.array([len(v) for v in VALUES])
 
 
 def generate(path: str, frames: int, docs: int, seed: int = 1, rows_per_group: int = 1 << 20) -> None:
@@ -86,17 +93,23 @@ def generate(path: str, frames: int, docs: int, seed: int = 1, rows_per_group: i
             by[order] = seqno[vb[order]] + within + 1
             seqno += counts
             is_item = kind < 3
+            # real frames: header, extras, key, and for a mutation a JSON value of 100-1,000 bytes
+            pick = rng.integers(0, len(VALUES), n)
+            vlen = VALUE_LENS[pick]
+            raw = [(MUTATION_HEAD if k == 0 else DELETION_HEAD if k < 3 else MARKER)
+                   + (key[i] + VALUES[pick[i]] if k == 0 else key[i] if k < 3 else b"")
+                   for i, k in enumerate(kind.tolist())]
             ts = (1_763_800_000_000_000_000 + (done + np.arange(n)) * 1000).astype(np.int64)
             w.write_table(_table(
                 schema, frame_no=np.arange(done, done + n), vbucket=vb, op=OPS[kind],
                 magic=np.full(n, 0x80), ts=ts, key=np.where(is_item, key, None),
                 by_seqno=np.where(is_item, by, None), rev_seqno=np.where(is_item, 1, None),
                 cas=np.where(is_item, rng.integers(1, 2**63, n), None), datatype=np.where(is_item, 1, None),
-                value_len=np.where(kind == 0, rng.integers(10, 500, n), np.where(is_item, 0, None)),
+                value_len=np.where(kind == 0, vlen, np.where(is_item, 0, None)),
                 item_flags=np.where(kind == 0, 0, None), expiration=np.where(kind == 0, 0, None),
                 snap_start=np.where(kind == 3, by, None), snap_end=np.where(kind == 3, by + 100, None),
                 snap_flags=np.where(kind == 3, 1, None), snap_version=np.where(kind == 3, "2.0", None),
-                raw=rng.integers(0, 2**63, n).astype("S8")))
+                raw=pa.array(raw, pa.binary())))
             done += n
 
 
@@ -302,8 +315,53 @@ def compile_sources() -> None:
     compileall.compile_dir(str(ROOT), quiet=1, rx=__import__("re").compile(r"/(\.venv|\.synapse-venv|\.git|tests)/"))
 
 
+def serve_capture(workdir: str, items: int) -> str:
+    """A capture that `dcptool capture` made of `serve dcp` (64 vbuckets, `items` documents of
+    512-byte JSON, `--to now`, 8 MiB segments: many of them, every column as users have them)."""
+    cap = os.path.join(workdir, f"served-{items}")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    srv = subprocess.Popen([sys.executable, "-m", "dcptool.cli", "serve", "dcp", "--port", "0", "--items", str(items),
+                            "--vbuckets", "64", "--value-size", "512"], stdout=subprocess.PIPE,
+                           stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        addr = json.loads(srv.stdout.readline())["listening"]
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "dcptool.cli", "capture", f"couchbase://{addr}/default", "--to", "now",
+                        "--rotate-size", "8MiB", "-o", cap, "--quiet"], check=True, timeout=3600, env=env)
+        n = len([f for f in os.listdir(cap) if f.endswith(".parquet")])
+        print(f"  captured {items:,} items of serve dcp in {time.perf_counter() - t0:.1f}s ({n} segments)", flush=True)
+    finally:
+        srv.terminate()
+        srv.wait(60)
+    return cap
+
+
+def bodies_main(argv: list[str]) -> None:
+    """`bench_replay.py bodies [FRAMES] [--no-spark]`: what bodies cost (tests/bench/replay_bodies.py)
+    on the synthetic capture of FRAMES frames (1M) / FRAMES/10 documents, and on a capture of
+    `serve dcp` with BENCH_SCALE documents (100k)."""
+    from tests.bench import replay_bodies
+    frames = next((int(a) for a in argv if a.isdigit()), 1_000_000)
+    spark = "--no-spark" not in argv
+    items = int(os.environ.get("BENCH_SCALE", "100000"))
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="dcptool-bench-") as work:
+        cap = os.path.join(work, "synthetic")
+        os.makedirs(cap)
+        generate(os.path.join(cap, "dcp-20251122T000000.000000Z-b0000000-000000.parquet"), frames, frames // 10)
+        print(f"== bodies: synthetic capture, {frames:,} frames, {frames // 10:,} documents", flush=True)
+        results["synthetic"] = replay_bodies.measure(cap, spark)
+        print(replay_bodies.report("synthetic", results["synthetic"]), flush=True)
+        print(f"== bodies: serve dcp capture, {items:,} documents", flush=True)
+        results["served"] = replay_bodies.measure(serve_capture(work, items), spark)
+        print(replay_bodies.report("serve dcp", results["served"]), flush=True)
+    print(json.dumps(results))
+
+
 def main(argv: list[str]) -> None:
     compile_sources()
+    if "bodies" in argv:
+        return bodies_main(argv)
     sizes = [int(a) for a in argv if a.isdigit()] or [1_000_000, 10_000_000]
     spark = "--no-spark" not in argv
     configs = []

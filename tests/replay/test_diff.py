@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from dcptool.replay.check import diff as D
 from dcptool.replay.local import engine as local
+from dcptool.replay.rules import tables as T
 from dcptool.replay.rules.as_of import AsOf
 from dcptool.replay.store import reader
 from dcptool.replay.timestamps import iso_ns
@@ -24,11 +25,7 @@ def _dir(tmp, s, n=200, protocol="dcp"):
 
 
 def _docs(rows):
-    schema = pa.schema([("vbucket", pa.uint16()), ("collection_id", pa.uint32()), ("key", pa.binary()),
-                        ("by_seqno", pa.int64()), ("rev_seqno", pa.int64()), ("cas", pa.uint64()),
-                        ("state", pa.string()), ("datatype", pa.uint8()), ("item_flags", pa.uint32()),
-                        ("expiration", pa.uint32()), ("value_len", pa.uint32()), ("capture_id", pa.string()),
-                        ("frame_no", pa.int64()), ("ts", pa.timestamp("ns", tz="UTC"))])
+    schema = T.schema_of("dcp", "documents")     # the body columns (value, ...) null
     base = dict(dict.fromkeys(schema.names), rev_seqno=1, datatype=0, item_flags=0, expiration=0,
                 value_len=1, capture_id="c", frame_no=0, ts=0)
     full = [{**base, **r} for r in rows]

@@ -3,6 +3,8 @@ the frames in order, state in dicts, no vectorisation. The engines must agree wi
 
 from __future__ import annotations
 
+import cramjam
+import orjson
 import pyarrow as pa
 
 from dcptool.replay.rules import tables as T
@@ -89,7 +91,8 @@ def dcp(files) -> dict[str, pa.Table]:
     docs = [dict(vbucket=c["vbucket"], collection_id=c["collection_id"], key=c["key"],
                  by_seqno=c["by_seqno"], rev_seqno=c["rev_seqno"], cas=c["cas"], state=DOC_STATES[c["op"]],
                  datatype=c["datatype"], item_flags=c["item_flags"], expiration=c["expiration"],
-                 value_len=c["value_len"], capture_id=c["capture_id"], frame_no=c["frame_no"], ts=c["ts"])
+                 value_len=c["value_len"], capture_id=c["capture_id"], frame_no=c["frame_no"], ts=c["ts"],
+                 **body(c["raw"], c["value_len"], c["datatype"]))
             for c in documents.values()]
     vrows = []
     undone = [_undone_row(u, documents) for u in undone_rows]
@@ -108,6 +111,53 @@ def dcp(files) -> dict[str, pa.Table]:
              for vb, log in failover.items() for i, e in enumerate(log)]
     return _tables("dcp", documents=docs, vbuckets=vrows, snapshots=snapshots, rollbacks=rollbacks,
                    failover=frows, undone=undone)
+
+
+def body(raw, value_len, datatype) -> dict:
+    """value / xattrs / value_json of a change, as REPLAY.md "Bodies" says, one frame at a time:
+    the value as sent is the frame's last value_len bytes; Snappy undone (a value that does not
+    decompress: all null); the xattr section cut off and its pairs as a JSON object."""
+    out = dict(value=None, xattrs=None, value_json=None)
+    if raw is None or value_len is None or value_len > len(raw) - 24:
+        return out
+    v = raw[len(raw) - value_len:]
+    dt = datatype or 0
+    if dt & 2:
+        try:
+            v = bytes(cramjam.snappy.decompress_raw(v))
+        except Exception:  # noqa: BLE001 - any failure means "does not decompress"
+            return out
+    if dt & 4:
+        if len(v) < 4 or 4 + int.from_bytes(v[:4], "big") > len(v):
+            return out
+        n = int.from_bytes(v[:4], "big")
+        out["xattrs"] = _xattrs(v[4:4 + n])
+        v = v[4 + n:]
+    out["value"] = v
+    if dt & 1:
+        try:
+            out["value_json"] = v.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    return out
+
+
+def _xattrs(section: bytes) -> str | None:
+    pairs, i = [], 0
+    while i < len(section):
+        n = int.from_bytes(section[i:i + 4], "big")
+        pair = section[i + 4:i + 4 + n]
+        i += 4 + n
+        if len(pair) != n or i > len(section) or not pair.endswith(b"\0") or b"\0" not in pair[:-1]:
+            return None
+        k, val = pair[:-1].split(b"\0", 1)
+        try:
+            orjson.loads(val)
+            text = val.decode("utf-8")
+        except (orjson.JSONDecodeError, UnicodeDecodeError):
+            text = orjson.dumps(val.decode("utf-8", "replace")).decode()
+        pairs.append(orjson.dumps(k.decode("utf-8", "replace")).decode() + ":" + text)
+    return "{" + ",".join(pairs) + "}"
 
 
 def _undone_row(u: dict, documents: dict) -> dict:
