@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from dcptool.capture.options import CaptureSettings
@@ -68,6 +70,9 @@ def _one_source(directory: str, source, *, resume: bool, force_new: bool) -> Non
     from dcptool.cli.errors import LateUsageError
     from dcptool.cli.view.console import err_console
     from dcptool.replay.store import resume as R
+    if resume and not os.path.isdir(directory):      # a mistyped directory: never made and "resumed"
+        raise LateUsageError(f"--resume: {directory} does not exist: nothing to resume "
+                             f"(check the path, or leave out --resume to start a new capture there)")
     try:
         R.check_source(directory, source.protocol, source.url, resume=resume, force_new=force_new)
     except R.SourceMismatch as exc:
