@@ -93,7 +93,7 @@ def _with_verbose(cmd: click.Command) -> click.Command:
         def get_command(ctx: click.Context, name: str) -> click.Command | None:
             sub = inner(ctx, name)
             return None if sub is None else _with_verbose(sub)
-        cmd.get_command = get_command  # type: ignore[method-assign]
+        cmd.get_command = get_command  # type: ignore[method-assign, assignment]
     return cmd
 
 
