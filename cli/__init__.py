@@ -61,39 +61,27 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
-def _verbose_on(ctx: click.Context) -> None:
+def _verbose_on(ctx: click.Context, param: object = None, value: bool = True) -> None:
     """`-v`: tracebacks (cli/errors.py) and protocol-level logging on stderr, for the whole run."""
     root = ctx.find_root()
-    root.ensure_object(dict)
-    if root.obj.get("verbose"):
-        return
-    root.obj["verbose"] = True
-    import logging
-    logging.basicConfig(level=logging.DEBUG, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-
-
-def _verbose_flag(ctx: click.Context, param: click.Parameter, value: bool) -> None:
-    if value:
-        _verbose_on(ctx)
+    if value and not root.ensure_object(dict).get("verbose"):
+        root.obj["verbose"] = True
+        import logging
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
 
 
 def _with_verbose(cmd: click.Command) -> click.Command:
-    """`cmd` (and, for a group, every subcommand it hands out) accepting `-v/--verbose` too, so
-    that `-v` works anywhere on the line (`dcptool inspect caps/ -v`), not only before the
-    command. Hidden: the top-level option documents it."""
-    if getattr(cmd, "_dcptool_verbose", False):
-        return cmd
-    cmd._dcptool_verbose = True  # type: ignore[attr-defined]
-    cmd.params.append(click.Option(["-v", "--verbose"], is_flag=True, expose_value=False, hidden=True,
-                                   callback=_verbose_flag, help="Same as dcptool -v."))
-    if isinstance(cmd, click.Group):
-        inner = cmd.get_command
+    """`cmd` (and a group's subcommands) taking a hidden `-v/--verbose` too: -v anywhere on the line."""
+    if not any(p.name == "verbose" for p in cmd.params):
+        cmd.params.append(click.Option(["-v", "--verbose"], is_flag=True, expose_value=False, hidden=True,
+                                       callback=_verbose_on))
+        if isinstance(cmd, click.Group):
+            inner = cmd.get_command
 
-        def get_command(ctx: click.Context, name: str) -> click.Command | None:
-            sub = inner(ctx, name)
-            return None if sub is None else _with_verbose(sub)
-        cmd.get_command = get_command  # type: ignore[method-assign, assignment]
+            def get_command(ctx: click.Context, name: str) -> click.Command | None:
+                sub = inner(ctx, name)
+                return sub and _with_verbose(sub)
+            cmd.get_command = get_command  # type: ignore[method-assign, assignment]
     return cmd
 
 
@@ -106,8 +94,7 @@ def _broken(name, exc):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="dcptool")
-@click.option("-v", "--verbose", is_flag=True,
-              help="Tracebacks and protocol-level logging on stderr (anywhere on the line).")
+@click.option("-v", "--verbose", is_flag=True, help="Tracebacks and protocol-level logging on stderr (anywhere on the line).")
 @click.pass_context
 def cli(ctx, verbose):
     """Capture, stream and replay Couchbase DCP and Synapse replication streams.

@@ -71,8 +71,7 @@ def _one_source(directory: str, source, *, resume: bool, force_new: bool) -> Non
     from dcptool.cli.view.console import err_console
     from dcptool.replay.store import resume as R
     if resume and not os.path.isdir(directory):      # a mistyped directory: never made and "resumed"
-        raise LateUsageError(f"--resume: {directory} does not exist: nothing to resume "
-                             f"(check the path, or leave out --resume to start a new capture there)")
+        raise LateUsageError(f"--resume: {directory} does not exist: nothing to resume (check the path)")
     try:
         R.check_source(directory, source.protocol, source.url, resume=resume, force_new=force_new)
     except R.SourceMismatch as exc:

@@ -24,8 +24,7 @@ def _files(path: str):
 def _documents(files, at_ns: int | None):
     from dcptool.replay.local import engine as local
     from dcptool.replay.rules.as_of import AsOf
-    as_of = AsOf(at_ns) if at_ns is not None else None
-    return local.replay_local(files, tables=["documents"], as_of=as_of).table("documents")
+    return local.replay_local(files, tables=["documents"], as_of=None if at_ns is None else AsOf(at_ns)).table("documents")
 
 
 @click.command("diff")
@@ -56,14 +55,11 @@ def diff(ctx, captures, at, fmt):
     if at:
         if len(captures) != 1 or len(at) != 2:
             raise click.UsageError("--at compares one capture at two moments: one CAPTURE and --at twice")
-        for text in at:
-            problem = D.moment_problem(text)
-            if problem:
-                raise click.UsageError(f"--at: {problem}")
+        if problem := next(filter(None, map(D.moment_problem, at)), None):
+            raise click.UsageError(f"--at: {problem}")
         files = _files(captures[0])
         span = D.capture_span(files)
-        moments = [D.resolve_moment(text, span, captures[0]) for text in at]
-        pairs = [(files, moments[0]), (files, moments[1])]
+        pairs = [(files, D.resolve_moment(text, span, captures[0])) for text in at]
     else:
         if len(captures) != 2:
             raise click.UsageError("give two captures (CAPTURE_A CAPTURE_B), or one capture and --at twice")

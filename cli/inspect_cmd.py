@@ -25,7 +25,7 @@ def render(summary: dict, console) -> None:
     from rich.text import Text
 
     from dcptool.cli.view.output import printable
-    from dcptool.replay.check.summary import lag_text
+    from dcptool.replay.check.summary import collapsed, lag_text, vb_table
 
     class _Table(Table):
         def add_row(self, *cells, **kw):
@@ -70,7 +70,10 @@ def render(summary: dict, console) -> None:
         kinds.add_row(str(k), f"{v:,}")
     console.print(kinds)
     if summary["protocol"] == "dcp":
-        _vbuckets(summary["vbuckets"], listed, table, console)
+        title, head, cells, line = vb_table(summary["vbuckets"])   # identical rows as vbucket ranges
+        listed(title, head, cells)
+        if line:
+            console.print(line, highlight=False, markup=False)
         console.print(f"snapshots: {summary['snapshots']:,}", highlight=False)
         listed("rollbacks", ("vbuckets", "rollback seqno", "frame_no"),
                collapsed(((r["vbucket"], (str(r["rollback_seqno"]),), r["frame_no"]) for r in summary["rollbacks"])))
@@ -96,77 +99,6 @@ def render(summary: dict, console) -> None:
     listed(f"decode errors ({de['count']:,})", ("capture_id", "frame_no", "error"),
            [(e["capture_id"][:8], str(e["frame_no"]), e["error"]) for e in de["examples"]] if de["count"] else [],
            "decode errors")
-
-
-_VB_KEYS = ("items", "first_seqno", "last_seqno", "min_seqno", "max_seqno", "snapshots", "rollbacks",
-            "stream_end_reason")
-_VB_HEAD = ("items", "first seqno", "last seqno", "min", "max", "snapshots", "rollbacks", "stream end")
-MAX_VB_ROWS = 32   # more (after collapsing) and the vbuckets table is a min / max / total summary
-
-
-def vb_ranges(vbs, limit: int | None = None) -> str:
-    """Vbucket numbers as ranges: [0, 1, 2, 3, 7, 9, 10] -> `0-3,7,9-10`; past `limit` ranges the
-    first ones, then `… (N vbuckets)`."""
-    out: list[str] = []
-    ordered = sorted(set(vbs))
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        out.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    if limit is not None and len(out) > limit:
-        return ",".join(out[:limit]) + f",… ({len(ordered):,} vbuckets)"
-    return ",".join(out)
-
-
-def collapsed(rows) -> list[tuple[str, ...]]:
-    """(vbucket, cells, frame_no) rows with identical cells as one row per cells: the vbuckets as
-    ranges, the frame_no alone or as `first..last` (in order of first appearance)."""
-    groups: dict[tuple, tuple[list[int], list[int]]] = {}
-    for vb, cells, frame_no in rows:
-        vbs, frames = groups.setdefault(tuple(cells), ([], []))
-        vbs.append(vb)
-        frames.append(frame_no)
-    out = []
-    for cells, (vbs, frames) in groups.items():
-        known = [f for f in frames if f is not None]
-        span = "" if not known else str(known[0]) if min(known) == max(known) else f"{min(known)}..{max(known)}"
-        out.append((vb_ranges(vbs, limit=8), *cells, span))
-    return out
-
-
-def _vbuckets(rows: list[dict], listed, table, console) -> None:
-    """Per-vbucket rows, a run of consecutive vbuckets with identical rows (but the vbucket) as
-    one row `FIRST-LAST`; past MAX_VB_ROWS rows a min / max / total summary (`--json` keeps
-    every vbucket's row)."""
-    runs: list[tuple[list[int], tuple]] = []
-    for v in sorted(rows, key=lambda r: r["vbucket"]):
-        cells = tuple("" if v[k] is None else str(v[k]) for k in _VB_KEYS)
-        if runs and runs[-1][1] == cells and runs[-1][0][-1] + 1 == v["vbucket"]:
-            runs[-1][0].append(v["vbucket"])
-        else:
-            runs.append(([v["vbucket"]], cells))
-    if len(runs) <= MAX_VB_ROWS:
-        listed("vbuckets", ("vbuckets", *_VB_HEAD), [(vb_ranges(vbs), *cells) for vbs, cells in runs])
-        return
-    t = table(f"vbuckets ({len(rows):,}: {vb_ranges(v['vbucket'] for v in rows)}; every row with --json)",
-              "", *_VB_HEAD[:-1])
-    for name, fn in (("min", min), ("max", max), ("total", sum)):
-        cells = []
-        for k in _VB_KEYS[:-1]:
-            vals = [v[k] for v in rows if v[k] is not None]
-            cells.append("" if not vals or (name == "total" and "seqno" in k) else f"{fn(vals):,}")
-        t.add_row(name, *cells)
-    console.print(t)
-    ends: dict[str, list[int]] = {}
-    for v in rows:
-        ends.setdefault("open" if v["stream_end_reason"] is None else str(v["stream_end_reason"]),
-                        []).append(v["vbucket"])
-    console.print("stream end per vbucket: " + "; ".join(f"{k}: {len(vbs):,} ({vb_ranges(vbs, limit=4)})"
-                                                         for k, vbs in ends.items()),
-                  highlight=False, markup=False)
 
 
 @click.command("inspect")

@@ -11,6 +11,7 @@ first. `summary` counts each kind and, for added and removed, how (`breakdown`).
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -129,7 +130,7 @@ _RELATIVE = re.compile(r"([+-])(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_NS = {"ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9}
 
 
-def capture_span(files: list) -> tuple[int, int] | None:
+def capture_span(files: list[Any]) -> tuple[int, int] | None:
     """The first and last frame timestamp (ns) of a capture's files; None without any."""
     from dcptool.replay.store import reader
     ts = reader.read_capture_table(files, ["ts"]).column("ts").cast(pa.int64())

@@ -14,8 +14,25 @@ from dcptool.replay.local import engine as local
 from dcptool.replay.rules.as_of import AsOf
 from dcptool.replay.store import reader
 from dcptool.replay.timestamps import iso_ns
-from tests.replay.test_diff import _dir, _docs
+from tests.support import capgen
 from tests.support.paths import DCPTOOL
+
+
+def _dir(tmp, s, n=200):
+    d = tmp / f"dcp-{s}"
+    capgen.write_captures(capgen.generate("dcp", s, n_events=n), str(d), seed=s)
+    return str(d)
+
+
+def _docs(rows):
+    schema = pa.schema([("vbucket", pa.uint16()), ("collection_id", pa.uint32()), ("key", pa.binary()),
+                        ("by_seqno", pa.int64()), ("rev_seqno", pa.int64()), ("cas", pa.uint64()),
+                        ("state", pa.string()), ("datatype", pa.uint8()), ("item_flags", pa.uint32()),
+                        ("expiration", pa.uint32()), ("value_len", pa.uint32()), ("capture_id", pa.string()),
+                        ("frame_no", pa.int64()), ("ts", pa.timestamp("ns", tz="UTC"))])
+    base = dict(dict.fromkeys(schema.names), rev_seqno=1, datatype=0, item_flags=0, expiration=0,
+                value_len=1, capture_id="c", frame_no=0, ts=0)
+    return pa.Table.from_pylist([{**base, **r} for r in rows], schema=schema)
 
 
 def test_live_to_deleted_is_removed_and_back_is_added_each_counted():

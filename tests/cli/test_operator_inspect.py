@@ -36,7 +36,7 @@ def _table(path):
 
 
 def test_vb_ranges():
-    from dcptool.cli.inspect_cmd import vb_ranges
+    from dcptool.replay.check.summary import vb_ranges
     assert vb_ranges([3, 0, 1, 2, 7, 9, 10]) == "0-3,7,9-10"
     assert vb_ranges(range(0, 40, 2), limit=3) == "0,2,4,… (20 vbuckets)"
 
