@@ -43,7 +43,7 @@ class LazyGroup(click.Group):
             return None
         module, _, attr = entry[0].partition(":")
         try:
-            return getattr(importlib.import_module(module), attr)
+            return _with_verbose(getattr(importlib.import_module(module), attr))
         except ImportError as exc:  # a command whose module is missing must not break --help
             return _broken(name, exc)
 
@@ -63,6 +63,30 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
+def _verbose_on(ctx: click.Context, param: object = None, value: bool = True) -> None:
+    """`-v`: tracebacks (cli/errors.py) and protocol-level logging on stderr, for the whole run."""
+    root = ctx.find_root()
+    if value and not root.ensure_object(dict).get("verbose"):
+        root.obj["verbose"] = True
+        import logging
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def _with_verbose(cmd: click.Command) -> click.Command:
+    """`cmd` (and a group's subcommands) taking a hidden `-v/--verbose` too: -v anywhere on the line."""
+    if not any(p.name == "verbose" for p in cmd.params):
+        cmd.params.append(click.Option(["-v", "--verbose"], is_flag=True, expose_value=False, hidden=True,
+                                       callback=_verbose_on))
+        if isinstance(cmd, click.Group):
+            inner = cmd.get_command
+
+            def get_command(ctx: click.Context, name: str) -> click.Command | None:
+                sub = inner(ctx, name)
+                return sub and _with_verbose(sub)
+            cmd.get_command = get_command  # type: ignore[method-assign, assignment]
+    return cmd
+
+
 def _broken(name, exc):
     @click.command(name, help=f"(unavailable: {exc})")
     def cmd():
@@ -72,7 +96,7 @@ def _broken(name, exc):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="dcptool")
-@click.option("-v", "--verbose", is_flag=True, help="Tracebacks and protocol-level logging on stderr.")
+@click.option("-v", "--verbose", is_flag=True, help="Tracebacks and protocol-level logging on stderr (anywhere on the line).")
 @click.pass_context
 def cli(ctx, verbose):
     """Capture, stream and replay Couchbase DCP and Synapse replication streams.
@@ -83,11 +107,9 @@ def cli(ctx, verbose):
     (diff, verify), 130 interrupted (143/129 on SIGTERM/SIGHUP).
     """
     ctx.ensure_object(dict)
-    ctx.obj["verbose"] = verbose
+    ctx.obj.setdefault("verbose", False)
     if verbose:
-        import logging
-        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr,
-                            format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        _verbose_on(ctx)
 
 
 def main(argv=None):

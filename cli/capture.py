@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from dcptool.capture.options import CaptureSettings
@@ -88,6 +90,8 @@ def _one_source(directory: str, source, *, resume: bool, force_new: bool) -> Non
     """A capture directory holds one protocol and one source (replay/store/resume.py): another
     one is a usage error naming both, before anything connects."""
     from dcptool.replay.store import resume as R
+    if resume and not os.path.isdir(directory):      # a mistyped directory: never made and "resumed"
+        raise LateUsageError(f"--resume: {directory} does not exist: nothing to resume (check the path)")
     try:
         R.check_source(directory, source.protocol, source.url, resume=resume, force_new=force_new)
     except R.SourceMismatch as exc:

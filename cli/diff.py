@@ -10,14 +10,12 @@ from dcptool.cli import errors
 from dcptool.cli.view.console import err_console
 from dcptool.cli.view.output import Sink, default_format
 from dcptool.replay.display import dcp_display, with_key_base64
-from dcptool.replay.rules.as_of import make_as_of, parse_timestamp
 
 # Lazy imports: only where start-up time needs them (`diff --help` loads no numpy or pyarrow:
 # the engine, the reader and the diff itself load when the command runs).
 
 
-def _documents(path: str, at: str | None):
-    from dcptool.replay.local import engine as local
+def _files(path: str):
     from dcptool.replay.store import reader
     files = reader.find_captures([path])
     if not files:
@@ -25,14 +23,20 @@ def _documents(path: str, at: str | None):
     if reader.protocol_of(files) != "dcp":
         raise click.UsageError(f"{path}: diff compares DCP captures (documents); this one is "
                                f"{reader.protocol_of(files)}")
-    as_of = make_as_of(at) if at is not None else None
-    return local.replay_local(files, tables=["documents"], as_of=as_of).table("documents")
+    return files
+
+
+def _documents(files, at_ns: int | None):
+    from dcptool.replay.local import engine as local
+    from dcptool.replay.rules.as_of import AsOf
+    return local.replay_local(files, tables=["documents"], as_of=None if at_ns is None else AsOf(at_ns)).table("documents")
 
 
 @click.command("diff")
 @click.argument("captures", nargs=-1, required=True)
-@click.option("--at", "at", multiple=True, metavar="TIMESTAMP",
-              help="Compare the capture with itself at two moments (RFC 3339 or integer nanoseconds); give it twice.")
+@click.option("--at", "at", multiple=True, metavar="MOMENT",
+              help="Compare the capture with itself at two moments, given twice: start, end, +DURATION "
+                   "(after its start), -DURATION (before its end), RFC 3339 or integer nanoseconds.")
 @click.option("--format", "fmt", type=click.Choice(["table", "jsonl"]), default=None,
               help="table on a TTY, jsonl in a pipe (default).")
 @click.pass_context
@@ -49,32 +53,30 @@ def diff(ctx, captures, at, fmt):
     Examples:
       dcptool diff captures/monday/ captures/tuesday/
       dcptool diff captures/ --at 2026-01-02T03:00:00Z --at 2026-01-02T04:00:00Z
+      dcptool diff captures/ --at +30s --at end
       dcptool diff a/ b/ --format jsonl | jq -c 'select(.change=="removed") | .key'
     """
+    from dcptool.replay.check import diff as D
     if at:
         if len(captures) != 1 or len(at) != 2:
             raise click.UsageError("--at compares one capture at two moments: one CAPTURE and --at twice")
-        for text in at:
-            try:
-                parse_timestamp(text)
-            except ValueError as exc:
-                raise click.UsageError(f"--at: {exc}") from None
-        pairs = [(captures[0], at[0]), (captures[0], at[1])]
+        if problem := next(filter(None, map(D.moment_problem, at)), None):
+            raise click.UsageError(f"--at: {problem}")
+        files = _files(captures[0])
+        span = D.capture_span(files)
+        pairs = [(files, D.resolve_moment(text, span, captures[0])) for text in at]
     else:
         if len(captures) != 2:
             raise click.UsageError("give two captures (CAPTURE_A CAPTURE_B), or one capture and --at twice")
-        pairs = [(captures[0], None), (captures[1], None)]
+        pairs = [(_files(captures[0]), None), (_files(captures[1]), None)]
 
-    from dcptool.replay.check import diff as D
     console = err_console()
     with console.status("replaying", spinner="dots"):
         before = _documents(*pairs[0])
         after = _documents(*pairs[1])
     result = D.diff_documents(before, after)
     _print(result, fmt)
-    counts = D.summary(result)
-    console.print(f"{counts['added']} added, {counts['changed']} changed, {counts['removed']} removed "
-                  f"({before.num_rows} -> {after.num_rows} documents)", highlight=False)
+    console.print(D.summary_line(result, before.num_rows, after.num_rows), highlight=False)
     ctx.exit(errors.EXIT_FINDINGS if result.num_rows else errors.EXIT_OK)
 
 

@@ -1,6 +1,7 @@
 """`dcptool inspect CAPTURE...`: what a capture holds, without replaying it. The summary
 is computed by replay/check/summary.py (in bounded memory); this command renders it: tables for
-people, one JSON document with `--json`, on stdout (the summary is the command's data).
+people on a terminal (identical per-vbucket rows as one row of vbucket ranges), one JSON document
+in a pipe or with `--json`, on stdout (the summary is the command's data).
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ import sys
 import click
 
 from dcptool.cli.sources import capture_paths
-from dcptool.cli.view.console import data_console
+from dcptool.cli.view.console import data_console, stdout_is_tty
 
 # Lazy imports: only where start-up time needs them (`inspect --help` loads no pyarrow: the
 # summary and the output load when the command runs).
 
-_LEFT = ("file", "op", "command", "stream", "instance", "reason", "error", "capture_id", "started_at",
+_LEFT = ("vbuckets", "file", "op", "command", "stream", "instance", "reason", "error", "capture_id", "started_at",
          "node", "from node", "via", "active", "ts")
 _FOLD = ("file", "error")  # long text that may wrap on a terminal; ids, names, numbers stay whole
 
@@ -28,7 +29,7 @@ def render(summary: dict, console) -> None:
     from rich.text import Text
 
     from dcptool.cli.view.output import printable
-    from dcptool.replay.check.summary import lag_text
+    from dcptool.replay.check.summary import collapsed, lag_text, vb_table
 
     class _Table(Table):
         def add_row(self, *cells, **kw):
@@ -73,16 +74,16 @@ def render(summary: dict, console) -> None:
         kinds.add_row(str(k), f"{v:,}")
     console.print(kinds)
     if summary["protocol"] == "dcp":
-        keys = ("vbucket", "items", "first_seqno", "last_seqno", "min_seqno", "max_seqno", "snapshots", "rollbacks",
-                "stream_end_reason")
-        listed("vbuckets", ("vbucket", "items", "first seqno", "last seqno", "min", "max", "snapshots", "rollbacks",
-                            "stream end"), [["" if v[k] is None else f"{v[k]}" for k in keys] for v in summary["vbuckets"]])
+        title, head, cells, line = vb_table(summary["vbuckets"])   # identical rows as vbucket ranges
+        listed(title, head, cells)
+        if line:
+            console.print(line, highlight=False, markup=False)
         console.print(f"snapshots: {summary['snapshots']:,}", highlight=False)
-        listed("rollbacks", ("vbucket", "rollback seqno", "frame_no"),
-               [(str(r["vbucket"]), str(r["rollback_seqno"]), str(r["frame_no"])) for r in summary["rollbacks"]])
-        listed("stream ends", ("vbucket", "reason", "frame_no"),
-               [(str(r["vbucket"]), f"{r['reason']} ({r['reason_name']})", str(r["frame_no"]))
-                for r in summary["stream_ends"]])
+        listed("rollbacks", ("vbuckets", "rollback seqno", "frame_no"),
+               collapsed(((r["vbucket"], (str(r["rollback_seqno"]),), r["frame_no"]) for r in summary["rollbacks"])))
+        listed("stream ends", ("vbuckets", "reason", "frame_no"),
+               collapsed(((r["vbucket"], (f"{r['reason']} ({r['reason_name']})",), r["frame_no"])
+                          for r in summary["stream_ends"])))
         listed("cluster config revisions", ("rev", "ts", "from node", "via", "vbuckets", "active"),
                [(f"{c['rev_epoch']}:{c['rev']}", c["ts"] or "", c["node"] or "", c["via"], str(c["vbuckets"]),
                  ", ".join(f"{k} {v}" for k, v in c["active"].items())) for c in summary.get("configs") or ()])
@@ -106,8 +107,10 @@ def render(summary: dict, console) -> None:
 
 @click.command("inspect")
 @click.argument("captures", nargs=-1, required=True)
-@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
-def inspect_cmd(captures, as_json):
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default=None,
+              help="Tables on a terminal, one JSON document in a pipe (default).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout (--format json).")
+def inspect_cmd(captures, fmt, as_json):
     """Summarise captures: files, rows, time span, rows per op/command and per node, seqno
     ranges per vbucket, snapshots, rollbacks, stream ends, cluster config revisions, Synapse
     positions and gaps, decode errors, and the head a retention ring dropped (`retained`).
@@ -119,11 +122,12 @@ def inspect_cmd(captures, as_json):
     Examples:
       dcptool inspect captures/
       dcptool inspect captures/ --json | jq '.vbuckets[] | select(.vbucket == 0)'
+      dcptool inspect captures/ --format table | less
     """
     from dcptool.replay.check.summary import summarize
     paths = capture_paths(captures)
     summary = summarize(paths)
-    if as_json:
+    if as_json or (fmt or ("json" if not stdout_is_tty() else "table")) == "json":
         sys.stdout.write(json.dumps(summary, separators=(",", ":")) + "\n")
         sys.stdout.flush()
         return

@@ -28,7 +28,7 @@ from typing import Any, Callable, Protocol, cast
 import numpy as np
 
 from dcptool.protocol.dcp.client.consumer import Consumer, ConsumerConfig, VbState
-from dcptool.protocol.dcp.wire import columnar
+from dcptool.protocol.dcp.wire import columnar, sniff
 from dcptool.protocol.dcp.wire.constants import DEFAULT_MAX_BODY
 from dcptool.protocol.errors import (
     ConnectFailed,
@@ -175,7 +175,7 @@ class ClientProtocol(asyncio.BufferedProtocol):
             if self.consumer.finished and not self.done.done():
                 self.done.set_result(None)
         if err is not None:
-            raise err
+            raise sniff.first_bytes_error(err, bytes(self._buf[:64]), self.bytes_in == self._end)
         if not self._end:
             self._partial_since = None
         elif consumed or self._partial_since is None:

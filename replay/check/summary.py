@@ -6,7 +6,8 @@ config is), so memory does not grow with the capture."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -347,3 +348,93 @@ class _Summary:
             out["caught_up_rows"] = self.caught_up_rows
         out["decode_errors"] = {"count": self.decode_errors, "examples": self.error_examples}
         return out
+
+
+# ---- inspect's tables: per-vbucket rows collapsed into vbucket ranges (issue 39)
+
+VB_KEYS = ("items", "first_seqno", "last_seqno", "min_seqno", "max_seqno", "snapshots", "rollbacks",
+            "stream_end_reason")
+MAX_VB_ROWS = 32   # more (after collapsing) and the vbuckets table is a min / max / total summary
+
+
+def vb_ranges(vbs: Iterable[int], limit: int | None = None) -> str:
+    """Vbucket numbers as ranges: [0, 1, 2, 3, 7, 9, 10] -> `0-3,7,9-10`; past `limit` ranges the
+    first ones, then `… (N vbuckets)`."""
+    out: list[str] = []
+    ordered = sorted(set(vbs))
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        out.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    if limit is not None and len(out) > limit:
+        return ",".join(out[:limit]) + f",… ({len(ordered):,} vbuckets)"
+    return ",".join(out)
+
+
+def collapsed(rows: Iterable[tuple[int, Sequence[str], int | None]]) -> list[tuple[str, ...]]:
+    """(vbucket, cells, frame_no) rows with identical cells as one row per cells: the vbuckets as
+    ranges, the frame_no alone or as `first..last` (in order of first appearance)."""
+    groups: dict[tuple[str, ...], tuple[list[int], list[int | None]]] = {}
+    for vb, cells, frame_no in rows:
+        vbs, frames = groups.setdefault(tuple(cells), ([], []))
+        vbs.append(vb)
+        frames.append(frame_no)
+    out = []
+    for cells, (vbs, frames) in groups.items():
+        known = [f for f in frames if f is not None]
+        span = "" if not known else str(known[0]) if min(known) == max(known) else f"{min(known)}..{max(known)}"
+        out.append((vb_ranges(vbs, limit=8), *cells, span))
+    return out
+
+
+def vb_runs(rows: list[dict[str, Any]]) -> list[tuple[list[int], tuple[str, ...]]]:
+    """`inspect`'s per-vbucket rows (VB_KEYS as text) as runs of consecutive vbuckets whose
+    rows are identical but for the vbucket: [(vbuckets, cells)] in vbucket order."""
+    runs: list[tuple[list[int], tuple[str, ...]]] = []
+    for v in sorted(rows, key=lambda r: r["vbucket"]):
+        cells = tuple("" if v[k] is None else str(v[k]) for k in VB_KEYS)
+        if runs and runs[-1][1] == cells and runs[-1][0][-1] + 1 == v["vbucket"]:
+            runs[-1][0].append(v["vbucket"])
+        else:
+            runs.append(([v["vbucket"]], cells))
+    return runs
+
+
+def vb_totals(rows: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """min / max / total of each numeric VB_KEYS column (no total of seqnos), as text."""
+    out = []
+    for name, fn in (("min", min), ("max", max), ("total", sum)):
+        cells = []
+        for k in VB_KEYS[:-1]:
+            vals = [v[k] for v in rows if v[k] is not None]
+            cells.append("" if not vals or (name == "total" and "seqno" in k) else f"{fn(vals):,}")
+        out.append((name, cells))
+    return out
+
+
+def vb_end_groups(rows: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """The vbuckets of each stream end reason (`open` for none)."""
+    ends: dict[str, list[int]] = {}
+    for v in rows:
+        ends.setdefault("open" if v["stream_end_reason"] is None else str(v["stream_end_reason"]),
+                        []).append(v["vbucket"])
+    return ends
+
+
+VB_HEAD = ("items", "first seqno", "last seqno", "min", "max", "snapshots", "rollbacks", "stream end")
+
+
+def vb_table(rows: list[dict[str, Any]]) -> tuple[str, tuple[str, ...], list[tuple[str, ...]], str | None]:
+    """(title, header, rows, line) of `inspect`'s vbuckets table: runs of identical rows
+    (vb_runs), or past MAX_VB_ROWS runs a min / max / total table and a line of the vbuckets of
+    each stream end reason (line is None for the runs)."""
+    runs = vb_runs(rows)
+    if len(runs) <= MAX_VB_ROWS:
+        return "vbuckets", ("vbuckets", *VB_HEAD), [(vb_ranges(vbs), *cells) for vbs, cells in runs], None
+    title = f"vbuckets ({len(rows):,}: {vb_ranges(v['vbucket'] for v in rows)}; every row with --json)"
+    line = "stream end per vbucket: " + "; ".join(f"{k}: {len(vbs):,} ({vb_ranges(vbs, limit=4)})"
+                                                  for k, vbs in vb_end_groups(rows).items())
+    return title, ("", *VB_HEAD[:-1]), [(name, *cells) for name, cells in vb_totals(rows)], line

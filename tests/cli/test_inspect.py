@@ -100,7 +100,7 @@ def test_inspect_reads_in_progress_segments(tmp_path):
 
 def test_inspect_human_output(tmp_path):
     dcp_capture(tmp_path).close()
-    code, out, err = run("inspect", str(tmp_path))
+    code, out, err = run("inspect", str(tmp_path), "--format", "table")
     assert code == 0, err
     for text in ("files", "rows per op", "mutation", "vbuckets", "rollbacks", "stream ends",
                  "0 (ok)", "decode errors", "unknown opcode 0xee"):
@@ -136,7 +136,7 @@ def test_inspect_synapse_positions_gaps_and_dropped(tmp_path):
     assert (ev["token"], ev["rows"], ev["batches"], ev["positions"], ev["gaps"]) == (16, 3, 1, 2, 1)
     assert pos[("caches", "w1")]["dropped"] == 1 and pos[("caches", "w1")]["waiting"] == 0
     assert [(g["from_token"], g["to_token"]) for g in s["gaps"]] == [(12, 15)]
-    code, out, err = run("inspect", str(tmp_path))
+    code, out, err = run("inspect", str(tmp_path), "--format", "table")
     assert code == 0 and "positions" in out and "gaps" in out
 
 

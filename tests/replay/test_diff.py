@@ -45,13 +45,14 @@ def test_diff_documents_classifies_every_case():
                dict(vbucket=2, collection_id=None, key=b"nullcid", by_seqno=4, cas=13, state="live"),
                dict(vbucket=1, collection_id=8, key=b"\xff", by_seqno=6, cas=15, state="live")])
     out = D.diff_documents(a, b).to_pylist()
-    assert [(r["change"], r["key"]) for r in out] == [("changed", b"edit"), ("removed", b"gone"), ("added", b"new")]
+    # live -> deleted is a removal (issue 39), with both states shown
+    assert [(r["change"], r["key"]) for r in out] == [("removed", b"edit"), ("removed", b"gone"), ("added", b"new")]
     edit = out[0]
     assert (edit["before_by_seqno"], edit["after_by_seqno"], edit["before_cas"], edit["after_cas"],
             edit["before_state"], edit["after_state"]) == (3, 9, 12, 20, "live", "deleted")
     assert out[1]["after_by_seqno"] is None and out[2]["before_state"] is None
     assert D.diff_documents(a, a).num_rows == 0
-    assert D.summary(D.diff_documents(a, b)) == {"added": 1, "changed": 1, "removed": 1}
+    assert D.summary(D.diff_documents(a, b)) == {"added": 1, "changed": 0, "removed": 2}
 
 
 def test_cli_two_moments_and_two_captures(tmp_path):

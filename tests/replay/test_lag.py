@@ -112,7 +112,7 @@ def test_inspect_names_the_largest_lag(captures):
     want = max(rows, key=lambda r: r["lag_items"])
     largest = summarize([str(base / "cut")])["largest_lag"]
     assert largest["lag_items"] == want["lag_items"] > 0 and largest["polls"] >= 1
-    res = run("inspect", str(base / "cut"))
+    res = run("inspect", str(base / "cut"), "--format", "table")
     assert res.returncode == 0, res.stderr
     assert f"largest lag: {want['lag_items']:,} items, vbucket {largest['vbucket']}" in res.stdout
 

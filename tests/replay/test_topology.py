@@ -220,5 +220,5 @@ def test_inspect_shows_nodes_and_config_revisions(tmp_path):
     assert doc["nodes"] == {k: v for k, v in sorted(want_nodes.items()) if k is not None}
     assert [(c["rev_epoch"], c["rev"]) for c in doc["configs"]] == sorted(truth["first"])
     assert all(c["vbuckets"] == sum(c["active"].values()) > 0 for c in doc["configs"])
-    code, out, err = run("inspect", tmp_path / "cluster-42")
+    code, out, err = run("inspect", tmp_path / "cluster-42", "--format", "table")
     assert code == 0 and "cluster config revisions" in out and "nodes" in out, err

@@ -107,7 +107,7 @@ def test_inspect_and_report_say_the_capture_is_a_retained_window(ring, tmp_path)
     assert (window["segments_dropped"], window["rows_dropped"]) == (3, rec["rows_dropped"])
     assert window["vbuckets"] == [{"vbucket": int(vb), "last_seqno": s["last_seqno"]}
                                   for vb, s in sorted(rec["vbuckets"].items(), key=lambda x: int(x[0]))]
-    assert "retained window: a retention ring dropped the oldest 3 segment(s)" in run("inspect", d).stdout
+    assert "retained window: a retention ring dropped the oldest 3 segment(s)" in run("inspect", d, "--format", "table").stdout
     res = run("report", d, "-o", str(tmp_path / "r.html"), "--no-verify")
     assert res.returncode == 0, res.stderr
     assert "retained window: a retention ring dropped the oldest 3 segment(s)" in (tmp_path / "r.html").read_text()
