@@ -128,8 +128,10 @@ def _summary_html(d: D.ReportData, paths: list[str]) -> str:
         r = d.retained
         ring = (f"<p class='ring'>retained window: {html.escape(r['note'])} "
                 f"({html.escape(', '.join(r['records']))}; {r['bytes_dropped']:,} bytes dropped)</p>")
+    caught = (f"; {d.caught_up:,} rows caught up from the writers (capture --catch-up)"
+              if d.protocol == "synapse" and d.caught_up else "")
     return (f"<h1>dcptool report: {html.escape(', '.join(paths))}</h1><p class='sum'>{d.protocol}, "
-            f"{len(d.segments)} segment(s), {d.frames:,} frames, {d.bytes:,} bytes{span}; "
+            f"{len(d.segments)} segment(s), {d.frames:,} frames, {d.bytes:,} bytes{span}{caught}; "
             f"dcptool {html.escape(__version__)}</p>{ring}")
 
 

@@ -60,6 +60,7 @@ class ReportData:
     top_keys: list = field(default_factory=list)        # (key text, collection id, changes)
     lag: dict | None = None                             # node -> (bin start ns, highest lag_items); None: no `lag` table
     retained: dict | None = None                        # what a retention ring dropped (summary.retained_window)
+    caught_up: int = 0                                  # Synapse: RDATA rows a catch-up fetched (direction catch-up)
 
 
 class _Acc:
@@ -67,6 +68,7 @@ class _Acc:
 
     def __init__(self, protocol: str, t0: int, width: int, nbins: int):
         self.protocol = protocol
+        self.caught_up = 0
         self.t0, self.width, self.nbins = t0, width, nbins
         self.frames_per_bin = np.zeros(nbins, np.int64)
         self.bytes_per_bin = np.zeros(nbins, np.int64)
@@ -204,6 +206,9 @@ class _Acc:
         for s, n in zip(*[a.tolist() for a in np.unique(np.array(streams, dtype=object), return_counts=True)]
                         ) if streams else ():
             self.kinds[s] = self.kinds.get(s, 0) + n
+        caught = pc.and_(pc.equal(cmd, "RDATA").fill_null(False),
+                         pc.equal(t.column("direction"), "catch-up").fill_null(False))
+        self.caught_up += pc.sum(pc.cast(caught, "int64")).as_py() or 0
         err = t.filter(pc.equal(cmd, "ERROR").fill_null(False))
         self.mark("ERROR", _ns(err.column("ts")), (str(a)[:120] for a in err.column("args").to_pylist()))
 
@@ -214,6 +219,7 @@ class _Acc:
         data.frames, data.bytes = self.frames, self.bytes
         data.marks = {k: [tuple(v[b]) for b in sorted(v)] for k, v in self.marks.items()}
         data.mark_counts, data.kinds = self.mark_counts, self.kinds
+        data.caught_up = self.caught_up
         data.progress_series = len(self.series_changes)
         busiest = sorted(self.series_changes, key=lambda s: (-self.series_changes[s], s))[:max_series]
         names = {v: k for k, v in self.series_names.items()}

@@ -136,6 +136,9 @@ def test_capture_catches_up_what_the_server_skipped(serve, tmp_path):
     assert gets and all(b"get_repl_stream_updates/" in g for g in gets)
     verify = run("verify", str(caught_dir))
     assert verify.exit_code == 0, verify.stdout + verify.stderr
+    report = run("report", str(caught_dir), "-o", str(tmp_path / "r.html"), "--no-verify")
+    assert report.exit_code == 0, report.stderr
+    assert f"{summary['caught_up_rows']:,} rows caught up" in (tmp_path / "r.html").read_text()
     inspect = orjson.loads(run("inspect", str(caught_dir), "--json").stdout)
     assert inspect["caught_up_rows"] == summary["caught_up_rows"] and inspect["gaps"] == []
     assert inspect["directions"]["catch-up"] >= summary["caught_up_rows"]
