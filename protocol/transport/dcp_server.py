@@ -16,9 +16,13 @@ import errno
 import logging
 import ssl
 import time
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
-from dcptool.protocol.dcp.server.producer import ServerModel, rate_items
+from dcptool.protocol.dcp.server.producer import (
+    ProducerConnection,
+    ServerModel,
+    rate_items,
+)
 from dcptool.protocol.dcp.wire.constants import DEFAULT_MAX_BODY
 from dcptool.protocol.dcp.wire.frames import split_until_error
 from dcptool.protocol.transport.reaper import Reaper
@@ -37,18 +41,18 @@ class _ServerProtocol(asyncio.Protocol):
     def __init__(self, server: "ProducerServer", node: int = 0) -> None:
         self.server = server
         self.node = node
-        self.conn = None
+        self.conn: ProducerConnection | None = None
         self.transport: asyncio.Transport | None = None
         self.wake = asyncio.Event()
         self.can_write = asyncio.Event()
         self.can_write.set()
-        self.task = None
+        self.task: asyncio.Task[None] | None = None
         self.inbox = bytearray()        # received, not yet answered (whole requests and a partial one)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)   # a stream server's (TCP, TLS): a Transport
         tune_socket(transport)
-        transport.set_write_buffer_limits(high=WRITE_HIGH, low=WRITE_LOW)
+        self.transport.set_write_buffer_limits(high=WRITE_HIGH, low=WRITE_LOW)
         model = self.server.model
         # node-aware models (a cluster) learn which node's port the client came to
         self.conn = model.connect(time.monotonic(), self.node) if self.node else model.connect(time.monotonic())
@@ -133,7 +137,8 @@ class _ServerProtocol(asyncio.Protocol):
             transport.resume_reading()
 
     async def _writer(self) -> None:
-        conn = self.conn
+        conn, transport = self.conn, self.transport
+        assert conn is not None and transport is not None, "started by connection_made"
         try:
             while True:
                 if self.server.muted(self.node):   # silent, the socket left open
@@ -148,7 +153,7 @@ class _ServerProtocol(asyncio.Protocol):
                 self._write(chunks)
                 self.server.wake_on_topology_change()
                 if conn.closed:
-                    self.transport.close()   # flushes what is buffered first
+                    transport.close()   # flushes what is buffered first
                     return
                 if chunks:
                     if not self.can_write.is_set():
@@ -167,7 +172,7 @@ class _ServerProtocol(asyncio.Protocol):
             pass
         except Exception:  # noqa: BLE001 - a producer bug must not kill the server
             log.exception("producer connection failed")
-            self.transport.abort()
+            transport.abort()
 
 
 class ProducerServer:

@@ -8,15 +8,21 @@ from __future__ import annotations
 import dataclasses
 import random
 import zlib
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Union
 
 import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from dcptool.protocol.dcp.server.manifest import Manifest
 
 MAX_VBUCKETS = 1024
 
 # --------------------------------------------------------------------------- rollback
 
 def rollback_seqno(*, start: int, vb_uuid: int, snap_start: int, snap_end: int,
-                   failover_log, high_seqno: int, purge_seqno: int = 0,
+                   failover_log: Sequence[tuple[int, int]], high_seqno: int, purge_seqno: int = 0,
                    client_purge_seqno: int | None = None, strict: bool = False) -> int | None:
     """The producer's decision (DCP_DIGEST §6.2, kv_engine FailoverTable::needsRollback):
     None for no rollback, else the seqno to roll back to. failover_log is newest first."""
@@ -74,6 +80,11 @@ def _mutation_dtype(key_len: int, value_len: int) -> np.dtype:
     return np.dtype(fields)
 
 
+# VBucket.encoded: per connection variant, its disk mutations pre-encoded (a record array,
+# disk_records) or Snappy-compressed (blob, frame starts) under ("snappy", ...) (compress.py)
+Encoded = Union[np.ndarray, tuple[bytes, npt.NDArray[np.int64]]]
+
+
 class VBucket:
     """One vbucket: seqno == position + 1 over disk items then memory items."""
 
@@ -91,7 +102,7 @@ class VBucket:
         self.checkpoint_items = checkpoint_items
         self.purge_seqno = 0
         self.durable_floor = 0                # last acknowledged durable write: never lost (kv.py)
-        self.encoded: dict[tuple, np.ndarray] = {}
+        self.encoded: dict[tuple[object, ...], Encoded] = {}
 
     @property
     def high_seqno(self) -> int:
@@ -106,7 +117,7 @@ class VBucket:
         return Item(seqno, bytes(self.disk_keys[i]), bytes(self.disk_values[i]), 1, self.cas_base + seqno,
                     cid=int(self.disk_cids[i]))
 
-    def items(self):
+    def items(self) -> Iterator[Item]:
         """Every item of the history, in seqno order (tests and tools)."""
         for s in range(1, self.disk_high + 1):
             yield self.disk_item(s)
@@ -121,9 +132,9 @@ class VBucket:
     def disk_records(self, collections: bool, no_value: bool, json: bool) -> np.ndarray:
         """The pre-encoded disk mutations (opaque 0) for one connection variant."""
         variant = (collections, no_value, json)
-        recs = self.encoded.get(variant)
-        if recs is not None and len(recs) >= self.disk_high:
-            return recs[:self.disk_high]
+        hit = self.encoded.get(variant)
+        if isinstance(hit, np.ndarray) and len(hit) >= self.disk_high:
+            return hit[:self.disk_high]
         n = self.disk_high
         keys = self.disk_keys[:n]
         if collections:  # the collection id as a one-byte LEB128 prefix
@@ -206,7 +217,7 @@ class Bucket:
     (128 with the default 61)."""
 
     def __init__(self, name: str = "default", num_vbuckets: int = 64, items: int = 10_000,
-                 seed: int = 0, value_size: int = 61, checkpoint_items: int = 100, manifest=None):
+                 seed: int = 0, value_size: int = 61, checkpoint_items: int = 100, manifest: Manifest | None = None):
         if not 1 <= num_vbuckets <= MAX_VBUCKETS:
             raise ValueError(f"vbuckets must be 1..{MAX_VBUCKETS}")
         value_size = max(value_size, 24)

@@ -16,9 +16,13 @@ import dataclasses
 import json
 import random
 import re
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from dcptool.protocol.dcp.server.cluster import Event
+from dcptool.protocol.dcp.server.cluster import Change, Cluster, Event, Move
 from dcptool.protocol.errors import DcptoolError
+
+if TYPE_CHECKING:
+    from dcptool.protocol.dcp.server.shared import ServerModel
 
 KINDS = ("rebalance-in", "rebalance-out", "swap", "rebalance-stop", "graceful-failover", "hard-failover",
          "delta-recovery", "full-recovery", "hang", "restart", "rev-epoch")
@@ -85,13 +89,14 @@ def from_json(text: str) -> Schedule:
     if not isinstance(d, dict) or not isinstance(d.get("events"), list):
         raise ScheduleError('not a schedule: an object with "events" (a list) is expected')
 
-    def integer(obj, key, default=None, low=0):
+    def integer(obj: dict[str, Any], key: str, default: int | None = None, low: int = 0) -> int:
         v = obj.get(key, default)
-        if v is None and default is None and key in ("node", "other", "loss", "seed"):
-            return None
         if not isinstance(v, int) or isinstance(v, bool) or v < low:
             raise ScheduleError(f"{key!r} must be an integer >= {low}, not {v!r}")
         return v
+
+    def optional(obj: dict[str, Any], key: str) -> int | None:    # node, other, loss: null or absent is None
+        return None if obj.get(key) is None else integer(obj, key)
 
     nodes = integer(d, "nodes", low=1)
     spares = integer(d, "spares", 0)
@@ -102,7 +107,7 @@ def from_json(text: str) -> Schedule:
         if not isinstance(e, dict) or e.get("kind") not in KINDS:
             raise ScheduleError(f"event {i}: kind must be one of {', '.join(KINDS)}, not "
                                 f"{e.get('kind') if isinstance(e, dict) else e!r}")
-        ev = Event(integer(e, "at", low=1), e["kind"], integer(e, "node"), integer(e, "loss"), integer(e, "other"))
+        ev = Event(integer(e, "at", low=1), e["kind"], optional(e, "node"), optional(e, "loss"), optional(e, "other"))
         need = _params(ev.kind)
         for f in ("node", "other", "loss"):
             if (f in need) != (getattr(ev, f) is not None):
@@ -198,10 +203,9 @@ def draw(seed: int, nodes: int, replicas: int, frames: int, max_loss: int = 10,
     for at in ats:
         options = _eligible(state, replicas, degraded)
         kind = rng.choice(sorted(options))
-        node = rng.choice(options[kind]) if options[kind] else None
-        other = loss = None
-        if kind == "swap":
-            node, other = node
+        pick = rng.choice(options[kind]) if options[kind] else None
+        node, other = pick if isinstance(pick, tuple) else (pick, None)     # a tuple: a swap's (node, other)
+        loss = None
         if kind in LOSSY:
             loss = rng.randint(0, max_loss)
         events.append(Event(at, kind, node, loss, other))
@@ -209,12 +213,12 @@ def draw(seed: int, nodes: int, replicas: int, frames: int, max_loss: int = 10,
     return Schedule(seed, nodes, replicas, spares, tuple(events))
 
 
-def _eligible(state: dict[int, str], replicas: int, degraded: bool) -> dict[str, list]:
+def _eligible(state: dict[int, str], replicas: int, degraded: bool) -> dict[str, list[int] | list[tuple[int, int]]]:
     members = [n for n, s in state.items() if s == "in"]
     movable = [n for n in members if n != 0]
     free = [n for n, s in state.items() if s in ("spare", "out")]
     failed = [n for n, s in state.items() if s == "failed"]
-    out: dict[str, list] = {"rev-epoch": [], "restart": members}
+    out: dict[str, list[int] | list[tuple[int, int]]] = {"rev-epoch": [], "restart": members}
     if len(members) >= 2:
         out["rebalance-stop"] = []
     if free:
@@ -233,17 +237,22 @@ def _eligible(state: dict[int, str], replicas: int, degraded: bool) -> dict[str,
     return out
 
 
-def _advance(state: dict[int, str], kind: str, node, other, degraded: bool) -> bool:
+def _advance(state: dict[int, str], kind: str, node: int | None, other: int | None, degraded: bool) -> bool:
+    """The node states after the event (load() and draw() give every event its nodes)."""
     if kind in ("rebalance-in", "delta-recovery", "full-recovery"):
+        assert node is not None
         state[node] = "in"
         return False
     if kind == "rebalance-out":
+        assert node is not None
         state[node] = "out"
         return False
     if kind == "swap":
+        assert node is not None and other is not None
         state[node], state[other] = "out", "in"
         return False
     if kind in ("graceful-failover", "hard-failover", "hang"):
+        assert node is not None
         state[node] = "failed"
         return True
     return degraded
@@ -251,7 +260,7 @@ def _advance(state: dict[int, str], kind: str, node, other, degraded: bool) -> b
 
 # --------------------------------------------------------------------------- invariants
 
-def snapshot(cluster) -> dict:
+def snapshot(cluster: Cluster) -> dict[str, Any]:
     """What `check` compares against: each vbucket's high seqno and failover log, and the
     data failed-over nodes left with."""
     return {"high": [v.high_seqno for v in cluster.bucket.vbuckets],
@@ -259,13 +268,13 @@ def snapshot(cluster) -> dict:
             "held": {n: dict(h) for n, h in cluster.held.items()}}
 
 
-def check(cluster, change, before: dict) -> list[str]:
+def check(cluster: Cluster, change: Change, before: dict[str, Any]) -> list[str]:
     """The invariants after one event; a list of what is broken (empty: all hold)."""
     problems = _map_problems(cluster) + _recovery_problems(cluster, change, before)
-    moved = {}
-    for mv in change.moves:
-        if mv.new >= 0:
-            moved[mv.vb] = mv
+    moved: dict[int, Move] = {}
+    for move in change.moves:
+        if move.new >= 0:
+            moved[move.vb] = move
     bound = cluster.loss_bound
     if change.loss and bound is not None and change.loss > bound:
         problems.append(f"{change.kind} lost {change.loss} seqnos, above the loss bound {bound} (--failover-loss)")
@@ -289,13 +298,13 @@ def check(cluster, change, before: dict) -> list[str]:
     return problems
 
 
-def _recovery_problems(cluster, change, before: dict) -> list[str]:
+def _recovery_problems(cluster: Cluster, change: Change, before: dict[str, Any]) -> list[str]:
     """Delta recovery keeps the node's data (rolled back to where each vbucket branched
     since it left) and streams the difference; full recovery starts empty; either way the
     node's copies end whole (kept + streamed = the high seqno)."""
     if change.kind not in ("delta-recovery", "full-recovery"):
         return []
-    out = []
+    out: list[str] = []
     held = before.get("held", {}).get(change.node, {})
     holds = {vb for vb, row in enumerate(cluster.vbmap) if change.node in row}
     if {vb for vb, _, _ in change.recovered} != holds:
@@ -320,8 +329,8 @@ def _recovery_problems(cluster, change, before: dict) -> list[str]:
     return out
 
 
-def _map_problems(cluster) -> list[str]:
-    out = []
+def _map_problems(cluster: Cluster) -> list[str]:
+    out: list[str] = []
     for node in cluster.muted:
         if cluster.nodes[node].serving:
             out.append(f"node {node} stopped answering but is still in the map")
@@ -339,7 +348,7 @@ def _map_problems(cluster) -> list[str]:
     return out
 
 
-def _log_problems(vb: int, log, high: int) -> list[str]:
+def _log_problems(vb: int, log: list[tuple[int, int]], high: int) -> list[str]:
     if not log or len(log) > MAX_LOG:
         return [f"vbucket {vb}: {len(log)} failover entries (1..{MAX_LOG})"]
     out = []
@@ -354,10 +363,9 @@ def _log_problems(vb: int, log, high: int) -> list[str]:
 
 # --------------------------------------------------------------------------- a server
 
-def install(model, schedule: Schedule, seed: int = 0, loss_bound: int | None = None):
+def install(model: ServerModel, schedule: Schedule, seed: int = 0, loss_bound: int | None = None) -> Cluster:
     """Give `model` (shared.server_from_options with schedule.nodes, no events) the
     schedule's cluster: its nodes plus spares, the events, the loss bound checked."""
-    from dcptool.protocol.dcp.server.cluster import Cluster
     bucket = next(iter(model.buckets.values()))
     cl = Cluster(bucket, schedule.nodes, schedule.replicas, seed, schedule.spares, events=schedule.events)
     cl.loss_bound = loss_bound
@@ -372,5 +380,5 @@ class _Checker:
     check = staticmethod(check)
 
 
-def _raise(message: str):
+def _raise(message: str) -> NoReturn:
     raise InvariantBroken(message)

@@ -5,7 +5,7 @@ patched in, like the fixed-size frames of producer_bucket.disk_records."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import cramjam
 import numpy as np
@@ -23,8 +23,8 @@ def compressed_disk_frames(vb: VBucket, collections: bool, no_value: bool, json:
     """(blob, starts) of the vbucket's disk mutations with Snappy values (datatype | 0x02),
     opaque 0; frame i (seqno i + 1) is blob[starts[i]:starts[i + 1]]."""
     key = ("snappy", collections, no_value, json)
-    hit: Any = vb.encoded.get(key)      # (blob, starts) under this key; record arrays under the others
-    if hit is not None and len(hit[1]) == vb.disk_high + 1:
+    hit = vb.encoded.get(key)      # (blob, starts) under this key; record arrays under the others
+    if isinstance(hit, tuple) and len(hit[1]) == vb.disk_high + 1:
         return (hit[0], hit[1])
     recs: npt.NDArray[np.void] = vb.disk_records(collections, no_value, json)
     n = len(recs)

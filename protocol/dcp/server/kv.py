@@ -33,6 +33,7 @@ from dcptool.protocol.dcp.wire.constants import (
     Opcode,
     Status,
 )
+from dcptool.protocol.dcp.wire.message_types import Message
 from dcptool.protocol.errors import DcptoolError, ProtocolError
 
 MAX_KEY = 250                      # bytes of a key (without its collection prefix)
@@ -60,7 +61,7 @@ class BadRequest(DcptoolError):
 
 # --------------------------------------------------------------------------- request parts
 
-def _key(conn, req) -> tuple[int, bytes]:
+def _key(conn: Any, req: Any) -> tuple[int, bytes]:
     """(collection id, key) of a document command; the collection must exist."""
     raw = req.key
     cid = 0
@@ -82,7 +83,7 @@ def _key(conn, req) -> tuple[int, bytes]:
     return cid, bytes(raw)
 
 
-def _durability(req) -> int:
+def _durability(req: Any) -> int:
     """The durability level asked in the frame infos (0: none)."""
     level = 0
     if getattr(req, "raw_framing", b""):
@@ -97,7 +98,7 @@ def _durability(req) -> int:
     return level
 
 
-def _value(req) -> tuple[bytes, int]:
+def _value(req: Any) -> tuple[bytes, int]:
     """(the value as stored, its datatype): decompressed; JSON when it parses as JSON."""
     value = bytes(req.value)
     dt = req.datatype
@@ -129,40 +130,40 @@ def _is_json(value: bytes) -> bool:
     return True
 
 
-def _need_extras(req, *sizes: int) -> None:
+def _need_extras(req: Any, *sizes: int) -> None:
     if len(req.extras) not in sizes:
         raise BadRequest(Status.EINVAL, f"extras must be {' or '.join(map(str, sizes))} bytes")
 
 
 # --------------------------------------------------------------------------- answers
 
-def _answer(conn, req, status: int = 0, *, extras: bytes = b"", value: bytes = b"", cas: int = 0,
+def _answer(conn: Any, req: Any, status: int = 0, *, extras: bytes = b"", value: bytes = b"", cas: int = 0,
             datatype: int = 0) -> None:
     """A response (magic 0x81): the header packed here, one per request (the hot path)."""
     conn.push(_RSP.pack(0x81, req.op_code, 0, len(extras), datatype, status,
                         len(extras) + len(value), req.opaque, cas) + extras + value)
 
 
-def _error(conn, req, bad: BadRequest) -> None:
+def _error(conn: Any, req: Any, bad: BadRequest) -> None:
     body = bad.body
     if body is None:
         body = json.dumps({"error": {"context": bad.context}}).encode() if bad.context else b""
     _answer(conn, req, bad.status, value=body, datatype=1 if body and conn.json else 0)
 
 
-def _mutation_extras(conn, ix: VbIndex, seqno: int) -> bytes:
+def _mutation_extras(conn: Any, ix: VbIndex, seqno: int) -> bytes:
     """MUTATION_SEQNO: the vbucket uuid and the write's seqno (the SDK's mutation token)."""
     return struct.pack(">QQ", ix.vb.uuid, seqno) if Feature.MUTATION_SEQNO in conn.features else b""
 
 
-def _doc_answer(conn, req, it, cas: int | None = None) -> None:
+def _doc_answer(conn: Any, req: Any, it: Item, cas: int | None = None) -> None:
     dt = it.datatype if conn.json else 0
     _answer(conn, req, extras=_U32.pack(it.flags), value=it.value, cas=it.cas if cas is None else cas, datatype=dt)
 
 
 # --------------------------------------------------------------------------- commands
 
-def _get(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
+def _get(conn: Any, req: Any, st: KvStore, ix: VbIndex, now: float) -> None:
     _need_extras(req, 0)
     key = _key(conn, req)
     wall = st.wall(now)
@@ -173,7 +174,7 @@ def _get(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
     _doc_answer(conn, req, it, LOCKED_CAS if locked else None)
 
 
-def _current(ix: VbIndex, key, wall: float, cas: int, missing: int = Status.KEY_ENOENT):
+def _current(ix: VbIndex, key: tuple[int, bytes], wall: float, cas: int, missing: int = Status.KEY_ENOENT) -> Item | None:
     """The live document (or None) a write applies to, after kv_engine's checks: a durable
     write in progress on the key, a lock (only its CAS opens it), the CAS (if one is given,
     the document must exist: `missing` otherwise, and have that CAS)."""
@@ -185,14 +186,15 @@ def _current(ix: VbIndex, key, wall: float, cas: int, missing: int = Status.KEY_
         if cas != lock:
             raise BadRequest(Status.LOCKED)
         return cur
-    if cas and cur is None:
-        raise BadRequest(missing)
-    if cas and cur.cas != cas:
-        raise BadRequest(Status.KEY_EEXISTS)
+    if cas:
+        if cur is None:
+            raise BadRequest(missing)
+        if cur.cas != cas:
+            raise BadRequest(Status.KEY_EEXISTS)
     return cur
 
 
-def _get_locked(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
+def _get_locked(conn: Any, req: Any, st: KvStore, ix: VbIndex, now: float) -> None:
     """GET_LOCKED (get-and-lock): extras the lock time in seconds (0 or above 30: 15). The
     answer carries a lock CAS, the only one that writes or unlocks the document until the
     lock ends; GET answers CAS -1 meanwhile. A lock is no change: no seqno, nothing streamed."""
@@ -211,7 +213,7 @@ def _get_locked(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
     _doc_answer(conn, req, it, lock)
 
 
-def _unlock(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
+def _unlock(conn: Any, req: Any, st: KvStore, ix: VbIndex, now: float) -> None:
     """UNLOCK_KEY: the lock CAS ends the lock; NOT_LOCKED when there is none, LOCKED for
     another CAS."""
     _need_extras(req, 0)
@@ -228,7 +230,7 @@ def _unlock(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
     _answer(conn, req)
 
 
-def _store(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
+def _store(conn: Any, req: Any, st: KvStore, ix: VbIndex, now: float) -> None:
     """SET (upsert), ADD (insert), REPLACE: flags and expiry in the extras, CAS optional
     (not for ADD)."""
     _need_extras(req, 8)
@@ -249,7 +251,7 @@ def _store(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
            expiry=st.absolute_expiry(expiry, now), wall=wall)
 
 
-def _remove(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
+def _remove(conn: Any, req: Any, st: KvStore, ix: VbIndex, now: float) -> None:
     _need_extras(req, 0)
     key = _key(conn, req)
     level = _durability(req)
@@ -265,7 +267,7 @@ def _remove(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
     _answer(conn, req, extras=_mutation_extras(conn, ix, it.seqno), cas=it.cas)
 
 
-def _touch(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
+def _touch(conn: Any, req: Any, st: KvStore, ix: VbIndex, now: float) -> None:
     """TOUCH (a new expiry) and GAT (get and touch): a new version at a new seqno, the
     same value, a new CAS; durable as any write (kv_engine takes durability on both)."""
     _need_extras(req, 4)
@@ -288,7 +290,7 @@ def _gat_reply(conn: Any, req: Any, ix: VbIndex, it: Item) -> None:
     _doc_answer(conn, req, it)
 
 
-def _get_meta(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
+def _get_meta(conn: Any, req: Any, st: KvStore, ix: VbIndex, now: float) -> None:
     """GET_META (the SDK's exists): deleted, flags, expiry, seqno (+ datatype, version 2);
     a tombstone answers too, with deleted = 1."""
     _need_extras(req, 0, 1)
@@ -304,7 +306,7 @@ def _get_meta(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
     _answer(conn, req, extras=extras, cas=it.cas)
 
 
-def _check_durable(conn, ix: VbIndex) -> None:
+def _check_durable(conn: Any, ix: VbIndex) -> None:
     """DURABILITY_IMPOSSIBLE unless the vbucket's chain (active + replicas) has a majority
     of live nodes: majority = (replicas + 1) // 2 + 1 of the configured copies."""
     cl = conn.server.cluster_for(conn.bucket)
@@ -321,7 +323,7 @@ def _mutation_reply(conn: Any, req: Any, ix: VbIndex, it: Item) -> None:
     _answer(conn, req, extras=_mutation_extras(conn, ix, it.seqno), cas=it.cas)
 
 
-def _write(conn, req, st: KvStore, ix: VbIndex, key, level: int, *, value: bytes, dt: int, flags: int,
+def _write(conn: Any, req: Any, st: KvStore, ix: VbIndex, key: tuple[int, bytes], level: int, *, value: bytes, dt: int, flags: int,
            expiry: int, wall: float, reply: Callable[..., None] = _mutation_reply) -> None:
     """One write at the next seqno, answered by `reply(conn, req, ix, item)`: now, or for a
     durable write (level > 0) a DCP prepare now and the answer with its commit (complete)."""
@@ -340,13 +342,13 @@ def _write(conn, req, st: KvStore, ix: VbIndex, key, level: int, *, value: bytes
     reply(conn, req, ix, it)
 
 
-def _written(conn, st: KvStore) -> None:
+def _written(conn: Any, st: KvStore) -> None:
     st.writes += 1
     conn.bucket.generation += 1
     conn.server.kv_writes = getattr(conn.server, "kv_writes", 0) + 1
 
 
-def complete(conn) -> None:
+def complete(conn: Any) -> None:
     """The replicas acknowledged: commit the connection's durable writes in progress and
     answer them (the commit at the next seqno, the prepare's CAS)."""
     pending = getattr(conn, "kv_pending", None)
@@ -365,7 +367,7 @@ def complete(conn) -> None:
         reply(conn, req, ix, c)
 
 
-def _collection_id(conn, req) -> None:
+def _collection_id(conn: Any, req: Any) -> None:
     """GET_COLLECTION_ID: "scope.collection" in the key (or the value) -> the manifest uid
     and the collection id in the extras; UNKNOWN_SCOPE / UNKNOWN_COLLECTION otherwise."""
     man = getattr(conn.bucket, "manifest", None)
@@ -382,7 +384,7 @@ def _collection_id(conn, req) -> None:
     _answer(conn, req, extras=struct.pack(">QI", man.uid, col.cid))
 
 
-def _counter(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
+def _counter(conn: Any, req: Any, st: KvStore, ix: VbIndex, now: float) -> None:
     """INCREMENT / DECREMENT: extras delta u64, initial u64, expiry u32. A missing document
     is created with `initial` (unless expiry is 0xffffffff: KEY_ENOENT); the value is ASCII
     decimal (DELTA_BADVAL otherwise); increment wraps at 2^64, decrement stops at 0. The
@@ -412,7 +414,7 @@ def _counter(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
            reply=reply)
 
 
-def _concat(conn, req, st: KvStore, ix: VbIndex, now: float) -> None:
+def _concat(conn: Any, req: Any, st: KvStore, ix: VbIndex, now: float) -> None:
     """APPEND / PREPEND: the value joined to the document's; NOT_STORED when it is missing."""
     _need_extras(req, 0)
     key = _key(conn, req)
@@ -436,7 +438,8 @@ DOCUMENT_COMMANDS = {
     Opcode.APPEND: _concat, Opcode.PREPEND: _concat, Opcode.GET_LOCKED: _get_locked, Opcode.UNLOCK_KEY: _unlock,
     **META_COMMANDS,    # GET_META and the writes with meta: kv_meta.py
 }
-TYPED_REQUESTS = META_MESSAGES   # decoded forms routed here besides the generic Request
+# decoded forms routed here besides the generic Request (kv_meta's set infers as frozenset[type])
+TYPED_REQUESTS: frozenset[type[Message]] = frozenset(c for c in META_MESSAGES if issubclass(c, Message))
 OPCODES = frozenset(DOCUMENT_COMMANDS) | {Opcode.NOOP_CLIENT, Opcode.GET_COLLECTION_ID}
 # The commands kv_engine takes durability on (its is_durability_supported, sub-document
 # commands aside); any other with a durability frame info is EINVAL, as kv_engine answers.
@@ -444,16 +447,16 @@ DURABLE_COMMANDS = frozenset({Opcode.SET, Opcode.ADD, Opcode.REPLACE, Opcode.DEL
                               Opcode.DECREMENT, Opcode.APPEND, Opcode.PREPEND, Opcode.TOUCH, Opcode.GAT})
 
 
-def _serves(conn, req) -> bool:
+def _serves(conn: Any, req: Any) -> bool:
     """The node holds the vbucket in the state the command needs: active, or a replica for
     GET_REPLICA (a single node is active for every vbucket and has no replicas)."""
     if req.op_code != Opcode.GET_REPLICA:
-        return conn.owned(req.vbucket)
+        return bool(conn.owned(req.vbucket))
     cl = conn.server.cluster_for(conn.bucket)
     return cl is not None and conn.node in cl.vbmap[req.vbucket][1:]
 
 
-def handle(conn, req, now: float) -> None:
+def handle(conn: Any, req: Any, now: float) -> None:
     """Answer one KV request (req: a generic messages.Request or one of TYPED_REQUESTS, opcode
     in OPCODES)."""
     op = req.op_code
@@ -481,7 +484,7 @@ def handle(conn, req, now: float) -> None:
         _error(conn, req, bad)
 
 
-def tick(conn, now: float) -> None:
+def tick(conn: Any, now: float) -> None:
     """The connection's timer: durable writes complete, the expiry pager runs when due."""
     complete(conn)
     st = getattr(conn.bucket, "kv", None) if conn.bucket is not None else None
@@ -489,7 +492,7 @@ def tick(conn, now: float) -> None:
         conn.server.kv_writes = getattr(conn.server, "kv_writes", 0) + 1
 
 
-def deadline(conn, now: float) -> float | None:
+def deadline(conn: Any, now: float) -> float | None:
     """When tick() next has KV work to do (None: nothing)."""
     if getattr(conn, "kv_pending", None):
         return now

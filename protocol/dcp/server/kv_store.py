@@ -22,8 +22,9 @@ cut the history short. Time is an argument (`now`, monotonic seconds); the wall 
 from __future__ import annotations
 
 import time
+from typing import Any
 
-from dcptool.protocol.dcp.server.bucket import Item, VBucket
+from dcptool.protocol.dcp.server.bucket import Bucket, Item, VBucket
 
 RELATIVE_EXPIRY_MAX = 30 * 24 * 3600     # Couchbase: up to 30 days is relative
 DEFAULT_PAGER_INTERVAL = 10.0            # seconds between expiry pager runs
@@ -162,7 +163,7 @@ class VbIndex:
 class KvStore:
     """The live documents of one bucket, an index per vbucket made when first used."""
 
-    def __init__(self, bucket, pager_interval: float = DEFAULT_PAGER_INTERVAL, wall_offset: float | None = None):
+    def __init__(self, bucket: Bucket, pager_interval: float = DEFAULT_PAGER_INTERVAL, wall_offset: float | None = None):
         self.bucket = bucket
         self.pager_interval = pager_interval
         self.wall_offset = time.time() - time.monotonic() if wall_offset is None else wall_offset
@@ -215,8 +216,9 @@ class KvStore:
         return n
 
 
-def store_of(bucket, server=None) -> KvStore:
-    """The bucket's KV store, made on first use (the server's `expiry_pager` interval)."""
+def store_of(bucket: Any, server: Any = None) -> KvStore:
+    """The bucket's KV store, made on first use (the server's `expiry_pager` interval); `bucket`: a
+    generated Bucket, which gains the attribute `kv`."""
     st = getattr(bucket, "kv", None)
     if st is None:
         st = bucket.kv = KvStore(bucket, getattr(server, "expiry_pager", DEFAULT_PAGER_INTERVAL))

@@ -597,4 +597,4 @@ class ProducerConnection:
     }
 
 
-ServerModel.connection_class = ProducerConnection  # type: ignore[assignment]  # shared.py: None until here
+ServerModel.connection_class = ProducerConnection  # shared.py: None until here

@@ -150,8 +150,8 @@ class Stream:
         if self.cursor < vb.disk_high:
             last = min(vb.disk_high, self.end)
             if producer_oso.uses_oso(self):     # out of sequence order, between OSO markers
-                self.segments.extend(Fixed(p.tobytes(), p.dtype.itemsize, len(p)) if kind == "records" else Var(p)
-                                     for kind, p in producer_oso.oso_backfill(self, last))
+                self.segments.extend(Var(p) if isinstance(p, list) else Fixed(p.tobytes(), p.dtype.itemsize, len(p))
+                                     for _kind, p in producer_oso.oso_backfill(self, last))   # "frames": a list
                 self.first_marker = False
                 self.cursor = last
                 return True

@@ -14,6 +14,9 @@ checkpoint keeps every step of a durable write); plain changes are, among themse
 
 from __future__ import annotations
 
+from typing import Any
+
+from dcptool.protocol.dcp.server.bucket import Item
 from dcptool.protocol.dcp.wire import messages as m
 
 SYNC_KINDS = ("p", "c", "a")
@@ -21,7 +24,7 @@ VISIBLE = ("m", "d", "x", "c", "sc", "sd")   # what a consumer sees (sc, sd: col
 DURABILITY_MAJORITY = 1
 
 
-def snapshot_items(items: list, sync: bool) -> tuple[list, int | None]:
+def snapshot_items(items: list[Item], sync: bool) -> tuple[list[Item], int | None]:
     """(the items a connection gets from a memory snapshot, in seqno order; the seqno of
     its last visible item, None when none is)."""
     latest: dict[bytes, int] = {}
@@ -44,7 +47,7 @@ def snapshot_items(items: list, sync: bool) -> tuple[list, int | None]:
     return out, mvs
 
 
-def sync_frame(c, vbid: int, opaque: int, it, cid: int | None) -> bytes:
+def sync_frame(c: Any, vbid: int, opaque: int, it: Item, cid: int | None) -> bytes:
     """A prepare, commit or abort as the connection `c` gets it (sync writes enabled)."""
     if it.kind == "p":
         value = b"" if c.no_value else it.value
@@ -56,6 +59,8 @@ def sync_frame(c, vbid: int, opaque: int, it, cid: int | None) -> bytes:
         return m.encode(m.Prepare(vbucket=vbid, opaque=opaque, cas=it.cas, datatype=dt, key=it.key,
                                   collection_id=cid, value=value, by_seqno=it.seqno, rev_seqno=it.rev,
                                   durability=DURABILITY_MAJORITY))
-    cls, field = (m.Commit, "commit_seqno") if it.kind == "c" else (m.Abort, "abort_seqno")
-    return m.encode(cls(vbucket=vbid, opaque=opaque, key=it.key, collection_id=cid, prepared_seqno=it.prepared,
-                        **{field: it.seqno}))
+    if it.kind == "c":
+        return m.encode(m.Commit(vbucket=vbid, opaque=opaque, key=it.key, collection_id=cid,
+                                 prepared_seqno=it.prepared, commit_seqno=it.seqno))
+    return m.encode(m.Abort(vbucket=vbid, opaque=opaque, key=it.key, collection_id=cid, prepared_seqno=it.prepared,
+                            abort_seqno=it.seqno))
