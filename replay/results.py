@@ -132,7 +132,7 @@ def write_tables(out_dir: str | None, chosen: dict, sums: dict | None = None):
                 if path and os.path.exists(path):
                     os.remove(path)
                 raise
-            if digest is not None:
+            if digest is not None and sums is not None:      # (digest is None without sums)
                 sums[name] = (digest.hexdigest(), rows)
         if path:
             yield path, rows

@@ -340,10 +340,10 @@ class _Summary:
         elif self.syn is not None:      # (synapse)
             out["commands"] = kinds
             positions, gaps = self.syn.result()
-            out["gaps"] = [g for g in gaps if not self.cover.covers((g["stream"], g["instance"]),
-                                                                    g["from_token"], g["to_token"])]
+            out["gaps"] = left = [g for g in gaps if not self.cover.covers((g["stream"], g["instance"]),
+                                                                           g["from_token"], g["to_token"])]
             for p in positions:      # gaps a catch-up filled are no gaps
-                p["gaps"] = sum(1 for g in out["gaps"] if (g["stream"], g["instance"]) == (p["stream"], p["instance"]))
+                p["gaps"] = sum(1 for g in left if (g["stream"], g["instance"]) == (p["stream"], p["instance"]))
             out["positions"] = positions
             out["caught_up_rows"] = self.caught_up_rows
         out["decode_errors"] = {"count": self.decode_errors, "examples": self.error_examples}

@@ -55,11 +55,11 @@ class DuckFrames:
         import duckdb
         self.files = files
         self.ranks = discovery.capture_ranks(files)
-        self.facts = None
+        self.facts: plans.PlanFacts | None = None
         self.tmp = tempfile.mkdtemp(prefix="dcptool-duckdb-")
         try:
             paths = _utf8_paths([os.path.abspath(p) for p in _parquet_paths(files, self.tmp)], self.tmp)
-            config = {"temp_directory": os.path.join(self.tmp, "spill")}
+            config: dict[str, str | bool | int | float | list[str]] = {"temp_directory": os.path.join(self.tmp, "spill")}
             if memory:
                 config["memory_limit"] = f"{max(int(memory), MIN_MEMORY) >> 20}MiB"
             self.con = duckdb.connect(":memory:", config=config)
@@ -164,8 +164,9 @@ class DuckFrames:
         branch for its rows only). Registering it loads numpy (DuckDB's Python functions do):
         the `-o` path of a capture without either loads neither numpy nor pyarrow."""
         with self._errors():
+            # a native function (DuckDB's default type): called a row at a time with Python values
             self.con.create_function(bodies.FUNCTION, bodies.split_struct, ["BLOB", "INTEGER"],
-                                     "STRUCT(value BLOB, xattrs VARCHAR)", type="native", side_effects=False)
+                                     "STRUCT(value BLOB, xattrs VARCHAR)", side_effects=False)
 
     def document_counts(self) -> "pa.Table":
         """(vbucket, live, deleted, expired): the documents of each vbucket in each state, a
@@ -203,11 +204,11 @@ class DuckFrames:
 
     def _plan_sql(self, name: str) -> str | None:
         """The plan of `name`, unsorted; None: the table is empty."""
-        self._facts()
-        if name in ("undone", "rollbacks") and not self.facts.rollbacks:
+        facts = self._facts()
+        if name in ("undone", "rollbacks") and not facts.rollbacks:
             # no ROLLBACK answer by the Parquet statistics: both are empty, no query to plan
             return None
-        return plans.table_sql(D, name, self.source, self.facts)
+        return plans.table_sql(D, name, self.source, facts)
 
     def write(self, name: str, path: str) -> int:
         """The plan table `name` written by DuckDB to the Parquet file `path` (one of the
@@ -239,7 +240,7 @@ class DuckFrames:
         con = getattr(self, "con", None)
         if con is not None:
             con.close()
-            self.con = None
+            del self.con       # closed: no connection (getattr above finds none on a second close)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 

@@ -335,7 +335,7 @@ def history_sql(d: Dialect, source: str, ranks: dict[str, int]) -> str:
     closers = "('stream_end', 'stream_req', 'oso_snapshot')"
     snap = d.last_ignore_nulls("CASE WHEN op = 'snapshot_marker' THEN coalesce(CAST(snap_flags AS BIGINT), -1) "
                                f"WHEN op IN {closers} THEN -1 END")
-    cols = dcp_sync.FROM_PREPARE[:2] + ("_cas_bits",) + dcp_sync.FROM_PREPARE[2:]
+    cols: tuple[str, ...] = dcp_sync.FROM_PREPARE[:2] + ("_cas_bits",) + dcp_sync.FROM_PREPARE[2:]
     cols = tuple(c for c in cols if c != "cas")
     prep = d.last_ignore_nulls("CASE WHEN op = 'prepare' THEN " + d.struct(**{c: c for c in cols}, _pseq="_seq")
                                + " END")

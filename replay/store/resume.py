@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -86,7 +87,7 @@ class Recovered(list):
     in-progress file it could not read whole (kept aside as `.arrows.damaged`), and in `torn`
     one line (information) per file whose torn tail it dropped."""
 
-    def __init__(self, paths=(), damaged=(), torn=()):
+    def __init__(self, paths: Iterable[str] = (), damaged: Iterable[str] = (), torn: Iterable[str] = ()) -> None:
         super().__init__(paths)
         self.damaged: list[str] = list(damaged)
         self.torn: list[str] = list(torn)
@@ -188,8 +189,8 @@ def dcp_resume_state(files, initial: dict[int, VbResume] | None = None) -> dict[
     in capture order; with stream ids, each stream's in `streams` of its vbucket's.
     `initial`: the state before these files (the head a retention ring deleted)."""
     state: dict[tuple[int, int], VbResume] = {}     # by (vbucket, stream id; 0 without)
-    for vb, s in (initial or {}).items():
-        for sid, x in (s.streams.items() if s.streams else [(0, s)]):
+    for vb, head in (initial or {}).items():
+        for sid, x in (head.streams.items() if head.streams else [(0, head)]):
             state[(vb, sid)] = dataclasses.replace(x, failover_log=list(x.failover_log), streams={})
     for t in iter_capture_tables(_files(files, "dcp"), DCP_COLUMNS):
         rows = _dcp_rows_that_matter(t)

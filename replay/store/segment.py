@@ -189,7 +189,7 @@ def _statistics_columns(schema: pa.Schema) -> list[str]:
 
 # ------------------------------------------------------------------------- Parquet segment
 
-def parquet_writer(where, schema: pa.Schema, compression: str, key_index: dict | None = None) -> pq.ParquetWriter:
+def parquet_writer(where, schema: pa.Schema, compression: str | dict[str, str], key_index: dict | None = None) -> pq.ParquetWriter:
     """The Parquet writer of a segment, with its encodings (where: a path or a sink; the
     benchmark times the same settings into memory); `key_index`: the Bloom filter options
     of key_index.bloom_options, written with the file when it is finished."""

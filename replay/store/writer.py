@@ -152,8 +152,8 @@ class CaptureWriter:
         self._pending_rows = 0
         self._pending_since = 0.0
 
-        self._ipc = None
-        self._ipc_sink = None
+        self._ipc: ipc.RecordBatchStreamWriter | None = None
+        self._ipc_sink: pa.OSFile | None = None
         self._lock_fd: int | None = None
         self._arrows: str | None = None
         self._pq: ParquetSegment | None = None
@@ -163,7 +163,7 @@ class CaptureWriter:
         self._last_fsync = 0.0
         self._ipc_bytes = 0
         self._finishing: tuple | None = None     # (Finishing, Future) of a rotated segment
-        self._finisher = None
+        self._finisher: concurrent.futures.ThreadPoolExecutor | None = None
         self._encoder: RowGroupEncoder | None = None   # started with the first segment
         self._unfinished: list[str] = []         # in-progress files a disk error left behind
         self._abandoning = False
@@ -415,6 +415,7 @@ class CaptureWriter:
             if self._ipc is None:
                 # the segment's age counts from its first row, not from this flush
                 self._open_segment(min(since, now), max(batches, key=lambda b: b.nbytes))
+            assert self._ipc is not None and self._pq is not None and self._ipc_sink is not None  # open
             for batch in batches:
                 self._ipc.write_batch(batch)
                 self._pq.add(batch)
@@ -437,7 +438,8 @@ class CaptureWriter:
             self._finish_segment(wait=wait)
 
     def _fsync_in_progress(self, now: float) -> None:
-        os.fsync(self._lock_fd)
+        if self._lock_fd is not None:     # always, as tick and flush call it
+            os.fsync(self._lock_fd)
         self._last_fsync = now
 
     def _finish_segment(self, wait: bool = True) -> None:
@@ -447,14 +449,13 @@ class CaptureWriter:
         the network side) for the last row group, the fsync and the rename. One segment
         finishes at a time; finished segments are recorded in order."""
         self._collect_finished(block=True)
-        if self._ipc is None:
+        if self._ipc is None or self._pq is None:      # (no segment open: both None)
             return
         # the last row group goes to the encoder from here, ahead of the next segment's
         self._pq.flush_row_group(wait=False)
         seg = Finishing(self._pq, self._ipc, self._ipc_sink, self._arrows, self._lock_fd,
                          self._ipc_bytes)
-        self._ipc = self._ipc_sink = self._pq = self._arrows = None
-        self._lock_fd = None
+        self._ipc = self._ipc_sink = self._pq = self._arrows = self._lock_fd = None
         self._ipc_bytes = 0
         self._seg_bytes = 0      # or the next write would flush at once, however small
         if wait:
@@ -519,15 +520,14 @@ class CaptureWriter:
         abandon_files(self._pq, self._ipc, self._ipc_sink, self._lock_fd)
         if self._arrows is not None and self._arrows not in self._unfinished:
             self._unfinished.append(self._arrows)
-        self._ipc = self._ipc_sink = self._pq = self._arrows = None
-        self._lock_fd = None
+        self._ipc = self._ipc_sink = self._pq = self._arrows = self._lock_fd = None
         self._pending = []
         self._stop_finisher()
         self._stop_encoder()
         pending = sorted(self._unfinished)        # segment order (the names differ only there)
-        notes = [self._salvage(path, pending[i + 1:]) for i, path in enumerate(pending)]
+        salvaged = [self._salvage(path, pending[i + 1:]) for i, path in enumerate(pending)]
         self._unfinished = []
-        notes = [n for n in notes if n]
+        notes = [n for n in salvaged if n]
         if notes and self.error is not None and self.error.args:
             self.error.args = (f"{self.error.args[0]}; " + "; ".join(notes),) + self.error.args[1:]
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from dcptool.protocol.dcp.client.link import Link
 from dcptool.protocol.dcp.client.streams import DATA_OPS as DATA_OPS
@@ -43,6 +43,9 @@ from dcptool.protocol.dcp.wire.constants import (
 )
 from dcptool.protocol.dcp.wire.frames import Frame, parse_frame
 from dcptool.protocol.errors import ErrorCode, RemoteError
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 _DATA_OPS_ARRAY = sorted(DATA_OPS)
 # DCP messages that belong to a vbucket's stream: one for a vbucket beyond NUM_VB_SLOTS makes
@@ -122,7 +125,8 @@ class Receiver:
                 np.isin(u8[offsets[a] + 1], _DATA_OPS_ARRAY)
             data |= alt
         idx = np.nonzero(data)[0]
-        vbs = h["vbucket_or_status"][idx].astype(np.int64)
+        # int64 ids; stream_key turns them into stream keys, typed as any integer array
+        vbs: npt.NDArray[np.integer[Any]] = h["vbucket_or_status"][idx].astype(np.int64)
         opq = h["opaque"][idx].astype(np.int64)
         fe = np.zeros(len(idx), dtype=np.int64)
         if self.max_sid:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+from collections.abc import Iterable
 
 from dcptool.protocol.dcp.wire.constants import (
     ALL_MAGICS,
@@ -19,6 +20,7 @@ from dcptool.protocol.errors import ErrorCode, LocalError, RemoteError
 _HDR = struct.Struct(">BBHBBHIIQ")       # classic: magic opcode keylen extlen dt vb/status bodylen opaque cas
 _FLEX = struct.Struct(">BBBBBBHIIQ")     # flexible: magic opcode felen keylen extlen dt vb/status bodylen opaque cas
 _BODYLEN = struct.Struct(">I")
+_Buf = bytes | bytearray | memoryview   # a receive buffer (or a capture's bytes)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -82,7 +84,7 @@ def parse_frame_infos(data: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
-def encode_frame_infos(infos) -> bytes:
+def encode_frame_infos(infos: Iterable[tuple[int, bytes]]) -> bytes:
     out = bytearray()
     for fid, payload in infos:
         flen = len(payload)
@@ -107,7 +109,7 @@ def stream_id_of(framing_extras: bytes) -> int | None:
     return None
 
 
-def header_lengths(buf, pos: int = 0) -> tuple[int, int, int, int]:
+def header_lengths(buf: _Buf, pos: int = 0) -> tuple[int, int, int, int]:
     """(framing extras length, extras length, key length, body length) of the header at pos."""
     magic = buf[pos]
     if magic in FLEX_MAGICS:
@@ -117,7 +119,7 @@ def header_lengths(buf, pos: int = 0) -> tuple[int, int, int, int]:
     return fe, buf[pos + 4], kl, _BODYLEN.unpack_from(buf, pos + 8)[0]
 
 
-def check_header(buf, pos: int, max_body: int) -> int:
+def check_header(buf: _Buf, pos: int, max_body: int) -> int:
     """Validate the header at pos and return the whole frame length. Raises RemoteError."""
     magic = buf[pos]
     if magic not in ALL_MAGICS:
@@ -132,7 +134,7 @@ def check_header(buf, pos: int, max_body: int) -> int:
     return HEADER_LEN + bl
 
 
-def split(buf, max_body: int = DEFAULT_MAX_BODY, start: int = 0) -> tuple[list[tuple[int, int]], int]:
+def split(buf: _Buf, max_body: int = DEFAULT_MAX_BODY, start: int = 0) -> tuple[list[tuple[int, int]], int]:
     """Frame boundaries in buf from start: ([(offset, length), ...], bytes consumed). A
     short tail is left unconsumed (need more data); a bad header raises RemoteError (use
     `split_until_error` to keep the frames before it)."""
@@ -142,9 +144,10 @@ def split(buf, max_body: int = DEFAULT_MAX_BODY, start: int = 0) -> tuple[list[t
     return out, consumed
 
 
-def split_until_error(buf, max_body: int = DEFAULT_MAX_BODY, start: int = 0):
+def split_until_error(buf: _Buf, max_body: int = DEFAULT_MAX_BODY,
+                      start: int = 0) -> tuple[list[tuple[int, int]], int, RemoteError | None]:
     """(boundaries, consumed, error or None): every frame before a bad header is kept."""
-    out = []
+    out: list[tuple[int, int]] = []
     pos, n = start, len(buf)
     try:
         while pos + HEADER_LEN <= n:
@@ -158,7 +161,7 @@ def split_until_error(buf, max_body: int = DEFAULT_MAX_BODY, start: int = 0):
     return out, pos - start, None
 
 
-def parse_frame(buf, pos: int = 0, length: int | None = None) -> Frame:
+def parse_frame(buf: _Buf, pos: int = 0, length: int | None = None) -> Frame:
     """The frame at buf[pos:pos+length] (whole, already checked by split)."""
     magic = buf[pos]
     if magic in FLEX_MAGICS:
@@ -203,14 +206,15 @@ class FrameParser:
         self.max_body = max_body
         self._buf = bytearray()
 
-    def feed(self, data) -> list[Frame]:
+    def feed(self, data: _Buf) -> list[Frame]:
         self._buf += data
         bounds, consumed, err = split_until_error(self._buf, self.max_body)
         frames = [parse_frame(self._buf, off, ln) for off, ln in bounds]
         del self._buf[:consumed]
         if err is not None:
-            # the frames before the bad header are returned through the error
-            err.frames = frames
+            # the frames before the bad header are returned through the error: an attribute
+            # of this raise only, which RemoteError (protocol/errors.py) does not declare
+            err.frames = frames  # type: ignore[attr-defined]
             raise err
         return frames
 

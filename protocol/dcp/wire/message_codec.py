@@ -8,7 +8,7 @@ bad input except framing errors."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypedDict, TypeVar
+from typing import Callable, TypedDict, TypeVar
 
 from dcptool.protocol.dcp.wire import leb128
 from dcptool.protocol.dcp.wire.constants import RESPONSE_MAGICS, Opcode, Status, op_name
@@ -376,8 +376,8 @@ def _get_all_vb_seqnos(f: Frame, c: _Common, collections: bool) -> Message:
     return GetAllVbSeqnos(vbucket=f.vbucket_or_status, extras=f.extras, **c)
 
 
-def _with_meta(cls: type[SetWithMeta]) -> Callable[[Frame, dict[str, Any], bool], Message]:   # extras 24, 26 (+ meta length), 28 (+ options), 30 (+ both); the meta ends the value
-    def read(f: Frame, c: dict[str, Any], collections: bool) -> Message:
+def _with_meta(cls: type[SetWithMeta]) -> _Reader:   # extras 24, 26 (+ meta length), 28 (+ options), 30 (+ both); the meta ends the value
+    def read(f: Frame, c: _Common, collections: bool) -> Message:
         ex, n = f.extras, len(f.extras)
         if n not in (24, 26, 28, 30):
             raise _Bad(ErrorCode.BAD_EXTRAS, f"{op_name(f.opcode)} needs 24, 26, 28 or 30 extras bytes, got {n}")
@@ -394,7 +394,7 @@ def _with_meta(cls: type[SetWithMeta]) -> Callable[[Frame, dict[str, Any], bool]
     return read
 
 
-def _get_meta(f: Frame, c: dict[str, Any], collections: bool) -> Message:
+def _get_meta(f: Frame, c: _Common, collections: bool) -> Message:
     if len(f.extras) > 1 or f.value:
         raise _Bad(ErrorCode.BAD_EXTRAS, "get meta takes a 1-byte version at most and no value")
     cid, k = _split_key(f.key, collections)
@@ -475,7 +475,7 @@ def _vb_seqnos_response(f: Frame, c: _Common) -> Message | None:
     return GetAllVbSeqnosResponse(status=f.vbucket_or_status, seqnos=tuple(_VB_SEQNO.iter_unpack(f.value)), **c)
 
 
-def _get_meta_response(f: Frame, c: dict[str, Any]) -> Message | None:
+def _get_meta_response(f: Frame, c: _Common) -> Message | None:
     if f.vbucket_or_status != Status.SUCCESS or f.key or f.value or len(f.extras) not in (20, 21):
         return None
     deleted, fl, exp, rev = _META.unpack_from(f.extras)
