@@ -7,13 +7,7 @@ from __future__ import annotations
 
 import json
 
-from dcptool.capture.dcp_session import (
-    DcpEvents,
-    every_stream_failed,
-    finish_reason,
-    make_session,
-    run_session,
-)
+from dcptool.capture import dcp_session as S
 from dcptool.capture.lag import DcpWatch
 from dcptool.capture.options import LiveOptions
 from dcptool.capture.run import (
@@ -55,7 +49,7 @@ class EventLog:
         self.filter_said = False
         self.notes: dcp_collections.EventNotes | None = None   # the run's RowTap's
 
-    def __call__(self, e, state: DcpEvents) -> None:
+    def __call__(self, e, state: S.DcpEvents) -> None:
         t = type(e)
         if t is dcp_consumer.ControlRefused:
             self._say(f"[yellow]DCP_CONTROL {e.key}={e.value} refused[/] ({status_name(e.status)}); continuing")
@@ -112,7 +106,7 @@ def run_stream(opts: LiveOptions) -> None:
     sink = stream_sink(opts, lambda: Sink(fmt, columns=display_columns(TABLE_COLUMNS, opts.values)
                                           if fmt in ("table",) else None))
     lines = EventLog()
-    events = DcpEvents(requested=opts.vbuckets, tell=lines, on_map=add_node_column(sink))
+    events = S.DcpEvents(requested=opts.vbuckets, tell=lines, on_map=add_node_column(sink))
     stats = RunStats("dcp", opts.source.url)
     session_box: dict = {}
     watch = DcpWatch(opts.metrics, opts.lag_interval)
@@ -128,19 +122,19 @@ def run_stream(opts: LiveOptions) -> None:
                  on_limit=stop, stats=stats, say=lambda line: err_console().print(markup_safe(line), highlight=False))
     if opts.collections:
         tap.notes = lines.notes = dcp_collections.EventNotes()
-    session = make_session(opts, tap=tap, on_events=watch.chain(events, tap), on_connect=watch.connected)
+    session = S.make_session(opts, tap=tap, on_events=watch.chain(events, tap), on_connect=watch.connected)
     session_box["session"] = session
     run_deadline(opts.duration)
     tap.watch = watch.start(unserved=lambda: len(events.unserved), say=lambda t: err_console().print(t, markup=False))
     with StopSignals() as signals:
-        consumer, error = run_and_close(lambda: run_session(session, opts.duration, stats, signals, before_stop=
+        consumer, error = run_and_close(lambda: S.run_session(session, opts.duration, stats, signals, before_stop=
                                                             watch.final, on_attach=note_stop_signals), sink)
         watch.close()
         if error is None and consumer is not None and not session.stopped:
-            stats.stop(finish_reason(opts, events))
+            stats.stop(S.finish_reason(opts, events))
             opened = set(events.ends) | {vb for vb in consumer.vb_states() if vb not in events.failed}
             if events.failed and not opened:
-                error = every_stream_failed(events)
+                error = S.every_stream_failed(events)
         interrupted = signals.interrupted()
         if error is None and interrupted is not None:
             error = interrupted

@@ -14,6 +14,7 @@ import pyarrow.compute as pc
 
 from dcptool.protocol.dcp.wire.constants import Status, stream_end_reason_name
 from dcptool.protocol.synapse.cover import Cover
+from dcptool.protocol.text import ranges_text
 from dcptool.replay.rules.lag import local_lag
 from dcptool.replay.rules.synapse_stream import PositionScan
 from dcptool.replay.rules.topology import local_topology
@@ -360,15 +361,8 @@ MAX_VB_ROWS = 32   # more (after collapsing) and the vbuckets table is a min / m
 def vb_ranges(vbs: Iterable[int], limit: int | None = None) -> str:
     """Vbucket numbers as ranges: [0, 1, 2, 3, 7, 9, 10] -> `0-3,7,9-10`; past `limit` ranges the
     first ones, then `… (N vbuckets)`."""
-    out: list[str] = []
-    ordered = sorted(set(vbs))
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        out.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
+    ordered = set(vbs)
+    out = ranges_text(ordered).split(",") if ordered else []
     if limit is not None and len(out) > limit:
         return ",".join(out[:limit]) + f",… ({len(ordered):,} vbuckets)"
     return ",".join(out)

@@ -10,114 +10,14 @@ from __future__ import annotations
 
 from typing import Callable, TypedDict, TypeVar
 
+from dcptool.protocol.dcp.wire import layouts as L
 from dcptool.protocol.dcp.wire import leb128
+from dcptool.protocol.dcp.wire import message_types as T
 from dcptool.protocol.dcp.wire.constants import RESPONSE_MAGICS, Opcode, Status, op_name
 from dcptool.protocol.dcp.wire.frames import (
     Frame,
     parse_frame,
     parse_frame_infos,
-)
-from dcptool.protocol.dcp.wire.layouts import (
-    DELETION_V1 as _DELETION_V1,
-)
-from dcptool.protocol.dcp.wire.layouts import (
-    DELETION_V2 as _DELETION_V2,
-)
-from dcptool.protocol.dcp.wire.layouts import (
-    EXPIRATION as _EXPIRATION,
-)
-from dcptool.protocol.dcp.wire.layouts import (
-    META as _META,
-)
-from dcptool.protocol.dcp.wire.layouts import (
-    MUTATION as _MUTATION,
-)
-from dcptool.protocol.dcp.wire.layouts import (
-    OPEN as _OPEN,
-)
-from dcptool.protocol.dcp.wire.layouts import (
-    PAIR as _PAIR,
-)
-from dcptool.protocol.dcp.wire.layouts import (
-    PREPARE as _PREPARE,
-)
-from dcptool.protocol.dcp.wire.layouts import (
-    SNAP_V1 as _SNAP_V1,
-)
-from dcptool.protocol.dcp.wire.layouts import (
-    SNAP_V20 as _SNAP_V20,
-)
-from dcptool.protocol.dcp.wire.layouts import (
-    SNAP_V22 as _SNAP_V22,
-)
-from dcptool.protocol.dcp.wire.layouts import (
-    SNAP_V22_HPS as _SNAP_V22_HPS,
-)
-from dcptool.protocol.dcp.wire.layouts import (
-    STREAM_REQ as _STREAM_REQ,
-)
-from dcptool.protocol.dcp.wire.layouts import (
-    SYSTEM_EVENT as _SYSTEM_EVENT,
-)
-from dcptool.protocol.dcp.wire.layouts import (
-    TWO_SEQNOS as _TWO_SEQNOS,
-)
-from dcptool.protocol.dcp.wire.layouts import (
-    U16 as _U16,
-)
-from dcptool.protocol.dcp.wire.layouts import (
-    U32 as _U32,
-)
-from dcptool.protocol.dcp.wire.layouts import (
-    U64 as _U64,
-)
-from dcptool.protocol.dcp.wire.layouts import (
-    VB_SEQNO as _VB_SEQNO,
-)
-from dcptool.protocol.dcp.wire.layouts import (
-    WITH_META as _WITH_META,
-)
-from dcptool.protocol.dcp.wire.message_types import (
-    Abort,
-    AddStream,
-    AddWithMeta,
-    BufferAck,
-    CloseStream,
-    Commit,
-    Control,
-    DcpOpen,
-    Deletion,
-    DelWithMeta,
-    Expiration,
-    FailoverLogResponse,
-    GetAllVbSeqnos,
-    GetAllVbSeqnosResponse,
-    GetErrorMap,
-    GetFailoverLog,
-    GetMeta,
-    GetMetaResponse,
-    Hello,
-    HelloResponse,
-    Message,
-    Mutation,
-    Noop,
-    OsoSnapshot,
-    Prepare,
-    Request,
-    Response,
-    SaslAuth,
-    SaslListMechs,
-    SaslStep,
-    SelectBucket,
-    SeqnoAcknowledged,
-    SeqnoAdvanced,
-    SetVbucketState,
-    SetWithMeta,
-    SnapshotMarker,
-    StreamEnd,
-    StreamRequest,
-    StreamRequestResponse,
-    SystemEvent,
 )
 from dcptool.protocol.errors import DcptoolError, ErrorCode, ProtocolError
 
@@ -125,7 +25,7 @@ from dcptool.protocol.errors import DcptoolError, ErrorCode, ProtocolError
 
 SNAPSHOT_VERSIONS = {0: "2.0", 2: "2.2"}
 
-_M = TypeVar("_M", bound=Message)
+_M = TypeVar("_M", bound=T.Message)
 
 
 class _Common(TypedDict):
@@ -138,7 +38,7 @@ class _Common(TypedDict):
 
 
 # reader(frame, common, collections) -> the message of a request's frame (REQUEST_READERS)
-_Reader = Callable[[Frame, _Common, bool], Message]
+_Reader = Callable[[Frame, _Common, bool], T.Message]
 
 
 class _Bad(DcptoolError):
@@ -156,7 +56,7 @@ def _need(extras: bytes, size: int, what: str) -> None:
 def _pairs(value: bytes, what: str) -> tuple[tuple[int, int], ...]:
     if len(value) % 16:
         raise _Bad(ErrorCode.BAD_LENGTHS, f"{what} of {len(value)} bytes is not a list of 16-byte entries")
-    return tuple(_PAIR.iter_unpack(value))
+    return tuple(L.PAIR.iter_unpack(value))
 
 
 def _split_key(key: bytes, collections: bool) -> tuple[int | None, bytes]:
@@ -177,22 +77,22 @@ def _common(f: Frame) -> _Common:
                    magic=None if f.magic == default else f.magic)
 
 
-def _mutation(f: Frame, c: _Common, collections: bool) -> Message:
+def _mutation(f: Frame, c: _Common, collections: bool) -> T.Message:
     ex = f.extras
     _need(ex, 31, "mutation")
-    by, rev, fl, exp, lock, nmeta, nru = _MUTATION.unpack(ex)
+    by, rev, fl, exp, lock, nmeta, nru = L.MUTATION.unpack(ex)
     cid, k = _split_key(f.key, collections)
-    return Mutation(vbucket=f.vbucket_or_status, key=k, collection_id=cid, value=f.value, by_seqno=by,
+    return T.Mutation(vbucket=f.vbucket_or_status, key=k, collection_id=cid, value=f.value, by_seqno=by,
                     rev_seqno=rev, item_flags=fl, expiration=exp, lock_time=lock, nmeta=nmeta, nru=nru, **c)
 
 
-def _snapshot_marker(f: Frame, c: _Common, collections: bool) -> Message:
+def _snapshot_marker(f: Frame, c: _Common, collections: bool) -> T.Message:
     ex, val, vb = f.extras, f.value, f.vbucket_or_status
     if len(ex) == 20:
         if val:
             raise _Bad(ErrorCode.BAD_LENGTHS, "snapshot marker V1 carries no value")
-        s, e, fl = _SNAP_V1.unpack(ex)
-        return SnapshotMarker(vbucket=vb, snap_version="1", snap_start=s, snap_end=e, snap_flags=fl, **c)
+        s, e, fl = L.SNAP_V1.unpack(ex)
+        return T.SnapshotMarker(vbucket=vb, snap_version="1", snap_start=s, snap_end=e, snap_flags=fl, **c)
     if len(ex) != 1:
         raise _Bad(ErrorCode.BAD_EXTRAS, f"snapshot marker extras of {len(ex)} bytes (want 20 or 1)")
     version = SNAPSHOT_VERSIONS.get(ex[0])
@@ -201,140 +101,140 @@ def _snapshot_marker(f: Frame, c: _Common, collections: bool) -> Message:
     if version == "2.0":
         if len(val) != 36:
             raise _Bad(ErrorCode.BAD_LENGTHS, f"snapshot marker V2.0 value of {len(val)} bytes (want 36)")
-        s, e, fl, mvs, hcs = _SNAP_V20.unpack(val)
-        return SnapshotMarker(vbucket=vb, snap_version=version, snap_start=s, snap_end=e, snap_flags=fl,
+        s, e, fl, mvs, hcs = L.SNAP_V20.unpack(val)
+        return T.SnapshotMarker(vbucket=vb, snap_version=version, snap_start=s, snap_end=e, snap_flags=fl,
                               max_visible_seqno=mvs, high_completed_seqno=hcs, **c)
     if len(val) == 44:
-        s, e, fl, mvs, hcs, ps = _SNAP_V22.unpack(val)
+        s, e, fl, mvs, hcs, ps = L.SNAP_V22.unpack(val)
         hps = None
     elif len(val) == 52:
-        s, e, fl, mvs, hcs, ps, hps = _SNAP_V22_HPS.unpack(val)
+        s, e, fl, mvs, hcs, ps, hps = L.SNAP_V22_HPS.unpack(val)
     else:
         raise _Bad(ErrorCode.BAD_LENGTHS, f"snapshot marker V2.2 value of {len(val)} bytes (want 44 or 52)")
-    return SnapshotMarker(vbucket=vb, snap_version=version, snap_start=s, snap_end=e, snap_flags=fl,
+    return T.SnapshotMarker(vbucket=vb, snap_version=version, snap_start=s, snap_end=e, snap_flags=fl,
                           max_visible_seqno=mvs, high_completed_seqno=hcs, purge_seqno=ps,
                           high_prepared_seqno=hps, **c)
 
 
-def _noop(f: Frame, c: _Common, collections: bool) -> Message:
+def _noop(f: Frame, c: _Common, collections: bool) -> T.Message:
     _need(f.extras, 0, "noop")
     if f.key or f.value:
         raise _Bad(ErrorCode.BAD_LENGTHS, "noop carries no key or value")
-    return Noop(vbucket=f.vbucket_or_status, **c)
+    return T.Noop(vbucket=f.vbucket_or_status, **c)
 
 
-def _deletion(f: Frame, c: _Common, collections: bool) -> Message:
+def _deletion(f: Frame, c: _Common, collections: bool) -> T.Message:
     ex, val, vb = f.extras, f.value, f.vbucket_or_status
     cid, k = _split_key(f.key, collections)
     if len(ex) == 18:
-        by, rev, nmeta = _DELETION_V1.unpack(ex)
-        return Deletion(vbucket=vb, key=k, collection_id=cid, value=val, by_seqno=by, rev_seqno=rev,
+        by, rev, nmeta = L.DELETION_V1.unpack(ex)
+        return T.Deletion(vbucket=vb, key=k, collection_id=cid, value=val, by_seqno=by, rev_seqno=rev,
                         nmeta=nmeta, **c)
     if len(ex) == 21:
-        by, rev, dt, unused = _DELETION_V2.unpack(ex)
-        return Deletion(vbucket=vb, key=k, collection_id=cid, value=val, by_seqno=by, rev_seqno=rev,
+        by, rev, dt, unused = L.DELETION_V2.unpack(ex)
+        return T.Deletion(vbucket=vb, key=k, collection_id=cid, value=val, by_seqno=by, rev_seqno=rev,
                         delete_time=dt, unused=unused, **c)
     raise _Bad(ErrorCode.BAD_EXTRAS, f"deletion needs 18 or 21 extras bytes, got {len(ex)}")
 
 
-def _expiration(f: Frame, c: _Common, collections: bool) -> Message:
+def _expiration(f: Frame, c: _Common, collections: bool) -> T.Message:
     _need(f.extras, 20, "expiration")
-    by, rev, dt = _EXPIRATION.unpack(f.extras)
+    by, rev, dt = L.EXPIRATION.unpack(f.extras)
     cid, k = _split_key(f.key, collections)
-    return Expiration(vbucket=f.vbucket_or_status, key=k, collection_id=cid, value=f.value, by_seqno=by,
+    return T.Expiration(vbucket=f.vbucket_or_status, key=k, collection_id=cid, value=f.value, by_seqno=by,
                       rev_seqno=rev, delete_time=dt, **c)
 
 
-def _stream_end(f: Frame, c: _Common, collections: bool) -> Message:
+def _stream_end(f: Frame, c: _Common, collections: bool) -> T.Message:
     _need(f.extras, 4, "stream end")
-    return StreamEnd(vbucket=f.vbucket_or_status, reason=_U32.unpack(f.extras)[0], **c)
+    return T.StreamEnd(vbucket=f.vbucket_or_status, reason=L.U32.unpack(f.extras)[0], **c)
 
 
-def _stream_request(f: Frame, c: _Common, collections: bool) -> Message:
+def _stream_request(f: Frame, c: _Common, collections: bool) -> T.Message:
     _need(f.extras, 48, "stream request")
-    fl, res, st, en, uuid, ss, se = _STREAM_REQ.unpack(f.extras)
+    fl, res, st, en, uuid, ss, se = L.STREAM_REQ.unpack(f.extras)
     if f.key:
         raise _Bad(ErrorCode.BAD_LENGTHS, "stream request carries no key")
-    return StreamRequest(vbucket=f.vbucket_or_status, flags=fl, reserved=res, start_seqno=st, end_seqno=en,
+    return T.StreamRequest(vbucket=f.vbucket_or_status, flags=fl, reserved=res, start_seqno=st, end_seqno=en,
                          vbucket_uuid=uuid, snap_start=ss, snap_end=se, value=f.value, **c)
 
 
-def _buffer_ack(f: Frame, c: _Common, collections: bool) -> Message:
+def _buffer_ack(f: Frame, c: _Common, collections: bool) -> T.Message:
     _need(f.extras, 4, "buffer acknowledgement")
-    return BufferAck(vbucket=f.vbucket_or_status, bytes_acked=_U32.unpack(f.extras)[0], **c)
+    return T.BufferAck(vbucket=f.vbucket_or_status, bytes_acked=L.U32.unpack(f.extras)[0], **c)
 
 
-def _system_event(f: Frame, c: _Common, collections: bool) -> Message:
+def _system_event(f: Frame, c: _Common, collections: bool) -> T.Message:
     _need(f.extras, 13, "system event")
-    by, ev, ver = _SYSTEM_EVENT.unpack(f.extras)
-    return SystemEvent(vbucket=f.vbucket_or_status, by_seqno=by, event_id=ev, version=ver, key=f.key,
+    by, ev, ver = L.SYSTEM_EVENT.unpack(f.extras)
+    return T.SystemEvent(vbucket=f.vbucket_or_status, by_seqno=by, event_id=ev, version=ver, key=f.key,
                        value=f.value, **c)
 
 
-def _seqno_advanced(f: Frame, c: _Common, collections: bool) -> Message:
+def _seqno_advanced(f: Frame, c: _Common, collections: bool) -> T.Message:
     _need(f.extras, 8, "seqno advanced")
-    return SeqnoAdvanced(vbucket=f.vbucket_or_status, by_seqno=_U64.unpack(f.extras)[0], **c)
+    return T.SeqnoAdvanced(vbucket=f.vbucket_or_status, by_seqno=L.U64.unpack(f.extras)[0], **c)
 
 
-def _oso_snapshot(f: Frame, c: _Common, collections: bool) -> Message:
+def _oso_snapshot(f: Frame, c: _Common, collections: bool) -> T.Message:
     _need(f.extras, 4, "oso snapshot")
-    return OsoSnapshot(vbucket=f.vbucket_or_status, flags=_U32.unpack(f.extras)[0], **c)
+    return T.OsoSnapshot(vbucket=f.vbucket_or_status, flags=L.U32.unpack(f.extras)[0], **c)
 
 
-def _prepare(f: Frame, c: _Common, collections: bool) -> Message:
+def _prepare(f: Frame, c: _Common, collections: bool) -> T.Message:
     _need(f.extras, 31, "prepare")
-    by, rev, fl, exp, lock, nru, deleted, dur = _PREPARE.unpack(f.extras)
+    by, rev, fl, exp, lock, nru, deleted, dur = L.PREPARE.unpack(f.extras)
     cid, k = _split_key(f.key, collections)
-    return Prepare(vbucket=f.vbucket_or_status, key=k, collection_id=cid, value=f.value, by_seqno=by,
+    return T.Prepare(vbucket=f.vbucket_or_status, key=k, collection_id=cid, value=f.value, by_seqno=by,
                    rev_seqno=rev, item_flags=fl, expiration=exp, lock_time=lock, nru=nru, deleted=deleted,
                    durability=dur, **c)
 
 
-def _commit(f: Frame, c: _Common, collections: bool) -> Message:
+def _commit(f: Frame, c: _Common, collections: bool) -> T.Message:
     _need(f.extras, 16, op_name(f.opcode))
-    p, s = _TWO_SEQNOS.unpack(f.extras)
+    p, s = L.TWO_SEQNOS.unpack(f.extras)
     cid, k = _split_key(f.key, collections)
-    return Commit(vbucket=f.vbucket_or_status, key=k, collection_id=cid, value=f.value, prepared_seqno=p,
+    return T.Commit(vbucket=f.vbucket_or_status, key=k, collection_id=cid, value=f.value, prepared_seqno=p,
                   commit_seqno=s, **c)
 
 
-def _abort(f: Frame, c: _Common, collections: bool) -> Message:
+def _abort(f: Frame, c: _Common, collections: bool) -> T.Message:
     _need(f.extras, 16, op_name(f.opcode))
-    p, s = _TWO_SEQNOS.unpack(f.extras)
+    p, s = L.TWO_SEQNOS.unpack(f.extras)
     cid, k = _split_key(f.key, collections)
-    return Abort(vbucket=f.vbucket_or_status, key=k, collection_id=cid, value=f.value, prepared_seqno=p,
+    return T.Abort(vbucket=f.vbucket_or_status, key=k, collection_id=cid, value=f.value, prepared_seqno=p,
                  abort_seqno=s, **c)
 
 
-def _seqno_acknowledged(f: Frame, c: _Common, collections: bool) -> Message:
+def _seqno_acknowledged(f: Frame, c: _Common, collections: bool) -> T.Message:
     _need(f.extras, 8, "seqno acknowledged")
-    return SeqnoAcknowledged(vbucket=f.vbucket_or_status, prepared_seqno=_U64.unpack(f.extras)[0], **c)
+    return T.SeqnoAcknowledged(vbucket=f.vbucket_or_status, prepared_seqno=L.U64.unpack(f.extras)[0], **c)
 
 
-def _set_vbucket_state(f: Frame, c: _Common, collections: bool) -> Message:
+def _set_vbucket_state(f: Frame, c: _Common, collections: bool) -> T.Message:
     _need(f.extras, 1, "set vbucket state")
-    return SetVbucketState(vbucket=f.vbucket_or_status, state=f.extras[0], **c)
+    return T.SetVbucketState(vbucket=f.vbucket_or_status, state=f.extras[0], **c)
 
 
-def _control(f: Frame, c: _Common, collections: bool) -> Message:
+def _control(f: Frame, c: _Common, collections: bool) -> T.Message:
     _need(f.extras, 0, "control")
-    return Control(vbucket=f.vbucket_or_status, key=f.key, value=f.value, **c)
+    return T.Control(vbucket=f.vbucket_or_status, key=f.key, value=f.value, **c)
 
 
-def _open(f: Frame, c: _Common, collections: bool) -> Message:
+def _open(f: Frame, c: _Common, collections: bool) -> T.Message:
     _need(f.extras, 8, "open")
-    seq, fl = _OPEN.unpack(f.extras)
-    return DcpOpen(vbucket=f.vbucket_or_status, name=f.key, flags=fl, seqno=seq, value=f.value, **c)
+    seq, fl = L.OPEN.unpack(f.extras)
+    return T.DcpOpen(vbucket=f.vbucket_or_status, name=f.key, flags=fl, seqno=seq, value=f.value, **c)
 
 
-def _add_stream(f: Frame, c: _Common, collections: bool) -> Message:
+def _add_stream(f: Frame, c: _Common, collections: bool) -> T.Message:
     _need(f.extras, 4, "add stream")
-    return AddStream(vbucket=f.vbucket_or_status, flags=_U32.unpack(f.extras)[0], **c)
+    return T.AddStream(vbucket=f.vbucket_or_status, flags=L.U32.unpack(f.extras)[0], **c)
 
 
-def _bare(cls: type[CloseStream | GetFailoverLog | SaslListMechs]) -> _Reader:
+def _bare(cls: type[T.CloseStream | T.GetFailoverLog | T.SaslListMechs]) -> _Reader:
     """The reader of a request that carries nothing but its vbucket."""
-    def read(f: Frame, c: _Common, collections: bool) -> Message:
+    def read(f: Frame, c: _Common, collections: bool) -> T.Message:
         _need(f.extras, 0, op_name(f.opcode))
         if f.key or f.value:
             raise _Bad(ErrorCode.BAD_LENGTHS, f"{op_name(f.opcode)} carries no key or value")
@@ -342,49 +242,49 @@ def _bare(cls: type[CloseStream | GetFailoverLog | SaslListMechs]) -> _Reader:
     return read
 
 
-def _hello(f: Frame, c: _Common, collections: bool) -> Message:
+def _hello(f: Frame, c: _Common, collections: bool) -> T.Message:
     _need(f.extras, 0, "hello")
     if len(f.value) % 2:
         raise _Bad(ErrorCode.BAD_LENGTHS, "hello features are not a list of u16")
-    return Hello(vbucket=f.vbucket_or_status, agent=f.key,
-                 features=tuple(x for (x,) in _U16.iter_unpack(f.value)), **c)
+    return T.Hello(vbucket=f.vbucket_or_status, agent=f.key,
+                 features=tuple(x for (x,) in L.U16.iter_unpack(f.value)), **c)
 
 
-def _sasl(cls: type[SaslAuth]) -> _Reader:
-    def read(f: Frame, c: _Common, collections: bool) -> Message:
+def _sasl(cls: type[T.SaslAuth]) -> _Reader:
+    def read(f: Frame, c: _Common, collections: bool) -> T.Message:
         _need(f.extras, 0, op_name(f.opcode))
         return cls(vbucket=f.vbucket_or_status, mechanism=f.key, data=f.value, **c)
     return read
 
 
-def _select_bucket(f: Frame, c: _Common, collections: bool) -> Message:
+def _select_bucket(f: Frame, c: _Common, collections: bool) -> T.Message:
     _need(f.extras, 0, "select bucket")
     if f.value:
         raise _Bad(ErrorCode.BAD_LENGTHS, "select bucket carries no value")
-    return SelectBucket(vbucket=f.vbucket_or_status, bucket=f.key, **c)
+    return T.SelectBucket(vbucket=f.vbucket_or_status, bucket=f.key, **c)
 
 
-def _get_error_map(f: Frame, c: _Common, collections: bool) -> Message:
+def _get_error_map(f: Frame, c: _Common, collections: bool) -> T.Message:
     if f.extras or f.key or len(f.value) != 2:
         raise _Bad(ErrorCode.BAD_LENGTHS, "get error map carries a 2-byte version only")
-    return GetErrorMap(vbucket=f.vbucket_or_status, version=_U16.unpack(f.value)[0], **c)
+    return T.GetErrorMap(vbucket=f.vbucket_or_status, version=L.U16.unpack(f.value)[0], **c)
 
 
-def _get_all_vb_seqnos(f: Frame, c: _Common, collections: bool) -> Message:
+def _get_all_vb_seqnos(f: Frame, c: _Common, collections: bool) -> T.Message:
     if f.key or f.value or len(f.extras) not in (0, 4, 8):
         raise _Bad(ErrorCode.BAD_EXTRAS, "get all vb seqnos takes 0, 4 or 8 extras bytes only")
-    return GetAllVbSeqnos(vbucket=f.vbucket_or_status, extras=f.extras, **c)
+    return T.GetAllVbSeqnos(vbucket=f.vbucket_or_status, extras=f.extras, **c)
 
 
-def _with_meta(cls: type[SetWithMeta]) -> _Reader:   # extras 24, 26 (+ meta length), 28 (+ options), 30 (+ both); the meta ends the value
-    def read(f: Frame, c: _Common, collections: bool) -> Message:
+def _with_meta(cls: type[T.SetWithMeta]) -> _Reader:   # extras 24, 26 (+ meta length), 28 (+ options), 30 (+ both); the meta ends the value
+    def read(f: Frame, c: _Common, collections: bool) -> T.Message:
         ex, n = f.extras, len(f.extras)
         if n not in (24, 26, 28, 30):
             raise _Bad(ErrorCode.BAD_EXTRAS, f"{op_name(f.opcode)} needs 24, 26, 28 or 30 extras bytes, got {n}")
-        fl, exp, rev, cas = _WITH_META.unpack_from(ex)
-        options, ext, value = _U32.unpack_from(ex, 24)[0] if n >= 28 else None, None, f.value
+        fl, exp, rev, cas = L.WITH_META.unpack_from(ex)
+        options, ext, value = L.U32.unpack_from(ex, 24)[0] if n >= 28 else None, None, f.value
         if n in (26, 30):
-            size = _U16.unpack_from(ex, n - 2)[0]
+            size = L.U16.unpack_from(ex, n - 2)[0]
             if size > len(value):
                 raise _Bad(ErrorCode.BAD_LENGTHS, f"extended meta of {size} bytes in a value of {len(value)}")
             value, ext = value[:len(value) - size], value[len(value) - size:]
@@ -394,16 +294,16 @@ def _with_meta(cls: type[SetWithMeta]) -> _Reader:   # extras 24, 26 (+ meta len
     return read
 
 
-def _get_meta(f: Frame, c: _Common, collections: bool) -> Message:
+def _get_meta(f: Frame, c: _Common, collections: bool) -> T.Message:
     if len(f.extras) > 1 or f.value:
         raise _Bad(ErrorCode.BAD_EXTRAS, "get meta takes a 1-byte version at most and no value")
     cid, k = _split_key(f.key, collections)
-    return GetMeta(vbucket=f.vbucket_or_status, key=k, collection_id=cid,
+    return T.GetMeta(vbucket=f.vbucket_or_status, key=k, collection_id=cid,
                    version=f.extras[0] if f.extras else None, **c)
 
 
 # opcode -> reader of a request (magic 0x80 / 0x82 / 0x08): reader(frame, common, collections)
-# gives the message, raises _Bad for a wrong layout; an opcode not here is a generic Request
+# gives the message, raises _Bad for a wrong layout; an opcode not here is a generic T.Request
 REQUEST_READERS: dict[int, _Reader] = {
     Opcode.DCP_MUTATION: _mutation,
     Opcode.DCP_SNAPSHOT_MARKER: _snapshot_marker,
@@ -424,67 +324,67 @@ REQUEST_READERS: dict[int, _Reader] = {
     Opcode.DCP_CONTROL: _control,
     Opcode.DCP_OPEN: _open,
     Opcode.DCP_ADD_STREAM: _add_stream,
-    Opcode.DCP_CLOSE_STREAM: _bare(CloseStream),
-    Opcode.DCP_GET_FAILOVER_LOG: _bare(GetFailoverLog),
-    Opcode.SASL_LIST_MECHS: _bare(SaslListMechs),
+    Opcode.DCP_CLOSE_STREAM: _bare(T.CloseStream),
+    Opcode.DCP_GET_FAILOVER_LOG: _bare(T.GetFailoverLog),
+    Opcode.SASL_LIST_MECHS: _bare(T.SaslListMechs),
     Opcode.HELLO: _hello,
-    Opcode.SASL_AUTH: _sasl(SaslAuth),
-    Opcode.SASL_STEP: _sasl(SaslStep),
+    Opcode.SASL_AUTH: _sasl(T.SaslAuth),
+    Opcode.SASL_STEP: _sasl(T.SaslStep),
     Opcode.SELECT_BUCKET: _select_bucket,
     Opcode.GET_ERROR_MAP: _get_error_map,
     Opcode.GET_ALL_VB_SEQNOS: _get_all_vb_seqnos,
     Opcode.GET_META: _get_meta,
-    Opcode.SET_WITH_META: _with_meta(SetWithMeta),
-    Opcode.ADD_WITH_META: _with_meta(AddWithMeta),
-    Opcode.DEL_WITH_META: _with_meta(DelWithMeta),
+    Opcode.SET_WITH_META: _with_meta(T.SetWithMeta),
+    Opcode.ADD_WITH_META: _with_meta(T.AddWithMeta),
+    Opcode.DEL_WITH_META: _with_meta(T.DelWithMeta),
 }
 
 
-def _stream_request_response(f: Frame, c: _Common) -> Message | None:
+def _stream_request_response(f: Frame, c: _Common) -> T.Message | None:
     st, val = f.vbucket_or_status, f.value
     if f.extras or f.key:
         return None
     if st == Status.SUCCESS:
-        return StreamRequestResponse(status=st, failover_log=_pairs(val, "failover log"), **c)
+        return T.StreamRequestResponse(status=st, failover_log=_pairs(val, "failover log"), **c)
     if st == Status.ROLLBACK:
         if len(val) != 8:
             raise _Bad(ErrorCode.BAD_LENGTHS, f"rollback answer of {len(val)} bytes (want 8)")
-        return StreamRequestResponse(status=st, rollback_seqno=_U64.unpack(val)[0], **c)
-    return StreamRequestResponse(status=st, value=val, **c)
+        return T.StreamRequestResponse(status=st, rollback_seqno=L.U64.unpack(val)[0], **c)
+    return T.StreamRequestResponse(status=st, value=val, **c)
 
 
-def _failover_log_response(f: Frame, c: _Common) -> Message | None:
+def _failover_log_response(f: Frame, c: _Common) -> T.Message | None:
     if f.extras or f.key:
         return None
     if f.vbucket_or_status == Status.SUCCESS:
-        return FailoverLogResponse(status=f.vbucket_or_status, failover_log=_pairs(f.value, "failover log"), **c)
-    return FailoverLogResponse(status=f.vbucket_or_status, value=f.value, **c)
+        return T.FailoverLogResponse(status=f.vbucket_or_status, failover_log=_pairs(f.value, "failover log"), **c)
+    return T.FailoverLogResponse(status=f.vbucket_or_status, value=f.value, **c)
 
 
-def _hello_response(f: Frame, c: _Common) -> Message | None:
+def _hello_response(f: Frame, c: _Common) -> T.Message | None:
     if f.vbucket_or_status != Status.SUCCESS or f.extras or f.key or len(f.value) % 2:
         return None
-    return HelloResponse(status=f.vbucket_or_status, features=tuple(x for (x,) in _U16.iter_unpack(f.value)), **c)
+    return T.HelloResponse(status=f.vbucket_or_status, features=tuple(x for (x,) in L.U16.iter_unpack(f.value)), **c)
 
 
-def _vb_seqnos_response(f: Frame, c: _Common) -> Message | None:
+def _vb_seqnos_response(f: Frame, c: _Common) -> T.Message | None:
     if f.vbucket_or_status != Status.SUCCESS or f.extras or f.key:
         return None
     if len(f.value) % 10:
         raise _Bad(ErrorCode.BAD_LENGTHS, "vb seqnos are not a list of 10-byte entries")
-    return GetAllVbSeqnosResponse(status=f.vbucket_or_status, seqnos=tuple(_VB_SEQNO.iter_unpack(f.value)), **c)
+    return T.GetAllVbSeqnosResponse(status=f.vbucket_or_status, seqnos=tuple(L.VB_SEQNO.iter_unpack(f.value)), **c)
 
 
-def _get_meta_response(f: Frame, c: _Common) -> Message | None:
+def _get_meta_response(f: Frame, c: _Common) -> T.Message | None:
     if f.vbucket_or_status != Status.SUCCESS or f.key or f.value or len(f.extras) not in (20, 21):
         return None
-    deleted, fl, exp, rev = _META.unpack_from(f.extras)
-    return GetMetaResponse(status=f.vbucket_or_status, deleted=deleted, item_flags=fl, expiration=exp, rev_seqno=rev,
+    deleted, fl, exp, rev = L.META.unpack_from(f.extras)
+    return T.GetMetaResponse(status=f.vbucket_or_status, deleted=deleted, item_flags=fl, expiration=exp, rev_seqno=rev,
                            item_datatype=f.extras[20] if len(f.extras) == 21 else None, **c)
 
 
-# opcode -> reader of a response: the message, or None for the generic Response
-RESPONSE_READERS: dict[int, Callable[[Frame, _Common], Message | None]] = {
+# opcode -> reader of a response: the message, or None for the generic T.Response
+RESPONSE_READERS: dict[int, Callable[[Frame, _Common], T.Message | None]] = {
     Opcode.DCP_STREAM_REQ: _stream_request_response,
     Opcode.DCP_GET_FAILOVER_LOG: _failover_log_response,
     Opcode.HELLO: _hello_response,
@@ -493,15 +393,15 @@ RESPONSE_READERS: dict[int, Callable[[Frame, _Common], Message | None]] = {
 }
 
 
-def decode(frame: Frame, collections: bool = False) -> Message:
+def decode(frame: Frame, collections: bool = False) -> T.Message:
     """The message in a whole frame. Never raises: a wrong layout gives a generic
-    Request/Response with decode_error set."""
+    T.Request/T.Response with decode_error set."""
     try:
         c = _common(frame)
     except ProtocolError as exc:
         return _generic(frame, None, f"{exc.code.name.lower()}: {exc.message}")
     try:
-        msg: Message | None
+        msg: T.Message | None
         if frame.magic in RESPONSE_MAGICS:
             read_response = RESPONSE_READERS.get(frame.opcode)
             msg = None if read_response is None else read_response(frame, c)
@@ -513,18 +413,18 @@ def decode(frame: Frame, collections: bool = False) -> Message:
     return msg if msg is not None else _generic(frame, c, None)
 
 
-def _generic(f: Frame, c: _Common | None, error: str | None) -> Message:
+def _generic(f: Frame, c: _Common | None, error: str | None) -> T.Message:
     raw_framing = b""
     if c is None:  # framing extras that do not parse are kept raw
         c = _Common(opaque=f.opaque, cas=f.cas, datatype=f.datatype, frame_infos=(), magic=f.magic)
         raw_framing = f.framing_extras
     if f.magic in RESPONSE_MAGICS:
-        return Response(status=f.vbucket_or_status, opcode=f.opcode, extras=f.extras, key=f.key,
+        return T.Response(status=f.vbucket_or_status, opcode=f.opcode, extras=f.extras, key=f.key,
                         value=f.value, decode_error=error, raw_framing=raw_framing, **c)
-    return Request(vbucket=f.vbucket_or_status, opcode=f.opcode, extras=f.extras, key=f.key,
+    return T.Request(vbucket=f.vbucket_or_status, opcode=f.opcode, extras=f.extras, key=f.key,
                    value=f.value, decode_error=error, raw_framing=raw_framing, **c)
 
 
-def decode_bytes(data: bytes, collections: bool = False) -> Message:
+def decode_bytes(data: bytes, collections: bool = False) -> T.Message:
     """Decode exactly one whole frame given as bytes."""
     return decode(parse_frame(data, 0, len(data)), collections)
