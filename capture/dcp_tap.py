@@ -64,7 +64,7 @@ class DcpTap:
 
     @property
     def collections(self) -> bool:
-        return self.consumer.collections if self.consumer is not None else False
+        return self.consumer.handshake.collections if self.consumer is not None else False
 
     # -- transport hooks
     def attach(self, conn: int, consumer: dcp_consumer.Consumer, node: str | None = None) -> None:
@@ -205,7 +205,8 @@ class CaptureTap(DcpTap):
         c = self.consumer
         if c is None:
             return
-        ended = sum(1 for s in c.states.values() if s.ended_reason is not None)
-        self.progress.update(streams_open=max(0, len(c.states) - ended), streams_ended=ended,
+        states = c.streams.states
+        ended = sum(1 for s in states.values() if s.ended_reason is not None)
+        self.progress.update(streams_open=max(0, len(states) - ended), streams_ended=ended,
                              positions={vb: s.last_seqno for vb, s in c.vb_states().items()},
                              bytes_written=self.bg.writer.bytes_written, backlog_bytes=self.bg.backlog_bytes)
