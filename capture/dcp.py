@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import TYPE_CHECKING
 
 from dcptool.capture.dcp_resume import keep_filter, resume_from
 from dcptool.capture.dcp_session import (
@@ -27,7 +28,13 @@ from dcptool.capture.lag import DcpWatch
 from dcptool.capture.options import CaptureSettings, LiveOptions
 from dcptool.capture.process import fewer_gc_passes, without_pandas
 from dcptool.capture.result import CaptureResult
-from dcptool.capture.ring import compact_finished, retention, start_ring, stop_ring
+from dcptool.capture.ring import (
+    Ring,
+    compact_finished,
+    retention,
+    start_ring,
+    stop_ring,
+)
 from dcptool.capture.run import (
     MAX_MESSAGES,
     NoProgress,
@@ -41,6 +48,9 @@ from dcptool.protocol.dcp.client.consumer_api import FilterResolved
 from dcptool.replay.store.background import BackgroundWriter
 from dcptool.replay.store.writer import CaptureWriter, WriterError
 
+if TYPE_CHECKING:
+    from dcptool.protocol.transport.dcp_cluster import ClusterSession
+
 # Knobs tests turn down (the session's own, the reconnect count, are capture/dcp_session.py's).
 DEFAULTS = {"pause_backlog_bytes": 32 * 2**20}
 
@@ -49,12 +59,18 @@ class DcpCapture:
     """One capture of a DCP source into settings.output, in named steps: prepare (resume
     state, options), open (writer, tap, session), stream, close (the writer), result."""
 
+    writer: CaptureWriter     # these three: made by _open, before anything uses them
+    bg: BackgroundWriter
+    tap: CaptureTap
+
     def __init__(self, opts: LiveOptions, settings: CaptureSettings, *, progress=None, tell=None, note=None):
         self.opts, self.settings = opts, settings
         self.make_progress = progress or NoProgress
         self.tell = tell
         self.note = note or (lambda text: None)
-        self.session = self.loop = self.writer = self.bg = self.tap = self.ring = None
+        self.session: ClusterSession | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.ring: Ring | None = None
         self.pause_at = DEFAULTS["pause_backlog_bytes"]
         self.watch = DcpWatch(opts.metrics, opts.lag_interval)
 
@@ -155,6 +171,7 @@ class DcpCapture:
         error: BaseException | None = None
         consumer = None
         try:
+            assert self.session is not None, "_open made it"
             consumer = run_session(self.session, self.opts.duration, self.stats, signals,
                                    before_stop=self.watch.final)
         except BaseException as exc:  # noqa: BLE001 - the files are closed first, then it is re-raised
@@ -184,8 +201,9 @@ class DcpCapture:
         return files, error
 
     def _result(self, files, error, consumer, signals: StopSignals) -> CaptureResult:
-        events, stats, tap = self.events, self.stats, self.tap
-        if error is None and consumer is not None and not self.session.stopped:
+        events, stats, tap, session = self.events, self.stats, self.tap, self.session
+        assert session is not None, "_open made it"
+        if error is None and consumer is not None and not session.stopped:
             stats.stop(finish_reason(self.opts, events))
             if events.failed and not events.ends:
                 error = every_stream_failed(events)

@@ -205,7 +205,8 @@ class CaptureTap(DcpTap):
         c = self.consumer
         if c is None:
             return
-        ended = sum(1 for s in c.streams.states.values() if s.ended_reason is not None)
-        self.progress.update(streams_open=max(0, len(c.streams.states) - ended), streams_ended=ended,
+        states = c.streams.states
+        ended = sum(1 for s in states.values() if s.ended_reason is not None)
+        self.progress.update(streams_open=max(0, len(states) - ended), streams_ended=ended,
                              positions={vb: s.last_seqno for vb, s in c.vb_states().items()},
                              bytes_written=self.bg.writer.bytes_written, backlog_bytes=self.bg.backlog_bytes)

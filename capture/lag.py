@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from dcptool.capture.metrics import LiveMetrics, start
+from dcptool.capture.metrics import LiveMetrics, MetricsServer, start
 from dcptool.protocol.dcp.client.consumer_api import StreamEnded, VbSeqnos
 from dcptool.replay.timestamps import iso_ns
+
+if TYPE_CHECKING:
+    from dcptool.protocol.dcp.client.consumer import Consumer
 
 
 class LagPoller:
@@ -28,14 +32,14 @@ class LagPoller:
     def __init__(self, interval: float, metrics=None):
         self.interval = interval or 0.0
         self.metrics = metrics
-        self.consumers: dict[int, object] = {}
+        self.consumers: dict[int, Consumer] = {}
         self.asked_final: set[int] = set()
         self.high_seqnos: dict[int, int] = {} if metrics is None else metrics.high_seqnos
         self.lags: dict[int, int] = {} if metrics is None else metrics.lags
         self.largest: tuple | None = None      # (lag_items, vbucket, ts_ns) of the largest lag seen
         self.polls = 0
-        self._loop = None
-        self._timer = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     @property
     def enabled(self) -> bool:
@@ -51,10 +55,11 @@ class LagPoller:
 
     def _tick(self) -> None:
         self.poll()
+        assert self._loop is not None, "connected() set it before the first tick"
         self._timer = self._loop.call_later(self.interval, self._tick)
 
     @staticmethod
-    def _live(c) -> bool:
+    def _live(c: Consumer) -> bool:
         return c.streaming
 
     def poll(self) -> None:
@@ -134,7 +139,7 @@ class DcpWatch:
         self.live = LiveMetrics("dcp") if metrics_listen else None
         self.lag = LagPoller(lag_interval, self.live)
         self.positions: dict[int, int] = {}     # vbucket -> last seqno, every connection's
-        self.server = None
+        self.server: MetricsServer | None = None
         self._next = 0.0
 
     def start(self, *, segments=None, queue_depth=None, unserved=None, say=None) -> "DcpWatch | None":
@@ -147,9 +152,10 @@ class DcpWatch:
         for name, fn in (("segments", segments), ("queue_depth", queue_depth), ("unserved", unserved)):
             if fn is not None:
                 setattr(live, name, fn)
-        self.server = start(self.listen, live)
+        server = self.server = start(self.listen, live)
         if say is not None:
-            say(f"metrics: {self.server.url}")
+            assert server is not None, "self.live: --metrics was given"
+            say(f"metrics: {server.url}")
         return self
 
     @property

@@ -199,9 +199,9 @@ class MetricsServer:
         self.httpd.server_close()
 
 
-def start(listen: str | None, live: LiveMetrics) -> MetricsServer | None:
-    """The endpoint when --metrics was given, else None."""
-    return MetricsServer(listen, live) if listen else None
+def start(listen: str | None, live: LiveMetrics | None) -> MetricsServer | None:
+    """The endpoint when --metrics was given (and with it the live numbers), else None."""
+    return MetricsServer(listen, live) if listen and live is not None else None
 
 
 def wire_synapse(live: LiveMetrics | None, handler, client, *, writer=None, bg=None) -> None:

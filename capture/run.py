@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Literal
 
 from dcptool.protocol.errors import (
     ConnectionLost,
@@ -106,7 +106,7 @@ class StopSignals:
     wakes up), `detach(loop)` hands them back to the plain handler for the finishing phase
     (closing files), during which a second signal is only recorded."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.signum: int | None = None
         self.callbacks: list = []
         self._saved: dict = {}
@@ -120,7 +120,7 @@ class StopSignals:
                 pass
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc: object) -> Literal[False]:
         for sig, old in self._saved.items():
             try:
                 signal.signal(sig, old if old is not None else signal.SIG_DFL)

@@ -57,6 +57,7 @@ def _seeds(url: str, scheme: str) -> tuple[str, tuple]:
     netloc = rest.split("/", 1)[0].split("?", 1)[0]
     userinfo, at, hosts = netloc.rpartition("@")
     default = DEFAULT_PORTS[scheme]
+    assert default is not None, "seed lists are couchbase:// and couchbases://, which have a port"
     seeds = []
     for part in hosts.split(","):
         part = part.strip()

@@ -52,14 +52,16 @@ async def transport(opts: LiveOptions, client: SynapseClient, handler) -> None:
     def backoff(n):
         return synapse_transport.backoff_delay(n, DEFAULTS["backoff_base"], DEFAULTS["backoff_cap"])
 
-    common = dict(max_reconnects=DEFAULTS["max_reconnects"], backoff=backoff,
-                  connect_timeout=DEFAULTS["connect_timeout"])
+    max_reconnects, connect_timeout = int(DEFAULTS["max_reconnects"]), DEFAULTS["connect_timeout"]
     if src.scheme == "synapse":
-        await synapse_transport.run_tcp(src.host, src.port, client, handler, **common)
+        await synapse_transport.run_tcp(src.host, src.port, client, handler, max_reconnects=max_reconnects,
+                                        backoff=backoff, connect_timeout=connect_timeout)
     else:
+        assert src.server_name is not None, "parse_source refuses synapse+redis:// without one"
         await synapse_transport.run_redis(src.host, src.port, src.server_name, client, handler, db=src.db,
                           password=opts.password, username=opts.user, tls=src.tls,
-                          ca_cert=opts.ca_cert, insecure=opts.insecure, **common)
+                          ca_cert=opts.ca_cert, insecure=opts.insecure, max_reconnects=max_reconnects,
+                          backoff=backoff, connect_timeout=connect_timeout)
 
 
 class SynapseRun:

@@ -98,7 +98,7 @@ def install_stop_signals() -> None:
             pass
 
 
-_armed = []
+_armed: list[int] = []
 
 
 def _arm_exit(signum: int) -> None:

@@ -22,7 +22,7 @@ class _StopState:
     handlers of note_stop_signals, at the moment it came) and the --duration deadline. A
     write the reader does not take is abandoned OUTPUT_GRACE seconds after either."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.signum: int | None = None
         self.signal_at: float | None = None
         self.deadline: float | None = None
@@ -60,7 +60,7 @@ def note_stop_signals() -> None:
             note_signal(signum)
             if callable(old):
                 old(signum, frame)
-        handler._notes_stop = True
+        setattr(handler, "_notes_stop", True)   # a function attribute mypy has no slot for: the mark looked for above
         try:
             signal.signal(sig, handler)
         except (ValueError, OSError):   # not the main thread

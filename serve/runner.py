@@ -53,7 +53,8 @@ def serve_dcp_recording(recording, users: dict, *, bind: str, port: int, tls, pa
     model = PlaybackModel(recording, users, pace=pace,
                           faults=Faults(disconnect_at=disconnect_at, stall_at=stall_at, stall_seconds=stall_seconds,
                                         corrupt_at=corrupt_at))
-    server = ProducerServer(model, handshake_timeout=handshake_timeout)
+    # PlaybackModel stands in for a ServerModel by duck typing (connect, buckets, users, ...): no common base
+    server = ProducerServer(model, handshake_timeout=handshake_timeout)  # type: ignore[arg-type]
 
     async def main():
         stop = server_stop_event()   # stopping is how a server ends: exit 0, as serve dcp does
