@@ -47,7 +47,8 @@ def key_matcher(pattern: str | None) -> Callable[[str], bool] | None:
 
 
 def _sql(frames: duck.DuckFrames, files: list[Any]) -> str:
-    docs = plans.table_sql(duck.D, "documents", frames.source, plans.PlanFacts.of(files, None))
+    # the values are cut from `raw` below as stored (Snappy and xattrs kept): no body columns
+    docs = plans.table_sql(duck.D, "documents", frames.source, plans.PlanFacts.of(files, None), bodies=False)
     prepare = ("(SELECT max_by(p.raw, p._seq) FROM vb_frames p WHERE p.op = 'prepare' AND p.vbucket = d.vbucket "
                "AND p.key = d.key AND p.collection_id IS NOT DISTINCT FROM d.collection_id AND p._seq < f._seq)")
     return ("SELECT d.vbucket, d.collection_id, d.key, d.rev_seqno, d.cas, d.state, d.item_flags, d.expiration, "

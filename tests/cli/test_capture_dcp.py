@@ -102,7 +102,8 @@ def test_sigkill_at_random_moments_then_resume_has_no_gap(tmp_path):
         url = f"couchbase://{srv.host}:{srv.port}/default"
         for _ in range(6):
             before = set(os.listdir(out)) if out.exists() else set()
-            p = subprocess.Popen([DCPTOOL, "capture", url, "-o", str(out), "--resume", "--to", "forever",
+            resume = ["--resume"] if out.exists() else []   # the first run starts the directory
+            p = subprocess.Popen([DCPTOOL, "capture", url, "-o", str(out), *resume, "--to", "forever",
                                   "--quiet", "--noop-interval", "2s"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             data_on_disk(out, before, p)   # this run has rows on disk, then the seeded kill point:

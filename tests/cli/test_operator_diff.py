@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from dcptool.replay.check import diff as D
 from dcptool.replay.local import engine as local
+from dcptool.replay.rules import tables as T
 from dcptool.replay.rules.as_of import AsOf
 from dcptool.replay.store import reader
 from dcptool.replay.timestamps import iso_ns
@@ -25,11 +26,7 @@ def _dir(tmp, s, n=200):
 
 
 def _docs(rows):
-    schema = pa.schema([("vbucket", pa.uint16()), ("collection_id", pa.uint32()), ("key", pa.binary()),
-                        ("by_seqno", pa.int64()), ("rev_seqno", pa.int64()), ("cas", pa.uint64()),
-                        ("state", pa.string()), ("datatype", pa.uint8()), ("item_flags", pa.uint32()),
-                        ("expiration", pa.uint32()), ("value_len", pa.uint32()), ("capture_id", pa.string()),
-                        ("frame_no", pa.int64()), ("ts", pa.timestamp("ns", tz="UTC"))])
+    schema = T.schema_of("dcp", "documents")     # the body columns (value, ...) null
     base = dict(dict.fromkeys(schema.names), rev_seqno=1, datatype=0, item_flags=0, expiration=0,
                 value_len=1, capture_id="c", frame_no=0, ts=0)
     return pa.Table.from_pylist([{**base, **r} for r in rows], schema=schema)

@@ -278,7 +278,8 @@ def test_producer_failover_capture_and_killed_resumed_captures_are_clean(tmp_pat
         url = f"couchbase://{srv.host}:{srv.port}/default"
         for _ in range(3):
             before = set(os.listdir(out)) if out.exists() else set()
-            p = subprocess.Popen([DCPTOOL, "capture", url, "-o", str(out), "--resume", "--to", "forever",
+            resume = ["--resume"] if out.exists() else []   # the first run starts the directory
+            p = subprocess.Popen([DCPTOOL, "capture", url, "-o", str(out), *resume, "--to", "forever",
                                   "--quiet", "--noop-interval", "2s"],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             data_on_disk(out, before, p)   # this run has rows on disk, then the seeded kill point:
