@@ -87,8 +87,8 @@ class _ServerProtocol(asyncio.Protocol):
                     break
                 conn.receive(bytes(inbox[off:off + length]), now)
                 done = off + length
-                if conn.wants_write:
-                    chunks = conn.pull(now)
+                if conn.wants_write:      # its answers only: stream data is the writer task's
+                    chunks = conn.pull(now, 0)
                     out += chunks
                     held += sum(map(len, chunks))
             else:
