@@ -32,7 +32,7 @@ def _invoke(*args):
 
 
 def test_both_commands_use_the_one_session_and_tap():
-    assert dcp_live.make_session is capture_dcp.make_session is dcp_session.make_session
+    assert dcp_live.S is dcp_session and capture_dcp.make_session is dcp_session.make_session
     assert not hasattr(dcp_live, "DEFAULTS") and "reconnects" not in capture_dcp.DEFAULTS
     assert issubclass(RowTap, DcpTap) and issubclass(CaptureTap, DcpTap)
     # the tap's transport hooks are DcpTap's own, not overridden by either command
