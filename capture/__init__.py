@@ -18,13 +18,16 @@ only parses options, calls it and prints.
 
 from __future__ import annotations
 
+from dcptool.capture.lock import hold
 from dcptool.capture.options import CaptureSettings, LiveOptions
 from dcptool.capture.sources import Source, parse_source
 
 # Lazy imports: only where start-up time needs them. Importing dcptool.capture (its options,
 # as cli/ does for `stream`) loads no numpy or pyarrow: each protocol's run loads when called.
 
-__all__ = ["CaptureSettings", "LiveOptions", "Source", "parse_source", "capture"]
+# `hold(directory, shard=)`: one writer per capture directory and shard (capture/lock.py); the
+# CLI holds it around a run, from --resume's recovery to the end-of-run merge.
+__all__ = ["CaptureSettings", "LiveOptions", "Source", "parse_source", "capture", "hold"]
 
 
 def capture(opts: LiveOptions, settings: CaptureSettings, **callbacks):

@@ -494,10 +494,22 @@ class _LazySynapse(dict):
         return super().__getitem__(name)
 
 
+def _catch_up_configured(f) -> bool:
+    """The capture run of segment `f` had --catch-up (its recorded options say so)."""
+    import json
+    try:
+        opts = json.loads(getattr(f, "metadata", {}).get("dcptool.options") or "{}")
+    except ValueError:
+        return True        # unreadable options: look at the lines themselves
+    return bool((opts.get("synapse") or {}).get("catch_up"))
+
+
 def catch_up_book(files, ranks, chunk_rows: int) -> CatchUpBook:
     """Every caught-up line of the replay (synapse_catchup.py), read before the main pass:
     a live row equal to a caught-up one is dropped wherever in the capture it came."""
     book = CatchUpBook()
+    if not any(_catch_up_configured(f) for f in files):    # no run of these captures fetched
+        return book
     for t in ordered_frames(files, ["direction"], ranks, batch_rows=chunk_rows):
         if pc.any(pc.equal(t.column("direction").cast(pa.string()), CATCH_UP)).as_py():
             break

@@ -43,7 +43,9 @@ def _counted_replay(spark, path: str, seed: int):
 def test_sql_tables_build_no_group_and_run_no_python(spark, tmp_path, capsys):
     rep, built = _counted_replay(spark, str(tmp_path), 4)
     try:
-        assert _python_nodes(rep.dataframe("documents"), capsys) == []
+        # the one Python a capture with Snappy or xattr values runs is the bodies' cut
+        # (replay/spark/bodies.py, one Arrow UDF over the surviving rows), never a group
+        assert set(_python_nodes(rep.dataframe("documents"), capsys)) <= {"ArrowEvalPython"}
         assert built == []
         assert _python_nodes(rep.dataframe("snapshots"), capsys) == ["FlatMapGroupsInArrow"]
         assert built == [1]
