@@ -38,7 +38,7 @@ START_TIMEOUT = 120.0
 IN_USE = "Address already in use"
 
 
-def _wait_log(logs, pattern: str, proc: subprocess.Popen, timeout: float, what: str) -> re.Match:
+def wait_log(logs, pattern: str, proc: subprocess.Popen, timeout: float, what: str) -> re.Match:
     """The first match of `pattern` in the server's own logs (the server saying it listens),
     polled until `timeout`; PortTaken if it exited because its port was in use."""
     end = time.monotonic() + timeout
@@ -52,7 +52,7 @@ def _wait_log(logs, pattern: str, proc: subprocess.Popen, timeout: float, what: 
                 raise PortTaken(f"{what}: {IN_USE}")
             raise RuntimeError(f"{what} exited with {proc.returncode} during start-up\n{text[-3000:]}")
         if time.monotonic() > end:
-            raise RuntimeError(f"{what} did not say it listens within {timeout:.0f} s\n{text[-3000:]}")
+            raise RuntimeError(f"{what} did not say it is ready within {timeout:.0f} s\n{text[-3000:]}")
         time.sleep(0.1)   # polling the log for the condition, bounded by the deadline
 
 
@@ -81,7 +81,7 @@ class RedisServer:
              "--daemonize", "no", "--protected-mode", "yes", *extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            _wait_log([self.log], "(?i)ready to accept connections", proc, 20, "redis-server")
+            wait_log([self.log], "(?i)ready to accept connections", proc, 20, "redis-server")
         except BaseException:
             _stop(proc)
             raise
@@ -177,7 +177,7 @@ class SynapseServer:
                                       "--config-path", str(cfg)], cwd=workdir, env=env,
                                      stdout=self._out, stderr=subprocess.STDOUT)
         try:
-            found = _wait_log([self.out, workdir / "homeserver.log"], r"Synapse now listening on TCP port (\d+)",
+            found = wait_log([self.out, workdir / "homeserver.log"], r"Synapse now listening on TCP port (\d+)",
                               self.proc, START_TIMEOUT, "synapse")
             self.http_port = int(found.group(1))
             self.base = f"http://127.0.0.1:{self.http_port}"

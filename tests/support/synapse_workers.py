@@ -23,7 +23,6 @@ import json
 import os
 import pathlib
 import pwd
-import re
 import shutil
 import signal
 import subprocess
@@ -33,11 +32,12 @@ import urllib.error
 import urllib.request
 from typing import IO, Any
 
-from tests.support.ports import PortTaken, pick_port, start_with_retry
+from tests.support.ports import pick_port, start_with_retry
 from tests.support.synapse_env import (
     SERVER_NAME,
     SHARED_SECRET,
     SYNAPSE_PY,
+    wait_log,
 )
 
 START_TIMEOUT = 120.0
@@ -80,25 +80,6 @@ def workers_available() -> str | None:
 
 def _synapse_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-
-
-def _wait_log(logs: list[pathlib.Path], pattern: str, proc: subprocess.Popen[bytes], timeout: float,
-              what: str) -> re.Match[str]:
-    """The first match of `pattern` in the process's own logs, polled until `timeout`;
-    PortTaken if it exited because a port was in use."""
-    end = time.monotonic() + timeout
-    while True:
-        text = "".join(p.read_text(errors="replace") for p in logs if p.exists())
-        found = re.search(pattern, text)
-        if found:
-            return found
-        if proc.poll() is not None:
-            if IN_USE in text:
-                raise PortTaken(f"{what}: {IN_USE}")
-            raise RuntimeError(f"{what} exited with {proc.returncode} during start-up\n{text[-3000:]}")
-        if time.monotonic() > end:
-            raise RuntimeError(f"{what} did not say it is ready within {timeout:.0f} s\n{text[-3000:]}")
-        time.sleep(0.1)   # polling the log for the condition, bounded by the deadline
 
 
 def _stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
@@ -149,7 +130,7 @@ class PostgresCluster:
                  "-c", "full_page_writes=off", "-c", "max_connections=100"],
                 cwd=self.dir, stdout=logf, stderr=subprocess.STDOUT, **self._as)
         try:
-            _wait_log([self.log], "database system is ready to accept connections", proc, 60, "postgres")
+            wait_log([self.log], "database system is ready to accept connections", proc, 60, "postgres")
         except BaseException:
             _stop(proc, signal.SIGINT)
             raise
@@ -268,11 +249,11 @@ class SynapseWorkers:
             f.unlink(missing_ok=True)
         try:
             main = self._spawn(["synapse.app.homeserver", "--config-path", str(cfg)], self.dir / "main.out")
-            _wait_log([self.dir / "main.out", self.dir / "homeserver.log"],
+            wait_log([self.dir / "main.out", self.dir / "homeserver.log"],
                       rf"Synapse now listening on TCP port {ports['master']}\b", main, START_TIMEOUT, "synapse main")
             ep = self._spawn(["synapse.app.generic_worker", "--config-path", str(cfg), "--config-path", str(worker)],
                              self.dir / "event_persister1.out")
-            _wait_log([self.dir / "event_persister1.out", self.dir / "event_persister1.log"],
+            wait_log([self.dir / "event_persister1.out", self.dir / "event_persister1.log"],
                       rf"Synapse now listening on TCP port {ports['event_persister1']}\b", ep, START_TIMEOUT,
                       "synapse event_persister1")
             self._wait_ready(f"http://127.0.0.1:{ports['master']}")
