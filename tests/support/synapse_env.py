@@ -152,7 +152,7 @@ handlers:
   file:
     class: logging.FileHandler
     formatter: precise
-    filename: "{dir}/homeserver.log"
+    filename: "{log}"
 root:
   level: INFO
   handlers: [file]
@@ -166,7 +166,7 @@ class SynapseServer:
         cfg = workdir / "homeserver.yaml"
         cfg.write_text(HOMESERVER_YAML.format(server_name=SERVER_NAME, dir=workdir, secret=SHARED_SECRET,
                                               redis_port=redis_port))
-        (workdir / "log.yaml").write_text(LOG_YAML.format(dir=workdir))
+        (workdir / "log.yaml").write_text(LOG_YAML.format(log=workdir / "homeserver.log"))
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
         subprocess.run([str(SYNAPSE_PY), "-m", "synapse.app.homeserver", "--config-path", str(cfg),
                         "--generate-keys"], check=True, cwd=workdir, env=env,

@@ -34,6 +34,7 @@ from typing import IO, Any
 
 from tests.support.ports import pick_port, start_with_retry
 from tests.support.synapse_env import (
+    LOG_YAML,
     SERVER_NAME,
     SHARED_SECRET,
     SYNAPSE_PY,
@@ -149,22 +150,6 @@ class PostgresCluster:
             _stop(proc, signal.SIGINT)     # fast shutdown: clients are cut off
         shutil.rmtree(self.dir, ignore_errors=True)
 
-
-LOG_YAML = """\
-version: 1
-formatters:
-  precise:
-    format: '%(asctime)s - %(name)s - %(lineno)d - %(levelname)s - %(message)s'
-handlers:
-  file:
-    class: logging.FileHandler
-    formatter: precise
-    filename: "{log}"
-root:
-  level: INFO
-  handlers: [file]
-disable_existing_loggers: false
-"""
 
 _LIMIT = {"per_second": 1000, "burst_count": 1000}
 

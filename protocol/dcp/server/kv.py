@@ -45,7 +45,6 @@ _RSP = struct.Struct(">BBHBBHIIQ")  # a response header
 _FLAGS_EXPIRY = struct.Struct(">II")
 _COUNTER = struct.Struct(">QQI")   # delta, initial, expiry
 _U32 = struct.Struct(">I")
-_META = struct.Struct(">IIIQB")    # deleted, flags, expiry, seqno, datatype (GET_META version 2)
 _SNAPPY, _XATTR, _JSON = int(DatatypeBit.SNAPPY), int(DatatypeBit.XATTR), int(DatatypeBit.JSON)
 _KNOWN_DATATYPES = int(DatatypeBit.JSON | DatatypeBit.SNAPPY | DatatypeBit.XATTR)
 _JSON_START = frozenset(b'{["-0123456789tfn \t\r\n')
@@ -290,22 +289,6 @@ def _gat_reply(conn: Any, req: Any, ix: VbIndex, it: Item) -> None:
     _doc_answer(conn, req, it)
 
 
-def _get_meta(conn: Any, req: Any, st: KvStore, ix: VbIndex, now: float) -> None:
-    """GET_META (the SDK's exists): deleted, flags, expiry, seqno (+ datatype, version 2);
-    a tombstone answers too, with deleted = 1."""
-    _need_extras(req, 0, 1)
-    key = _key(conn, req)
-    ix.find(key, st.wall(now))
-    it = ix.docs.get(key)
-    if it is None:
-        raise BadRequest(Status.KEY_ENOENT)
-    deleted = 0 if it.kind in ("m", "c") else 1
-    extras = _META.pack(deleted, it.flags, it.expiry, it.rev, it.datatype)
-    if req.extras != b"\x02":
-        extras = extras[:-1]
-    _answer(conn, req, extras=extras, cas=it.cas)
-
-
 def _check_durable(conn: Any, ix: VbIndex) -> None:
     """DURABILITY_IMPOSSIBLE unless the vbucket's chain (active + replicas) has a majority
     of live nodes: majority = (replicas + 1) // 2 + 1 of the configured copies."""
@@ -432,7 +415,7 @@ def _concat(conn: Any, req: Any, st: KvStore, ix: VbIndex, now: float) -> None:
 
 
 DOCUMENT_COMMANDS = {
-    Opcode.GET: _get, Opcode.GET_REPLICA: _get, Opcode.GET_META: _get_meta,
+    Opcode.GET: _get, Opcode.GET_REPLICA: _get,
     Opcode.SET: _store, Opcode.ADD: _store, Opcode.REPLACE: _store, Opcode.DELETE: _remove,
     Opcode.TOUCH: _touch, Opcode.GAT: _touch, Opcode.INCREMENT: _counter, Opcode.DECREMENT: _counter,
     Opcode.APPEND: _concat, Opcode.PREPEND: _concat, Opcode.GET_LOCKED: _get_locked, Opcode.UNLOCK_KEY: _unlock,
