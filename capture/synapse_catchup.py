@@ -126,8 +126,7 @@ class CatchUp:
 
     async def _drained(self) -> None:
         assert self._queue is not None
-        while self._queue.qsize() or self._busy is not None:
-            await asyncio.sleep(0.05)       # polls the worker's state, bounded by DRAIN_SECONDS
+        await self._queue.join()        # every queued fetch taken and done (task_done)
 
     async def _work(self) -> None:
         assert self._queue is not None
@@ -136,6 +135,7 @@ class CatchUp:
             self._busy = fetch
             await self._fetch(fetch)
             self._busy = None
+            self._queue.task_done()
 
     async def _fetch(self, fetch: catchup.Fetch) -> None:
         url = self.endpoints[fetch.instance]

@@ -149,9 +149,10 @@ def synapse_tables(t: pa.Table, max_conn: int) -> dict[str, pa.Table]:
     prev_tok = as_numpy(t.column("prev_token"), fill=0, dtype=np.int64)
     gap = is_pos & prev_valid & has_before & (value[bb] < prev_tok)
     if book is not None:            # a gap a catch-up fetched whole is no gap
-        keys = list(zip(stream.take(order).to_pylist(), instance.take(order).to_pylist()))
-        for j in np.flatnonzero(gap).tolist():
-            if book.cover.covers(keys[j], int(value[bb][j]), int(prev_tok[j])):
+        gj = np.flatnonzero(gap)       # only the gap rows' keys are read out
+        take = pa.array(order[gj])
+        for j, s, i in zip(gj.tolist(), stream.take(take).to_pylist(), instance.take(take).to_pylist()):
+            if book.cover.covers((s, i), int(value[bb][j]), int(prev_tok[j])):
                 gap[j] = False
     gi = np.flatnonzero(gap)
     gaps = pa.table({
