@@ -86,9 +86,10 @@ def serve_synapse(bind, port, server_name, items, seed, from_file, rate, ping_in
         return
     if from_file:
         with open(from_file, encoding="utf-8") as fh:
-            feed = Feed(recorded_lines(fh.read()))
+            feed = Feed(recorded_lines(fh.read()), keep_history=http_port is not None)
     else:
-        feed = Feed(generated_lines(seed, items or None, server_name=server_name))
+        feed = Feed(generated_lines(seed, items or None, server_name=server_name),
+                    keep_history=http_port is not None)   # rows kept only to answer catch-up
     ping = parse_duration(ping_interval, "--ping-interval")
     tmo = parse_duration(timeout, "--timeout")
 

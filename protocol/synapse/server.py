@@ -40,11 +40,13 @@ class Feed:
     (stream, instance). ``take(n)`` hands out the next lines; ``skip(n)`` drops them
     without sending (to make a gap)."""
 
-    def __init__(self, lines: Iterable[str], instance: str = "master"):
+    def __init__(self, lines: Iterable[str], instance: str = "master", keep_history: bool = False):
         self._it: Iterator[str] = iter(lines)
         self.instance = instance
-        # what was handed out, per (stream, instance): (token, row JSON), for the catch-up
-        # endpoint (`batch` rows under the token of the row that closes them); bounded
+        self.keep_history = keep_history
+        # with keep_history (a catch-up endpoint to answer): what was handed out, per (stream,
+        # instance): (token, row JSON), `batch` rows under the token of the row that closes
+        # them; bounded
         self.history: dict[tuple[str, str], list[tuple[int, str]]] = {}
         self.horizon: dict[tuple[str, str], int] = {}     # rows at or below it were let go
         self._open: dict[tuple[str, str], list[str]] = {}
@@ -78,13 +80,16 @@ class Feed:
                 return
             key = (parts[1], parts[2])
             if parts[3] == "batch":
-                self._open.setdefault(key, []).append(parts[4])
+                if self.keep_history:
+                    self._open.setdefault(key, []).append(parts[4])
                 return
             try:
                 token = int(parts[3])
             except ValueError:
                 return
             self.tokens[key] = token
+            if not self.keep_history:
+                return
             rows = self.history.setdefault(key, [])
             rows.extend((token, r) for r in self._open.pop(key, ()))
             rows.append((token, parts[4]))

@@ -62,7 +62,7 @@ def test_answers_that_are_not_what_was_asked_are_refused(body):
 
 
 def test_fetch_pages_until_the_writer_is_not_limited():
-    feed = Feed(generated_lines(3, 400))
+    feed = Feed(generated_lines(3, 400), keep_history=True)
     feed.take(400)
     committed = 1
     end = feed.tokens[("events", "master")]
@@ -78,7 +78,7 @@ def test_fetch_pages_until_the_writer_is_not_limited():
 
 
 def test_endpoint_checks_the_secret_and_the_stream():
-    feed = Feed(generated_lines(3, 50))
+    feed = Feed(generated_lines(3, 50), keep_history=True)
     feed.take(50)
     target = catchup.request_target("events", 1, 5, "t")
     assert catch_up_answer(feed, target, None, SECRET)[0] == 401
