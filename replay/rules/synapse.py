@@ -87,6 +87,17 @@ def group_bounds(gid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return gstart, np.append(gstart[1:], len(gid)) - 1, gid[gstart]
 
 
+def _uncover(book: CatchUpBook, gap: np.ndarray, stream: pa.Array, instance: pa.Array,
+             lo: np.ndarray, hi: np.ndarray) -> None:
+    """Clear the gaps (in place) whose whole range a catch-up fetched; only the gap rows'
+    keys are read out."""
+    gj = np.flatnonzero(gap)
+    take = pa.array(gj)
+    for j, s, i in zip(gj.tolist(), stream.take(take).to_pylist(), instance.take(take).to_pylist()):
+        if book.cover.covers((s, i), int(lo[j]), int(hi[j])):
+            gap[j] = False
+
+
 def synapse_tables(t: pa.Table, max_conn: int) -> dict[str, pa.Table]:
     """`positions`, `rows` and `gaps` for the group frames in `t` (any order; columns
     SYN_STATE_COLUMNS + _seq + _conn). `max_conn` is the highest `_conn` of the whole
@@ -149,11 +160,7 @@ def synapse_tables(t: pa.Table, max_conn: int) -> dict[str, pa.Table]:
     prev_tok = as_numpy(t.column("prev_token"), fill=0, dtype=np.int64)
     gap = is_pos & prev_valid & has_before & (value[bb] < prev_tok)
     if book is not None:            # a gap a catch-up fetched whole is no gap
-        gj = np.flatnonzero(gap)       # only the gap rows' keys are read out
-        take = pa.array(order[gj])
-        for j, s, i in zip(gj.tolist(), stream.take(take).to_pylist(), instance.take(take).to_pylist()):
-            if book.cover.covers((s, i), int(value[bb][j]), int(prev_tok[j])):
-                gap[j] = False
+        _uncover(book, gap, stream.take(order), instance.take(order), value[bb], prev_tok)
     gi = np.flatnonzero(gap)
     gaps = pa.table({
         "stream": stream.take(order).take(gi), "instance": instance.take(order).take(gi),
