@@ -10,7 +10,7 @@
 
 `capture()` runs the protocol's transport (protocol/transport/) and writes every frame or
 line through the capture store (replay/store/), then returns a CaptureResult; callbacks
-show progress and events. capture/dcp.py and capture/synapse.py hold each protocol's run,
+show progress and events. capture/dcp_capture.py and capture/synapse_capture.py hold each protocol's run,
 capture/run.py what both share (summary counters, signals, the event loop). This package
 imports protocol/ and replay/store/, never cli/, click or rich; `dcptool capture` (cli/)
 only parses options, calls it and prints.
@@ -31,10 +31,10 @@ __all__ = ["CaptureSettings", "LiveOptions", "Source", "parse_source", "capture"
 
 
 def capture(opts: LiveOptions, settings: CaptureSettings, **callbacks):
-    """Capture the source of `opts` into settings.output (capture/dcp.py capture_dcp or
-    capture/synapse.py capture_synapse, by the source's protocol); returns a CaptureResult."""
+    """Capture the source of `opts` into settings.output (capture/dcp_capture.py capture_dcp or
+    capture/synapse_capture.py capture_synapse, by the source's protocol); returns a CaptureResult."""
     if opts.source.protocol == "dcp":
-        from dcptool.capture.dcp import capture_dcp
+        from dcptool.capture.dcp_capture import capture_dcp
         return capture_dcp(opts, settings, **callbacks)
-    from dcptool.capture.synapse import capture_synapse
+    from dcptool.capture.synapse_capture import capture_synapse
     return capture_synapse(opts, settings, **callbacks)

@@ -2,7 +2,7 @@
 consumer's config from LiveOptions (the one default connection name, capture/options.py
 default_name), the session over the transport (the one reconnect count, DEFAULTS), its event
 loop (run_session: until it ends, a duration passes or a signal comes), and the consumer's
-events as the run's state (DcpEvents). capture/dcp.py adds the writer, live/dcp_rows.py the
+events as the run's state (DcpEvents). capture/dcp_capture.py adds the writer, live/dcp_rows.py the
 rows of `stream`; both hand the session a tap of capture/dcp_tap.py."""
 
 from __future__ import annotations

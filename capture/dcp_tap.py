@@ -1,5 +1,5 @@
 """The tap of a DCP session, one for `capture` and `stream`: the transport hands it every
-frame that crosses the wire (attach, on_sent, on_received; protocol/transport/dcp.py), both
+frame that crosses the wire (attach, on_sent, on_received; protocol/transport/dcp_client.py), both
 directions. DcpTap numbers the frames across connections, counts them in the run's RunStats,
 keeps each connection's request opaques (so a response gets the vbucket of its request),
 tells the --metrics / --lag-interval watch (capture/lag.py) of every receive and ends the run

@@ -205,7 +205,7 @@ def start(listen: str | None, live: LiveMetrics | None) -> MetricsServer | None:
 
 
 def wire_synapse(live: LiveMetrics | None, handler, client, *, writer=None, bg=None) -> None:
-    """--metrics of a Synapse run (capture or stream): `handler` (capture/synapse.py
+    """--metrics of a Synapse run (capture or stream): `handler` (capture/synapse_capture.py
     SynapseRun) counts into `live`, read with the client's tokens at scrape time."""
     if live is None:
         return

@@ -10,7 +10,7 @@ import sys
 import click
 
 from dcptool import __version__
-from dcptool.cli.errors import handle
+from dcptool.cli.exit_codes import handle
 from dcptool.cli.process import guard_stdio, install_stop_signals
 
 # name -> (module:attribute, one-line help shown by `dcptool --help` without importing it)
@@ -64,7 +64,7 @@ class LazyGroup(click.Group):
 
 
 def _verbose_on(ctx: click.Context, param: object = None, value: bool = True) -> None:
-    """`-v`: tracebacks (cli/errors.py) and protocol-level logging on stderr, for the whole run."""
+    """`-v`: tracebacks (cli/exit_codes.py) and protocol-level logging on stderr, for the whole run."""
     root = ctx.find_root()
     if value and not root.ensure_object(dict).get("verbose"):
         root.obj["verbose"] = True

@@ -8,7 +8,7 @@ import click
 
 from dcptool.capture.options import CaptureSettings
 from dcptool.capture.shard import check_shard
-from dcptool.cli.errors import LateUsageError
+from dcptool.cli.exit_codes import LateUsageError
 from dcptool.cli.live import build_options, connection_options, runner
 from dcptool.cli.sources import output_dir_option, parse_duration, parse_size
 from dcptool.cli.view.console import err_console

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from dcptool.cli import errors
+from dcptool.cli import exit_codes
 from dcptool.cli.view.console import err_console
 from dcptool.cli.view.output import Sink, default_format
 from dcptool.replay.display import dcp_display, with_key_base64
@@ -77,7 +77,7 @@ def diff(ctx, captures, at, fmt):
     result = D.diff_documents(before, after)
     _print(result, fmt)
     console.print(D.summary_line(result, before.num_rows, after.num_rows), highlight=False)
-    ctx.exit(errors.EXIT_FINDINGS if result.num_rows else errors.EXIT_OK)
+    ctx.exit(exit_codes.EXIT_FINDINGS if result.num_rows else exit_codes.EXIT_OK)
 
 
 def _print(result, fmt):

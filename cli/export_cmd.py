@@ -27,7 +27,7 @@ def export_cmd(captures, output, port, mss):
       dcptool export ./captures -o session.pcapng && tshark -r session.pcapng
     """
     from dcptool.capture.pcap.export import export_pcap
-    from dcptool.cli.errors import error_line
+    from dcptool.cli.exit_codes import error_line
     res = export_pcap(list(captures), output, port=port, mss=mss)
     click.echo(f"exported {res.frames:,} {'frames' if res.protocol == 'dcp' else 'lines'} of "
                f"{res.connections} connection(s) to {', '.join(res.servers) or '-'} as {res.packets:,} "

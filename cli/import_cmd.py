@@ -30,7 +30,7 @@ def import_cmd(file, output, ports, compression):
       tcpdump -i lo -w dcp.pcap port 11210 ... && dcptool import dcp.pcap -o ./imported
     """
     from dcptool.capture.pcap.importer import import_pcap
-    from dcptool.cli.errors import error_line
+    from dcptool.cli.exit_codes import error_line
 
     def note(text: str) -> None:
         error_line(text) if text.startswith("warning") else click.echo(f"dcptool: {text}", err=True)

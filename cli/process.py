@@ -15,7 +15,7 @@ class _ClosedStdout:
     encoding = "utf-8"
 
     def _closed(self, *_a, **_k):
-        from dcptool.cli.errors import StdoutClosed
+        from dcptool.cli.exit_codes import StdoutClosed
         raise StdoutClosed()
 
     write = writelines = _closed
@@ -76,7 +76,7 @@ def install_stop_signals() -> None:
     their own handlers while they run."""
     import signal
 
-    from dcptool.cli.errors import STOP_SIGNALS, Interrupted
+    from dcptool.cli.exit_codes import STOP_SIGNALS, Interrupted
 
     def on_stop(signum, _frame):
         from dcptool.live.stdout_pipe import (
@@ -114,7 +114,7 @@ def _exit_later(signum: int) -> None:
     import os
     import time
 
-    from dcptool.cli.errors import (  # loaded already: install_stop_signals imported it
+    from dcptool.cli.exit_codes import (  # loaded already: install_stop_signals imported it
         STOP_REPORTED,
         Interrupted,
         exit_code_for,
@@ -126,4 +126,4 @@ def _exit_later(signum: int) -> None:
             os.write(2, f"dcptool: {stop_text(signum)}\n".encode())
         except OSError:
             pass
-    os._exit(exit_code_for(Interrupted(signum)))   # cli/errors.py's table: 128 + signal
+    os._exit(exit_code_for(Interrupted(signum)))   # cli/exit_codes.py's table: 128 + signal

@@ -98,7 +98,7 @@ def restore_cmd(ctx, args, user, password_file, as_of_ts, keys, collection_map, 
     counts = R.restore(opts, progress=_progress(), signals=(signal.SIGINT, signal.SIGTERM))
     _summary(counts, json_summary, to_stderr=False)
     if counts.interrupted:
-        from dcptool.cli.errors import Interrupted
+        from dcptool.cli.exit_codes import Interrupted
         raise Interrupted(counts.signal or signal.SIGINT)
     if counts.failed:
         raise R.RestoreFailed(f"{counts.failed} document(s) refused by the target: {counts.statuses}")

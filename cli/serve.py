@@ -8,8 +8,8 @@ import importlib
 import click
 
 SERVERS = {
-    "dcp": ("dcptool.cli.servers.dcp:serve_dcp", "A DCP producer serving a generated bucket."),
-    "synapse": ("dcptool.cli.servers.synapse:serve_synapse",
+    "dcp": ("dcptool.cli.servers.serve_dcp:serve_dcp", "A DCP producer serving a generated bucket."),
+    "synapse": ("dcptool.cli.servers.serve_synapse:serve_synapse",
                 "A Synapse replication server speaking the TCP line protocol."),
 }
 

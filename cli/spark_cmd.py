@@ -57,7 +57,7 @@ def start(port, host, idle_timeout, as_json):
     """Start the server (or reuse the running one) and wait until it answers."""
     idle = parse_duration(idle_timeout, "--idle-timeout")
     console = _console()
-    state = connect_server.state_dir()   # ServerError: one `dcptool:` line, exit 1 (cli/errors.py)
+    state = connect_server.state_dir()   # ServerError: one `dcptool:` line, exit 1 (cli/exit_codes.py)
     if host not in ("127.0.0.1", "localhost", "::1"):
         console.print(f"[yellow]dcptool:[/] listening on {host}: anyone who reaches it with the token "
                       f"(in {state}) can run code as you", highlight=False)

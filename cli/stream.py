@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from dcptool.cli.errors import StdoutClosed
+from dcptool.cli.exit_codes import StdoutClosed
 from dcptool.cli.live import build_options, connection_options, runner
 from dcptool.cli.process import stdout_closed
 from dcptool.cli.view.output import FORMATS

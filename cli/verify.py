@@ -8,7 +8,7 @@ import json
 
 import click
 
-from dcptool.cli import errors
+from dcptool.cli import exit_codes
 from dcptool.cli.sources import capture_paths
 from dcptool.cli.view.console import err_console
 from dcptool.cli.view.output import Sink, default_format, printable
@@ -76,9 +76,9 @@ def verify(ctx, captures, fmt, limit, summary_json, explain):
             json.dump(summary, fh, separators=(",", ":"))
             fh.write("\n")
     if not report.readable:
-        errors.error_line(f"nothing could be read: {report.unreadable_files} unreadable file(s)")
-        ctx.exit(errors.EXIT_RUNTIME)
-    ctx.exit(errors.EXIT_FINDINGS if summary["findings"] > summary["by_severity"]["info"] else errors.EXIT_OK)
+        exit_codes.error_line(f"nothing could be read: {report.unreadable_files} unreadable file(s)")
+        ctx.exit(exit_codes.EXIT_RUNTIME)
+    ctx.exit(exit_codes.EXIT_FINDINGS if summary["findings"] > summary["by_severity"]["info"] else exit_codes.EXIT_OK)
 
 
 def _print_summary(console, s: dict, printable) -> None:

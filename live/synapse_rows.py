@@ -1,5 +1,5 @@
 """`stream synapse://...` without the CLI: the capture's client and transports
-(capture/synapse.py) with a handler that turns every line crossing the wire into a row for
+(capture/synapse_capture.py) with a handler that turns every line crossing the wire into a row for
 a sink (cli/view/output.py Sink): the row of the capture format with `ts` as text, RDATA
 rows' fields decoded and, for tables and text, one readable `detail` cell."""
 
@@ -9,7 +9,7 @@ import json
 
 import pyarrow as pa
 
-from dcptool.capture import synapse as synapse_capture
+from dcptool.capture import synapse_capture as synapse_capture
 from dcptool.capture.options import LiveOptions
 from dcptool.protocol.synapse.rows import decode_row
 from dcptool.replay.store.synapse_batch import build_batch

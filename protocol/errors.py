@@ -5,7 +5,7 @@ and a side: REMOTE when the peer sent something invalid, LOCAL when we would sen
 something invalid. Only cli/ turns these into exit codes.
 
 `DcptoolError` is the one base of every exception class of the project (protocol/,
-replay/, capture/, cli/; tests/test_architecture.py checks it). cli/errors.py maps its
+replay/, capture/, cli/; tests/test_architecture.py checks it). cli/exit_codes.py maps its
 subclasses to exit codes in one table.
 """
 

@@ -292,7 +292,7 @@ def _wrote(req: _Request, written: Iterable[tuple[str, int]], out: ReplayResult)
 def _interrupts() -> Iterator[None]:
     """A signal during a DuckDB query (DuckDB's Python client interrupts the query when a signal
     handler raised, and raises its own error, whatever the handler raised) is Interrupted, as a
-    signal anywhere else is (cli/errors.py: 130 / 143 / 129)."""
+    signal anywhere else is (cli/exit_codes.py: 130 / 143 / 129)."""
     try:
         yield
     except Exception as exc:

@@ -3,7 +3,7 @@ Spark): the error classes. A neutral module, so that neither engine imports the 
 
 A query the read-only check refuses, or one the engine cannot parse or analyse, is a usage
 error (exit 2: the *Usage* / *Refused* classes are LateUsageError); a query that fails while
-it runs is a runtime error (exit 1: SqlError itself). cli/errors.py maps them."""
+it runs is a runtime error (exit 1: SqlError itself). cli/exit_codes.py maps them."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 (server_stop_event), the event loop with a port that cannot be had as ConnectFailed
 (run_server), and the playback of a recorded capture as a live DCP producer or Synapse
 server (serve_dcp_recording, serve_synapse_recording; the capture is read by
-replay/playback.py first, so nothing listens for a capture that cannot be played)."""
+replay/playback_source.py first, so nothing listens for a capture that cannot be played)."""
 
 from __future__ import annotations
 
@@ -45,9 +45,9 @@ def run_server(coro, bind: str, port: int) -> None:
 def serve_dcp_recording(recording, users: dict, *, bind: str, port: int, tls, pace: float | None,
                         disconnect_at, stall_at: int | None, stall_seconds: float, corrupt_at,
                         on_listening, handshake_timeout: float = 10.0) -> None:
-    """A recorded DCP capture (replay/playback.py load_dcp) served as a producer until a stop
+    """A recorded DCP capture (replay/playback_source.py load_dcp) served as a producer until a stop
     signal; on_listening(host, port) once it listens."""
-    from dcptool.protocol.dcp.server.playback import Faults, PlaybackModel
+    from dcptool.protocol.dcp.server.recorded_producer import Faults, PlaybackModel
     from dcptool.protocol.transport.dcp_server import ProducerServer
 
     model = PlaybackModel(recording, users, pace=pace,
@@ -69,9 +69,9 @@ def serve_dcp_recording(recording, users: dict, *, bind: str, port: int, tls, pa
 def serve_synapse_recording(recording, *, bind: str, port: int, server_name: str, ping: float, timeout: float,
                             pace: float | None, disconnect_at, stall_at: int | None, stall_seconds: float,
                             corrupt_at, on_listening) -> None:
-    """A recorded Synapse capture (replay/playback.py load_synapse) served over TCP until a
+    """A recorded Synapse capture (replay/playback_source.py load_synapse) served over TCP until a
     stop signal; on_listening(host, port) once it listens."""
-    from dcptool.protocol.synapse.playback import (
+    from dcptool.protocol.synapse.recorded_server import (
         LineFaults,
         PlaybackFeed,
         PlaybackSession,

@@ -361,16 +361,16 @@ def test_every_exception_class_derives_from_the_one_base():
 
 
 def test_exit_codes_come_from_one_table():
-    from dcptool.cli import errors
+    from dcptool.cli import exit_codes
     from dcptool.protocol import errors as perr
-    assert errors.exit_code_for(perr.LateUsageError("x")) == errors.EXIT_USAGE
-    assert errors.exit_code_for(perr.ConnectFailed("x")) == errors.EXIT_CONNECT
-    assert errors.exit_code_for(perr.AuthRefused("x")) == errors.EXIT_AUTH
-    assert errors.exit_code_for(perr.RemoteError(perr.ErrorCode.BAD_MAGIC, "x")) == errors.EXIT_PROTOCOL
-    assert errors.exit_code_for(perr.RemoteError(perr.ErrorCode.STATUS, "x", status=0x24)) == errors.EXIT_AUTH
-    assert errors.exit_code_for(perr.Interrupted(15)) == 143
-    assert errors.exit_code_for(perr.DcptoolError("x")) == errors.EXIT_RUNTIME
-    assert [c for c, _ in errors.EXIT_CODES][-1] is perr.DcptoolError
+    assert exit_codes.exit_code_for(perr.LateUsageError("x")) == exit_codes.EXIT_USAGE
+    assert exit_codes.exit_code_for(perr.ConnectFailed("x")) == exit_codes.EXIT_CONNECT
+    assert exit_codes.exit_code_for(perr.AuthRefused("x")) == exit_codes.EXIT_AUTH
+    assert exit_codes.exit_code_for(perr.RemoteError(perr.ErrorCode.BAD_MAGIC, "x")) == exit_codes.EXIT_PROTOCOL
+    assert exit_codes.exit_code_for(perr.RemoteError(perr.ErrorCode.STATUS, "x", status=0x24)) == exit_codes.EXIT_AUTH
+    assert exit_codes.exit_code_for(perr.Interrupted(15)) == 143
+    assert exit_codes.exit_code_for(perr.DcptoolError("x")) == exit_codes.EXIT_RUNTIME
+    assert [c for c, _ in exit_codes.EXIT_CODES][-1] is perr.DcptoolError
 
 
 def _test_imports(path: pathlib.Path):

@@ -22,7 +22,7 @@ import dpkt.pcap
 import dpkt.pcapng as ng
 import numpy as np
 
-from dcptool.capture.pcap.errors import NotAPacketFile
+from dcptool.capture.pcap.pcap_errors import NotAPacketFile
 
 LINKTYPE_RAW = 101          # IPv4/IPv6 with no link header (the pcap LINKTYPE_ value)
 CHUNK = 4 * 2**20

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import dcptool.capture.pcap.flows as flows
 import dcptool.capture.pcap.tcp as tcp
-from dcptool.capture.pcap.errors import UndecodablePcap
 from dcptool.capture.pcap.fileformat import PacketBatch, Truncated, read_batches
 from dcptool.capture.pcap.packets import ACK, FIN, RST, SYN, addr, parse, parse_batch
+from dcptool.capture.pcap.pcap_errors import UndecodablePcap
 from dcptool.capture.pcap.sinks import FLUSH_BYTES, DcpSink, SynapseSink
 
 META_IMPORTED_FROM = "dcptool.imported_from"

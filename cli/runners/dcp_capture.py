@@ -1,9 +1,9 @@
-"""`dcptool capture couchbase://...`: the capture itself is library (capture/dcp.py); this
+"""`dcptool capture couchbase://...`: the capture itself is library (capture/dcp_capture.py); this
 shows its progress and events on stderr and prints its summary."""
 
 from __future__ import annotations
 
-from dcptool.capture.dcp import capture_dcp
+from dcptool.capture.dcp_capture import capture_dcp
 from dcptool.capture.options import CaptureSettings, LiveOptions
 from dcptool.capture.run import StopSignals
 from dcptool.cli.runners.dcp_live import EventLog

@@ -17,7 +17,7 @@ from dcptool.capture.run import (
     unserved_error,
     unserved_fields,
 )
-from dcptool.cli.errors import Interrupted
+from dcptool.cli.exit_codes import Interrupted
 from dcptool.cli.view.console import err_console
 from dcptool.cli.view.output import Sink, default_format, markup_safe
 from dcptool.cli.view.run_summary import (

@@ -1,5 +1,5 @@
 """`dcptool stream|capture synapse://... | synapse+redis://...`: the capture is library
-(capture/synapse.py); `stream` runs the same client and transports with a handler that
+(capture/synapse_capture.py); `stream` runs the same client and transports with a handler that
 prints what crosses the wire (live/synapse_rows.py); both tell gaps and reconnects on stderr."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from dcptool.capture import metrics
-from dcptool.capture import synapse as synapse_capture
+from dcptool.capture import synapse_capture as synapse_capture
 from dcptool.capture.options import CaptureSettings, LiveOptions
 from dcptool.capture.run import END, MAX_MESSAGES, StopSignals
 from dcptool.cli.view.console import err_console

@@ -41,7 +41,7 @@ def stdout_is_tty(file=None) -> bool:
 
 def data_console(file=None, **kw):
     """A rich console for data on stdout, as wide as its content when not a terminal. A closed pipe (`| head`) ends the command
-    quietly with exit 0 through cli/errors.py, instead of rich's own exit 1."""
+    quietly with exit 0 through cli/exit_codes.py, instead of rich's own exit 1."""
     from rich.console import Console
 
     class _DataConsole(Console):

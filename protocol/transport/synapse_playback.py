@@ -1,5 +1,5 @@
 """The I/O of `serve synapse --from CAPTURE`: an asyncio TCP server around the sans-IO
-playback sessions of protocol/synapse/playback.py."""
+playback sessions of protocol/synapse/recorded_server.py."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 from typing import Callable, Sequence
 
 from dcptool.protocol.synapse.framing import LineFramer
-from dcptool.protocol.synapse.playback import PlaybackSession
-from dcptool.protocol.transport.synapse import (
+from dcptool.protocol.synapse.recorded_server import PlaybackSession
+from dcptool.protocol.transport.synapse_tcp_redis import (
     close_served,
     read_client_lines,
     serve_until_stopped,

@@ -26,7 +26,7 @@ from dcptool.replay.rules.columns import (
     is_in,
     ordered_frames,
 )
-from dcptool.replay.rules.dcp import DOC_STATES, dcp_vbucket_frames
+from dcptool.replay.rules.dcp_vbuckets import DOC_STATES, dcp_vbucket_frames
 from dcptool.replay.store import reader
 from dcptool.replay.timestamps import iso_ns
 

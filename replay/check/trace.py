@@ -4,7 +4,7 @@ changes and the change that restored it, stream ends / resumes / re-routes of it
 and topology moves after its first change, a drop of its collection; then one verdict per
 key (live, deleted, expired, undone, not_seen) with a sentence that explains it.
 
-The rules are those of replay (REPLAY.md, replay/rules/dcp.py): a ROLLBACK answer to a
+The rules are those of replay (REPLAY.md, replay/rules/dcp_vbuckets.py): a ROLLBACK answer to a
 stream request undoes every change of its vbucket received before it with a by_seqno
 above the rollback seqno (the earliest such rollback counts), a document's state is its
 last change not undone, a dropped collection's documents are gone. The reads are an
@@ -32,7 +32,7 @@ from dcptool.protocol.errors import DcptoolError
 from dcptool.replay.check import trace_read as R
 from dcptool.replay.check.summary import retained_window
 from dcptool.replay.display import key_fields as key_text
-from dcptool.replay.rules.dcp import COLLECTION_DROP, DOC_STATES
+from dcptool.replay.rules.dcp_vbuckets import COLLECTION_DROP, DOC_STATES
 from dcptool.replay.store import reader
 from dcptool.replay.timestamps import iso_ns
 

@@ -2,7 +2,7 @@
 per RDATA row that carried the event id (its stream, instance, token as sent, the token
 that committed it by the rules of REPLAY.md, connection, frame, time), then one verdict per
 id: `seen` (with the rows, in one sentence) or `not_seen`, with the gaps (POSITION
-told of tokens never received, replay/rules/synapse.py) of the streams that carry event ids:
+told of tokens never received, replay/rules/synapse_tables.py) of the streams that carry event ids:
 where a row of the event would have been lost. The committed tokens and the gaps are those
 of the in-process replay (replay/local/engine.py, the `rows` and `gaps` tables)."""
 

@@ -31,7 +31,7 @@ from dcptool.protocol.errors import DcptoolError, Interrupted
 from dcptool.replay.rules import bodies, dcp_names, plans
 from dcptool.replay.rules.table_types import PLAN_COLUMNS, PLAN_KEYS
 from dcptool.replay.store import discovery, footers
-from dcptool.replay.store.errors import CaptureError
+from dcptool.replay.store.capture_errors import CaptureError
 
 if TYPE_CHECKING:      # pyarrow is loaded only where a result is handed over as Arrow
     import pyarrow as pa

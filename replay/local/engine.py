@@ -37,7 +37,7 @@ from dcptool.replay.rules.columns import (
     as_strings,
     ordered_frames,
 )
-from dcptool.replay.rules.dcp import (
+from dcptool.replay.rules.dcp_vbuckets import (
     DCP_FILTER_COLUMNS,
     DCP_ROLLBACK_COLUMNS,
     DCP_STATE_COLUMNS,
@@ -131,7 +131,7 @@ def replay_local(files: list, chunk_rows: int | None = None, tables=None, as_of:
 
 # the tables DuckDB computes from the plans of replay/rules/plans.py (the ones Spark runs as SQL too)
 PLAN_TABLES = duck.PLAN_TABLES
-# the tables of the per-vbucket rules (DcpState, replay/rules/dcp.py), fed in frame order
+# the tables of the per-vbucket rules (DcpState, replay/rules/dcp_vbuckets.py), fed in frame order
 STATE_TABLES = ("vbuckets", "snapshots")
 
 

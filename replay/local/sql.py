@@ -93,7 +93,7 @@ def run_query(rep, sql: str, unsafe: bool = False, memory: int | None = -1) -> p
 
 @contextlib.contextmanager
 def _errors(cls: type[SqlError]) -> Iterator[None]:
-    """DuckDB's errors as ours: a stop signal during the query is Interrupted (cli/errors.py:
+    """DuckDB's errors as ours: a stop signal during the query is Interrupted (cli/exit_codes.py:
     130), out of memory ReplayMemoryError, any other a `cls` of one line."""
     import duckdb
     try:

@@ -1,6 +1,6 @@
 """The names of the DCP rules (REPLAY.md) that the SQL engines and the Python rules share, with
 no pyarrow or numpy: which ops belong to a vbucket's stream, the state each change op leaves a
-document in, the system event of a collection drop. replay/rules/dcp.py re-exports them."""
+document in, the system event of a collection drop. replay/rules/dcp_vbuckets.py re-exports them."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ bigint nanoseconds, `_cas_bits` (cas as a 64-bit integer of the same bits: a lon
 UBIGINT in DuckDB; a plan outputs it as `cas`), `_rank` (the capture's rank in frame order)
 and `_seq` (`_rank << SEQ_SHIFT | frame_no`, the frame order).
 
-The rules (the same as DcpState's, replay/rules/dcp.py): a change (mutation, deletion,
+The rules (the same as DcpState's, replay/rules/dcp_vbuckets.py): a change (mutation, deletion,
 expiration, commit) is undone when a later ROLLBACK answer of its vbucket rolls back below
 its by_seqno (a null by_seqno counts as -1); a commit takes the columns of the last prepare
 of its document before it that was not undone (replay/rules/dcp_sync.py); a dropped

@@ -30,17 +30,17 @@ from dcptool.replay.rules.columns import (
     ts_array,
     ts_ns,
 )
-from dcptool.replay.rules.synapse import (
-    Kinds,
-    group_bounds,
-    next_numeric,
-    synapse_group_frames,
-)
 from dcptool.replay.rules.synapse_catchup import (
     BOOK_COLUMNS,
     CATCH_UP,
     CatchUpBook,
     gap_counts,
+)
+from dcptool.replay.rules.synapse_tables import (
+    Kinds,
+    group_bounds,
+    next_numeric,
+    synapse_group_frames,
 )
 
 I64_MIN = np.iinfo(np.int64).min

@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 
 import dcptool.replay.apply as apply
 from dcptool.replay.rules import columns
-from dcptool.replay.rules import dcp as dcp_rules
-from dcptool.replay.rules import synapse as synapse_rules
+from dcptool.replay.rules import dcp_vbuckets as dcp_rules
+from dcptool.replay.rules import synapse_tables as synapse_rules
 from dcptool.replay.rules import tables as T
 from dcptool.replay.store.files import arrow_source
 from dcptool.replay.store.schema import capture_schema

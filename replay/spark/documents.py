@@ -24,7 +24,7 @@ def vbuckets_with_counts(rep, F):  # noqa: N803 - rep: engine.SparkReplay; F as 
     """`vbuckets` of the grouped rules with its live / deleted / expired counts from the
     `documents` plan without its bodies (a GROUP BY vbucket, as the in-process engine counts
     them). Moved here from engine.py (which imports this module) to keep it under 600 lines."""
-    from dcptool.replay.rules import dcp as dcp_rules
+    from dcptool.replay.rules import dcp_vbuckets as dcp_rules
     from dcptool.replay.rules import tables as T
     names = [f.name for f in T.schema_of("dcp", "vbuckets")]
     i = rep.result_names.index("vbuckets")

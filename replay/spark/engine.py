@@ -34,9 +34,9 @@ from urllib.parse import urlparse
 import pyarrow as pa
 
 import dcptool.replay.apply as apply
-from dcptool.replay.rules import dcp as dcp_rules
+from dcptool.replay.rules import dcp_vbuckets as dcp_rules
 from dcptool.replay.rules import lag, plans, topology
-from dcptool.replay.rules import synapse as synapse_rules
+from dcptool.replay.rules import synapse_tables as synapse_rules
 from dcptool.replay.rules import tables as T
 from dcptool.replay.spark import bodies as spark_bodies
 from dcptool.replay.spark import documents as spark_documents

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dcptool.replay.store import reader
-from dcptool.replay.store.errors import CaptureError
+from dcptool.replay.store.capture_errors import CaptureError
 from dcptool.replay.store.files import arrow_source, fsync_dir, shown
 from dcptool.replay.store.in_progress import held_by_writer
 from dcptool.replay.store.naming import (

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 from dcptool.protocol.text import printable
-from dcptool.replay.store.errors import (
+from dcptool.replay.store.capture_errors import (
     CaptureError,
     NotACapture,
     OutputIsCapture,

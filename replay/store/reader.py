@@ -19,6 +19,11 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from dcptool.replay.store.capture_errors import (  # noqa: F401 (reader.CaptureError ...: the names callers use)
+    CaptureError,
+    NotACapture,
+    UnsupportedFormat,
+)
 from dcptool.replay.store.discovery import (  # noqa: F401 (reader.find_captures ...: the names callers use)
     FINISHED_SUFFIX,
     CaptureFile,
@@ -32,7 +37,6 @@ from dcptool.replay.store.discovery import (  # noqa: F401 (reader.find_captures
     warn,
     without_covered,
 )
-from dcptool.replay.store.errors import CaptureError, NotACapture, UnsupportedFormat  # noqa: F401 (reader.CaptureError ...: the names callers use)
 from dcptool.replay.store.files import arrow_path, arrow_source, shown
 from dcptool.replay.store.footers import footer, leaf_index, prefetch_footers  # noqa: F401 (footer, leaf_index: also for the engines)
 from dcptool.replay.store.in_progress import InProgress, held_by_writer

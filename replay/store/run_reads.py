@@ -11,7 +11,7 @@ import threading
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dcptool.replay.store.errors import CaptureError
+from dcptool.replay.store.capture_errors import CaptureError
 from dcptool.replay.store.files import first_line, shown  # noqa: F401 (run_reads.first_line: the name callers use)
 from dcptool.replay.store.footers import footer, in_threads, top_names
 from dcptool.replay.store.schema import capture_schema

@@ -165,7 +165,7 @@ def _profile_here(host: str, port: str, outdir: str) -> None:
     import io
     import pstats
 
-    import dcptool.capture.dcp  # noqa: F401  (imported before the profile: the threads' work only)
+    import dcptool.capture.dcp_capture  # noqa: F401  (imported before the profile: the threads' work only)
     import dcptool.cli.capture  # noqa: F401
     import dcptool.cli.runners.dcp_capture  # noqa: F401
     import dcptool.protocol.transport.dcp_cluster  # noqa: F401

@@ -21,9 +21,9 @@ import time
 import _repo  # noqa: F401  (the repository root on sys.path: tests/bench/_repo.py)
 
 from dcptool.protocol.dcp.server import producer as P
-from dcptool.protocol.dcp.server.playback import PlaybackModel
+from dcptool.protocol.dcp.server.recorded_producer import PlaybackModel
 from dcptool.protocol.dcp.wire import messages as m
-from dcptool.replay.playback import load_dcp
+from dcptool.replay.playback_source import load_dcp
 from tests.support.paths import DCPTOOL
 from tests.support.threaded_server import ThreadedServer
 

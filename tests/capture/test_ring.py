@@ -133,7 +133,7 @@ def test_the_window_documents_are_the_full_captures_for_the_keys_in_it(tmp_path,
 
 
 def test_a_synapse_ring_keeps_the_committed_tokens(tmp_path):
-    from dcptool.capture.synapse import resume_state
+    from dcptool.capture.synapse_capture import resume_state
     from dcptool.replay.store.resume import synapse_resume_state
     from tests.support import capgen
     d = str(tmp_path / "syn")

@@ -381,7 +381,7 @@ def test_replay_rules_agree_whatever_the_chunks(oso_captures):
     tables of one pass over everything."""
     import pyarrow as pa
 
-    from dcptool.replay.rules import dcp as R
+    from dcptool.replay.rules import dcp_vbuckets as R
     _, files, _ = oso_captures
     t = read_capture_table(files["resumed"])
     t = t.append_column("_seq", pa.array(np.arange(t.num_rows, dtype=np.int64)))

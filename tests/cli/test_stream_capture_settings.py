@@ -11,7 +11,7 @@ import os
 import pytest
 from click.testing import CliRunner
 
-from dcptool.capture import dcp as capture_dcp
+from dcptool.capture import dcp_capture as capture_dcp
 from dcptool.capture import dcp_session
 from dcptool.capture.dcp_tap import CaptureTap, DcpTap
 from dcptool.capture.options import default_name

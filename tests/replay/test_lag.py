@@ -162,7 +162,7 @@ def test_synapse_lag_against_a_walk_of_the_frames(tmp_path, seed):
 def test_playback_takes_each_connections_setup_answer_not_its_polls(captures):
     """`serve dcp --from` answers the n-th connection's GET_ALL_VB_SEQNOS with the n-th
     connection's recorded set-up answer: a lag poll of connection 1 is not connection 2's."""
-    from dcptool.replay.playback import load_dcp
+    from dcptool.replay.playback_source import load_dcp
     base, _, cut = captures
     frames = local.replay_local(cut).table("frames")
     answers = [r for r in frames.to_pylist() if r["opcode"] == 0x48 and r["direction"] == "in"]

@@ -14,14 +14,18 @@ import numpy as np
 import pytest
 
 from dcptool.protocol.dcp.server import producer as P
-from dcptool.protocol.dcp.server.playback import (
+from dcptool.protocol.dcp.server.recorded_producer import (
     DcpRecording,
     Faults,
     PlaybackModel,
     RecordedStream,
 )
 from dcptool.protocol.dcp.wire import messages as m
-from dcptool.protocol.synapse.playback import LineFaults, PlaybackFeed, PlaybackSession
+from dcptool.protocol.synapse.recorded_server import (
+    LineFaults,
+    PlaybackFeed,
+    PlaybackSession,
+)
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from tests.support.paths import DCPTOOL
 from tests.support.threaded_server import ThreadedServer

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from dcptool.replay.check import summary as inspect_mod
 from dcptool.replay.local import engine as local
-from dcptool.replay.rules import synapse as synapse_rules
+from dcptool.replay.rules import synapse_tables as synapse_rules
 from dcptool.replay.store import reader
 from tests.support import capgen, oracle
 

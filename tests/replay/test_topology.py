@@ -69,7 +69,7 @@ def test_batch_builders_fill_node():
 def test_version_1_captures_open_everywhere(tmp_path):
     """A v1 capture (no `node` column) reads with node null: replay (every table), inspect,
     verify, diff, resume and playback give what the same rows give as v2 with node null."""
-    from dcptool.replay.playback import load_dcp
+    from dcptool.replay.playback_source import load_dcp
     from dcptool.replay.store.resume import dcp_resume_state
     caps, _ = capgen.generate_cluster(5, n_events=200)
     no_node = [(m, t.set_column(t.schema.get_field_index("node"), t.schema.field("node"),

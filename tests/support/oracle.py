@@ -8,7 +8,7 @@ import orjson
 import pyarrow as pa
 
 from dcptool.replay.rules import tables as T
-from dcptool.replay.rules.dcp import DOC_STATES, VB_OPS
+from dcptool.replay.rules.dcp_vbuckets import DOC_STATES, VB_OPS
 from dcptool.replay.store import reader
 
 

@@ -1,5 +1,5 @@
 """The producer's answer to a STREAM_REQ, sans-IO, for both servers of `serve dcp`: the
-generated producer (producer.py) and the playback of a capture (playback.py). One decision
+generated producer (producer.py) and the playback of a capture (recorded_producer.py). One decision
 (DCP_DIGEST §6.2): FROM_LATEST, the requested range, the rollback decision of
 bucket.rollback_seqno, TO_LATEST, then the range rule, which is the one thing the two
 servers differ in (a parameter: LIVE_RANGE or RECORDED_RANGE, docs/CLUSTER.md)."""

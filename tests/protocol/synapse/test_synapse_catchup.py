@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import pytest
 from click.testing import CliRunner
 
-from dcptool.capture import synapse as synapse_capture
+from dcptool.capture import synapse_capture as synapse_capture
 from dcptool.cli import cli
 from dcptool.protocol.errors import RemoteError
 from dcptool.protocol.synapse import catchup

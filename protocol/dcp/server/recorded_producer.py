@@ -18,7 +18,7 @@ A stream request is answered from the recording, in this order of preference:
    seqno) from the requested start seqno: a marker whose snapshot began at or before the
    start is re-sent starting at the start seqno, as a producer does for a resumed stream.
 
-The recorded frames arrive already encoded (replay/playback.py reads the capture): this
+The recorded frames arrive already encoded (replay/playback_source.py reads the capture): this
 module never sees Arrow. Pacing and faults count stream frames over all connections of
 one model (like the producer's scenarios, each fault fires once). Time is an argument.
 """

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dcptool.protocol.dcp.server.playback import DcpRecording, RecordedStream
+from dcptool.protocol.dcp.server.recorded_producer import DcpRecording, RecordedStream
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.constants import Opcode
 from dcptool.protocol.errors import DcptoolError

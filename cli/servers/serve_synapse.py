@@ -8,7 +8,7 @@ import time
 
 import click
 
-from dcptool.cli.servers.playback import (
+from dcptool.cli.servers.serve_from import (
     check_unused,
     playback_options,
     serve_synapse_capture,
@@ -75,10 +75,10 @@ def serve_synapse(bind, port, server_name, items, seed, from_file, rate, ping_in
         generated_lines,
         recorded_lines,
     )
-    from dcptool.protocol.transport.synapse import serve_tcp
+    from dcptool.protocol.transport.synapse_tcp_redis import serve_tcp
 
     check_unused(click.get_current_context(), from_capture, pace, disconnect_at, stall_at, corrupt_at)
-    if from_capture:   # play a capture back (cli/servers/playback.py)
+    if from_capture:   # play a capture back (cli/servers/serve_from.py)
         serve_synapse_capture(from_capture, bind=bind, port=port, server_name=server_name,
                               ping=parse_duration(ping_interval, "--ping-interval"),
                               timeout=parse_duration(timeout, "--timeout"), pace=pace,

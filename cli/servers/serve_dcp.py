@@ -10,8 +10,8 @@ import sys
 
 import click
 
-from dcptool.cli.errors import error_line
-from dcptool.cli.servers.playback import (
+from dcptool.cli.exit_codes import error_line
+from dcptool.cli.servers.serve_from import (
     check_unused,
     playback_options,
     serve_dcp_capture,
@@ -246,7 +246,7 @@ def serve_dcp(bind, port, bucket, vbuckets, items, seed, value_size, rate, check
         tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         tls.load_cert_chain(tls_cert, tls_key)
     check_unused(click.get_current_context(), from_capture, pace, disconnect_at, stall_at, corrupt_at)
-    if from_capture:   # play a capture back (cli/servers/playback.py); --bucket etc. come from the capture
+    if from_capture:   # play a capture back (cli/servers/serve_from.py); --bucket etc. come from the capture
         serve_dcp_capture(from_capture, bind=bind, port=port, users=user_map, tls=tls, pace=pace,
                           disconnect_at=disconnect_at, stall_at=stall_at, corrupt_at=corrupt_at,
                           handshake_timeout=handshake)

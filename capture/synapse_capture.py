@@ -1,5 +1,5 @@
 """Capturing a Synapse source (synapse://, synapse+redis://) into a directory: the client
-(protocol/synapse/client.py) over the transports (protocol/transport/synapse.py), each block
+(protocol/synapse/client.py) over the transports (protocol/transport/synapse_tcp_redis.py), each block
 of lines one Arrow batch (replay/store/synapse_batch.py) for the background Parquet writer.
 
 `capture_synapse(opts, settings)` is the call; `stream` uses make_client, SynapseRun and run
@@ -24,7 +24,7 @@ from dcptool.capture.run import (
 )
 from dcptool.capture.synapse_catchup import CHANNEL, CatchUp
 from dcptool.protocol.synapse.client import Gap, ServerError, SynapseClient
-from dcptool.protocol.transport import synapse as synapse_transport
+from dcptool.protocol.transport import synapse_tcp_redis as synapse_transport
 from dcptool.replay.store import retained
 from dcptool.replay.store.background import BackgroundWriter
 from dcptool.replay.store.resume import recover_in_progress, synapse_resume_state

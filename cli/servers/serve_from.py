@@ -1,6 +1,6 @@
 """`serve dcp|synapse --from CAPTURE`: play a capture back as a live server, with --pace and
 fault injection (--disconnect-at, --stall-at, --corrupt-at). The options are declared
-here and added to both serve commands (the servers run in serve/runner.py); the capture is read (replay/playback.py) before
+here and added to both serve commands (the servers run in serve/runner.py); the capture is read (replay/playback_source.py) before
 anything listens, so an unreadable capture is one error line and exit 1, and a DCP capture
 without the `raw` column (nothing to send) one line and exit 2; recorded frames shorter than
 their header says are left out, counted in one warning line."""
@@ -18,7 +18,7 @@ from dcptool.protocol.errors import LateUsageError
 from dcptool.serve.runner import serve_dcp_recording, serve_synapse_recording
 
 # Lazy imports: only where start-up time needs them (`serve ... --help` loads no pyarrow: a
-# recording is read by replay/playback.py when --from is given).
+# recording is read by replay/playback_source.py when --from is given).
 
 
 def parse_pace(text: str | None) -> float | None:
@@ -93,7 +93,7 @@ def _listening(host, port) -> None:
 
 def serve_dcp_capture(paths, *, bind: str, port: int, users: dict, tls, pace: str, disconnect_at,
                       stall_at, corrupt_at, handshake_timeout: float = 10.0) -> None:
-    from dcptool.replay.playback import NotPlayable, load_dcp
+    from dcptool.replay.playback_source import NotPlayable, load_dcp
 
     factor = parse_pace(pace)
     stall_n, stall_s = parse_stall(stall_at)
@@ -112,7 +112,7 @@ def serve_dcp_capture(paths, *, bind: str, port: int, users: dict, tls, pace: st
 
 def serve_synapse_capture(paths, *, bind: str, port: int, server_name: str, ping: float, timeout: float,
                           pace: str, disconnect_at, stall_at, corrupt_at) -> None:
-    from dcptool.replay.playback import load_synapse
+    from dcptool.replay.playback_source import load_synapse
 
     factor = parse_pace(pace)
     stall_n, stall_s = parse_stall(stall_at)
