@@ -167,13 +167,15 @@ async def _write_all(cluster: KvCluster, batches: Iterator[list[Captured]], ids:
                 counts.statuses[name] = counts.statuses.get(name, 0) + 1
             progress(counts)
 
-    tasks = [loop.create_task(feed())] + [loop.create_task(writer()) for _ in range(opts.inflight)]
+    feeder = loop.create_task(feed())
+    tasks = [feeder] + [loop.create_task(writer()) for _ in range(opts.inflight)]
     stopped: asyncio.Task[Any] = loop.create_task(stop.wait())
-    pending: set[asyncio.Task[Any]] = set(tasks[1:])
-    while pending and not stop.is_set():
+    pending: set[asyncio.Task[Any]] = set(tasks)
+    # the feeder is waited on with the writers: when reading the capture fails, the writers
+    # would otherwise wait on an empty queue for ever (a restore hung after a plan error)
+    while pending - {feeder} and not stop.is_set():
         _done, pending = await asyncio.wait(pending | {stopped}, return_when=asyncio.FIRST_COMPLETED)
         pending.discard(stopped)
-        feeder = tasks[0]
         failure = feeder.exception() if feeder.done() and not feeder.cancelled() else None
         if failure is not None:
             errors.append(failure)

@@ -110,3 +110,46 @@ def test_the_value_is_cut_from_the_recorded_frame():
         value_of(m.encode(m.Noop()))
     with pytest.raises(BadFrame):
         value_of(m.encode(m.Mutation(vbucket=1, key=b"k", value=b"\xff\xff\xff", datatype=2)))
+
+
+class _Target:
+    """A stand-in for the cluster: every write is accepted at once."""
+
+    def __init__(self):
+        self.keys = []
+
+    async def write(self, doc):
+        self.keys.append(doc.key)
+        return W.Verdict.WRITTEN, 0
+
+
+def _write(batches, inflight=4):
+    import asyncio
+    target, counts = _Target(), R.RestoreCounts()
+    opts = R.RestoreOptions(files=[], seeds=[], bucket="b", inflight=inflight, now=lambda: NOW)
+
+    async def run():
+        await asyncio.wait_for(R._write_all(target, batches, {0: 0}, opts, counts, asyncio.Event(), lambda c: None),
+                               timeout=20)
+    asyncio.run(run())
+    return target, counts
+
+
+def test_every_document_of_every_batch_is_written():
+    batches = iter([[Captured(_doc(b"k%d" % i), 0) for i in range(j, j + 10)] for j in range(0, 50, 10)])
+    target, counts = _write(batches)
+    assert sorted(target.keys) == sorted(b"k%d" % i for i in range(50)) and counts.written == 50
+
+
+def test_a_capture_that_fails_while_read_ends_the_restore_with_its_error():
+    # reading the capture's documents failing after the first batch (a plan error in DuckDB,
+    # a damaged segment): the restore raises that error; it hung before, the writers waiting
+    # on an empty queue for a feeder that had died
+    class PlanError(Exception):
+        pass
+
+    def batches():
+        yield [Captured(_doc(b"a"), 0), Captured(_doc(b"b"), 0)]
+        raise PlanError("Binder Error: no function value_of")
+    with pytest.raises(PlanError, match="value_of"):
+        _write(batches())
