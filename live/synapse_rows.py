@@ -9,7 +9,7 @@ import json
 
 import pyarrow as pa
 
-from dcptool.capture import synapse_capture as synapse_capture
+from dcptool.capture import synapse_capture
 from dcptool.capture.options import LiveOptions
 from dcptool.protocol.synapse.rows import decode_row
 from dcptool.replay.store.synapse_batch import build_batch

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import time
 
-from dcptool.capture import metrics
-from dcptool.capture import synapse_capture as synapse_capture
+from dcptool.capture import metrics, synapse_capture
 from dcptool.capture.options import CaptureSettings, LiveOptions
 from dcptool.capture.run import END, MAX_MESSAGES, StopSignals
 from dcptool.cli.view.console import err_console

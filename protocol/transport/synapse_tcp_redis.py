@@ -13,6 +13,7 @@ import asyncio
 import logging
 import ssl as ssl_mod
 import time
+from collections.abc import Iterator
 from typing import Any, Awaitable, Callable, ParamSpec, Protocol, TypeVar
 
 from dcptool.protocol.errors import (
@@ -133,17 +134,21 @@ async def run_tcp(host: str, port: int, client: SynapseClient, handler: Handler,
         raise exc.exc from None
 
 
+def _connections(handler: Handler) -> Iterator[int]:
+    """The numbers of a run's connections (from 1, as in DCP) until the handler says stop."""
+    conn_no = 0
+    while not handler.should_stop():
+        conn_no += 1
+        yield conn_no
+
+
 async def _run_tcp(host: str, port: int, client: SynapseClient, handler: Handler, *,
                    ssl: ssl_mod.SSLContext | None, connect_timeout: float, max_reconnects: int,
                    max_line: int, tick_interval: float, clock: Callable[[], float],
                    backoff: Callable[[int], float]) -> None:
-    conn_no = 0   # connections count from 1, as in DCP
     retry = _Retry(max_reconnects, backoff)
     ever_connected = False
-    while True:
-        if handler.should_stop():
-            return
-        conn_no += 1
+    for conn_no in _connections(handler):
         try:
             reader, writer = await asyncio.wait_for(
                 asyncio.open_connection(host, port, ssl=ssl, limit=max(READ_SIZE, max_line * 2)),
@@ -323,13 +328,9 @@ async def _run_redis(host: str, port: int, server_name: str, client: SynapseClie
     from redis.backoff import NoBackoff
 
     channels = [server_name, server_name + "/USER_IP"]
-    conn_no = 0   # connections count from 1, as in DCP
     retry = _Retry(max_reconnects, backoff)
     ever_connected = False
-    while True:
-        if handler.should_stop():
-            return
-        conn_no += 1
+    for conn_no in _connections(handler):
         kwargs: dict[str, Any] = dict(host=host, port=port, db=db, password=password, username=username,
                       socket_connect_timeout=connect_timeout, decode_responses=False,
                       retry=Retry(NoBackoff(), 0),  # reconnects are ours, with our back-off

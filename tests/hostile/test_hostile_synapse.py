@@ -12,7 +12,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from dcptool.capture import synapse_capture as synapse_capture
+from dcptool.capture import synapse_capture
 from dcptool.cli import cli
 from dcptool.protocol.synapse import commands as C
 from dcptool.protocol.synapse.bulk import split_lines

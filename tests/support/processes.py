@@ -16,3 +16,17 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10) -> None:
     for pipe in (proc.stdin, proc.stdout, proc.stderr):
         if pipe is not None:
             pipe.close()
+
+
+def interrupt(proc: subprocess.Popen, timeout: float = 60) -> tuple:
+    """SIGINT, as a user's Ctrl-C, then the process's (stdout, stderr) once it has ended."""
+    import signal
+    proc.send_signal(signal.SIGINT)
+    return proc.communicate(timeout=timeout)
+
+
+def kill_if_running(proc: subprocess.Popen) -> None:
+    """For a `finally:`: a process a failed test left running is killed and reaped."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.communicate()

@@ -34,3 +34,12 @@ class ServeSynapse:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def fast_capture_knobs(monkeypatch) -> None:
+    """A Synapse capture's back-off and connect timeout scaled down, so that tests of
+    reconnects finish quickly; the behaviour is the same."""
+    from dcptool.capture import synapse_capture
+    monkeypatch.setitem(synapse_capture.DEFAULTS, "backoff_base", 0.01)
+    monkeypatch.setitem(synapse_capture.DEFAULTS, "backoff_cap", 0.05)
+    monkeypatch.setitem(synapse_capture.DEFAULTS, "connect_timeout", 5.0)

@@ -360,14 +360,19 @@ class Cluster:
             count[target] = count.get(target, 0) + 1
             self._takeover(vb, target, moves)
 
-    def rebalance_in(self, node: int) -> Change:
-        """A spare (or ejected) node joins and a rebalance gives it its share of actives."""
+    def _join(self, node: int) -> list[Move]:
+        """The node joins (alive, answering) and takes its share of actives: the moves."""
         n = self.nodes[node]
         n.joined = n.alive = True
         self.muted.discard(node)
         moves: list[Move] = []
         self._fill(moves)
         self._top_up()
+        return moves
+
+    def rebalance_in(self, node: int) -> Change:
+        """A spare (or ejected) node joins and a rebalance gives it its share of actives."""
+        moves = self._join(node)
         return self._bump("rebalance-in", moves, node)
 
     def rebalance_out(self, node: int) -> Change:
@@ -454,12 +459,7 @@ class Cluster:
         difference streamed; its copy rolled back to where the vbucket branched since it
         left); full: the node starts empty and everything is streamed to it. Both look the
         same on a consumer's DCP stream; `Change.recovered` says what each kept."""
-        n = self.nodes[node]
-        n.joined = n.alive = True
-        self.muted.discard(node)
-        moves: list[Move] = []
-        self._fill(moves)
-        self._top_up()
+        moves = self._join(node)
         recovered = []
         for vb, row in enumerate(self.vbmap):
             if node in row:

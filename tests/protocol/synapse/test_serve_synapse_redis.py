@@ -15,7 +15,7 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from dcptool.capture import synapse_capture as synapse_capture
+from dcptool.capture import synapse_capture
 from dcptool.cli import cli
 from dcptool.protocol.synapse.server import generated_lines
 from tests.support.paths import ROOT

@@ -14,12 +14,12 @@ import pyarrow.compute as pc
 import pytest
 from click.testing import CliRunner
 
-from dcptool.capture import synapse_capture as synapse_capture
 from dcptool.cli import cli
 from dcptool.protocol.errors import RemoteError
 from dcptool.protocol.synapse import catchup
 from dcptool.protocol.synapse.server import Feed, catch_up_answer, generated_lines
 from dcptool.replay.store.reader import find_captures, read_capture_table
+from tests.support.synapse_serve import fast_capture_knobs
 
 SECRET = "catch-up-test-secret-9f3a"   # a throwaway secret for a throwaway server
 GREETING = 2 + 18
@@ -27,9 +27,7 @@ GREETING = 2 + 18
 
 @pytest.fixture(autouse=True)
 def fast_knobs(monkeypatch):
-    monkeypatch.setitem(synapse_capture.DEFAULTS, "backoff_base", 0.01)
-    monkeypatch.setitem(synapse_capture.DEFAULTS, "backoff_cap", 0.05)
-    monkeypatch.setitem(synapse_capture.DEFAULTS, "connect_timeout", 5.0)
+    fast_capture_knobs(monkeypatch)
 
 
 def run(*args, env=None):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import signal
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ import pytest
 
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from tests.support.paths import ROOT
+from tests.support.processes import interrupt, kill_if_running
 from tests.support.synapse_env import SERVER_NAME, RedisServer
 from tests.support.synapse_workers import (
     PostgresCluster,
@@ -157,12 +157,9 @@ def test_workers_every_persisted_event_once_across_kills_and_a_resume(
         rc.publish(SERVER_NAME, SENTINEL)
         _wait(lambda: any(r["raw"] == SENTINEL for r in _lines(out)), "the sentinel in the capture")
         # and every queued fetch done: the summary of a SIGINT says what was filled
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=60)
+        stdout, stderr = interrupt(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        kill_if_running(proc)
     assert proc.returncode == 130, stderr.decode()
     summary = orjson.loads(stdout)
     assert summary["catch_up_failed"] == [], summary["catch_up_failed"]

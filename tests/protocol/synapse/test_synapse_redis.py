@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ from dcptool.protocol.synapse import commands as C
 from dcptool.protocol.synapse.server import ANNOUNCED_STREAMS
 from dcptool.replay.store.reader import find_captures, read_capture_table
 from tests.support.paths import ROOT
+from tests.support.processes import interrupt, kill_if_running
 from tests.support.synapse_env import SERVER_NAME, redis_server, synapse_server  # noqa: F401
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -131,12 +131,9 @@ def test_capture_from_real_synapse_over_redis(synapse_server, redis_server, tmp_
         # a marker from a third client tells us when dcptool has recorded everything before it
         redis_server.client().publish(SERVER_NAME, SENTINEL)
         _wait_capture_has(out, SENTINEL)
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=60)
+        stdout, stderr = interrupt(proc)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        kill_if_running(proc)
         obs.close(redis_server)
     assert proc.returncode == 130, stderr.decode()
     summary = orjson.loads(stdout)
