@@ -43,19 +43,31 @@ def _gauges(live) -> dict[str, dict[int, float]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def stopped_capture(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("lagagree") / "caps")
+def _capture(out: str, rate: float = 300, **options) -> tuple[str, dict, dict]:
+    """An in-process capture (its DcpWatch is at hand) of a bucket getting `rate` updates a
+    second: (directory, summary fields, gauges)."""
     model = P.server_from_options(vbuckets=VBUCKETS, items=ITEMS, seed=11)
-    with ThreadedServer(model, rate=300) as srv:
+    with ThreadedServer(model, rate=rate) as srv:
         opts = LiveOptions(source=parse_source(f"couchbase://{srv.host}:{srv.port}/default"), user=None,
-                           name="lag-agrees", to="forever", buffer_size=16 * 1024, max_messages=1500,
-                           metrics="127.0.0.1:0", lag_interval=0.05)
+                           name="lag-agrees", to="forever", buffer_size=16 * 1024, metrics="127.0.0.1:0",
+                           lag_interval=0.05, **options)
         run = DcpCapture(opts, CaptureSettings(output=out))
         with StopSignals() as signals:
             result = run.run(signals)
     assert result.error is None, result.error
     return out, result.fields, _gauges(run.watch.live)
+
+
+@pytest.fixture(scope="module")
+def stopped_capture(tmp_path_factory):
+    return _capture(str(tmp_path_factory.mktemp("lagagree") / "caps"), max_messages=1500)
+
+
+def _last_per_vbucket(rows: list[dict]) -> dict[int, dict]:
+    last = {}
+    for r in sorted(rows, key=lambda r: r["frame_no"]):
+        last[r["vbucket"]] = r
+    return last
 
 
 def test_summary_inspect_table_report_and_gauge_agree(stopped_capture):
@@ -72,9 +84,7 @@ def test_summary_inspect_table_report_and_gauge_agree(stopped_capture):
     largest = summarize([out])["largest_lag"]
     assert (largest["lag_items"], largest["vbucket"]) == (best["lag_items"], best["vbucket"])
     # 3. the gauge: each vbucket's last poll, high seqno and lag alike
-    last = {}
-    for r in sorted(rows, key=lambda r: r["frame_no"]):
-        last[r["vbucket"]] = r
+    last = _last_per_vbucket(rows)
     assert sorted(last) == list(range(VBUCKETS))
     assert gauges["dcptool_dcp_vbucket_lag_items"] == {vb: float(r["lag_items"]) for vb, r in last.items()}
     assert gauges["dcptool_dcp_vbucket_high_seqno"] == {vb: float(r["high_seqno"]) for vb, r in last.items()}
@@ -89,3 +99,25 @@ def test_summary_inspect_table_report_and_gauge_agree(stopped_capture):
         want[b] = max(want.get(b, -1), r["lag_items"])
     assert dict(zip(((x - d.t0_ns) // d.width_ns).tolist(), v.tolist())) == want
     assert int(v.max()) == best["lag_items"]
+
+
+def test_from_now_has_no_lag_before_a_streams_first_change(tmp_path):
+    """`--from now` asks each stream from the latest (flag 0x40) with start seqno 0: where it
+    starts is not known before its first change, so a poll before that has no lag for the
+    vbucket (it used to be its whole high seqno), in the table and live alike. A quiet bucket:
+    no change comes, so no lag at all; a busy one: the five agree."""
+    out, fields, gauges = _capture(str(tmp_path / "quiet"), rate=0, from_="now", duration=1.0)
+    files = reader.find_captures([out])
+    polls = [r for r in local.replay_local(files).table("frames").to_pylist()
+             if r["op"] == "get_all_vb_seqnos" and r["direction"] == "in"]
+    assert len(polls) >= 2, "the set-up answer and at least one poll"
+    assert local.replay_local(files).table("lag").num_rows == 0
+    assert "largest_lag_items" not in fields and not gauges.get("dcptool_dcp_vbucket_lag_items")
+    assert summarize([out])["largest_lag"] is None
+    out, fields, gauges = _capture(str(tmp_path / "busy"), from_="now", duration=1.0)
+    rows = local.replay_local(reader.find_captures([out])).table("lag").to_pylist()
+    assert rows and all(r["seqno"] > 0 for r in rows)
+    last = _last_per_vbucket(rows)
+    assert gauges.get("dcptool_dcp_vbucket_lag_items", {}) == {vb: float(r["lag_items"]) for vb, r in last.items()}
+    best = max(rows, key=lambda r: (r["lag_items"], -int(r["ts"].value), -r["vbucket"]))
+    assert (fields["largest_lag_items"], fields["largest_lag_vbucket"]) == (best["lag_items"], best["vbucket"])

@@ -96,6 +96,7 @@ class Streams:
         self._rollbacks: dict[int, int] = {}
         self._end_seqno: dict[int, int] = {}
         self.requested: set[int] = set()    # stream keys a STREAM_REQ was sent for (lag polls count them)
+        self.from_latest: set[int] = set()  # ... whose last one asked FROM_LATEST: no position before a change
 
     @property
     def cfg(self) -> ConsumerConfig:
@@ -127,10 +128,13 @@ class Streams:
     def positions(self) -> dict[int, int]:
         """vbucket -> the last seqno received (or the start seqno of its last STREAM_REQ before
         any), current to the frame being processed, of each vbucket a STREAM_REQ was sent for
-        (with stream ids: the lowest of its streams). What a lag poll is measured against
-        (CLI.md "Lag"); vb_states() holds the seqnos only as of the last snapshot boundary."""
+        (with stream ids: the lowest of its streams), but for a stream asked from the latest
+        (`--from now`) before its first change. What a lag poll is measured against (CLI.md
+        "Lag"); vb_states() holds the seqnos only as of the last snapshot boundary."""
         out: dict[int, int] = {}
         for k in self.requested:
+            if k in self.from_latest and self.last[k] == 0:
+                continue        # `--from now`: where it starts is not known before its first change
             vb, pos = key_vb(k), self.held_last(k)
             out[vb] = pos if vb not in out else min(out[vb], pos)
         return out
@@ -281,6 +285,10 @@ class Streams:
         req = m.StreamRequest(vbucket=vb, flags=int(flags), start_seqno=start, end_seqno=end,
                               vbucket_uuid=uuid, snap_start=ss, snap_end=se, value=self.stream_value(sid))
         self.requested.add(k)
+        if flags & StreamRequestFlag.FROM_LATEST:
+            self.from_latest.add(k)
+        else:
+            self.from_latest.discard(k)
         self.last[k] = start       # where the stream stands until its first change (as the `lag` table counts)
         self.link.request(req, functools.partial(self._on_stream_rsp, k, start))
 
