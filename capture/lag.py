@@ -1,10 +1,11 @@
 """Lag polls of a DCP run (`--lag-interval`, docs/CLI.md "Metrics and lag"): on each streaming
 connection once as soon as every one of its streams is open (the gauge has every vbucket from
 the first scrape), then every interval, it asks GET_ALL_VB_SEQNOS for its node's active
-vbuckets (consumer.polls.request()), and once more when the run ends (a stop, or the last stream of a connection ending). The
-request and its answer cross the wire like any frame, so a capture records them and
-`replay --table lag` (replay/rules/lag.py) computes the lag afterwards; the live answers
-feed the metrics (high seqnos) and the largest lag the summary names.
+vbuckets (consumer.polls.request()), and once more when the run ends (a stop, or the last
+stream of a connection ending). The request and its answer cross the wire like any frame,
+so a capture records them and `replay --table lag` (replay/rules/lag.py) computes the lag
+afterwards, by the same definition as the live answers (VbSeqnos.lags), which feed the
+metrics (high seqnos, lag) and the largest lag the summary names.
 
 Runs on the event loop thread only: the timer is a loop.call_later, the answers come as
 consumer events."""
