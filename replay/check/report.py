@@ -152,7 +152,8 @@ def _lag(go, d: D.ReportData):
 
 
 def _lag_empty(d: D.ReportData) -> str:
-    return "no lag polls" if not d.lag else "0 items at every poll: never behind"
+    return "none recorded (no lag poll answered for a vbucket with a position)" if not d.lag else \
+        "0 items at every poll: never behind"
 
 
 def sections(d: D.ReportData) -> list[tuple[str, Any, str]]:

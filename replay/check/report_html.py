@@ -59,7 +59,7 @@ def _lag_card(d: D.ReportData) -> str:
         return ""
     best = max(((int(v.max()), node) for node, (_, v) in d.lag.items() if len(v)), default=None)
     if best is None:
-        return _card("largest lag", "no polls", "--lag-interval")
+        return _card("largest lag", "none", "no poll answered for a vbucket with a position")
     return _card("largest lag", f"{best[0]:,} items", f"on {best[1]}", "warn" if best[0] else "good")
 
 

@@ -26,6 +26,7 @@ from dcptool.replay.check import report_data as D
 from dcptool.replay.check.summary import summarize
 from dcptool.replay.local import engine as local
 from dcptool.replay.store import reader
+from tests.support.cli_util import run
 from tests.support.threaded_server import ThreadedServer
 
 VBUCKETS, ITEMS = 8, 4000
@@ -114,6 +115,8 @@ def test_from_now_has_no_lag_before_a_streams_first_change(tmp_path):
     assert local.replay_local(files).table("lag").num_rows == 0
     assert "largest_lag_items" not in fields and not gauges.get("dcptool_dcp_vbucket_lag_items")
     assert summarize([out])["largest_lag"] is None
+    shown = run("inspect", out, "--format", "table")
+    assert shown.returncode == 0 and "largest lag: none recorded" in shown.stdout, shown.stderr
     out, fields, gauges = _capture(str(tmp_path / "busy"), from_="now", duration=1.0)
     rows = local.replay_local(reader.find_captures([out])).table("lag").to_pylist()
     assert rows and all(r["seqno"] > 0 for r in rows)
