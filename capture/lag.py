@@ -1,9 +1,11 @@
-"""Lag polls of a DCP run (`--lag-interval`, docs/CLI.md "Metrics and lag"): every interval, each streaming
-connection asks GET_ALL_VB_SEQNOS for its node's active vbuckets (consumer.polls.request()),
-and once more when the run ends (a stop, or the last stream of a connection ending). The
-request and its answer cross the wire like any frame, so a capture records them and
-`replay --table lag` (replay/rules/lag.py) computes the lag afterwards; the live answers
-feed the metrics (high seqnos) and the largest lag the summary names.
+"""Lag polls of a DCP run (`--lag-interval`, docs/CLI.md "Metrics and lag"): on each streaming
+connection once as soon as every one of its streams is open (the gauge has every vbucket from
+the first scrape), then every interval, it asks GET_ALL_VB_SEQNOS for its node's active
+vbuckets (consumer.polls.request()), and once more when the run ends (a stop, or the last
+stream of a connection ending). The request and its answer cross the wire like any frame,
+so a capture records them and `replay --table lag` (replay/rules/lag.py) computes the lag
+afterwards, by the same definition as the live answers (VbSeqnos.lags), which feed the
+metrics (high seqnos, lag) and the largest lag the summary names.
 
 Runs on the event loop thread only: the timer is a loop.call_later, the answers come as
 consumer events."""
@@ -17,7 +19,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dcptool.capture.metrics import LiveMetrics, MetricsServer, start
-from dcptool.protocol.dcp.client.consumer_api import StreamEnded, VbSeqnos
+from dcptool.protocol.dcp.client.consumer_api import (
+    StreamEnded,
+    StreamFailed,
+    StreamOpened,
+    VbSeqnos,
+)
 from dcptool.replay.timestamps import iso_ns
 
 if TYPE_CHECKING:
@@ -34,6 +41,7 @@ class LagPoller:
         self.metrics = metrics
         self.consumers: dict[int, Consumer] = {}
         self.asked_final: set[int] = set()
+        self.first: set[int] = set()           # connections that had their first poll (streams open)
         self.high_seqnos: dict[int, int] = {} if metrics is None else metrics.high_seqnos
         self.lags: dict[int, int] = {} if metrics is None else metrics.lags
         self.largest: tuple | None = None      # (lag_items, vbucket, ts_ns) of the largest lag seen
@@ -86,29 +94,33 @@ class LagPoller:
         stream of a connection ending asks its final poll (answered before it closes)."""
         if not self.enabled or consumer is None:
             return
-        ended = False
+        ended = opened = False
         for e in evs:
             t = type(e)
             if t is VbSeqnos:
-                self._answer(e, consumer)
+                self._answer(e)
             elif t is StreamEnded:
                 ended = True
+            elif t is StreamOpened or t is StreamFailed:
+                opened = True
+        key = conn if conn is not None else id(consumer)
+        if opened and key not in self.first and consumer.streaming and not consumer.streams.opening:
+            self.first.add(key)         # every stream of the connection answered: poll right away
+            consumer.polls.request()
+            self.polls += 1
         if ended and consumer.handshake.streaming and consumer.streams.finished and not consumer.polls.pending:
-            key = conn if conn is not None else id(consumer)
             if key not in self.asked_final:
                 self.asked_final.add(key)
                 consumer.polls.request()
                 self.polls += 1
 
-    def _answer(self, e: VbSeqnos, consumer) -> None:
-        seqnos = consumer.streams.vb_states()
+    def _answer(self, e: VbSeqnos) -> None:
+        """The one definition of lag (CLI.md "Lag"; the `lag` table's, replay/rules/lag.py):
+        per vbucket of the answer that the connection streams, high seqno - the seqno it stood
+        at when the answer was read, never below 0."""
         now = time.time_ns()
-        for vb, high in e.seqnos:
-            st = seqnos.get(vb)
-            if st is None:
-                continue
+        for vb, high, _, lag in e.lags():
             self.high_seqnos[vb] = high
-            lag = max(0, high - st.last_seqno)
             self.lags[vb] = lag
             if self.largest is None or lag > self.largest[0]:
                 self.largest = (lag, vb, now)
@@ -184,14 +196,14 @@ class DcpWatch:
         now = time.monotonic()
         if consumer is not None and now >= self._next:   # positions: as often as the progress line
             self._next = now + 0.25
-            self.positions.update((vb, s.last_seqno) for vb, s in consumer.streams.vb_states().items())
+            self.positions.update(consumer.streams.positions())
 
     def events(self, evs, consumer, conn: int | None, dcp_events=None) -> None:
         self.lag.events(evs, consumer, conn)
         if self.live is not None and dcp_events is not None:
             self.live.rollbacks = dcp_events.rollbacks
             if consumer is not None and any(type(e) is VbSeqnos for e in evs):
-                self.positions.update((vb, s.last_seqno) for vb, s in consumer.streams.vb_states().items())
+                self.positions.update(consumer.streams.positions())
 
     def final(self) -> None:
         """The run is asked to stop: the last lag poll goes out before its streams close."""

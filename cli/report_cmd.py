@@ -17,7 +17,7 @@ import click
 @click.option("--top-keys", type=click.IntRange(0, 1000), default=20, show_default=True,
               help="Keys shown in 'Keys with the most changes' (DCP).")
 @click.option("--max-series", type=click.IntRange(1, 1024), default=32, show_default=True,
-              help="Vbuckets (DCP) or streams (Synapse) drawn in the progress chart: the busiest.")
+              help="Vbuckets (DCP) or streams and instances (Synapse) drawn in the progress chart: the busiest.")
 @click.option("--findings-limit", type=click.IntRange(1, 100_000), default=200, show_default=True,
               help="Verify findings listed per check (all are counted).")
 @click.option("--no-verify", is_flag=True, help="Leave out the verify findings (saves a second read).")
@@ -25,10 +25,12 @@ def report(captures, output, max_points, top_keys, max_series, findings_limit, n
     """Draw captures as one self-contained HTML page of charts.
 
     \b
-    Frames and bytes per second, per-vbucket (per-stream) progress, rollbacks / stream ends /
-    cluster map changes / reconnects on the time axis, snapshot kinds, segment sizes, the
-    keys with the most changes, and the verify findings. The page inlines its scripts and
-    opens from a file, offline.
+    A summary strip at the top (verify verdict, documents, changes, rollbacks and documents
+    undone, unserved vbuckets, backfill, lag; Synapse rows, caught-up rows, gaps), then frames
+    and bytes per second, changes per second by operation, the backfill apart, per-vbucket
+    (per-stream and instance) progress, lag, rollbacks / stream ends / cluster map changes /
+    reconnects on the time axis, snapshot kinds, segment sizes, the keys with the most changes,
+    and the verify findings. The page inlines its scripts and opens from a file, offline.
 
     \b
     Example:

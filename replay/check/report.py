@@ -6,35 +6,32 @@ most `max_points` equal time bins (report_data.py); the verify findings (replay/
 
 from __future__ import annotations
 
-import datetime as _dt
-import html
 import os
+from typing import Any
 
 import numpy as np
 
-from dcptool import __version__
 from dcptool.replay.check import report_data as D
+from dcptool.replay.check import report_html as H
 from dcptool.replay.check import verify as V
-from dcptool.replay.check.findings import FINDING_COLUMNS
 from dcptool.replay.check.summary import retained_window
 from dcptool.replay.store import reader
 
 TITLES = {
     "rate": "Frames and bytes per second",
+    "ops_dcp": "Changes per second by operation",
+    "ops_synapse": "Lines per second by command",
+    "backfill": "Backfill (items per second inside disk snapshots)",
     "progress_dcp": "Progress per vbucket (highest seqno)",
-    "progress_synapse": "Progress per stream (highest token)",
+    "progress_synapse": "Progress per stream and instance (highest token)",
     "lag": "Lag per node (items behind the high seqno, highest of its vbuckets)",
     "marks": "Rollbacks, failovers, rebalances and reconnects",
     "kinds_dcp": "Snapshot kinds",
-    "kinds_synapse": "RDATA rows per stream",
+    "kinds_synapse": "RDATA rows per stream and instance",
     "segments": "Segment sizes",
     "keys": "Keys with the most changes",
 }
-FINDINGS_TITLE = "Verify findings"
-STYLE = """body{font-family:system-ui,sans-serif;margin:16px 24px;color:#222}
-h1{font-size:20px;margin:0 0 4px}p.sum{margin:0 0 12px;color:#555}
-table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}
-th{background:#f0f0f0}.fig{margin:8px 0}.none{color:#070}"""
+FINDINGS_TITLE = H.FINDINGS_TITLE
 
 
 def _times(ns) -> np.ndarray:
@@ -56,9 +53,49 @@ def _rate(go, sub, d: D.ReportData):
     fig = sub(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08)
     fig.add_trace(go.Scatter(x=x, y=d.frames_per_bin * per_s, name="frames/s", mode="lines"), row=1, col=1)
     fig.add_trace(go.Scatter(x=x, y=d.bytes_per_bin * per_s, name="bytes/s", mode="lines"), row=2, col=1)
-    fig.update_yaxes(title_text="frames/s", row=1, col=1)
-    fig.update_yaxes(title_text="bytes/s", row=2, col=1)
-    _layout(fig, TITLES["rate"] + f" ({_width_text(d.width_ns)} bins)", 420)
+    fig.update_yaxes(title_text="frames/s", type="log", row=1, col=1)
+    fig.update_yaxes(title_text="bytes/s", type="log", row=2, col=1)
+    _shade_backfill(fig, d)
+    _layout(fig, TITLES["rate"] + f" ({_width_text(d.width_ns)} bins, log scale)", 420)
+    return fig
+
+
+def _shade_backfill(fig, d: D.ReportData) -> None:
+    b = d.backfill
+    if b:
+        x0, x1 = _times([b["first_ns"], b["last_ns"] + d.width_ns])
+        fig.add_vrect(x0=x0, x1=x1, fillcolor="#888", opacity=0.12, line_width=0, annotation_text="backfill",
+                      annotation_position="top left")
+
+
+def _ops(go, d: D.ReportData):
+    """Per op (DCP: the changes after the backfill, which has its own chart) per second."""
+    per_s = D.NS / d.width_ns
+    x = _times(d.bins)
+    fig = go.Figure()
+    for name in sorted(d.ops, key=lambda n: -int(d.ops[n].sum())):
+        have = d.ops[name] > 0          # a log axis: the empty bins are left out, not drawn at 0
+        if have.any():
+            fig.add_trace(go.Scatter(x=x[have], y=d.ops[name][have] * per_s, name=f"{name} ({int(d.ops[name].sum()):,})",
+                                     mode="lines+markers", marker={"size": 3}, line={"width": 1}))
+    if d.frames:
+        fig.update_xaxes(range=list(_times([d.t0_ns, d.t1_ns + d.width_ns])))
+    fig.update_yaxes(type="log", title_text="per second")
+    title = TITLES["ops_" + d.protocol] + (" (live: the backfill apart" if d.backfill else " (") + "; log scale)"
+    _layout(fig, title, 320)
+    return fig if fig.data else None
+
+
+def _backfill(go, d: D.ReportData):
+    b = d.backfill
+    if not b:
+        return None
+    per_s = D.NS / d.width_ns
+    have = b["per_bin"] > 0
+    fig = go.Figure(go.Bar(x=_times(d.bins[have]), y=b["per_bin"][have] * per_s, name="backfill items/s",
+                           width=d.width_ns / 1e6, offset=0))    # a date axis counts widths in ms
+    secs = (b["last_ns"] - b["first_ns"]) / D.NS
+    _layout(fig, TITLES["backfill"] + f": {b['items']:,} items in {secs:,.2f} s", 280)
     return fig
 
 
@@ -74,6 +111,8 @@ def _progress(go, d: D.ReportData):
 
 
 def _marks(go, d: D.ReportData):
+    if not d.marks:
+        return None
     fig = go.Figure()
     for kind in sorted(d.marks):
         pts = d.marks[kind]
@@ -85,90 +124,88 @@ def _marks(go, d: D.ReportData):
                                  hovertemplate="%{x}<br>%{text}<extra></extra>"))
     if d.frames:
         fig.update_xaxes(range=list(_times([d.t0_ns, d.t1_ns + d.width_ns])))
-    title = TITLES["marks"] + ("" if d.marks else ": none")
-    _layout(fig, title, 260)
+    _layout(fig, TITLES["marks"], 260)
     return fig
 
 
 def _bar(go, title: str, labels: list, values: list, horizontal: bool = False, hover=None):
+    if not labels:
+        return None
     fig = go.Figure()
     if horizontal:
         fig.add_trace(go.Bar(x=values[::-1], y=labels[::-1], orientation="h", hovertext=hover))
     else:
         fig.add_trace(go.Bar(x=labels, y=values, hovertext=hover))
-    _layout(fig, title + ("" if labels else ": none"), max(260, 22 * len(labels) + 90) if horizontal else 320)
+    _layout(fig, title, max(260, 22 * len(labels) + 90) if horizontal else 320)
     return fig
-
-
-def _findings_html(report) -> str:
-    if report is None:
-        return f"<h2>{FINDINGS_TITLE}</h2><p>not run (--no-verify)</p>"
-    s = report.summary()
-    head = (f"<h2>{FINDINGS_TITLE}</h2><p>{s['findings']:,} finding(s) in {s['rows']:,} rows: "
-            + ", ".join(f"{html.escape(k)} {v:,}" for k, v in s["by_check"].items()) + "</p>")
-    if not report.findings:
-        return head.replace("<p>0 finding(s)", "<p class='none'>no findings:")
-    cols = [c for c in FINDING_COLUMNS if c not in ("file",)]
-    rows = ["<tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>"]
-    for f in report.findings:
-        r = f.to_row()
-        rows.append("<tr>" + "".join(f"<td>{html.escape('' if r[c] is None else str(r[c]))}</td>"
-                                     for c in cols) + "</tr>")
-    more = "" if s["shown"] == s["findings"] else f"<p>{s['shown']:,} of {s['findings']:,} shown</p>"
-    return head + "<table>" + "".join(rows) + "</table>" + more
-
-
-def _summary_html(d: D.ReportData, paths: list[str]) -> str:
-    span = ""
-    if d.frames:
-        t0 = _dt.datetime.fromtimestamp(d.t0_ns / D.NS, _dt.timezone.utc)
-        span = f", {t0:%Y-%m-%d %H:%M:%S} UTC + {(d.t1_ns - d.t0_ns) / D.NS:,.3f} s"
-    ring = ""
-    if d.retained:       # the capture is a retention ring's window (replay's note)
-        r = d.retained
-        ring = (f"<p class='ring'>retained window: {html.escape(r['note'])} "
-                f"({html.escape(', '.join(r['records']))}; {r['bytes_dropped']:,} bytes dropped)</p>")
-    caught = (f"; {d.caught_up:,} rows caught up from the writers (capture --catch-up)"
-              if d.protocol == "synapse" and d.caught_up else "")
-    return (f"<h1>dcptool report: {html.escape(', '.join(paths))}</h1><p class='sum'>{d.protocol}, "
-            f"{len(d.segments)} segment(s), {d.frames:,} frames, {d.bytes:,} bytes{span}{caught}; "
-            f"dcptool {html.escape(__version__)}</p>{ring}")
 
 
 def _lag(go, d: D.ReportData):
+    """None when no poll found any vbucket behind (the page says so in one line)."""
+    if not d.lag or not any(len(v) and v.max() > 0 for _, v in d.lag.values()):
+        return None
     fig = go.Figure()
-    for node, (x, v) in (d.lag or {}).items():
+    for node, (x, v) in d.lag.items():
         fig.add_trace(go.Scatter(x=_times(x), y=v, name=node, mode="lines+markers", marker={"size": 3}))
-    _layout(fig, TITLES["lag"] + ("" if d.lag else ": none"), 360)
+    _layout(fig, TITLES["lag"], 360)
     return fig
 
 
-def figures(d: D.ReportData) -> list:
+def _lag_empty(d: D.ReportData) -> str:
+    return "none recorded (no lag poll answered for a vbucket with a position)" if not d.lag else \
+        "0 items at every poll: never behind"
+
+
+def sections(d: D.ReportData) -> list[tuple[str, Any, str]]:
+    """(title, figure or None, what the one line says when None), in page order."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
     segs = d.segments
-    figs = [_rate(go, make_subplots, d), _progress(go, d), _marks(go, d),
-            _bar(go, TITLES["kinds_" + d.protocol], list(d.kinds), list(d.kinds.values())),
-            _bar(go, TITLES["segments"] + " (MiB)", [s.name for s in segs], [s.bytes / 2**20 for s in segs],
-                 hover=[f"{s.bytes:,} bytes, {'?' if s.rows is None else f'{s.rows:,}'} rows" for s in segs])]
+    proto = d.protocol
+    out = [(TITLES["rate"], _rate(go, make_subplots, d), "no frames"),
+           (TITLES["ops_" + proto], _ops(go, d), "none received")]
+    if proto == "dcp":
+        out.append((TITLES["backfill"], _backfill(go, d), "none: every change came in memory snapshots"))
+    out.append((TITLES["progress_" + proto], _progress(go, d), "none"))
     if d.lag is not None:      # a replay with a `lag` table (issue 26)
-        figs.insert(2, _lag(go, d))
-    if d.protocol == "dcp":
-        figs.append(_bar(go, TITLES["keys"], [f"{k} (collection {c})" if c else k for k, c, _ in d.top_keys],
-                         [n for _, _, n in d.top_keys], horizontal=True))
-    return figs
+        out.append((TITLES["lag"], _lag(go, d), _lag_empty(d)))
+    out += [(TITLES["marks"], _marks(go, d), "none"),
+            (TITLES["kinds_" + proto], _bar(go, TITLES["kinds_" + proto], list(d.kinds), list(d.kinds.values())),
+             "none"),
+            (TITLES["segments"], _bar(go, TITLES["segments"] + " (MiB)", [s.name for s in segs],
+                                      [s.bytes / 2**20 for s in segs],
+                                      hover=[f"{s.bytes:,} bytes, {'?' if s.rows is None else f'{s.rows:,}'} rows"
+                                             for s in segs]), "none")]
+    if proto == "dcp":
+        out.append((TITLES["keys"], _bar(go, TITLES["keys"], [f"{k} (collection {c})" if c else k
+                                                               for k, c, _ in d.top_keys],
+                                         [n for _, _, n in d.top_keys], horizontal=True), "none"))
+    return out
+
+
+def figures(d: D.ReportData) -> list:
+    """The charts drawn (the empty ones are a line of text instead)."""
+    return [fig for _, fig, _ in sections(d) if fig is not None]
 
 
 def page(d: D.ReportData, report, paths: list[str]) -> str:
-    """The whole HTML page."""
+    """The whole HTML page: title, summary strip, charts (an empty one as one line), the
+    Synapse streams table, the verify findings."""
     parts = []
     config = {"displaylogo": False, "responsive": True}
-    for i, fig in enumerate(figures(d)):
-        parts.append("<div class='fig'>" + fig.to_html(full_html=False, include_plotlyjs=(i == 0),
+    first = True
+    for title, fig, why in sections(d):
+        if fig is None:
+            parts.append(H.empty(title, why))
+            continue
+        parts.append("<div class='fig'>" + fig.to_html(full_html=False, include_plotlyjs=first,
                                                        config=config) + "</div>")
+        first = False
+    if d.protocol == "synapse":
+        parts.append(H.streams_table(d))
     return ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>dcptool report</title>"
-            f"<style>{STYLE}</style></head><body>{_summary_html(d, paths)}{''.join(parts)}"
-            f"{_findings_html(report)}</body></html>")
+            f"<style>{H.STYLE}</style></head><body>{H.title(d, paths)}{H.strip(d, report)}{''.join(parts)}"
+            f"{H.findings(report)}</body></html>")
 
 
 def report(paths: list[str], output: str, *, files: list | None = None, max_points: int = 2000, top_keys: int = 20,

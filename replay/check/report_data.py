@@ -17,7 +17,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dcptool.protocol.dcp.wire.constants import Status, stream_end_reason_name
+from dcptool.protocol.dcp.wire.constants import (
+    NUM_VB_SLOTS,
+    Status,
+    stream_end_reason_name,
+)
 from dcptool.replay.local.engine import replay_local
 from dcptool.replay.rules import tables as T
 from dcptool.replay.store import reader
@@ -61,6 +65,11 @@ class ReportData:
     lag: dict | None = None                             # node -> (bin start ns, highest lag_items); None: no `lag` table
     retained: dict | None = None                        # what a retention ring dropped (summary.retained_window)
     caught_up: int = 0                                  # Synapse: RDATA rows a catch-up fetched (direction catch-up)
+    ops: dict = field(default_factory=dict)             # op (DCP live changes) / command (Synapse) -> count per bin
+    op_totals: dict = field(default_factory=dict)       # op / command -> count, inbound (DCP: backfill included)
+    backfill: dict = field(default_factory=dict)        # DCP: items, first_ns, last_ns, per_bin (disk snapshots)
+    unserved: list = field(default_factory=list)        # DCP: vbuckets whose every stream request was refused
+    tables: dict = field(default_factory=dict)          # numbers from the replay's tables (report_tables.py)
 
 
 class _Acc:
@@ -84,6 +93,13 @@ class _Acc:
         self.last_conn: int | None = None
         self.frames = 0
         self.bytes = 0
+        self.ops: dict[str, np.ndarray] = {}
+        self.op_totals: dict[str, int] = {}
+        self.disk = np.zeros(NUM_VB_SLOTS, bool)     # DCP: the vbucket's last snapshot marker was a disk one
+        self.backfill = np.zeros(nbins, np.int64)
+        self.backfill_span: list[int] = []           # first and last ts of a backfill item
+        self.served: set[int] = set()
+        self.refused: set[int] = set()
 
     # -------------------------------------------------------------- common
     def bin(self, ts: np.ndarray) -> np.ndarray:
@@ -149,7 +165,68 @@ class _Acc:
                           .rename_columns(["key", "collection_id", "n"])]
         self.key_rows = self.key_parts[0].num_rows
 
+    def count_ops(self, names, ts: np.ndarray, live: np.ndarray | None = None) -> None:
+        """Inbound operations by name: totals, and per time bin those that are `live` (all
+        when None)."""
+        names = np.asarray(names, dtype=object)
+        if not len(names):
+            return
+        b = self.bin(ts)
+        for name in sorted(set(names.tolist())):
+            mine = names == name
+            self.op_totals[name] = self.op_totals.get(name, 0) + int(mine.sum())
+            keep = mine if live is None else mine & live
+            grid = self.ops.setdefault(name, np.zeros(self.nbins, np.int64))
+            grid += np.bincount(b[keep], minlength=self.nbins)
+
+    def in_backfill(self, vb: np.ndarray, marker: np.ndarray, disk: np.ndarray) -> np.ndarray:
+        """For rows in wire order (`vb`, whether each is a snapshot marker, and whether that
+        marker is a disk one): whether each row falls in a disk snapshot of its vbucket (the
+        backfill), carrying each vbucket's last marker over from the batches before."""
+        n = len(vb)
+        order = np.argsort(vb, kind="stable")
+        vbs, mk = vb[order], marker[order]
+        idx = np.arange(n)
+        start = np.r_[0, np.flatnonzero(np.diff(vbs)) + 1]
+        group_start = np.repeat(start, np.diff(np.r_[start, n]))
+        last = np.maximum.accumulate(np.where(mk, idx, -1))
+        own = last >= group_start
+        out_sorted = np.where(own, disk[order][np.maximum(last, 0)], self.disk[vbs])
+        ends = np.r_[start[1:], n] - 1
+        self.disk[vbs[ends]] = out_sorted[ends]
+        out = np.empty(n, bool)
+        out[order] = out_sorted
+        return out
+
     # -------------------------------------------------------------- per protocol
+    def _dcp_phases(self, t: pa.Table, op, inbound) -> None:
+        """Changes by op (the live ones per bin), the backfill (changes inside disk snapshots),
+        and which vbuckets a stream request was granted or refused."""
+        is_marker = pc.equal(op, "snapshot_marker").fill_null(False)
+        is_change = pc.is_in(op, pa.array(CHANGE_OPS)).fill_null(False)
+        valid_vb = pc.and_(pc.is_valid(t.column("vbucket")), pc.less(t.column("vbucket"), NUM_VB_SLOTS))
+        sub = t.filter(pc.and_(pc.and_(pc.or_(is_marker, is_change), inbound), valid_vb.fill_null(False)))
+        if sub.num_rows:
+            sop = _plain(sub.column("op"))
+            marker = pc.equal(sop, "snapshot_marker").to_numpy(zero_copy_only=False)
+            disk = (_int(sub.column("snap_flags"), 0) & 0x02) != 0
+            back = self.in_backfill(_int(sub.column("vbucket"), 0), marker, disk)
+            ts = _ns(sub.column("ts"))
+            change = ~marker
+            self.count_ops(np.asarray(sop.to_pylist(), dtype=object)[change], ts[change], ~back[change])
+            bts = ts[change & back]
+            if len(bts):
+                self.backfill += np.bincount(self.bin(bts), minlength=self.nbins)
+                lo, hi = int(bts.min()), int(bts.max())
+                self.backfill_span = [min(self.backfill_span[0], lo), max(self.backfill_span[1], hi)] \
+                    if self.backfill_span else [lo, hi]
+        rsp = t.filter(pc.and_(pc.and_(pc.equal(op, "stream_req").fill_null(False), inbound),
+                               pc.is_valid(t.column("status"))))
+        if rsp.num_rows:
+            vbs, st = _int(rsp.column("vbucket"), -1), _int(rsp.column("status"), 0)
+            self.served.update(vbs[st == 0].tolist())
+            self.refused.update(vbs[(st != 0) & (st != int(Status.ROLLBACK))].tolist())
+
     def feed_dcp(self, t: pa.Table) -> None:
         ts = _ns(t.column("ts"))
         self.rate(ts, _lengths(t.column("raw")))
@@ -165,6 +242,7 @@ class _Acc:
                         changes.column("collection_id").combine_chunks())
         self._dcp_marks(t, op, inbound)
         self._dcp_kinds(t, op)
+        self._dcp_phases(t, op, inbound)
 
     def _dcp_marks(self, t: pa.Table, op, inbound) -> None:
         rb = t.filter(pc.and_(pc.and_(pc.equal(op, "stream_req").fill_null(False), inbound),
@@ -200,7 +278,8 @@ class _Acc:
         inbound = pc.equal(t.column("direction"), "in").fill_null(False)
         rdata = t.filter(pc.and_(pc.and_(pc.equal(cmd, "RDATA").fill_null(False), inbound),
                                  pc.is_valid(t.column("token"))))
-        streams = _plain(rdata.column("stream")).fill_null("?").to_pylist()
+        streams = [f"{s} / {i}" for s, i in zip(_plain(rdata.column("stream")).fill_null("?").to_pylist(),
+                                                 _plain(rdata.column("instance")).fill_null("?").to_pylist())]
         ids = np.array([self.series_names.setdefault(s, len(self.series_names)) for s in streams], np.int64)
         self.progress(ids, _ns(rdata.column("ts")), _int(rdata.column("token"), 0))
         for s, n in zip(*[a.tolist() for a in np.unique(np.array(streams, dtype=object), return_counts=True)]
@@ -209,6 +288,8 @@ class _Acc:
         caught = pc.and_(pc.equal(cmd, "RDATA").fill_null(False),
                          pc.equal(t.column("direction"), "catch-up").fill_null(False))
         self.caught_up += pc.sum(pc.cast(caught, "int64")).as_py() or 0
+        got = t.filter(pc.and_(inbound, pc.is_valid(cmd)))
+        self.count_ops(_plain(got.column("command")).to_pylist(), _ns(got.column("ts")))
         err = t.filter(pc.equal(cmd, "ERROR").fill_null(False))
         self.mark("ERROR", _ns(err.column("ts")), (str(a)[:120] for a in err.column("args").to_pylist()))
 
@@ -220,6 +301,11 @@ class _Acc:
         data.marks = {k: [tuple(v[b]) for b in sorted(v)] for k, v in self.marks.items()}
         data.mark_counts, data.kinds = self.mark_counts, self.kinds
         data.caught_up = self.caught_up
+        data.ops, data.op_totals = self.ops, self.op_totals
+        data.unserved = sorted(self.refused - self.served)
+        if self.backfill_span:
+            data.backfill = {"items": int(self.backfill.sum()), "first_ns": self.backfill_span[0],
+                             "last_ns": self.backfill_span[1], "per_bin": self.backfill}
         data.progress_series = len(self.series_changes)
         busiest = sorted(self.series_changes, key=lambda s: (-self.series_changes[s], s))[:max_series]
         names = {v: k for k, v in self.series_names.items()}
@@ -297,6 +383,9 @@ def collect(files: list[reader.CaptureFile], *, max_points: int = 2000, max_seri
     lag = lag_table(files)
     if lag is not None:
         data.lag = lag_by_node(lag, t0, width, acc.nbins, max_series)
+    if data.frames:
+        from dcptool.replay.check.report_tables import numbers
+        data.tables = numbers(files)
     return data
 
 

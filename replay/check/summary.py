@@ -159,7 +159,7 @@ def largest_lag(files) -> dict | None:
 def lag_text(lag: dict | None) -> str:
     """inspect's line for the largest recorded lag."""
     if not lag:
-        return "largest lag: no lag polls"
+        return "largest lag: none recorded (no lag poll answered for a vbucket with a position)"
     return (f"largest lag: {lag['lag_items']:,} items, vbucket {lag['vbucket']} on {lag['node']} at {lag['ts']} "
             f"({lag['polls']:,} lag polls)")
 

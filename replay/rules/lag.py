@@ -8,7 +8,9 @@ included on a real cluster) is no poll. For each pair of a vbucket the capture s
 `seqno` is where the vbucket's stream stood when the answer arrived, the seqno of the last
 change received before it (mutation, deletion, expiration, prepare, commit, abort, system
 event, seqno advanced: `in` frames with a `by_seqno`) or, before any, the start seqno of its
-last STREAM_REQ; `lag_items` = max(0, high_seqno - seqno). Frames are ordered by (capture rank,
+last STREAM_REQ (none for a request from the latest, flag 0x40 of `--from now`: where such
+a stream starts is not known before its first change, so a poll before it has no row for it);
+`lag_items` = max(0, high_seqno - seqno). Frames are ordered by (capture rank,
 frame_no), across every connection and node of the capture.
 
 Both engines call `lag_table` on the candidate frames (`CANDIDATE_COLUMNS`, `raw` only for
@@ -38,7 +40,8 @@ ACTIVE = 1
 _PAIR = struct.Struct(">HQ")
 
 SMALL_COLUMNS = ["capture_id", "frame_no", "ts", "node", "conn", "direction", "magic", "opcode", "status",
-                 "opaque", "vbucket", "op", "by_seqno", "req_start_seqno"]
+                 "opaque", "vbucket", "op", "by_seqno", "req_start_seqno", "req_flags"]
+FROM_LATEST = 0x40       # STREAM_REQ flag: start at the vbucket's high seqno (--from now)
 CANDIDATE_COLUMNS = SMALL_COLUMNS + ["raw"]
 
 # the same rows as candidate_mask, in Spark SQL (raw kept only for the polls: see spark_dataframe)
@@ -125,8 +128,9 @@ def lag_rows(t: pa.Table, ranks: dict[str, int]) -> list[dict]:
     if not rows:
         return []
     vb = as_numpy(t.column("vbucket"), fill=0, dtype=np.int64)
+    latest = reqs & ((as_numpy(t.column("req_flags"), fill=0, dtype=np.int64) & FROM_LATEST) != 0)
     seq = np.where(changes, as_numpy(t.column("by_seqno"), fill=0, dtype=np.int64),
-                   as_numpy(t.column("req_start_seqno"), fill=0, dtype=np.int64))
+                   np.where(latest, -1, as_numpy(t.column("req_start_seqno"), fill=0, dtype=np.int64)))
     pos = np.nonzero(changes | reqs)[0]
     pos = pos[np.lexsort((order[pos], vb[pos]))]
     pvb, pkey, pseq = vb[pos], order[pos], seq[pos]
@@ -139,8 +143,8 @@ def lag_rows(t: pa.Table, ranks: dict[str, int]) -> list[dict]:
             continue
         a, b = span
         j = a + int(np.searchsorted(pkey[a:b], r["order"], side="left")) - 1
-        if j < a:                # polled before its stream was asked for
-            continue
+        if j < a or pseq[j] < 0:     # polled before its stream was asked for, or asked from the
+            continue                 # latest (--from now) and no change of it came yet
         r["seqno"] = int(pseq[j])
         r["lag_items"] = max(0, r["high_seqno"] - r["seqno"])
         out.append(r)

@@ -25,7 +25,7 @@ def test_poll_mid_stream_is_answered_with_high_seqnos():
     pair.run()
     polls = pair.of(dcp_consumer.VbSeqnos)
     highs = {vb.vbid: vb.high_seqno for vb in srv.buckets["default"].vbuckets}
-    assert polls == [dcp_consumer.VbSeqnos(tuple(sorted(highs.items())), 0)]
+    assert [(p.seqnos, p.status) for p in polls] == [(tuple(sorted(highs.items())), 0)]
     sent = [m.decode_bytes(f) for f in pair.outbound]
     asked = [x for x in sent if type(x) is m.GetAllVbSeqnos and x.extras]
     assert [x.extras for x in asked] == [b"\0\0\0\1"]       # state: active only
@@ -54,3 +54,30 @@ def test_an_unanswered_last_poll_is_given_up_after_the_timeout():
     assert not pair.cons.finished
     pair.cons.check(pair.now + timeout + 1)   # no TIMEOUT error: the run is over, not the connection dead
     assert pair.cons.finished and pair.cons.polls.pending == 0
+
+
+def test_an_answer_carries_where_each_stream_stood_in_wire_order():
+    """The poll's positions are the seqnos received before its answer, frame by frame (the
+    `lag` table's definition), not the snapshot boundaries: asked mid-backfill, answered
+    between two mutations of a disk snapshot (a fresh stream stands at 0 before its first)."""
+    srv = P.server_from_options(vbuckets=4, items=4000, seed=4)
+    pair = Pair(srv, cfg(buffer_size=8192))      # flow control: the backfill comes in steps
+    while not pair.data():           # the backfill has begun
+        assert pair.step()
+    pair.cons.polls.request()
+    pair.run()
+    (poll,) = pair.of(dcp_consumer.VbSeqnos)
+    want, asked = {}, set()
+    for raw in pair.inbound:
+        msg = m.decode_bytes(raw)
+        if type(msg) is m.GetAllVbSeqnosResponse and msg.seqnos and msg.opaque not in asked:
+            if len(asked) == 1:      # the handshake's answer came first
+                break
+            asked.add(msg.opaque)
+        elif isinstance(msg, (m.Mutation, m.Deletion, m.Expiration)):
+            want[msg.vbucket] = msg.by_seqno
+    got = dict(poll.positions)
+    assert got == {vb: want.get(vb, 0) for vb in got} and sorted(got) == [0, 1, 2, 3]
+    highs = dict(poll.seqnos)
+    assert any(0 < got[vb] < highs[vb] for vb in got), "answered mid-backfill"
+    assert poll.lags() == [(vb, highs[vb], got[vb], highs[vb] - got[vb]) for vb in sorted(got)]

@@ -166,5 +166,6 @@ def test_playback_takes_each_connections_setup_answer_not_its_polls(captures):
     base, _, cut = captures
     frames = local.replay_local(cut).table("frames")
     answers = [r for r in frames.to_pylist() if r["opcode"] == 0x48 and r["direction"] == "in"]
-    assert len(answers) == 2 and len({r["conn"] for r in answers}) == 1    # set-up + the last poll
+    # set-up + the first poll (the streams open) + the last poll
+    assert len(answers) == 3 and len({r["conn"] for r in answers}) == 1
     assert len(load_dcp([str(base / "cut")]).vb_seqnos) == 1

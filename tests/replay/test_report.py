@@ -2,8 +2,8 @@
 (self-contained: no script or stylesheet from the network), and the page as a browser draws it
 (headless Chromium: a screenshot that is not blank, the chart titles in the rendered DOM).
 
-DCPTOOL_WRITE_REPORT_PNG=1 also writes the screenshot of the failover capture's report to
-docs/report.png (how that file was made)."""
+docs/report.png is a report of a real minute-long capture of `serve dcp`, made by
+scripts/report_png.sh."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import pytest
 
 from dcptool.replay.check import report as R
 from dcptool.replay.check import report_data as D
+from dcptool.replay.check import report_html as H
 from dcptool.replay.check import verify as V
 from dcptool.replay.store import reader
 from tests.support import capgen
@@ -121,14 +122,16 @@ def pq_rows(f) -> int:
 def test_synapse_report_numbers(synapse_page, synapse_caps):
     d, out = synapse_page
     files = reader.find_captures([synapse_caps])
-    t = reader.read_capture_table(files, ["direction", "command", "stream", "token", "raw"])
+    t = reader.read_capture_table(files, ["direction", "command", "stream", "instance", "token", "raw"])
     assert d.protocol == "synapse" and d.frames == t.num_rows
     rdata = t.filter(pc.and_(pc.and_(pc.equal(_plain(t.column("command")), "RDATA"),
                                      pc.equal(t.column("direction"), "in")),
                              pc.is_valid(t.column("token"))).fill_null(False))
-    per_stream = {}
-    for s, tok in zip(_plain(rdata.column("stream")).to_pylist(), rdata.column("token").to_pylist()):
-        per_stream.setdefault(s, []).append(tok)
+    per_stream = {}     # per stream and instance
+    for s, i, tok in zip(_plain(rdata.column("stream")).to_pylist(), _plain(rdata.column("instance")).to_pylist(),
+                         rdata.column("token").to_pylist()):
+        per_stream.setdefault(f"{s} / {i}", []).append(tok)
+    assert len({k.split(" / ")[1] for k in per_stream}) > 1, "several instances"
     assert d.kinds == {s: len(v) for s, v in per_stream.items()}
     assert {s: int(v[1][-1]) for s, v in d.progress.items()} == {s: max(v) for s, v in per_stream.items()}
     assert not d.top_keys
@@ -177,23 +180,27 @@ def test_dcp_report_renders_in_chromium(dcp_page, tmp_path):
     files, _, out = dcp_page
     png = str(tmp_path / "dcp.png")
     dom = _render(out, png)
-    _check_render(dom, png, [R.TITLES[k] for k in ("rate", "progress_dcp", "marks", "kinds_dcp",
-                                                   "segments", "keys")])
+    _check_render(dom, png, [R.TITLES[k] for k in ("rate", "ops_dcp", "backfill", "progress_dcp", "marks",
+                                                   "kinds_dcp", "segments", "keys")])
     assert "rolled back to seqno" in open(out, encoding="utf-8").read()
     n = V.verify([_dir(files)]).summary()["findings"]
     assert (f"{n:,} finding(s)" if n else "no findings") in dom
-    if os.environ.get("DCPTOOL_WRITE_REPORT_PNG"):
-        from PIL import Image
-        small = Image.open(png).convert("RGB").crop((0, 0, 1280, 1700)).resize((800, 1062))
-        small.quantize(colors=64).save(os.path.join(ROOT, "docs", "report.png"), optimize=True)
+    # the summary strip is drawn above the first chart, the verify verdict first
+    strip = dom.index('class="strip"')
+    assert strip < dom.index('class="plot-container plotly"')
+    assert dom.index(">verify<", strip) < dom.index(">documents<", strip) < dom.index(">rollbacks<", strip)
+    # a `--to now` capture ends at lag 0: the lag chart is one line of text, no plot
+    assert f'<p class="empty"><b>{R.TITLES["lag"]}</b>: 0 items at every poll: never behind</p>' in dom
+    assert not any(t.startswith(R.TITLES["lag"]) for t in _rendered_titles(dom))
 
 
 def test_synapse_report_renders_in_chromium(synapse_page, tmp_path):
     _, out = synapse_page
     png = str(tmp_path / "syn.png")
     dom = _render(out, png)
-    _check_render(dom, png, [R.TITLES[k] for k in ("rate", "progress_synapse", "marks", "kinds_synapse",
+    _check_render(dom, png, [R.TITLES[k] for k in ("rate", "ops_synapse", "progress_synapse", "kinds_synapse",
                                                    "segments")])
+    assert f"<h2>{H.STREAMS_TITLE}</h2>" in dom
 
 
 def test_cli_report_and_bad_capture(failover_capture, tmp_path):

@@ -1,6 +1,6 @@
 """A real Prometheus server (Debian's `prometheus` package, installed by scripts/setup.sh
 --test) for the --metrics tests: started on a free loopback port with a scrape config that
-points at one target every second, its HTTP API read with urllib, stopped afterwards."""
+points at its targets (one or more) every second, its HTTP API read with urllib, stopped afterwards."""
 
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ READY_WITHIN = 60.0   # seconds a start may take on a loaded machine
 
 
 class Prometheus:
-    def __init__(self, target: str, workdir):
+    def __init__(self, target: str | list[str], workdir):
         self.binary = shutil.which("prometheus")
         assert self.binary, "prometheus is not installed: scripts/setup.sh --test installs it"
-        self.target, self.workdir = target, workdir
+        self.targets = [target] if isinstance(target, str) else list(target)
+        self.workdir = workdir
         self.proc: subprocess.Popen | None = None
         self.port = 0
 
@@ -33,7 +34,7 @@ class Prometheus:
         config = self.workdir / "prometheus.yml"
         config.write_text("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
                           "scrape_configs:\n  - job_name: dcptool\n"
-                          f"    static_configs:\n      - targets: ['{self.target}']\n")
+                          f"    static_configs:\n      - targets: {self.targets}\n")
         log = open(self.workdir / f"prometheus-{self.port}.log", "w+")
         self.proc = subprocess.Popen([self.binary, f"--config.file={config}",
                                       f"--storage.tsdb.path={self.workdir / f'data-{self.port}'}",

@@ -86,7 +86,7 @@ class Consumer:
         self.handshake = Handshake(self.link, on_ready=self._on_ready)
         self.streams = Streams(self.link, resume, self.handshake.stream_value_of)
         self.receiver = Receiver(self.link, self.streams, lambda: self.handshake.collections, now)
-        self.polls = LagPolls(self.link)
+        self.polls = LagPolls(self.link, self.streams.positions)
         self.should_pause: Callable[[], bool] | None = None
         self._tail = b""
 

@@ -161,9 +161,18 @@ class ServerVbuckets:
 @dataclasses.dataclass(frozen=True, slots=True)
 class VbSeqnos:
     """The answer to a lag poll (LagPolls.request): (vbucket, high seqno) pairs of the
-    node's active vbuckets; status non-zero when the server refused it (then no pairs)."""
+    node's active vbuckets; status non-zero when the server refused it (then no pairs).
+    `positions`: (vbucket, seqno) of those vbuckets this connection asked a stream of, where
+    each stood as the answer was read (frames before it in wire order; CLI.md "Lag")."""
     seqnos: tuple[tuple[int, int], ...]
     status: int = 0
+    positions: tuple[tuple[int, int], ...] = ()
+
+    def lags(self) -> list[tuple[int, int, int, int]]:
+        """(vbucket, high seqno, seqno, lag items) of each vbucket with a position, by vbucket:
+        lag items = max(0, high seqno - seqno), the one definition of lag."""
+        pos = dict(self.positions)
+        return [(vb, high, pos[vb], max(0, high - pos[vb])) for vb, high in sorted(self.seqnos) if vb in pos]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -95,6 +95,8 @@ class Streams:
         self._reopens: dict[int, int] = {}
         self._rollbacks: dict[int, int] = {}
         self._end_seqno: dict[int, int] = {}
+        self.requested: set[int] = set()    # stream keys a STREAM_REQ was sent for (lag polls count them)
+        self.from_latest: set[int] = set()  # ... whose last one asked FROM_LATEST: no position before a change
 
     @property
     def cfg(self) -> ConsumerConfig:
@@ -117,6 +119,25 @@ class Streams:
             st.exact_from = self.exact[k]
             st.snapshot_complete = st.snapshot_complete or st.last_seqno >= st.snap_end
         return {vb: copy_state(st) for vb, st in self.vb_states().items()}
+
+    @property
+    def opening(self) -> bool:
+        """Some stream waits for its turn or for the answer to its request."""
+        return bool(self._queue) or self._in_flight > 0
+
+    def positions(self) -> dict[int, int]:
+        """vbucket -> the last seqno received (or the start seqno of its last STREAM_REQ before
+        any), current to the frame being processed, of each vbucket a STREAM_REQ was sent for
+        (with stream ids: the lowest of its streams), but for a stream asked from the latest
+        (`--from now`) before its first change. What a lag poll is measured against (CLI.md
+        "Lag"); vb_states() holds the seqnos only as of the last snapshot boundary."""
+        out: dict[int, int] = {}
+        for k in self.requested:
+            if k in self.from_latest and self.last[k] == 0:
+                continue        # `--from now`: where it starts is not known before its first change
+            vb, pos = key_vb(k), self.held_last(k)
+            out[vb] = pos if vb not in out else min(out[vb], pos)
+        return out
 
     def vb_states(self) -> dict[int, VbState]:
         if self.sids == (0,):
@@ -172,6 +193,7 @@ class Streams:
             st.snapshot_complete = st.snapshot_complete or st.last_seqno >= st.snap_end
             mine[key_sid(k)] = st
             self.sopq[k] = -1
+            self.requested.discard(k)
             if self.phase.pop(k, None) in (FLOG, REQ):
                 self._in_flight -= 1     # its answer, when it comes, is ignored
             if k in self._queue:
@@ -262,6 +284,12 @@ class Streams:
         self._end_seqno[k] = end
         req = m.StreamRequest(vbucket=vb, flags=int(flags), start_seqno=start, end_seqno=end,
                               vbucket_uuid=uuid, snap_start=ss, snap_end=se, value=self.stream_value(sid))
+        self.requested.add(k)
+        if flags & StreamRequestFlag.FROM_LATEST:
+            self.from_latest.add(k)
+        else:
+            self.from_latest.discard(k)
+        self.last[k] = start       # where the stream stands until its first change (as the `lag` table counts)
         self.link.request(req, functools.partial(self._on_stream_rsp, k, start))
 
     def _on_flog(self, k: int, rsp: Any) -> None:
