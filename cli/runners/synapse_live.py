@@ -15,6 +15,7 @@ from dcptool.cli.view.output import Sink, default_format, markup_safe
 from dcptool.cli.view.progress import print_summary
 from dcptool.cli.view.run_summary import (
     add_rates,
+    live_view,
     print_stream_summary,
     run_and_close,
     stream_sink,
@@ -36,10 +37,15 @@ def tell(ev) -> None:
         err_console().print(f"[yellow]reconnecting[/] in {ev.delay:.1f} s: {markup_safe(ev.reason)}", highlight=False)
 
 
-def run_stream(opts: LiveOptions) -> None:
+def run_stream(opts: LiveOptions, ops: frozenset[str] | None = None, key: str | None = None) -> None:
     fmt = default_format(opts.fmt)
-    sink = stream_sink(opts, lambda: Sink(fmt, columns=TABLE_COLUMNS if fmt != "jsonl" else None))
+    view = live_view(fmt, opts, ops, key)
+    # the live table: `ts` where it costs no line; without -v every row printed is `in`
+    columns = ["ts", *(c for c in TABLE_COLUMNS if not (view.quiet and c == "direction"))]
+    sink = stream_sink(opts, lambda: Sink(fmt, columns=columns if fmt != "jsonl" else None,
+                                          live=True, optional=frozenset({"ts"})))
     handler = StreamHandler(opts, sink, tell)
+    handler.view = view
     client = synapse_capture.make_client(opts)
     handler.client = client
     run_deadline(opts.duration)

@@ -13,7 +13,7 @@ import pytest
 
 from dcptool.cli.runners.dcp_live import TABLE_COLUMNS
 from dcptool.cli.view.output import Sink
-from dcptool.cli.view.table import MARK, TextTable
+from dcptool.live.table import MARK, TextTable
 from dcptool.replay.display import display_columns
 
 COLUMNS = display_columns(TABLE_COLUMNS, values=True)

@@ -1,4 +1,5 @@
-"""Tables for people, rendered row by row as plain fixed-width text (cli/view/output.py Sink).
+"""Tables for people, rendered row by row as plain fixed-width text (cli/view/output.py Sink
+writes every command's tables through it).
 
 A rich Table lays out every row before it prints the first, which made a 10k-row table
 take 25 times as long as its JSON lines; this renderer formats each batch as it comes, in
@@ -8,10 +9,17 @@ about the time JSON lines take. Rules:
   own in which the columns empty in all of its rows take no room (the last layout is kept
   while it holds a batch). The document values (`value`, `value_base64`) take the room the
   other columns leave and are cut with "…" after two lines; other long text (details,
-  errors, ...) folds to fit. When the columns do not fit one line even so, or a value would
-  be cut that a line of its own shows whole, a row goes on over indented lines ("bands" of
-  whole columns, each with its header line; a value ends its band), so the terminal never
-  splits a cell; a band whose cells are all empty in a row is left out of that row.
+  explanations, errors, ...) wraps to fit. Text wraps only between words (at spaces, and
+  after the commas of JSON: text_wrap.py), never inside a word, key, id or number; a
+  column is never narrower than its widest word when a line can hold it, and a word no
+  line can hold is cut with "…". When the columns do not fit one line even so, or a value
+  would be cut that a line of its own shows whole, a row goes on over indented lines
+  ("bands" of whole columns, each with its header line; a value ends its band), so the
+  terminal never splits a cell; a band whose cells are all empty in a row is left out.
+- A sticky table (`stream`'s live view) shows its declared columns from its first header,
+  keeps its layout while it holds a batch (a longer id pushes the rest of its line while
+  the line fits) and only grows it; an optional column (`ts`) is shown when it costs no
+  line of its own.
 - Anywhere else (a pipe, a file) nothing is wrapped or cut: no width limit; widths come
   from the first batch and only grow, and the header is printed again only when a column
   appears that was empty so far (on a terminal: whenever the layout changes).
@@ -26,10 +34,10 @@ import os
 
 import orjson
 
-from dcptool.cli.view.wrap import ELIDE_LINES, MARK, longest_word  # noqa: F401 - MARK, ELIDE_LINES: re-exported
-from dcptool.cli.view.wrap import elide as _elide
-from dcptool.cli.view.wrap import fold as _fold
-from dcptool.cli.view.wrap import width as _width
+from dcptool.live.text_wrap import ELIDE_LINES, MARK, longest_word  # noqa: F401 - MARK, ELIDE_LINES: re-exported
+from dcptool.live.text_wrap import elide as _elide
+from dcptool.live.text_wrap import fold as _fold
+from dcptool.live.text_wrap import width as _width
 from dcptool.protocol.text import printable
 
 SEP = "  "
@@ -40,6 +48,8 @@ WHOLE = frozenset({"ts", "conn", "direction", "op", "opcode", "magic", "status",
                    "cas", "datatype", "stream_id", "collection_id", "stream", "instance", "command",
                    "token", "capture_id", "frame_no", "table", "state", "first_ts", "last_ts",
                    "snap_version", "channel", "sha256", "key", "key_base64", "node"})
+# columns a live view shows only once they have a value (the others from its first header)
+RARE = frozenset({"key_base64", "value_base64", "value_error", "node"})
 # document values: on a terminal they take the room left and are cut after ELIDE_LINES lines
 ELIDE = frozenset({"value", "value_base64"})
 INDENT = "    "    # the continuation lines of a row that does not fit one line
@@ -115,6 +125,9 @@ class TextTable:
         self.optional = optional      # columns shown only where they cost no line (_plan_columns)
         self.dropped: set[str] = set()   # the optional columns the layout left out
         self.word: dict[str, int] = {}   # a wrapping column's widest word so far
+        # a sticky table shows its declared columns from its first header (but the rare ones)
+        self.reserved = frozenset(self.columns or ()) - RARE if sticky else frozenset()
+        self.untyped: set[str] = set()   # shown while empty: number or text not known yet
 
     # -- layout --------------------------------------------------------------------------
 
@@ -235,12 +248,18 @@ class TextTable:
 
     def _plan_columns(self, present: list[str], columns: list[list[str]], nat: list[int], wl: list[int]):
         """(columns, cells, widths, wrap, bands) of a layout of `present`, without the
-        optional columns (`ts`) when they would cost each row a line more."""
-        plan = self._plan(present, nat, wl)
+        optional columns (`ts`) when they would cost each row a line more (a sticky table
+        decides it once, at its first layout)."""
         opt = [j for j, c in enumerate(present) if c in self.optional]
+        rest = [j for j in range(len(present)) if j not in opt]
+        if opt and self.sticky and self.headers:
+            if self.dropped:
+                return ([present[j] for j in rest], [columns[j] for j in rest]) + self._plan(
+                    [present[j] for j in rest], [nat[j] for j in rest], [wl[j] for j in rest])
+            return (present, columns) + self._plan(present, nat, wl)
+        plan = self._plan(present, nat, wl)
         self.dropped = set()
         if opt and plan[2] is not None:
-            rest = [j for j in range(len(present)) if j not in opt]
             fewer = self._plan([present[j] for j in rest], [nat[j] for j in rest], [wl[j] for j in rest])
             if len(fewer[2] or [0]) < len(plan[2]):
                 self.dropped = {present[j] for j in opt}
@@ -248,10 +267,21 @@ class TextTable:
         return (present, columns) + plan
 
     def _holds(self, present: list[str], batch: list[int], bword: list[int]) -> bool:
-        """Whether the last layout holds a batch (widths `batch`, widest words `bword`)."""
+        """Whether the last layout holds a batch (widths `batch`, widest words `bword`). In
+        a sticky table a cell wider than its column may push the rest of its line while
+        the line still fits the terminal (no new header for one longer key)."""
         at = {c: j for j, c in enumerate(present)}
-        return all(bword[at[c]] <= self.widths[k] if self.wrap[k] else batch[at[c]] <= self.widths[k]
-                   for k, c in enumerate(self.shown))
+        over = [0 if self.wrap[k] else batch[at[c]] - self.widths[k] for k, c in enumerate(self.shown)]
+        if not all(bword[at[c]] <= self.widths[k] for k, c in enumerate(self.shown) if self.wrap[k]):
+            return False
+        if not self.sticky or self.width is None:
+            return all(o <= 0 for o in over)
+        for b, idx in enumerate(self.bands or [list(range(len(self.shown)))]):
+            room = self.width - (len(INDENT) if b else 0)
+            used = sum(self.widths[i] for i in idx) + len(SEP) * (len(idx) - 1)
+            if used + sum(max(0, over[i]) for i in idx) > room:
+                return False
+        return True
 
     def _choose(self, present: list[str], columns: list[list[str]], batch: list[int], bword: list[int]):
         """The layout of a batch: (columns, their cells, widths, which fold, bands). Where the
@@ -271,8 +301,8 @@ class TextTable:
             return self.shown, [columns[at[c]] for c in self.shown], self.widths, self.wrap, self.bands
         if self.width is None or not self.sticky and self._fits(nat, self.width):
             return self._plan_columns(present, columns, nat, wl)
-        if self.sticky:
-            union = set(self.shown) | {present[j] for j in keep}
+        if self.sticky:   # (its declared columns from the first batch on: one header)
+            union = set(self.shown or self.columns or ()) | {present[j] for j in keep}
             keep = [j for j, c in enumerate(present) if c in union]
             return self._plan_columns([present[j] for j in keep], [columns[j] for j in keep],
                                       [nat[j] for j in keep], [wl[j] for j in keep])
@@ -287,14 +317,16 @@ class TextTable:
         cols = self._columns_of(rows)
         # column by column: whole-column checks run at C speed (the bulk is plain ASCII)
         values = {c: [r.get(c) for r in rows] for c in cols}
-        present = [c for c in cols if c in self.natural or any(v is not None for v in values[c])]
+        present = [c for c in cols if c in self.natural or c in self.reserved or any(v is not None for v in values[c])]
         columns, batch, plain = [], [], True
         bword: list[int] = []
         for c in present:
             vals = values[c]
-            if c not in self.natural:
-                self.numeric[c] = set(map(type, vals)) <= _NUMERIC
-                self.natural[c] = _width(c)
+            if c not in self.natural or c in self.untyped:
+                self.natural.setdefault(c, _width(c))
+                typed = any(v is not None for v in vals)
+                self.numeric[c] = typed and set(map(type, vals)) <= _NUMERIC
+                (self.untyped.discard if typed else self.untyped.add)(c)
             cells, n, ascii_only = self._cells(vals)
             plain = plain and ascii_only
             self.natural[c] = max(n, self.natural[c])

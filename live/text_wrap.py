@@ -1,20 +1,29 @@
 """Text for a terminal cell: wrapped at word boundaries, never inside a word, key, id or
-number (fold), and elided with MARK where it cannot fit (cut, elide). cli/view/table.py lays
-out the columns; this module cuts their text."""
+number (fold), and elided with MARK where it cannot fit (cut, elide); widths in terminal
+cells (wide East Asian characters take two, combining marks none). live/table.py lays out
+the columns; this module cuts their text."""
 
 from __future__ import annotations
 
 import re
+import unicodedata
 
 MARK = "\u2026"   # "…": the cut mark
 ELIDE_LINES = 2    # a document value is cut after this many lines (elide)
 
 
+def char_width(ch: str) -> int:
+    """The cells one character takes on a terminal."""
+    if unicodedata.combining(ch):
+        return 0
+    return 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
+
+
 def width(s: str) -> int:
+    """The cells `s` takes on a terminal."""
     if s.isascii():
         return len(s)
-    from rich.cells import cell_len
-    return cell_len(s)
+    return sum(map(char_width, s))
 
 
 def cut(s: str, w: int) -> str:
@@ -23,10 +32,9 @@ def cut(s: str, w: int) -> str:
         return s
     if s.isascii():
         return s[:max(0, w - 1)].rstrip() + MARK
-    from rich.cells import get_character_cell_size
     out, n = [], 0
     for ch in s:
-        cw = get_character_cell_size(ch)
+        cw = char_width(ch)
         if n + cw > w - 1:
             break
         out.append(ch)
