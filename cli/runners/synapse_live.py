@@ -20,6 +20,7 @@ from dcptool.cli.view.run_summary import (
     run_and_close,
     stream_sink,
 )
+from dcptool.live.progress import fit_items
 from dcptool.live.stdout_pipe import note_stop_signals, run_deadline
 from dcptool.live.synapse_rows import StreamHandler
 from dcptool.protocol.synapse.client import Gap
@@ -83,12 +84,12 @@ def _progress_printer():
         lps = (h.frame_no - n) / dt
         mbs = (h.bytes - b) / dt / 1e6
         state["last"] = (now, h.frame_no, h.bytes)
-        toks = ""
-        if h.client is not None:
-            items = sorted(h.client.committed().items())[:6]
-            toks = "  ".join(f"{s}/{i}={t}" for (s, i), t in items)
-        live.update(Text(f"{h.frame_no} lines  {lps:,.0f} lines/s  {mbs:.1f} MB/s  "
-                         f"gaps {len(h.gaps)}  {toks}"), refresh=True)
+        head = f"{h.frame_no:,} lines  {lps:,.0f} lines/s  {mbs:.1f} MB/s  gaps {len(h.gaps)}"
+        if h.client is not None:   # the committed tokens that fit the line (80 columns too)
+            items = sorted(h.client.committed().items())
+            head += "  " + fit_items([f"{s}/{i}={t}" for (s, i), t in items], len(items),
+                                     con.width - len(head) - 3)
+        live.update(Text(head, no_wrap=True, overflow="ellipsis"), refresh=True)
 
     return live, show
 
