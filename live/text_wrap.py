@@ -44,6 +44,7 @@ def cut(s: str, w: int) -> str:
 
 # where a line may break: at a space (dropped), after a comma (kept: JSON lists and objects)
 _PIECE = re.compile(r"[^,]*,|[^,]+")
+_BREAKS = re.compile(r" |(?<=,)")   # the same pieces in one split (C speed)
 
 
 def words(s: str) -> list[str]:
@@ -56,13 +57,14 @@ def longest_word(s: str) -> int:
     """The width of the widest unbreakable piece of `s` (words())."""
     if " " not in s and "," not in s:
         return width(s)
-    return max(map(width, words(s)), default=0)
+    return max(map(len if s.isascii() else width, _BREAKS.split(s)), default=0)
 
 
 def fold(s: str, w: int) -> list[str]:
     """`s` wrapped to lines of at most `w` cells at word boundaries (words()): a word, key,
     id or number is never split over two lines; one wider than `w` alone is elided (MARK)."""
-    if width(s) <= w:
+    wf = len if s.isascii() else width
+    if wf(s) <= w:
         return [s]
     lines: list[str] = []
     cur, n = "", 0
@@ -70,7 +72,7 @@ def fold(s: str, w: int) -> list[str]:
         pieces = _PIECE.findall(word) or [""]
         for k, piece in enumerate(pieces):
             sep = " " if k == 0 and n else ""
-            pw = width(piece)
+            pw = wf(piece)
             if n + len(sep) + pw <= w:
                 cur += sep + piece
                 n += len(sep) + pw
