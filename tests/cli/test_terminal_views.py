@@ -110,3 +110,14 @@ def test_verify_explain_keeps_failover_log_ids_whole(failover_capture, tmp_path)
     assert code in (0, 6) and max(map(len, lines)) <= WIDTH
     assert any('"vbucket_uuid"' in t for t in texts) and any('"key"' in t for t in texts)
     _whole(lines, texts)
+
+
+def test_inspect_never_splits_a_file_path(failover_capture, tmp_path):
+    """inspect's `file` column (rich): a path too long for it is cut with …, never split
+    over two lines (a split one left `arquet` alone on the next line)."""
+    capdir = _capdir(failover_capture)
+    lines, code = tmux_screen.run_on_terminal([DCPTOOL, "inspect", capdir], width=WIDTH, tmpdir=str(tmp_path))
+    assert code == 0 and max(map(len, lines)) <= WIDTH
+    paths = [ln for ln in lines if capdir[:12] in ln]
+    assert paths and all(("\u2026" in ln) != (".parquet" in ln) for ln in paths), "\n".join(lines)
+    assert not any(w in ln.split() for ln in lines for w in ("arquet", "parquet", "quet"))
