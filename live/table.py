@@ -108,7 +108,8 @@ class TextTable:
     """Writes rows (dicts) to `out` as an aligned table, one batch at a time."""
 
     def __init__(self, out, columns: list[str] | None = None, title: str | None = None,
-                 width: int | None = None, *, sticky: bool = False, optional: frozenset[str] = frozenset()):
+                 width: int | None = None, *, sticky: bool = False, optional: frozenset[str] = frozenset(),
+                 first_widths: dict[str, int] | None = None):
         self.out = out
         self.columns = list(columns) if columns else None
         self.title = title
@@ -128,6 +129,7 @@ class TextTable:
         # a sticky table shows its declared columns from its first header (but the rare ones)
         self.reserved = frozenset(self.columns or ()) - RARE if sticky else frozenset()
         self.untyped: set[str] = set()   # shown while empty: number or text not known yet
+        self.first_widths = first_widths or {}   # columns' least widths from the start (a live view)
 
     # -- layout --------------------------------------------------------------------------
 
@@ -323,7 +325,7 @@ class TextTable:
         for c in present:
             vals = values[c]
             if c not in self.natural or c in self.untyped:
-                self.natural.setdefault(c, _width(c))
+                self.natural.setdefault(c, max(_width(c), self.first_widths.get(c, 0)))
                 typed = any(v is not None for v in vals)
                 self.numeric[c] = typed and set(map(type, vals)) <= _NUMERIC
                 (self.untyped.discard if typed else self.untyped.add)(c)

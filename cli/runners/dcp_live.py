@@ -116,8 +116,9 @@ def view_columns(view: RowFilter, values: bool) -> list[str]:
 def run_stream(opts: LiveOptions, ops: frozenset[str] | None = None, key: str | None = None) -> None:
     fmt = default_format(opts.fmt)
     view = live_view(fmt, opts, ops, key)
-    sink = stream_sink(opts, lambda: Sink(fmt, columns=view_columns(view, opts.values)
-                                          if fmt in ("table",) else None, live=True, optional=frozenset({"ts"})))
+    sink = stream_sink(opts, lambda: Sink(fmt, columns=view_columns(view, opts.values) if fmt in ("table",) else None,
+                                          live=True, optional=frozenset({"ts"}),
+                                          first_widths=None if view.quiet else {"op": len("get_cluster_config")}))
     lines = EventLog()
     events = S.DcpEvents(requested=opts.vbuckets, tell=lines, on_map=add_node_column(sink))
     stats = RunStats("dcp", opts.source.url)

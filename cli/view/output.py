@@ -54,10 +54,11 @@ class Sink:
     of --duration still ends it."""
 
     def __init__(self, fmt: str, columns: list[str] | None = None, out=None, title: str | None = None, *,
-                 live: bool = False, optional: frozenset[str] = frozenset()):
+                 live: bool = False, optional: frozenset[str] = frozenset(), first_widths: dict | None = None):
         self.fmt = fmt
         self.live = live            # a live view: the table's layout only grows (TextTable sticky)
         self.optional = optional    # table columns shown where they cost no line (`ts`)
+        self.first_widths = first_widths   # table columns' least widths (what a handshake grows)
         self.columns = columns
         self.out = out if out is not None else sys.stdout
         self._bin = getattr(self.out, "buffer", None)
@@ -144,6 +145,6 @@ class Sink:
             return
         if self._table is None:
             self._table = TextTable(self.out, self.columns, self.title, width=terminal_width(self.out),
-                                    sticky=self.live, optional=self.optional)
+                                    sticky=self.live, optional=self.optional, first_widths=self.first_widths)
         rows, self._table_rows = self._table_rows, []
         self._table.write(rows)
