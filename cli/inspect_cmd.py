@@ -40,7 +40,7 @@ def render(summary: dict, console) -> None:
         for c in cols:
             fold = c in _FOLD
             t.add_column(c, justify="left" if c in _LEFT else "right", no_wrap=not fold,
-                         overflow="fold")
+                         overflow="ellipsis" if fold else "fold")   # a word too long: cut with …, not split
         return t
 
     def listed(title, cols, rows, none=None):

@@ -13,6 +13,7 @@ import numpy as np
 
 from dcptool.capture.dcp_tap import Buffer, DcpTap
 from dcptool.capture.run import RunStats
+from dcptool.live.view_filter import RowFilter, pick
 from dcptool.protocol.dcp.wire.constants import Status
 from dcptool.replay.rows import frame_columns, jsonl_of, row_columns, rows_of
 from dcptool.replay.timestamps import iso_ns
@@ -43,6 +44,7 @@ class RowTap(DcpTap):
         self.rollbacks = 0
         self.ops: dict[str, int] = {}
         self.notes: Any = None         # collections.EventNotes when collections are on
+        self.view: RowFilter | None = None   # which rows are printed (counted all the same)
 
     def columns(self, buf: Buffer, offsets: np.ndarray, lengths: np.ndarray, ts: str | None, direction: str,
                 mono_ns: int | None = None) -> tuple[dict[str, Any], int]:
@@ -71,6 +73,11 @@ class RowTap(DcpTap):
             self.rollbacks += sum(1 for op, status, direction in zip(cols["op"], cols.get("status") or [None] * n,
                                                                      cols["direction"])
                                   if op == "stream_req" and status == Status.ROLLBACK and direction == "in")
+        keep = self.view.dcp_rows(cols, n) if self.view is not None else None
+        if keep is not None and len(keep) < n:   # --ops / --key / the live table's default
+            cols, n = pick(cols, keep), len(keep)
+            if n == 0:
+                return
         fmt = getattr(self.sink, "fmt", None)
         if fmt == "none":      # stream --json without --format: counted only
             self.sink.count += n

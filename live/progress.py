@@ -65,7 +65,9 @@ class ProgressCounters:
             return 0.0, 0.0
         return (self.frames - f0) / (now - t0), (self.wire_bytes - b0) / (now - t0)
 
-    def positions_text(self) -> str:
+    def positions_text(self, width: int | None = None) -> str:
+        """The first MAX_POSITIONS stream positions, as many as fit one line of `width`
+        characters (None: any width), the rest counted (`… +N more`)."""
         try:
             items = list(self.positions.items())
         except RuntimeError:  # mutated while we looked: show it next time
@@ -76,9 +78,26 @@ class ProgressCounters:
         items.sort(key=lambda kv: (str(type(kv[0])), kv[0]))
         shown = items[:MAX_POSITIONS]
         if self.protocol == "dcp":
-            text = "  ".join(f"vb{k}={v}" for k, v in shown)
+            texts = [f"vb{k}={v}" for k, v in shown]
         else:
-            text = "  ".join(f"{k}={v}" for k, v in shown)
-        if len(items) > len(shown):
-            text += f"  … +{len(items) - len(shown)} more"
-        return f"{label}: {text}"
+            texts = [f"{k}={v}" for k, v in shown]
+        return f"{label}: " + fit_items(texts, len(items), None if width is None else width - len(label) - 2)
+
+
+def fit_items(texts: list[str], total: int, width: int | None, sep: str = "  ") -> str:
+    """`texts` joined by `sep`, as many as fit `width` characters (None: all of them) with
+    `… +N more` for the rest of `total`; an item is never cut."""
+    out: list[str] = []
+    used = 0
+    for i, t in enumerate(texts):
+        rest = total - i - 1
+        tail = len(f"{sep}\u2026 +{rest} more") if rest else 0
+        add = len(t) + (len(sep) if out else 0)
+        if width is not None and used + add + tail > width:
+            break
+        out.append(t)
+        used += add
+    text = sep.join(out)
+    if len(out) < total:
+        text += f"{sep if out else ''}\u2026 +{total - len(out)} more"
+    return text

@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from dcptool.capture import synapse_capture
 from dcptool.capture.options import LiveOptions
+from dcptool.live.view_filter import RowFilter
 from dcptool.protocol.synapse.rows import decode_row
 from dcptool.replay.store.synapse_batch import build_batch
 from dcptool.replay.timestamps import iso_ns
@@ -54,6 +55,7 @@ class StreamHandler(synapse_capture.SynapseRun):
         super().__init__(opts, tell)
         self.sink = sink
         self.frame_no = 0
+        self.view: RowFilter | None = None   # --ops / --key / the live table's default
 
     def block(self, direction, scan, *, conn, ts_ns, mono_ns, channel=None):
         self.lines(direction, scan.lines(), None, conn=conn, ts_ns=ts_ns, mono_ns=mono_ns,
@@ -86,6 +88,10 @@ class StreamHandler(synapse_capture.SynapseRun):
                 except ValueError as exc:  # bad or too deeply nested JSON: the line stays
                     r["fields"] = None
                     r["decode_error"] = r["decode_error"] or f"row: {exc}"
+            if self.view is not None and not self.view.synapse_row(r):
+                if direction == "in":   # received (--max-messages counts it), not printed
+                    self.count_in(1)
+                continue
             if r["batch"]:
                 r["token"] = "batch"
             if self.sink.fmt != "jsonl":

@@ -22,12 +22,14 @@ from dcptool.cli.view.console import err_console
 from dcptool.cli.view.output import Sink, default_format, markup_safe
 from dcptool.cli.view.run_summary import (
     add_rates,
+    live_view,
     print_stream_summary,
     run_and_close,
     stream_sink,
 )
 from dcptool.live.dcp_rows import RowTap
 from dcptool.live.stdout_pipe import OutputStalled, note_stop_signals, run_deadline
+from dcptool.live.view_filter import RowFilter
 from dcptool.protocol.dcp.client import consumer as dcp_consumer
 from dcptool.protocol.dcp.client import manifest as dcp_collections
 from dcptool.protocol.dcp.client import routing
@@ -101,10 +103,22 @@ def add_node_column(sink):
     return on_map
 
 
-def run_stream(opts: LiveOptions) -> None:
+def view_columns(view: RowFilter, values: bool) -> list[str]:
+    """The live table's columns: `ts` (where it costs no line) and TABLE_COLUMNS; the view
+    of the stream's own rows (no -v) leaves out `direction`, `opaque`, `status` and
+    `rollback_seqno` (`in`, the stream's opaque, or empty in every row it prints)."""
+    cols = ["ts", *TABLE_COLUMNS]
+    if view.quiet:
+        cols = [c for c in cols if c not in ("direction", "opaque", "status", "rollback_seqno")]
+    return display_columns(cols, values)
+
+
+def run_stream(opts: LiveOptions, ops: frozenset[str] | None = None, key: str | None = None) -> None:
     fmt = default_format(opts.fmt)
-    sink = stream_sink(opts, lambda: Sink(fmt, columns=display_columns(TABLE_COLUMNS, opts.values)
-                                          if fmt in ("table",) else None))
+    view = live_view(fmt, opts, ops, key)
+    sink = stream_sink(opts, lambda: Sink(fmt, columns=view_columns(view, opts.values) if fmt in ("table",) else None,
+                                          live=True, optional=frozenset({"ts"}),
+                                          first_widths=None if view.quiet else {"op": len("get_cluster_config")}))
     lines = EventLog()
     events = S.DcpEvents(requested=opts.vbuckets, tell=lines, on_map=add_node_column(sink))
     stats = RunStats("dcp", opts.source.url)
@@ -120,6 +134,7 @@ def run_stream(opts: LiveOptions) -> None:
 
     tap = RowTap(sink, values=opts.values, raw=opts.raw, max_messages=opts.max_messages,
                  on_limit=stop, stats=stats, say=lambda line: err_console().print(markup_safe(line), highlight=False))
+    tap.view = view
     if opts.collections:
         tap.notes = lines.notes = dcp_collections.EventNotes()
     session = S.make_session(opts, tap=tap, on_events=watch.chain(events, tap), on_connect=watch.connected)

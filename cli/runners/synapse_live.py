@@ -14,10 +14,12 @@ from dcptool.cli.view.output import Sink, default_format, markup_safe
 from dcptool.cli.view.progress import print_summary
 from dcptool.cli.view.run_summary import (
     add_rates,
+    live_view,
     print_stream_summary,
     run_and_close,
     stream_sink,
 )
+from dcptool.live.progress import fit_items
 from dcptool.live.stdout_pipe import note_stop_signals, run_deadline
 from dcptool.live.synapse_rows import StreamHandler
 from dcptool.protocol.synapse.client import Gap
@@ -35,10 +37,15 @@ def tell(ev) -> None:
         err_console().print(f"[yellow]reconnecting[/] in {ev.delay:.1f} s: {markup_safe(ev.reason)}", highlight=False)
 
 
-def run_stream(opts: LiveOptions) -> None:
+def run_stream(opts: LiveOptions, ops: frozenset[str] | None = None, key: str | None = None) -> None:
     fmt = default_format(opts.fmt)
-    sink = stream_sink(opts, lambda: Sink(fmt, columns=TABLE_COLUMNS if fmt != "jsonl" else None))
+    view = live_view(fmt, opts, ops, key)
+    # the live table: `ts` where it costs no line; without -v every row printed is `in`
+    columns = ["ts", *(c for c in TABLE_COLUMNS if not (view.quiet and c == "direction"))]
+    sink = stream_sink(opts, lambda: Sink(fmt, columns=columns if fmt != "jsonl" else None,
+                                          live=True, optional=frozenset({"ts"})))
     handler = StreamHandler(opts, sink, tell)
+    handler.view = view
     client = synapse_capture.make_client(opts)
     handler.client = client
     run_deadline(opts.duration)
@@ -76,12 +83,12 @@ def _progress_printer():
         lps = (h.frame_no - n) / dt
         mbs = (h.bytes - b) / dt / 1e6
         state["last"] = (now, h.frame_no, h.bytes)
-        toks = ""
-        if h.client is not None:
-            items = sorted(h.client.committed().items())[:6]
-            toks = "  ".join(f"{s}/{i}={t}" for (s, i), t in items)
-        live.update(Text(f"{h.frame_no} lines  {lps:,.0f} lines/s  {mbs:.1f} MB/s  "
-                         f"gaps {len(h.gaps)}  {toks}"), refresh=True)
+        head = f"{h.frame_no:,} lines  {lps:,.0f} lines/s  {mbs:.1f} MB/s  gaps {len(h.gaps)}"
+        if h.client is not None:   # the committed tokens that fit the line (80 columns too)
+            items = sorted(h.client.committed().items())
+            head += "  " + fit_items([f"{s}/{i}={t}" for (s, i), t in items], len(items),
+                                     con.width - len(head) - 3)
+        live.update(Text(head, no_wrap=True, overflow="ellipsis"), refresh=True)
 
     return live, show
 

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Iterable
 import orjson
 
 from dcptool.cli.view.console import stdout_is_tty
-from dcptool.cli.view.table import TextTable, cell_text, terminal_width
 from dcptool.live.stdout_pipe import private_pipe_fd, write_pipe
+from dcptool.live.table import TextTable, cell_text, terminal_width
 from dcptool.protocol.text import printable
 from dcptool.replay.display import JSONL_OPTS, dcp_display, json_default, jsonl_bytes
 from dcptool.replay.timestamps import iso_ns
 
 if TYPE_CHECKING:
-    from dcptool.cli.view.table import TextTable
+    from dcptool.live.table import TextTable
 
 FORMATS = ("table", "jsonl", "text")
 
@@ -46,15 +46,19 @@ def text_line(row: dict) -> str:
 class Sink:
     """Writes rows in one of FORMATS; `columns` fixes the table/text column order.
 
-    Tables are written batch by batch (cli/view/table.py): each write_many() prints its
+    Tables are written batch by batch (live/table.py): each write_many() prints its
     rows at once; single write()s are gathered up to 50 rows or the next flush().
 
     JSON lines and text into a pipe go through a non-blocking descriptor of the sink's own
     (write_pipe): a reader that stops reading holds the run up, but a stop signal or the end
     of --duration still ends it."""
 
-    def __init__(self, fmt: str, columns: list[str] | None = None, out=None, title: str | None = None):
+    def __init__(self, fmt: str, columns: list[str] | None = None, out=None, title: str | None = None, *,
+                 live: bool = False, optional: frozenset[str] = frozenset(), first_widths: dict | None = None):
         self.fmt = fmt
+        self.live = live            # a live view: the table's layout only grows (TextTable sticky)
+        self.optional = optional    # table columns shown where they cost no line (`ts`)
+        self.first_widths = first_widths   # table columns' least widths (what a handshake grows)
         self.columns = columns
         self.out = out if out is not None else sys.stdout
         self._bin = getattr(self.out, "buffer", None)
@@ -140,6 +144,7 @@ class Sink:
         if not self._table_rows:
             return
         if self._table is None:
-            self._table = TextTable(self.out, self.columns, self.title, width=terminal_width(self.out))
+            self._table = TextTable(self.out, self.columns, self.title, width=terminal_width(self.out),
+                                    sticky=self.live, optional=self.optional, first_widths=self.first_widths)
         rows, self._table_rows = self._table_rows, []
         self._table.write(rows)

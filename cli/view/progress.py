@@ -73,11 +73,20 @@ class CaptureProgress(ProgressCounters, NullProgress):
             self._live.start()
 
     def render(self):
-        fps, bps = self.rates()
+        """The display, laid out for the width of the console that draws it (grid)."""
+        rates = self.rates()
+        return _FitWidth(lambda width: self.grid(width, rates))
+
+    def grid(self, width: int, rates: tuple[float, float]):
+        """The display as a grid of at most `width` columns: the labels whole, each value
+        cut with … at the edge, as many positions as fit (80 columns too)."""
+        fps, bps = rates
         streams = "vbuckets" if self.protocol == "dcp" else "streams"
+        labels = [f"{self.protocol} capture", "frames", "wire", streams, "written", "positions"]
+        label_width = max(map(len, labels))
         grid = Table.grid(padding=(0, 2))
-        grid.add_column(style="bold cyan", no_wrap=True)
-        grid.add_column(no_wrap=True)
+        grid.add_column(style="bold cyan", no_wrap=True, min_width=label_width)
+        grid.add_column(no_wrap=True, overflow="ellipsis")
         grid.add_row(f"{self.protocol} capture", _duration(self.clock() - self.t0)
                      + (f"  {self.note}" if self.note else ""))
         grid.add_row("frames", f"{self.frames:,}  ({fps:,.0f}/s)")
@@ -85,7 +94,7 @@ class CaptureProgress(ProgressCounters, NullProgress):
         grid.add_row(streams, f"{self.streams_open:,} streaming, {self.streams_ended:,} ended")
         grid.add_row("written", _size(self.bytes_written)
                      + (f"  (backlog {_size(self.backlog_bytes)})" if self.backlog_bytes else ""))
-        pos = self.positions_text()
+        pos = self.positions_text(max(20, width - label_width - 2))
         if pos:
             grid.add_row("positions", pos)
         return grid
@@ -94,6 +103,16 @@ class CaptureProgress(ProgressCounters, NullProgress):
         if self._live is not None:
             live, self._live = self._live, None
             live.stop()
+
+
+class _FitWidth:
+    """A rich renderable made at draw time for the width it is drawn in."""
+
+    def __init__(self, make: Callable[[int], Any]):
+        self.make = make
+
+    def __rich_console__(self, console, options):
+        yield self.make(options.max_width)
 
 
 def make_progress(protocol: str, *, quiet: bool = False, console=None):

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import sys
 
-from dcptool.cli.view.console import err_console
+from dcptool.cli.view.console import err_console, stdout_is_tty
 from dcptool.cli.view.output import printable
+from dcptool.live.view_filter import RowFilter
 
 
 class NullSink:
@@ -43,6 +44,13 @@ def stream_sink(opts, make):
     return NullSink() if getattr(opts, "json_summary", False) and not opts.fmt else make()
 
 
+def live_view(fmt: str, opts, ops: frozenset[str] | None, key: str | None) -> RowFilter:
+    """Which rows a `stream` run prints: `--ops` / `--key` in every format; the live table on
+    a terminal leaves out the connection's own traffic unless -v (live/view_filter.py)."""
+    quiet = fmt == "table" and stdout_is_tty() and not getattr(opts, "verbose", False)
+    return RowFilter(ops, key, quiet=quiet)
+
+
 def add_rates(summary: dict, ops: dict | None = None) -> dict:
     """`rate` (messages received per second) and, for DCP, `ops` (frames shown per op name,
     both directions) after the other fields."""
@@ -70,8 +78,9 @@ def print_stream_summary(summary: dict, opts=None) -> None:
             continue
         text = printable(v)
         parts.append(f"{k}={text}" if " " not in text else f'{k}="{text}"')
-    err_console().print("summary: " + " ".join(parts), highlight=False, style="dim", soft_wrap=True,
-                        markup=False)
+    con = err_console()   # a terminal wraps it between its pairs; a log gets one line
+    con.print("summary: " + " ".join(parts), highlight=False, style="dim", soft_wrap=not con.is_terminal,
+              markup=False)
 
 
 def run_and_close(run, sink):

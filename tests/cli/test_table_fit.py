@@ -13,7 +13,7 @@ import pytest
 
 from dcptool.cli.runners.dcp_live import TABLE_COLUMNS
 from dcptool.cli.view.output import Sink
-from dcptool.cli.view.table import MARK, TextTable
+from dcptool.live.table import MARK, TextTable
 from dcptool.replay.display import display_columns
 
 COLUMNS = display_columns(TABLE_COLUMNS, values=True)
@@ -86,20 +86,24 @@ def _rows_of(lines: list[str]) -> list[list[str]]:
 @pytest.mark.parametrize("width", [160, 120])
 def test_documents_after_snapshot_markers_get_the_room(width):
     """A batch of documents only: the snapshot columns (empty in it) take no room, every key
-    is whole on its row's first line, and the 61-byte value fits on one line (160 columns)."""
+    is whole on its row's first line, and the 61-byte value fits on one line (160 columns);
+    at 120 columns, where the value would have to wrap inside one of its strings, it goes
+    whole on an indented line of its own (issue 39: no word, id or number split)."""
     muts, keys = _mutations(7, 40)
     text = _render(width, _handshake(), _markers(range(4)), muts)
     lines = _body(text, "by_seqno")
     header = lines[0]
     assert "snap_start" not in header and "snap_flag_names" not in header and "value_base64" not in header
-    rows = _rows_of(lines[1:])
+    banded = width < 160
+    rows = _rows_of(lines[2:] if banded else lines[1:])
     assert len(rows) == len(muts)
-    value_at = _col(header, "value")
+    if banded:
+        assert lines[1].split() == ["value"] and lines[1].startswith("    ")
+    value_at = 4 if banded else _col(header, "value")
     for row, key, m in zip(rows, keys, muts):
-        # 160 columns: one line per document; 120: the value folds once, whole
-        assert len(row) == (1 if width >= 160 else 2), row
+        assert len(row) == (2 if banded else 1), row
         assert f"  {key}  " in row[0]                 # the key whole
-        assert "".join(ln[value_at:].rstrip() for ln in row) == json.dumps(m["value"], separators=(",", ":"))
+        assert row[-1][value_at:] == json.dumps(m["value"], separators=(",", ":"))
     assert max(len(ln) for ln in lines[1:]) <= width
 
 
@@ -126,12 +130,14 @@ def test_a_backfill_batch_shows_documents_whole_and_markers_below():
 
 
 @pytest.mark.parametrize("width", [160, 80])
-def test_long_values_are_cut_after_two_lines_with_the_mark(width):
+def test_long_values_are_cut_with_the_mark_never_inside_a_word(width):
+    """A value that no line can hold is cut with the mark; it wraps only at its commas
+    (between JSON members), so a 400-character string is cut, not split over lines."""
     rnd = random.Random(5)
     muts, keys = _mutations(19, 12)
     for m in muts:
-        m["value"] = {"blob": "".join(rnd.choice("abcdef") for _ in range(400))}
-        m["value_len"] = 411
+        m["value"] = {"blob": "".join(rnd.choice("abcdef") for _ in range(400)), "n": 7}
+        m["value_len"] = 417
     header, rows = _table(_render(width, _markers(range(2)) + muts))
     assert max(len(ln) for r in rows for ln in r) <= width and len(rows) == 2 + len(muts)
     for row, key, m in zip(rows[2:], keys, muts):
@@ -139,10 +145,10 @@ def test_long_values_are_cut_after_two_lines_with_the_mark(width):
         first = next(i for i, ln in enumerate(row) if '{"blob"' in ln)
         start = row[first].index('{"blob"')
         pieces = [ln[start:] for ln in row[first:]]
-        assert len(pieces) == 2, row                  # two lines of value, no more
-        got = "".join(pieces)
+        assert len(pieces) == 2, row                  # the cut string, then the next member
         full = json.dumps(m["value"], separators=(",", ":"))
-        assert got.endswith(MARK) and full.startswith(got[:-1]) and len(got) > 40, got
+        assert pieces[0].endswith(MARK) and full.startswith(pieces[0][:-1]) and len(pieces[0]) > 40, pieces
+        assert pieces[1] == '"n":7}'
 
 
 def _table(text: str) -> tuple[list[str], list[list[str]]]:
