@@ -30,8 +30,8 @@ from dcptool.replay.store import COMPRESSIONS
 @click.option("--resume", is_flag=True,
               help="Continue from the state recorded in the captures already in the output directory.")
 @click.option("--force-new", "force_new", is_flag=True,
-              help="Start a new capture even though the output directory holds a capture of another "
-                   "source (same protocol only).")
+              help="Start a new capture (a new capture id) even though the output directory holds a "
+                   "capture of another source or bucket (same protocol only); the old one is kept as it is.")
 @click.option("--retain-segments", type=click.IntRange(min=1), help="Ring: keep the newest N finished segments.")
 @click.option("--retain-size", help="Ring: delete the oldest finished segments beyond SIZE in all, e.g. 50GiB.")
 @click.option("--retain-age", help="Ring: delete finished segments older than this, e.g. 7d.")

@@ -158,3 +158,33 @@ def test_a_source_without_an_identity_falls_back_to_the_host_rule(tmp_path):
         assert "bucket uuid aa" in str(exc)
     else:
         raise AssertionError("another bucket name accepted")
+
+
+def test_a_synapse_reconnect_that_reaches_another_server_ends_the_run(tmp_path):
+    """The identity settles on the first SERVER line; a later one naming another server (a
+    reconnect reached another Synapse at the address) ends the run before its lines are
+    recorded, naming both."""
+    from dcptool.capture.options import CaptureSettings, LiveOptions
+    from dcptool.capture.sources import parse_source
+    from dcptool.capture.synapse_capture import Identity
+
+    class Writer:
+        source_id = None
+
+        def set_options(self, options, source_id=None):
+            self.source_id = source_id
+
+    opts = LiveOptions(source=parse_source("synapse://127.0.0.1:9092"), user=None)
+    writer = Writer()
+    ident = Identity(opts, CaptureSettings(output=str(tmp_path / "cap")), writer, {}, None)
+    assert ident.source_id is None          # the URL names no server: the SERVER line will
+    ident.seen("alpha.example")
+    ident.seen(None)                        # reconnecting: no SERVER line yet
+    ident.seen("alpha.example")
+    assert ident.source_id == writer.source_id == "server-name:alpha.example"
+    try:
+        ident.seen("beta.example")
+    except R.SourceMismatch as exc:
+        assert "server name alpha.example" in str(exc) and "server name beta.example" in str(exc)
+    else:
+        raise AssertionError("another server accepted")
