@@ -46,6 +46,7 @@ from dcptool.capture.run import (
 from dcptool.protocol.dcp.client import consumer as dcp_consumer
 from dcptool.protocol.dcp.client.consumer_api import FilterResolved
 from dcptool.replay.store.background import BackgroundWriter
+from dcptool.replay.store.resume import SourceMismatch, bucket_identity, check_identity
 from dcptool.replay.store.writer import CaptureWriter, WriterError
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ class DcpCapture:
         self.session: ClusterSession | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.ring: Ring | None = None
+        self.source_id: str | None = None     # the source's identity, once its connection is set up
         self.pause_at = DEFAULTS["pause_backlog_bytes"]
         self.watch = DcpWatch(opts.metrics, opts.lag_interval)
 
@@ -160,11 +162,33 @@ class DcpCapture:
                 if e.filters:   # --stream-ids: the filter of each stream id, 1, 2, ...
                     options["stream_filters"] = [dict(f) if f else None for f in e.filters]
             if type(e) is dcp_consumer.HandshakeComplete and tap.holding:
+                source_id = self._identity(e.bucket_uuid)
                 full = dict(options, hello_features=[f"0x{f:02x}" for f in e.features], dcp_controls=e.controls)
-                self.writer.set_options(full)
+                self.writer.set_options(full, source_id)
+                if self.ring is not None:
+                    self.ring.identify(source_id)
                 tap.release()
+            elif type(e) is dcp_consumer.HandshakeComplete and e.bucket_uuid and self.source_id \
+                    and bucket_identity(e.bucket_uuid) != self.source_id:     # a node of another bucket
+                raise SourceMismatch(f"{self.settings.output}: the capture of bucket uuid "
+                                     f"{self.source_id.partition(':')[2]} reached another bucket, uuid "
+                                     f"{e.bucket_uuid}, on a new connection; stopped")
         if self.bg.error is not None:
             self._stop()
+
+    def _identity(self, bucket_uuid: str) -> str:
+        """The source's identity (its bucket's UUID), checked against the captures already in
+        the directory before anything of this run is written: another bucket there ends the
+        run with SourceMismatch (exit 2) and every frame held so far is dropped."""
+        source_id = bucket_identity(bucket_uuid)
+        s = self.settings
+        try:
+            check_identity(s.output, "dcp", self.opts.source.url, source_id, resume=s.resume, force_new=s.force_new)
+        except SourceMismatch:
+            self.tap.discard()
+            raise
+        self.source_id = source_id
+        return source_id
 
     # -- the run and its end
     def _stream(self, signals: StopSignals):
@@ -197,7 +221,8 @@ class DcpCapture:
             error = self.bg.error
         files = stop_ring(self.ring, files, self.note)
         if not isinstance(error, WriterError):     # a full disk: no room to merge, nothing tried
-            files = compact_finished(self.settings.output, self.opts.source.url, self.opts.shard, files, self.note)
+            files = compact_finished(self.settings.output, self.opts.source.url, self.opts.shard, files, self.note,
+                                     self.source_id)
         return files, error
 
     def _result(self, files, error, consumer, signals: StopSignals) -> CaptureResult:

@@ -137,6 +137,7 @@ class CaptureTap(DcpTap):
         self.bg = bg
         self.progress = progress
         self._held: list[Any] | None = []    # batches held until the options metadata is final
+        self._dropping = False               # discard(): nothing more is written
         self._out: list[tuple[int, bytes, int, int]] = []            # sent frames not yet in a batch: (frame_no, frame, ts, mono)
         self._next_progress = 0.0
 
@@ -171,11 +172,20 @@ class CaptureTap(DcpTap):
 
     def release(self) -> None:
         """The options metadata is final: everything held goes to the writer."""
+        if self._dropping:
+            return
         held, self._held = self._held, None
         for rb in held or ():
             self.bg.submit(rb)
 
+    def discard(self) -> None:
+        """Nothing of this run is to be written (another source than the directory's): what
+        is held and whatever comes after is dropped."""
+        self._held, self._dropping = [], True
+
     def _submit(self, rb: Any) -> None:
+        if self._dropping:
+            return
         if self._held is not None:
             self._held.append(rb)
         else:

@@ -85,6 +85,7 @@ class CaptureSettings:
     rotate_interval: float = 300.0
     compression: str = "zstd"
     resume: bool = False
+    force_new: bool = False     # a new capture next to one of another source (CLI.md `--force-new`)
     quiet: bool = False
     json_summary: bool = False
     # the retention ring (capture/ring.py): None keeps everything

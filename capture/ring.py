@@ -28,7 +28,7 @@ from dcptool.replay.store.naming import IN_PROGRESS_SUFFIX, SEGMENT_NAME_RE, nam
 from dcptool.replay.store.reader import describe
 from dcptool.replay.store.resume import (
     dcp_resume_state,
-    same_source,
+    same_origin,
     synapse_resume_state,
 )
 
@@ -57,7 +57,7 @@ class Ring:
     pass their own)."""
 
     def __init__(self, directory: str, protocol: str, source: str, retention: Retention, *,
-                 shard: str | None = None, clock=time.time, interval: float = 1.0):
+                 shard: str | None = None, clock=time.time, interval: float = 1.0, source_id: str | None = ""):
         self.directory = os.fspath(directory)
         self.protocol, self.source, self.shard = protocol, source, shard
         self.retention = retention
@@ -67,6 +67,9 @@ class Ring:
         self.deleted: list[str] = []
         self.error: BaseException | None = None
         self._mine: dict[str, bool] = {}     # path -> of this source and shard (its metadata says)
+        # the source's identity (dcptool.source_id, "" when it gives none); a capture's ring
+        # starts with None, deleting nothing until its connection is set up (identify)
+        self.source_id = source_id
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -99,11 +102,19 @@ class Ring:
         return out
 
     def _is_mine(self, path: str) -> bool:
-        """A segment of this source (`--force-new` may have put another's next to it) and shard."""
+        """A segment of this source (`--force-new` may have put another's next to it, of another
+        identity on the same host too) and shard."""
         if path not in self._mine:
-            source, shard = origin_of_file(path)
-            self._mine[path] = source is not None and same_source(source, self.source) and shard == self.shard
+            source, shard, source_id = origin_of_file(path)
+            self._mine[path] = source is not None and shard == self.shard and \
+                same_origin(source, source_id or "", self.source, self.source_id or "")
         return self._mine[path]
+
+    def identify(self, source_id: str) -> None:
+        """The capture's source identity is known (its connection is set up): the ring runs."""
+        with self._lock:
+            self.source_id = source_id
+            self._mine.clear()
 
     def plan(self, segs: list[Segment]) -> list[Segment]:
         """The oldest segments to delete so that what is left fits the retention."""
@@ -125,7 +136,9 @@ class Ring:
     # -- deleting
     def apply(self) -> list[str]:
         with self._lock:
-            done = []
+            done: list[str] = []
+            if self.source_id is None:     # whose segments are whose is not known yet
+                return done
             for seg in self.plan(self.finished()):
                 self._drop(seg)
                 done.append(seg.path)
@@ -221,15 +234,16 @@ def fold(rec: dict, f) -> int:
     return rows
 
 
-def origin_of_file(path: str) -> tuple[str | None, str | None]:
-    """The source and the `shard` (None: not sharded) a segment's metadata names; (None, None)
-    for a file that cannot be read (no segment of ours to delete)."""
+def origin_of_file(path: str) -> tuple[str | None, str | None, str | None]:
+    """The source, the `shard` (None: not sharded) and the source's identity a segment's
+    metadata names; (None, None, None) for a file that cannot be read (no segment of ours)."""
     try:
         meta = describe(path).metadata
         opts = json.loads(meta.get("dcptool.options") or "{}")
     except Exception:  # noqa: BLE001 - whatever it is, the ring leaves it alone
-        return None, None
-    return meta.get("dcptool.source"), opts.get("shard") if isinstance(opts, dict) else None
+        return None, None, None
+    return (meta.get("dcptool.source"), opts.get("shard") if isinstance(opts, dict) else None,
+            meta.get("dcptool.source_id"))
 
 
 def start_ring(directory: str, protocol: str, source: str, retention: Retention | None,
@@ -237,7 +251,7 @@ def start_ring(directory: str, protocol: str, source: str, retention: Retention 
     """The running ring of a capture, or None without retention options."""
     if not retention:
         return None
-    return Ring(directory, protocol, source, retention, shard=shard).start()
+    return Ring(directory, protocol, source, retention, shard=shard, source_id=None).start()
 
 
 def retention(settings) -> Retention:
@@ -264,7 +278,8 @@ def stop_ring(ring: Ring | None, files: list, note) -> list:
 COMPACT_MIN_PARTS = 64
 
 
-def compact_finished(directory: str, source: str, shard: str | None, files: list, note) -> list:
+def compact_finished(directory: str, source: str, shard: str | None, files: list, note,
+                     source_id: str | None = None) -> list:
     """Compact the small finished segments of this source and shard in `directory` (after the
     ring stopped: nothing else deletes them now); `files` (the run's finished segments, dicts
     with "path") with merged ones in place of their parts. A failure keeps every part (the
@@ -275,8 +290,8 @@ def compact_finished(directory: str, source: str, shard: str | None, files: list
             opts = json.loads(f.metadata.get("dcptool.options") or "{}")
         except ValueError:
             return False
-        return same_source(f.metadata.get("dcptool.source") or "", source) and \
-            (opts.get("shard") if isinstance(opts, dict) else None) == shard
+        return same_origin(f.metadata.get("dcptool.source") or "", f.metadata.get("dcptool.source_id") or "",
+                           source, source_id or "") and (opts.get("shard") if isinstance(opts, dict) else None) == shard
 
     if not os.path.isdir(directory):
         return files

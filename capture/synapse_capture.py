@@ -14,7 +14,13 @@ import time
 from dcptool.capture.metrics import LiveMetrics, start, wire_synapse
 from dcptool.capture.options import CaptureSettings, LiveOptions, default_name
 from dcptool.capture.result import CaptureResult
-from dcptool.capture.ring import compact_finished, retention, start_ring, stop_ring
+from dcptool.capture.ring import (
+    Ring,
+    compact_finished,
+    retention,
+    start_ring,
+    stop_ring,
+)
 from dcptool.capture.run import (
     DURATION,
     MAX_MESSAGES,
@@ -27,7 +33,14 @@ from dcptool.protocol.synapse.client import Gap, ServerError, SynapseClient
 from dcptool.protocol.transport import synapse_tcp_redis as synapse_transport
 from dcptool.replay.store import retained
 from dcptool.replay.store.background import BackgroundWriter
-from dcptool.replay.store.resume import recover_in_progress, synapse_resume_state
+from dcptool.replay.store.resume import (
+    SourceMismatch,
+    check_identity,
+    display_identity,
+    recover_in_progress,
+    server_identity,
+    synapse_resume_state,
+)
 from dcptool.replay.store.synapse_batch import build_batch, build_batch_scan
 from dcptool.replay.store.writer import CaptureWriter, WriterError
 
@@ -170,9 +183,45 @@ def resume_state(directory: str, hold_gaps: bool = False) -> tuple[dict[tuple[st
     return {**dropped, **synapse_resume_state([directory], hold_gaps)}, finished
 
 
+class Identity:
+    """The source's identity (its server name, CAPTURE_FORMAT.md "One source per directory"):
+    from the URL where it names one (synapse+redis://, ?server_name=), else from the first
+    SERVER line. Once known it is checked against the captures in the directory (another
+    server there: SourceMismatch, exit 2) and recorded as `dcptool.source_id`; a later SERVER
+    line naming another server (a reconnect reached another one) ends the run the same way."""
+
+    def __init__(self, opts: LiveOptions, settings: CaptureSettings, writer: CaptureWriter, options: dict,
+                 ring: Ring | None):
+        self.url, self.settings, self.writer, self.options, self.ring = opts.source.url, settings, writer, options, ring
+        self.source_id: str | None = None     # None: not known yet ("": the source gave none)
+        if opts.source.server_name:
+            self.seen(opts.source.server_name)
+
+    def seen(self, server_name: str | None) -> None:
+        """The server's name as the client last read it (None: no SERVER line, or not yet)."""
+        sid = server_identity(server_name)
+        if self.source_id is None:
+            s = self.settings
+            check_identity(s.output, "synapse", self.url, sid, resume=s.resume, force_new=s.force_new)
+            self.writer.set_options(self.options, sid)
+            if self.ring is not None:
+                self.ring.identify(sid)
+            self.source_id = sid
+        elif sid and self.source_id and sid != self.source_id:
+            raise SourceMismatch(f"{self.settings.output}: the capture of {display_identity(self.source_id, self.url)} "
+                                 f"reached another server on reconnecting, {display_identity(sid, self.url)}; "
+                                 "stopped before recording anything it sent")
+
+
 class CaptureHandler(SynapseRun):
-    def __init__(self, opts: LiveOptions, bg, progress, tell=None):
+    """`capture`'s handler: every block of lines one Arrow batch for the writer. Until the
+    source's identity is settled (the SERVER line of a synapse:// source that names no
+    server_name) its batches are held, then checked against the directory (`identity`)."""
+
+    def __init__(self, opts: LiveOptions, bg, progress, tell=None, identity: Identity | None = None):
         super().__init__(opts, tell)
+        self.identity = identity
+        self._held: list | None = [] if identity is not None and identity.source_id is None else None
         self.catch_up: CatchUp | None = None     # --catch-up: capture/synapse_catchup.py
         self.bg = bg
         self.frame_no = 0
@@ -190,7 +239,7 @@ class CaptureHandler(SynapseRun):
         self.bytes += sum(map(len, lines))
         self.count(direction, conn, len(lines), line_bytes(lines, channel))
         self.observe(direction, batch)
-        self.bg.submit(batch)
+        self._submit(direction, batch)
         if direction == "in":
             self.count_in(len(lines))
 
@@ -201,9 +250,25 @@ class CaptureHandler(SynapseRun):
         self.bytes += len(scan.buf)
         self.count(direction, conn, scan.n, len(scan.buf))
         self.observe(direction, batch)
-        self.bg.submit(batch)
+        self._submit(direction, batch)
         if direction == "in":
             self.count_in(scan.n)
+
+    def _submit(self, direction: str, batch) -> None:
+        """To the writer, once the source's identity is settled: the first lines received
+        settle it (the client has read them: a SERVER line named the server, or none came)."""
+        ident = self.identity
+        if ident is not None and direction == "in" and self.client is not None:
+            ident.seen(self.client.server_name)      # raises SourceMismatch before anything is written
+        if self._held is not None:
+            self._held.append(batch)
+            if ident is None or ident.source_id is None:
+                return
+            held, self._held = self._held, None
+            for b in held:
+                self.bg.submit(b)
+            return
+        self.bg.submit(batch)
 
     def events(self, events: list) -> None:
         super().events(events)
@@ -223,7 +288,16 @@ class CaptureHandler(SynapseRun):
                             direction=direction, channel=CHANNEL, node=node)
         self.frame_no += len(raw)
         self.bytes += sum(map(len, raw))
-        self.bg.submit(batch)
+        self._submit(direction, batch)
+
+    def finish(self) -> None:
+        """The run ended before any line came in: what it sent is written (no identity)."""
+        if self._held is not None and self.identity is not None:
+            if self.identity.source_id is None:
+                self.identity.seen(None)
+            held, self._held = self._held, None
+            for b in held:
+                self.bg.submit(b)
 
     def paused(self) -> bool:
         if self.bg.error is not None:
@@ -253,13 +327,21 @@ def capture_synapse(opts: LiveOptions, settings: CaptureSettings, *, progress=No
         note(f"metrics: {server.url}")
     try:
         committed, leftovers = _resume(settings, note)
-        writer, bg = _open_writer(opts, settings, committed)
+        writer, bg, options = _open_writer(opts, settings, committed)
     except BaseException:
         if server is not None:
             server.close()
         raise
     ring = start_ring(settings.output, "synapse", opts.source.url, retention(settings))
-    handler = CaptureHandler(opts, bg, progress, tell)
+    try:
+        identity = Identity(opts, settings, writer, options, ring)   # from the URL: checked now
+    except BaseException:
+        stop_ring(ring, [], lambda text: None)
+        bg.close()      # nothing was written: no file
+        if server is not None:
+            server.close()
+        raise
+    handler = CaptureHandler(opts, bg, progress, tell, identity)
     client = handler.client = make_client(opts, committed=committed, catch_up=bool(settings.catch_up))
     wire_synapse(live, handler, client, writer=writer, bg=bg)
     if settings.catch_up:
@@ -273,6 +355,11 @@ def capture_synapse(opts: LiveOptions, settings: CaptureSettings, *, progress=No
     finally:
         if server is not None:
             server.close()
+    if not isinstance(error, SourceMismatch):
+        try:
+            handler.finish()
+        except SourceMismatch as exc:
+            error = error or exc
     try:
         segments = bg.close()
     except WriterError as exc:   # what was finished before the disk error is listed as usual
@@ -280,7 +367,8 @@ def capture_synapse(opts: LiveOptions, settings: CaptureSettings, *, progress=No
         segments = list(writer.segments)
     segments = stop_ring(ring, segments, note or (lambda text: None))
     if not isinstance(error, WriterError):     # a full disk: no room to merge, nothing tried
-        segments = compact_finished(settings.output, opts.source.url, None, segments, note or (lambda text: None))
+        segments = compact_finished(settings.output, opts.source.url, None, segments, note or (lambda text: None),
+                                    identity.source_id)
     fields = {
         "capture_id": writer.capture_id,
         "finished_leftovers": leftovers,
@@ -320,4 +408,4 @@ def _open_writer(opts: LiveOptions, settings: CaptureSettings, committed: dict):
                            compression=settings.compression,
                            rotate_size=settings.rotate_size,
                            rotate_interval=settings.rotate_interval)
-    return writer, BackgroundWriter(writer)
+    return writer, BackgroundWriter(writer), options

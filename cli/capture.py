@@ -30,8 +30,8 @@ from dcptool.replay.store import COMPRESSIONS
 @click.option("--resume", is_flag=True,
               help="Continue from the state recorded in the captures already in the output directory.")
 @click.option("--force-new", "force_new", is_flag=True,
-              help="Start a new capture even though the output directory holds a capture of another "
-                   "source (same protocol only).")
+              help="Start a new capture (a new capture id) even though the output directory holds a "
+                   "capture of another source or bucket (same protocol only); the old one is kept as it is.")
 @click.option("--retain-segments", type=click.IntRange(min=1), help="Ring: keep the newest N finished segments.")
 @click.option("--retain-size", help="Ring: delete the oldest finished segments beyond SIZE in all, e.g. 50GiB.")
 @click.option("--retain-age", help="Ring: delete finished segments older than this, e.g. 7d.")
@@ -52,7 +52,7 @@ def capture(ctx, output, output_alias, rotate_size, rotate_interval, compression
     """
     opts = build_options(ctx, kw)
     opts.shard = check_shard(shard, opts.source.protocol)
-    given = dict(output=output or output_alias, compression=compression, resume=resume, quiet=quiet,
+    given = dict(output=output or output_alias, compression=compression, resume=resume, force_new=force_new, quiet=quiet,
                  json_summary=json_summary, retain_segments=retain_segments,
                  retain_size=parse_size(retain_size, "--retain-size") if retain_size else None,
                  retain_age=parse_duration(retain_age, "--retain-age") if retain_age else None,
@@ -93,7 +93,9 @@ def _one_source(directory: str, source, *, resume: bool, force_new: bool) -> Non
     if resume and not os.path.isdir(directory):      # a mistyped directory: never made and "resumed"
         raise LateUsageError(f"--resume: {directory} does not exist: nothing to resume (check the path)")
     try:
-        R.check_source(directory, source.protocol, source.url, resume=resume, force_new=force_new)
+        # the identity where the URL names it (Synapse's server_name), else the connection tells
+        R.check_source(directory, source.protocol, source.url, resume=resume, force_new=force_new,
+                       source_id=R.server_identity(source.server_name) or None)
     except R.SourceMismatch as exc:
         raise LateUsageError(str(exc)) from None
 

@@ -42,8 +42,8 @@ from dcptool.replay.store.naming import (
     merged_name,
     segment_name,
 )
-from dcptool.replay.store.resume import display_source, same_source
-from dcptool.replay.store.schema import META_SOURCE, capture_schema
+from dcptool.replay.store.resume import display_identity, same_origin
+from dcptool.replay.store.schema import META_SOURCE, META_SOURCE_ID, capture_schema
 
 FINISHED_SUFFIX = ".parquet"
 BATCH_ROWS = 1 << 18
@@ -138,14 +138,15 @@ def _check_sources(captures: list[list[reader.CaptureFile]], out: Findings) -> N
     for segs in captures:
         f = segs[0]
         where = os.path.dirname(os.path.realpath(f.path))
-        source = f.metadata.get(META_SOURCE, "")
+        source, sid = f.metadata.get(META_SOURCE, ""), f.metadata.get(META_SOURCE_ID, "")
         if where not in first:
             first[where] = (source, f)
             continue
         source0, f0 = first[where]
-        if not same_source(source0, source):
-            out.add(Finding("file.mixed_sources", f"capture {f.capture_id} is of {display_source(source)}, "
-                            f"capture {f0.capture_id} in the same directory of {display_source(source0)}",
+        sid0 = f0.metadata.get(META_SOURCE_ID, "")
+        if not same_origin(source0, sid0, source, sid):   # the bucket (server name) where both say it
+            out.add(Finding("file.mixed_sources", f"capture {f.capture_id} is of {display_identity(sid, source)}, "
+                            f"capture {f0.capture_id} in the same directory of {display_identity(sid0, source0)}",
                             file=shown(f.path), segment=f.segment, capture_id=f.capture_id))
 
 

@@ -29,6 +29,9 @@ META_STARTED_AT = "dcptool.started_at"
 META_VERSION = "dcptool.version"
 META_SOURCE = "dcptool.source"
 META_OPTIONS = "dcptool.options"
+# the source's identity where the source gave one (CAPTURE_FORMAT.md "One source per
+# directory"): `bucket-uuid:<uuid>` (DCP), `server-name:<name>` (Synapse); older files lack it
+META_SOURCE_ID = "dcptool.source_id"
 META_KEYS = (META_FORMAT, META_PROTOCOL, META_CAPTURE_ID, META_SEGMENT, META_STARTED_AT,
              META_VERSION, META_SOURCE, META_OPTIONS)
 

@@ -383,12 +383,12 @@ def _hosts(netloc: str) -> set[str]:
     return out
 
 
-def recorded_sources(directory) -> list[tuple[str, str, str]]:
-    """(protocol, source, capture_id) of each capture in `directory`, from one segment of
-    each (segments are named by capture: `{protocol}-{start}-{id8}-{segment}`); files that
-    are no capture are left out."""
+def recorded_sources(directory) -> list[tuple[str, str, str, str]]:
+    """(protocol, source, capture_id, source_id) of each capture in `directory`, from one
+    segment of each (segments are named by capture: `{protocol}-{start}-{id8}-{segment}`;
+    source_id "" when it recorded none); files that are no capture are left out."""
     from dcptool.replay.store import reader
-    from dcptool.replay.store.schema import META_SOURCE
+    from dcptool.replay.store.schema import META_SOURCE, META_SOURCE_ID
     directory = os.fspath(directory)
     if not os.path.isdir(directory):
         return []
@@ -409,22 +409,89 @@ def recorded_sources(directory) -> list[tuple[str, str, str]]:
         except (reader.CaptureError, OSError):
             continue
         seen.add(key)
-        out.append((f.protocol, f.metadata.get(META_SOURCE, ""), f.capture_id))
+        out.append((f.protocol, f.metadata.get(META_SOURCE, ""), f.capture_id, f.metadata.get(META_SOURCE_ID, "")))
     return out
 
 
-def check_source(directory, protocol: str, source: str, *, resume: bool, force_new: bool) -> None:
+def check_source(directory, protocol: str, source: str, *, resume: bool, force_new: bool,
+                 source_id: str | None = None) -> None:
     """A capture directory belongs to one protocol and one source: raise SourceMismatch
     (naming both, without credentials) when `directory` holds a capture of another protocol,
-    or of another source unless `force_new` (a new capture of another source next to it)."""
-    for proto, recorded, _cid in recorded_sources(directory):
+    or of another source unless `force_new` (a new capture of another source next to it).
+    Before connecting: `source_id` is the source's identity where the URL gives it (Synapse's
+    server_name), None when only the connection will tell (check_identity then decides
+    for a recorded capture with an identity whose URL differs only by host and port)."""
+    for proto, recorded, _cid, rec_id in recorded_sources(directory):
         where = os.fspath(directory)
         if proto != protocol:
             raise SourceMismatch(
                 f"{where} holds a {proto} capture ({display_source(recorded)}), not {protocol} "
                 f"({display_source(source)}): a capture directory holds one protocol; use another --output")
-        if not same_source(recorded, source) and not (force_new and not resume):
+        if rec_id and source_id is None and _same_but_hosts(recorded, source):
+            continue        # the identity decides, once the connection is set up
+        if not same_origin(recorded, rec_id, source, source_id or "") and not (force_new and not resume):
             what = "--resume continues the capture of" if resume else "it holds a capture of"
             raise SourceMismatch(
-                f"{where}: {what} {display_source(recorded)}, not {display_source(source)}; "
+                f"{where}: {what} {display_identity(rec_id, recorded)}, not {display_identity(source_id or '', source)}; "
                 f"use another --output{'' if resume else ', or --force-new for a new capture of another source there'}")
+
+
+def _same_but_hosts(a: str, b: str) -> bool:
+    """Two URLs that name the same source but for their hosts and ports: DCP the same bucket,
+    Synapse the same scheme and database."""
+    import urllib.parse
+    try:
+        pa_, pb = urllib.parse.urlsplit(a), urllib.parse.urlsplit(b)
+    except ValueError:
+        return False
+    sa, sb = pa_.scheme.lower(), pb.scheme.lower()
+    if sa.startswith("couchbase") and sb.startswith("couchbase"):
+        return urllib.parse.unquote(pa_.path.strip("/")) == urllib.parse.unquote(pb.path.strip("/"))
+    return sa == sb and pa_.path.strip("/") == pb.path.strip("/")
+
+
+# ------------------------------------------------------------------ the source's identity
+
+def bucket_identity(uuid: str) -> str:
+    """The `dcptool.source_id` of a DCP source: its bucket's UUID ("" when it gave none)."""
+    return f"bucket-uuid:{uuid}" if uuid else ""
+
+
+def server_identity(name: str | None) -> str:
+    """The `dcptool.source_id` of a Synapse source: its server name ("" when unknown)."""
+    return f"server-name:{name}" if name else ""
+
+
+def display_identity(source_id: str, url: str) -> str:
+    """A source as an error line names it: `bucket uuid U (URL)`, `server name N (URL)`,
+    or the URL alone without an identity (the server's text escaped)."""
+    from dcptool.protocol.text import printable
+    kind, _, value = source_id.partition(":")
+    if not value:
+        return display_source(url)
+    return f"{kind.replace('-', ' ')} {printable(value)} ({display_source(url)})"
+
+
+def same_origin(source_a: str, id_a: str, source_b: str, id_b: str) -> bool:
+    """Two captures are of the same source: their identities are equal where both recorded
+    one (whatever host and port each came from), else their URLs name the same source
+    (`same_source`: the host rule of sources that give no identity)."""
+    if id_a and id_b:
+        return id_a == id_b
+    return same_source(source_a, source_b)
+
+
+def check_identity(directory, protocol: str, source: str, source_id: str, *,
+                   resume: bool, force_new: bool) -> None:
+    """After the connection is set up, before anything of it is written: raise SourceMismatch
+    (one line naming both identities) when a capture in `directory` is of another source
+    than `source` with identity `source_id` (`same_origin`), unless `force_new` (a new
+    capture next to it; never with --resume)."""
+    for proto, recorded, _cid, rec_id in recorded_sources(directory):
+        if proto != protocol or same_origin(recorded, rec_id, source, source_id) or (force_new and not resume):
+            continue
+        what = "--resume continues the capture of" if resume else "it holds a capture of"
+        raise SourceMismatch(
+            f"{os.fspath(directory)}: {what} {display_identity(rec_id, recorded)}, not "
+            f"{display_identity(source_id, source)}; use another --output"
+            f"{'' if resume else ', or --force-new for a new capture of another source there'}")

@@ -15,6 +15,7 @@ from dcptool.replay.store.naming import (  # noqa: F401 (the names callers use)
     META_PROTOCOL,
     META_SEGMENT,
     META_SOURCE,
+    META_SOURCE_ID,
     META_STARTED_AT,
     META_VERSION,
     PROTOCOLS,

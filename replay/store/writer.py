@@ -134,8 +134,7 @@ class CaptureWriter:
         started = utcnow()
         self._started_dt = started
         self.started_at = started.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        self._options_json = json.dumps(strip_secrets(dict(options or {})), sort_keys=True,
-                                        default=str, separators=(",", ":"))
+        self.set_options(options)
         self._base_schema = S.capture_schema(protocol)
         self._names = set(self._base_schema.names)
         self._cid_dict = pa.array([self.capture_id], pa.string())
@@ -280,9 +279,10 @@ class CaptureWriter:
 
     # -- conforming batches to the schema ------------------------------------------------
 
-    def set_options(self, options: dict) -> None:
-        """Replace the dcptool.options metadata of segments started from now on (a DCP
-        capture learns its negotiated features and controls after the handshake)."""
+    def set_options(self, options: dict, source_id: str | None = None) -> None:
+        """The dcptool.options metadata (and the source's identity, dcptool.source_id) of segments
+        started from now on (a capture learns them when its connection is set up)."""
+        self._source_id = source_id or None
         self._options_json = json.dumps(strip_secrets(dict(options or {})), sort_keys=True,
                                         default=str, separators=(",", ":"))
 
@@ -370,7 +370,7 @@ class CaptureWriter:
             S.META_STARTED_AT: self.started_at,
             S.META_VERSION: S.tool_version(),
             S.META_SOURCE: self.source,
-            S.META_OPTIONS: self._options_json,
+            S.META_OPTIONS: self._options_json, **({S.META_SOURCE_ID: self._source_id} if self._source_id else {}),
         }
 
     def _open_segment(self, now: float, sample: pa.RecordBatch) -> None:

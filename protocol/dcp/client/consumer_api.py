@@ -109,6 +109,9 @@ class ConsumerConfig:
 class HandshakeComplete:
     features: tuple[int, ...]
     controls: dict[str, str]
+    # the bucket's UUID from the GET_CLUSTER_CONFIG of this connection's set-up ("" when it
+    # did not ask, or the server gave none): the source's identity (CAPTURE_FORMAT.md)
+    bucket_uuid: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -23,8 +23,8 @@ from dcptool.protocol.dcp.client.consumer_api import (
 )
 from dcptool.protocol.dcp.client.link import Link
 from dcptool.protocol.dcp.client.phases import CONN_MOVES, ConnPhase, move
+from dcptool.protocol.dcp.wire import cluster_config, sasl
 from dcptool.protocol.dcp.wire import messages as m
-from dcptool.protocol.dcp.wire import sasl
 from dcptool.protocol.dcp.wire.constants import (
     NUM_VB_SLOTS,
     Feature,
@@ -47,6 +47,7 @@ class Handshake:
         self.noop_active = False
         self.buffer_active = False
         self.filter: dict[str, Any] | None = None       # the collection filter, once resolved
+        self.bucket_uuid = ""       # the selected bucket's UUID, from the set-up's config
         cfg = link.cfg
         # stream ids: each group's filter (sid 1..n)
         self.sid_filters: dict[int, dict[str, Any] | None] = {}
@@ -164,6 +165,8 @@ class Handshake:
     def _on_config(self, rsp: Any) -> None:
         body = bytes(getattr(rsp, "value", b"") or b"")
         boot = self.phase is ConnPhase.CONFIG
+        if boot and rsp.status == Status.SUCCESS:
+            self.bucket_uuid = cluster_config.bucket_uuid(body)
         if boot:
             self._move(ConnPhase.ROUTING)     # route() continues the handshake
         self._emit(ConfigReceived(body, rsp.status, boot))
@@ -310,5 +313,5 @@ class Handshake:
             self.noop_active = self.controls.get("enable_noop") == "true"
             self.buffer_active = "connection_buffer_size" in self.controls
             self._move(ConnPhase.STREAMING)
-            self._emit(HandshakeComplete(self.features, dict(self.controls)))
+            self._emit(HandshakeComplete(self.features, dict(self.controls), self.bucket_uuid))
             self.on_ready()

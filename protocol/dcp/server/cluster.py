@@ -22,6 +22,7 @@ config for 0x0d, only (revEpoch, rev) for 0x1f (brief; it wins when a client ask
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import random
 from collections.abc import Iterable
 from typing import Any, Callable, Protocol, TypeVar
@@ -103,7 +104,10 @@ class Cluster:
         self.replicas = replicas
         self.rebalance_share = rebalance_share
         self.rng = random.Random(f"cluster:{seed}")
-        self.uuid = "%032x" % self.rng.getrandbits(128)
+        draw = self.rng.getrandbits(128)     # drawn as before: the map's shuffle below stays the same
+        # the bucket's UUID (the config's "uuid", its identity: a capture directory holds one,
+        # CAPTURE_FORMAT.md): stable for a bucket name and seed, another for another seed
+        self.uuid = hashlib.sha256(f"bucket:{bucket.name}:{seed}:{draw:032x}".encode()).hexdigest()[:32]
         self.rev = 1
         self.rev_epoch = 1
         order = list(range(nodes))

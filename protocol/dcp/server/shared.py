@@ -84,7 +84,7 @@ class ServerModel:
             first = next((b for b in self.buckets.values() if isinstance(b, Bucket)), None)
             if first is None:
                 return
-            self.cluster = Cluster(first)
+            self.cluster = Cluster(first, seed=first.seed)     # its uuid: the bucket's seed and name
         if node < len(self.cluster.nodes):
             self.cluster.set_address(node, host, port, tls_port)
 

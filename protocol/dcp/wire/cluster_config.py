@@ -151,6 +151,27 @@ def newer(a: ClusterConfig | None, b: ClusterConfig | None) -> bool:
     return a.key > b.key
 
 
+# the bucket's identity: its config's "uuid" (32 hex digits on Couchbase Server)
+_UUID_MAX = 64
+
+
+def bucket_uuid(data: bytes) -> str:
+    """The "uuid" of a bucket config's JSON bytes, lower-cased; "" when the body is no
+    config or its uuid is missing, not a string, longer than 64 characters or not
+    [0-9A-Za-z-] (a server that gives no identity). Never raises: the routing parse
+    (`parse`) reports a malformed config."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return ""
+    uuid = doc.get("uuid") if isinstance(doc, dict) else None
+    if not isinstance(uuid, str) or not 0 < len(uuid) <= _UUID_MAX:
+        return ""
+    if not all(c.isascii() and (c.isalnum() or c == "-") for c in uuid):
+        return ""
+    return uuid.lower()
+
+
 # --------------------------------------------------------------------------- parse
 
 def _bad(what: str) -> RemoteError:
