@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from dcptool.cli.sources import capture_paths, output_dir_option
+from dcptool.replay.rules.table_types import TABLE_NAMES
 from dcptool.replay.run import Hooks, RequestError, Spark
 from dcptool.replay.run import replay as run_replay
 from dcptool.replay.tuning import tune_for_replay
@@ -49,8 +50,7 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
     """Replay captures (files, directories, or - for paths on stdin) into result tables.
 
     \b
-    DCP tables: documents vbuckets snapshots rollbacks failover undone frames
-    Synapse tables: positions rows gaps commands frames
+    {tables}
 
     \b
     Examples:
@@ -95,6 +95,20 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
         _print_tables(result.tables, fmt)
     if engine is not None:   # after the output, and only on success: an error stays one line
         shown.console.print(f"spark: {result.engine}", highlight=False, style="dim")
+
+
+def _tables_help() -> str:
+    """The tables of each protocol, every one (replay/rules/table_types.py), for --help."""
+    import textwrap
+    lines = []
+    for label, protocol in (("DCP", "dcp"), ("Synapse", "synapse")):
+        head = f"{label} tables: "
+        lines += textwrap.wrap(" ".join(TABLE_NAMES[protocol]), 76, initial_indent=head,
+                               subsequent_indent=" " * len(head))
+    return "\n    ".join(lines)   # the docstring's indent
+
+
+replay.help = (replay.help or "").format(tables=_tables_help())
 
 
 class _Shown(Hooks):
