@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Any
 
 import click
 
@@ -52,13 +51,13 @@ class LazyGroup(click.Group):
         try:
             return super().make_context(info_name, args, parent=parent, **extra)
         except click.UsageError as exc:   # an option of `dcptool` itself
-            raise _one_line(exc) from None
+            raise _one_line(exc)
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except click.UsageError as exc:   # a command's (or a server's) options and arguments
-            raise _one_line(exc) from None
+            raise _one_line(exc)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
         except BaseException as exc:  # noqa: BLE001 - mapped to exit codes in one place
@@ -72,24 +71,13 @@ class LazyGroup(click.Group):
             formatter.write_dl(rows)
 
 
-class OneLineUsageError(click.UsageError):
-    """A usage error as README.md and CLI.md promise it: one line saying what is wrong
-    (`dcptool: MESSAGE`), then one hint line (`Try 'dcptool replay -h' for help.`); exit 2.
-    Click's own form is four lines (Usage, Try, a blank line, Error)."""
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"dcptool: {self.format_message()}", err=True)
-        ctx = self.ctx
-        if ctx is not None and ctx.help_option_names:
-            click.echo(f"Try '{ctx.command_path} {ctx.help_option_names[0]}' for help.", err=True)
-
-
 def _one_line(exc: click.UsageError) -> click.UsageError:
-    """`exc` shown as one error line and a hint; a group called without its subcommand keeps
-    its help (NoArgsIsHelpError), an error already converted stays as it is."""
-    if isinstance(exc, (OneLineUsageError, click.exceptions.NoArgsIsHelpError)):
-        return exc
-    return OneLineUsageError(exc.format_message(), exc.ctx)
+    """`exc` shown as README.md promises: `dcptool: WHAT`, then `Try 'dcptool replay -h' for help.`
+    (click's own is four lines: Usage, Try, blank, Error); a group without its subcommand keeps its help."""
+    if not isinstance(exc, click.exceptions.NoArgsIsHelpError):
+        hint = f"\nTry '{exc.ctx.command_path} -h' for help." if exc.ctx else ""
+        exc.show = lambda file=None: click.echo(f"dcptool: {exc.format_message()}{hint}", err=True)  # type: ignore[method-assign]
+    return exc
 
 
 def _verbose_on(ctx: click.Context, param: object = None, value: bool = True) -> None:
