@@ -100,7 +100,7 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
         shown.console.print(f"spark: {result.engine}", highlight=False, style="dim")
 
 
-replay.help = (replay.help or "").format(tables=tables_help("    "))
+replay.help = (replay.help or "").replace("{tables}", tables_help("    "))
 
 
 class _Shown(Hooks):
