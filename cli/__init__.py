@@ -47,9 +47,17 @@ class LazyGroup(click.Group):
         except ImportError as exc:  # a command whose module is missing must not break --help
             return _broken(name, exc)
 
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as exc:   # an option of `dcptool` itself
+            raise _one_line(exc)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:   # a command's (or a server's) options and arguments
+            raise _one_line(exc)
         except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
             raise
         except BaseException as exc:  # noqa: BLE001 - mapped to exit codes in one place
@@ -61,6 +69,15 @@ class LazyGroup(click.Group):
         rows = [(name, help_) for name, (_, help_) in COMMANDS.items()]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+
+def _one_line(exc: click.UsageError) -> click.UsageError:
+    """`exc` shown as README.md promises: `dcptool: WHAT`, then `Try 'dcptool replay -h' for help.`
+    (click's own is four lines: Usage, Try, blank, Error); a group without its subcommand keeps its help."""
+    if not isinstance(exc, click.exceptions.NoArgsIsHelpError):
+        hint = f"\nTry '{exc.ctx.command_path} -h' for help." if exc.ctx else ""
+        exc.show = lambda file=None: click.echo(f"dcptool: {exc.format_message()}{hint}", err=True)  # type: ignore[method-assign]
+    return exc
 
 
 def _verbose_on(ctx: click.Context, param: object = None, value: bool = True) -> None:

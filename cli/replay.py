@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from dcptool.cli.sources import capture_paths, output_dir_option
+from dcptool.replay.rules.table_types import tables_help
 from dcptool.replay.run import Hooks, RequestError, Spark
 from dcptool.replay.run import replay as run_replay
 from dcptool.replay.tuning import tune_for_replay
@@ -37,7 +38,9 @@ from dcptool.replay.tuning import tune_for_replay
 @click.option("--apply", "apply_spec", metavar="MODULE:FUNCTION",
               help="Run function(key, table) per vbucket / (stream, instance) over its in frames. "
                    "MODULE is found in the working directory or on the Python path, or is a file: ./fn.py:name.")
-@click.option("--checksum", is_flag=True, help="Print SHA-256 of each chosen table in canonical form.")
+@click.option("--checksum", flag_value="full", default=None, help="Print SHA-256 of each chosen table in canonical form.")
+@click.option("--content-checksum", "checksum", flag_value="content", help="Print SHA-256 of each chosen table's "
+              "content: capture_id, frame_no, ts ... left out; two captures of the same data agree.")
 @click.option("--as-of", "as_of_ts", metavar="TIMESTAMP",
               help="DCP: the tables as they were at this moment (RFC 3339 or integer nanoseconds): "
                    "only frames received at or before it count.")
@@ -49,13 +52,13 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
     """Replay captures (files, directories, or - for paths on stdin) into result tables.
 
     \b
-    DCP tables: documents vbuckets snapshots rollbacks failover undone frames
-    Synapse tables: positions rows gaps commands frames
+    {tables}
 
     \b
     Examples:
       dcptool replay captures/ --table documents --format jsonl | jq .key
       dcptool replay captures/ --checksum
+      dcptool replay captures/ --content-checksum          # compare two captures
       dcptool replay captures/ --spark --checksum          # same checksums
       dcptool spark start; dcptool replay captures/ --spark # on the warm server
       dcptool replay captures/ --remote sc://10.0.0.5:15002 --checksum
@@ -83,7 +86,7 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
     try:
         result = run_replay(capture_paths(captures), tables, engine=engine, as_of=as_of_ts,
                             as_of_seqnos=as_of_seqnos, sql=sql, unsafe_sql=unsafe_sql, apply=apply_spec,
-                            checksum=checksum, output=out_dir, keep=fmt is not None or not out_dir,
+                            checksum={"full": True, "content": "content"}.get(checksum, False), output=out_dir, keep=fmt is not None or not out_dir,
                             hooks=shown)
     except RequestError as exc:   # what the options ask for cannot run: the usage text
         raise click.UsageError(str(exc)) from None
@@ -95,6 +98,9 @@ def replay(ctx, captures, use_spark, master, remote, spark_conf, output, output_
         _print_tables(result.tables, fmt)
     if engine is not None:   # after the output, and only on success: an error stays one line
         shown.console.print(f"spark: {result.engine}", highlight=False, style="dim")
+
+
+replay.help = (replay.help or "").replace("{tables}", tables_help("    "))
 
 
 class _Shown(Hooks):

@@ -97,9 +97,10 @@ def checksum_lines(sums: dict, fmt: str | None):
             yield f"{digest}  {name}\n"
 
 
-def write_tables(out_dir: str | None, chosen: dict, sums: dict | None = None):
+def write_tables(out_dir: str | None, chosen: dict, sums: dict | None = None, content: bool = False):
     """Each table to out_dir/NAME.parquet (zstd; out_dir made; None: no files); yields (path,
-    rows) per file. `sums`: filled in the same pass with name -> (checksum, rows). A table
+    rows) per file. `sums`: filled in the same pass with name -> (checksum, rows), the content
+    checksum (tables.ContentChecksum: provenance columns left out) when `content`. A table
     given as record batches (tables.Batches: DuckDB's sorted result as it streams) is written
     one row group per batch and checksummed batch by batch, never whole in memory; a partial
     file is removed when the stream fails."""
@@ -115,10 +116,12 @@ def write_tables(out_dir: str | None, chosen: dict, sums: dict | None = None):
             if path:
                 pq.write_table(table, path, compression="zstd")
             if sums is not None:
-                sums[name] = (T.checksum(name, table), table.num_rows)
+                sums[name] = (T.content_checksum(name, table) if content else T.checksum(name, table),
+                              table.num_rows)
             rows = table.num_rows
         else:
-            digest = T.Checksum(name, table.schema) if sums is not None else None
+            kind = T.ContentChecksum if content else T.Checksum
+            digest = kind(name, table.schema) if sums is not None else None
             rows = 0
             try:
                 with pq.ParquetWriter(path, table.schema, compression="zstd") if path else contextlib.nullcontext() as w:

@@ -99,7 +99,7 @@ class _Request:
     sql: str | None
     unsafe_sql: bool
     apply: Any
-    checksum: bool
+    checksum: bool | str
     output: str | None
     keep: bool
     hooks: Hooks
@@ -109,7 +109,7 @@ def replay(captures: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
            tables: Iterable[str] | str = (), *,
            engine: Spark | None = None, as_of: str | int | None = None,
            as_of_seqnos: Iterable[str] | Mapping[int, int] = (), sql: str | None = None,
-           unsafe_sql: bool = False, apply: str | Callable[..., Any] | None = None, checksum: bool = False,
+           unsafe_sql: bool = False, apply: str | Callable[..., Any] | None = None, checksum: bool | str = False,
            output: str | os.PathLike[str] | None = None, keep: bool | None = None,
            hooks: Hooks | None = None) -> ReplayResult:
     """Replay `captures` (paths of capture files or directories) into `tables` (names, or comma
@@ -119,7 +119,7 @@ def replay(captures: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
     "VB:SEQNO" texts): DCP tables as they were then. `sql`: one query over the tables (read-only
     unless `unsafe_sql`): its result is tables["sql"]. `apply`: a function(key, table) or
     "MODULE:FUNCTION": its result is tables["apply"]. `checksum`: the SHA-256 of each table, in
-    checksums. `output`: each table also written to OUTPUT/NAME.parquet. `keep`: whether the
+    checksums; `checksum="content"`: the content checksum (REPLAY.md, provenance columns left out). `output`: each table also written to OUTPUT/NAME.parquet. `keep`: whether the
     tables also come back in `tables` when written (None: only when there is no `output`; not
     kept, they stream to the files, never whole in memory; with `checksum` they never do)."""
     if isinstance(captures, (str, os.PathLike)):
@@ -159,6 +159,8 @@ def _check(req: _Request) -> None:
         problem = remote_url_problem(spark.remote)
         if problem:
             raise RequestError(problem)
+    if req.checksum not in (False, True, "content"):
+        raise RequestError(f"checksum must be True, False or 'content', not {req.checksum!r}")
     if sum(bool(x) for x in (req.sql, req.apply, req.checksum)) > 1:
         raise RequestError("choose one of --sql, --apply, --checksum")
     if req.as_of and req.apply:
@@ -230,7 +232,7 @@ def _local(req: _Request, files: list[Any], names: list[str], fn: Callable[..., 
         return None
     from dcptool.replay.local import engine as local
     # each table read once (written, checksummed): DuckDB's result streams through
-    streamed = not req.sql and (req.checksum or not req.keep)
+    streamed = not req.sql and (bool(req.checksum) or not req.keep)
     with req.hooks.status("replaying"):
         rep = local.replay_local(files, tables=[] if req.sql else names, as_of=req.as_of,  # --sql: lazy
                                  stream=streamed)
@@ -270,7 +272,7 @@ def _finish(req: _Request, chosen: dict[str, Any], streamed: bool, out: ReplayRe
         return _keep(req, chosen, out)
     import dcptool.replay.results as results
     with req.hooks.status("replaying") if streamed else contextlib.nullcontext():
-        _wrote(req, results.write_tables(req.output, chosen, out.checksums), out)
+        _wrote(req, results.write_tables(req.output, chosen, out.checksums, content=req.checksum == "content"), out)
     return None
 
 

@@ -37,6 +37,7 @@ from dcptool.protocol.errors import (
     ProtocolError,
     RemoteError,
 )
+from dcptool.protocol.transport import probe
 from dcptool.protocol.transport.sockets import tune_socket
 
 log = logging.getLogger("dcptool.transport.dcp_client")
@@ -175,12 +176,16 @@ class ClientProtocol(asyncio.BufferedProtocol):
             if self.consumer.finished and not self.done.done():
                 self.done.set_result(None)
         if err is not None:
-            raise sniff.first_bytes_error(err, bytes(self._buf[:64]), self.bytes_in == self._end)
+            raise sniff.first_bytes_error(err, bytes(self._buf[:64]), self.bytes_in == self._end, self._peer())
         if not self._end:
             self._partial_since = None
         elif consumed or self._partial_since is None:
             self._partial_since = time.monotonic()
         self._maybe_pause()
+
+    def _peer(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "the server"
 
     def _take(self, consumed: int) -> bytes | memoryview:
         """The first `consumed` bytes (whole frames), the rest moved to the buffer's start:
@@ -303,15 +308,17 @@ async def open_connection(consumer: Consumer, host: str, port: int, *, tls: ssl.
     except ssl.SSLCertVerificationError as exc:
         raise ConnectFailed(f"TLS certificate of {where} not trusted: {exc.verify_message or exc.reason}; "
                             "use --ca-cert FILE (or --insecure to skip verification)") from None
-    except ssl.SSLError as exc:
-        raise ConnectFailed(f"TLS handshake with {where} failed: {exc.reason or exc}") from None
+    except ssl.SSLError as exc:   # a plain server on a couchbases:// port: say which
+        raise (await probe.wrong_server(host, port, "couchbases")
+               or ConnectFailed(f"TLS handshake with {where} failed: {exc.reason or exc}")) from None
     except (asyncio.TimeoutError, TimeoutError):
         what = "TCP connect and TLS handshake" if tls else "TCP connect"
         raise ConnectFailed(f"timed out connecting to {where} ({what}) after {timeout:g} s "
                             "(--timeout)") from None
     except (ConnectionResetError, ConnectionAbortedError, EOFError) as exc:
         what = "TLS handshake with" if tls else "connection to"
-        raise ConnectFailed(f"{what} {where} failed: the server closed the connection ({exc or 'EOF'})") from None
+        raise ((await probe.wrong_server(host, port, "couchbases") if tls else None)
+               or ConnectFailed(f"{what} {where} failed: the server closed the connection ({exc or 'EOF'})")) from None
     except OSError as exc:
         raise ConnectFailed(f"cannot connect to {where}: {exc.strerror or exc}") from None
     return proto
@@ -383,6 +390,10 @@ class Session:
                     if isinstance(exc, RemoteError) and exc.code not in dead:
                         raise
                     progressed = consumer.handshake.streaming
+                    if not progressed and not proto.bytes_in and not attempts:   # not a byte back: who is it?
+                        wrong = await probe.wrong_server(self.host, self.port, "couchbases" if self.tls else "couchbase")
+                        if wrong is not None:
+                            raise wrong from None
                     if isinstance(exc, RemoteError) and exc.code == ErrorCode.TIMEOUT and not progressed:
                         # the server accepted the connection but never completed the set-up
                         raise ConnectFailed(f"{self.host}:{self.port}: {exc.message}") from None

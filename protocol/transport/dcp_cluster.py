@@ -54,6 +54,7 @@ from dcptool.protocol.errors import (
     ProtocolError,
     RemoteError,
 )
+from dcptool.protocol.transport import probe
 from dcptool.protocol.transport.dcp_client import OnEvents, Session, open_connection
 
 log = logging.getLogger("dcptool.transport.dcp_cluster")
@@ -199,6 +200,10 @@ class ClusterSession:
             link.proto.close()
             if why is None:
                 why = ConnectionLost("the server closed the connection during the set-up")
+            wrong = None if link.proto.bytes_in else await probe.wrong_server(    # not a byte back: who is it?
+                host, port, "couchbases" if self.tls else "couchbase")
+            if wrong is not None:
+                raise wrong
             if isinstance(why, RemoteError) and why.code == ErrorCode.TIMEOUT:
                 why = ConnectFailed(f"{link.node}: {why.message}")
             if not isinstance(why, (ConnectFailed, ConnectionLost)):

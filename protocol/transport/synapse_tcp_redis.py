@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Awaitable, Callable, ParamSpec, Protocol, TypeVar
 
+from dcptool.protocol.dcp.wire import sniff
 from dcptool.protocol.errors import (
     ConnectFailed,
     ConnectionLost,
@@ -29,6 +30,7 @@ from dcptool.protocol.synapse.client import SynapseClient
 from dcptool.protocol.synapse.framing import MAX_LINE, LineFramer
 from dcptool.protocol.synapse.server import Feed, ServerConnection
 from dcptool.protocol.text import printable
+from dcptool.protocol.transport import probe
 
 log = logging.getLogger("dcptool.synapse")
 
@@ -142,6 +144,26 @@ def _connections(handler: Handler) -> Iterator[int]:
         yield conn_no
 
 
+def _take_in(data: bytes, framer: LineFramer, client: SynapseClient, handler: Handler, conn_no: int,
+             now: float) -> None:
+    """One read's whole lines to the client and the handler; a framing or client error raised."""
+    block = framer.feed_block(data)
+    if block:
+        ts, mono = _now()
+        scan = Scan(block)
+        events = client.receive_scan(scan, now)
+        handler.block("in", scan, conn=conn_no, ts_ns=ts, mono_ns=mono)
+        if events:
+            handler.events(events)
+    if framer.error is not None:
+        ts, mono = _now()
+        handler.lines("in", [framer.overlong], None, conn=conn_no, ts_ns=ts,
+                      mono_ns=mono, errors={0: framer.error.message + " (truncated)"})
+        raise framer.error
+    if client.error is not None:
+        raise client.error
+
+
 async def _run_tcp(host: str, port: int, client: SynapseClient, handler: Handler, *,
                    ssl: ssl_mod.SSLContext | None, connect_timeout: float, max_reconnects: int,
                    max_line: int, tick_interval: float, clock: Callable[[], float],
@@ -164,6 +186,7 @@ async def _run_tcp(host: str, port: int, client: SynapseClient, handler: Handler
         ever_connected = True
         data_before = client.data_lines
         framer = LineFramer(max_line)
+        got_bytes = False
 
         def send(lines: list[str]) -> None:
             if not lines:
@@ -202,21 +225,12 @@ async def _run_tcp(host: str, port: int, client: SynapseClient, handler: Handler
                         handler.lines("in", [tail], None, conn=conn_no, ts_ns=ts, mono_ns=mono,
                                       errors={0: "connection closed inside this line (no newline)"})
                     raise ConnectionLost(f"synapse://{host}:{port} closed the connection")
-                block = framer.feed_block(data)
-                if block:
-                    ts, mono = _now()
-                    scan = Scan(block)
-                    events = client.receive_scan(scan, now)
-                    handler.block("in", scan, conn=conn_no, ts_ns=ts, mono_ns=mono)
-                    if events:
-                        handler.events(events)
-                if framer.error is not None:
-                    ts, mono = _now()
-                    handler.lines("in", [framer.overlong], None, conn=conn_no, ts_ns=ts,
-                                  mono_ns=mono, errors={0: framer.error.message + " (truncated)"})
-                    raise framer.error
-                if client.error is not None:
-                    raise client.error
+                if not got_bytes and conn_no == 1:   # an HTTP or Redis server answers other lines
+                    wrong = sniff.wrong_first_bytes(data, "synapse", f"{host}:{port}")
+                    if wrong is not None:
+                        raise wrong
+                got_bytes = True
+                _take_in(data, framer, client, handler, conn_no, now)
                 if now >= next_tick:
                     handler.tick()
                     next_tick = now + tick_interval
@@ -235,6 +249,10 @@ async def _run_tcp(host: str, port: int, client: SynapseClient, handler: Handler
                 await asyncio.wait_for(writer.wait_closed(), 1.0)
             except (OSError, asyncio.TimeoutError, ssl_mod.SSLError):
                 pass
+        if conn_no == 1 and not got_bytes:    # not a byte back (a TLS or DCP server): who is it?
+            wrong = await probe.wrong_server(host, port, "synapse")
+            if wrong is not None:
+                raise wrong
         delay = retry.failed(why, useful=received)
         handler.events([Reconnecting(why, delay, conn_no + 1)])
         await asyncio.sleep(delay)
@@ -347,8 +365,8 @@ async def _run_redis(host: str, port: int, server_name: str, client: SynapseClie
                 await _redis_subscribe(pubsub, channels, connect_timeout, clock, f"{host}:{port}")
             except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
                 why = f"cannot connect to Redis at {host}:{port}: {printable(str(exc))}"
-                if not ever_connected:
-                    raise ConnectFailed(why) from None
+                if not ever_connected:   # an HTTP, Synapse, DCP or TLS server there: say which
+                    raise (await probe.wrong_server(host, port, "redis") or ConnectFailed(why)) from None
                 await asyncio.sleep(retry.failed(why))
                 continue
             ever_connected = True

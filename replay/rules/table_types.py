@@ -14,6 +14,17 @@ TABLE_NAMES: dict[str, tuple[str, ...]] = {
     "synapse": ("positions", "rows", "gaps", "commands", "lag", "frames"),
 }
 
+
+def tables_help(indent: str) -> str:
+    """The tables of both protocols for `replay --help`, wrapped to fit 80 columns."""
+    import textwrap
+    lines = []
+    for label, protocol in (("DCP", "dcp"), ("Synapse", "synapse")):
+        head = f"{label} tables: "
+        lines += textwrap.wrap(" ".join(TABLE_NAMES[protocol]), 76, initial_indent=head,
+                               subsequent_indent=" " * len(head))
+    return f"\n{indent}".join(lines)
+
 _TS = "TIMESTAMPTZ_NS"
 # the body columns of `documents` and `history` (replay/rules/bodies.py), last in both
 BODY_COLUMNS = ("value", "xattrs", "value_json")

@@ -215,6 +215,20 @@ def checksum(name: str, table: pa.Table) -> str:
     return digest.hexdigest()
 
 
+# columns that say where and when a row was recorded, not what the source said
+# (REPLAY.md "Content checksums"): left out of the content checksum
+PROVENANCE = frozenset({"capture_id", "frame_no", "ts", "first_ts", "last_ts",
+                        "change_capture_id", "change_frame_no", "change_ts"})
+# and of `frames`: the connection's number, the address it went to, the monotonic clock
+FRAMES_PROVENANCE = PROVENANCE | {"conn", "node", "mono_ns"}
+
+
+def content_columns(name: str, columns: Iterable[str]) -> list[str]:
+    """The columns of table `name` the content checksum covers: all but provenance."""
+    drop = FRAMES_PROVENANCE if name == "frames" else PROVENANCE
+    return [c for c in columns if c not in drop]
+
+
 class Checksum:
     """`checksum` of a table fed batch by batch in canonical order (Batches): the same digest."""
 
@@ -228,3 +242,40 @@ class Checksum:
 
     def hexdigest(self) -> str:
         return self.hash.hexdigest()
+
+
+class ContentChecksum:
+    """The content checksum of a table (REPLAY.md "Content checksums"): its rows without the
+    provenance columns, as a multiset, so the order of the rows (which the provenance columns
+    decide for some tables) does not count. SHA-256 over the header line (the table and its
+    content columns), the row count in decimal and a newline, then the 32-byte big-endian sum
+    modulo 2**256 of the SHA-256 of each row's line (the row as the checksum writes it).
+    Fed batch by batch in any order: the same digest."""
+
+    def __init__(self, name: str, schema: pa.Schema):
+        self.name = name
+        self.columns = content_columns(name, schema.names)
+        self.total = 0
+        self.rows = 0
+
+    def update(self, batch: pa.RecordBatch | pa.Table, batch_rows: int = 65536) -> None:
+        part = batch.select(self.columns)
+        total = self.total
+        for start in range(0, part.num_rows, batch_rows):
+            for line in row_lines(part.slice(start, batch_rows)):
+                total += int.from_bytes(hashlib.sha256(line).digest(), "big")
+        self.total = total % (1 << 256)
+        self.rows += part.num_rows
+
+    def hexdigest(self) -> str:
+        digest = hashlib.sha256(header_line(self.name, self.columns))
+        digest.update(b"%d\n" % self.rows)
+        digest.update(self.total.to_bytes(32, "big"))
+        return digest.hexdigest()
+
+
+def content_checksum(name: str, table: pa.Table) -> str:
+    """`ContentChecksum` of a whole table."""
+    digest = ContentChecksum(name, table.schema)
+    digest.update(table)
+    return digest.hexdigest()

@@ -1,8 +1,8 @@
 """Issue 39 (an operator's day), point 1: `stream couchbase://` pointed at a port where something
 else listens says what answered and where DCP lives (was `bad magic 0x3c at byte 0`). Against
 real listeners on 127.0.0.1: an HTTP server and `serve synapse`; TLS and Redis first bytes by
-the classifier alone (a real TLS server resets the plain connection and redis-server waits for
-a newline, so neither reaches the bad-magic path: not handled yet)."""
+the classifier alone here (a real TLS server resets the plain connection and redis-server waits
+for a newline: those are probed, tests/cli/test_wrong_server.py, with every other scheme)."""
 
 from __future__ import annotations
 

@@ -35,6 +35,9 @@ from dcptool.protocol.dcp.wire.constants import (
 )
 from dcptool.protocol.errors import AuthRefused, ErrorCode, RemoteError
 
+# where a cluster lists its buckets (the REST port; the data port has no such request)
+_BUCKETS_AT = "Couchbase lists the buckets at http://HOST:8091/pools/default/buckets"
+
 
 class Handshake:
     def __init__(self, link: Link, on_ready: Callable[[], None]) -> None:
@@ -146,10 +149,14 @@ class Handshake:
 
     def _on_select(self, rsp: Any) -> None:
         st = rsp.status
+        bucket = self.cfg.bucket
         if st in (Status.EACCESS, Status.AUTH_ERROR, Status.AUTH_STALE):
-            raise AuthRefused(f"access to bucket {self.cfg.bucket!r} denied: {status_name(st)}", st)
+            raise AuthRefused(f"the DCP server refused bucket {bucket!r} ({status_name(st)}): the user needs the "
+                              "Data DCP Reader role on it, and Couchbase answers the same for a bucket that does "
+                              f"not exist: check the name (case-sensitive); {_BUCKETS_AT}", st)
         if st in (Status.KEY_ENOENT, Status.NO_BUCKET):
-            raise RemoteError(ErrorCode.STATUS, f"bucket {self.cfg.bucket!r} does not exist on the server", st)
+            raise RemoteError(ErrorCode.STATUS, f"the DCP server has no bucket {bucket!r}: check the name in the "
+                              f"source URL (case-sensitive); {_BUCKETS_AT}", st)
         if st != Status.SUCCESS:
             raise RemoteError(ErrorCode.STATUS, f"SELECT_BUCKET {self.cfg.bucket!r} failed: {status_name(st)}", st)
         if self.cfg.fetch_config:

@@ -103,6 +103,9 @@ class VBucket:
         self.purge_seqno = 0
         self.durable_floor = 0                # last acknowledged durable write: never lost (kv.py)
         self.encoded: dict[tuple[object, ...], Encoded] = {}
+        # each document's last rev seqno up to seqno `_revs_at` (rev_after), built when first asked
+        self._revs: dict[tuple[int, bytes], int] | None = None
+        self._revs_at = 0
 
     @property
     def high_seqno(self) -> int:
@@ -175,6 +178,7 @@ class VBucket:
             self.mem = []
         else:
             self.mem = self.mem[: r - self.disk_high]
+        self._revs = None     # the lost versions' rev seqnos go with them
         # kv_engine FailoverTable::createEntry: branches diverged from (entries above R) go
         self.failover_log = [e for e in self.failover_log if e[1] <= r]
         self.failover_log.insert(0, (new_uuid, r))
@@ -190,20 +194,40 @@ class VBucket:
         self.failover_log.insert(0, (new_uuid, self.high_seqno))
         del self.failover_log[25:]
 
+    def rev_after(self, key: bytes, cid: int = 0) -> int:
+        """The rev seqno of the next change of (cid, key), as kv_engine gives it: 1 for a key
+        this vbucket never held, else the last version's + 1 (a tombstone's too). The index
+        follows every item appended since it was last asked (KV writes append directly)."""
+        revs = self._revs
+        if revs is None:
+            revs = {}
+            cids = self.disk_cids
+            for i in range(self.disk_high):     # every disk item is its key's first version
+                revs[(int(cids[i]), bytes(self.disk_keys[i]))] = 1
+            self._revs, self._revs_at = revs, self.disk_high
+        if self._revs_at < self.high_seqno:
+            for it in self.mem[max(0, self._revs_at - self.disk_high):]:
+                if it.kind in ("m", "d", "x", "c"):   # a prepare or an abort leaves the document as it was
+                    revs[(it.cid, it.key)] = it.rev
+            self._revs_at = self.high_seqno
+        return revs.get((cid, key), 0) + 1
+
     def append(self, key: bytes, value: bytes, kind: str, cas: int, cid: int = 0) -> Item:
-        it = Item(self.high_seqno + 1, key, value if kind in ("m", "sc", "sd") else b"", 1, cas, kind,
+        rev = self.rev_after(key, cid) if kind in ("m", "d", "x") else 1
+        it = Item(self.high_seqno + 1, key, value if kind in ("m", "sc", "sd") else b"", rev, cas, kind,
                   1 if kind == "m" else 0, cid=cid)
         self.mem.append(it)
         return it
 
-    def append_sync(self, key: bytes, value: bytes, cas: int, commit: bool) -> None:
+    def append_sync(self, key: bytes, value: bytes, cas: int, commit: bool, cid: int = 0) -> None:
         """A durable write: a prepare, then (at the next seqno) its commit or abort. The
-        commit carries the prepare's value and cas (what a consumer without sync writes gets
-        as the mutation at the commit seqno)."""
-        p = Item(self.high_seqno + 1, key, value, 1, cas, "p", 1)
+        commit carries the prepare's value, cas and rev seqno (what a consumer without sync
+        writes gets as the mutation at the commit seqno)."""
+        rev = self.rev_after(key, cid)
+        p = Item(self.high_seqno + 1, key, value, rev, cas, "p", 1, cid=cid)
         self.mem.append(p)
-        self.mem.append(Item(p.seqno + 1, key, value if commit else b"", 1, cas, "c" if commit else "a",
-                             1 if commit else 0, p.seqno))
+        self.mem.append(Item(p.seqno + 1, key, value if commit else b"", rev, cas, "c" if commit else "a",
+                             1 if commit else 0, p.seqno, cid=cid))
 
     def checkpoint_end(self, seqno: int) -> int:
         """Last seqno of the memory checkpoint holding seqno."""
@@ -294,9 +318,7 @@ class Bucket:
             if cid and cid not in self.manifest.live_ids():
                 continue    # its collection was dropped: nothing is written to it any more
             if kind == "m" and self.sync_ratio and rng.random() < self.sync_ratio:
-                self.vbuckets[vb].append_sync(key, value, self.next_cas(), rng.random() < 0.8)
-                for it in self.vbuckets[vb].mem[-2:]:   # the prepare and its commit / abort
-                    it.cid = cid
+                self.vbuckets[vb].append_sync(key, value, self.next_cas(), rng.random() < 0.8, cid)
                 continue
             self.vbuckets[vb].append(key, value, kind, self.next_cas(), cid)
         self.generation += 1
