@@ -253,7 +253,14 @@ class ClientProtocol(asyncio.BufferedProtocol):
             now = time.monotonic()
             if not self._paused:   # while we hold reads back, silence is ours, not the server's
                 self._check_partial(now)
-                self.consumer.check(now)
+                try:
+                    self.consumer.check(now)
+                except RemoteError as exc:
+                    # a request's answer that began to arrive and stopped: say so, whichever
+                    # deadline the check came to first (the request's is the earlier one)
+                    if exc.code == ErrorCode.TIMEOUT and self._partial_since is not None:
+                        self._check_partial(now, due=True)
+                    raise
                 if self.consumer.finished and not self.done.done():   # an unanswered last lag poll given up
                     self.done.set_result(None)
                 self.consumer.flush_acks()   # an ack held back while paused
@@ -267,11 +274,12 @@ class ClientProtocol(asyncio.BufferedProtocol):
             return
         self._schedule_check()
 
-    def _check_partial(self, now: float) -> None:
-        """A frame whose bytes stopped coming: RemoteError(TIMEOUT) after the timeout."""
+    def _check_partial(self, now: float, due: bool = False) -> None:
+        """A frame whose bytes stopped coming: RemoteError(TIMEOUT) after the timeout (or at
+        once when `due`: another deadline of the same wait has passed)."""
         timeout = self.consumer.link.cfg.timeout
         since = self._partial_since
-        if not timeout or since is None or now - since <= timeout:
+        if not timeout or since is None or (now - since <= timeout and not due):
             return
         want = "?"
         if self._end >= 12:
