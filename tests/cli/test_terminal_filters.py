@@ -130,13 +130,17 @@ def test_fit_items_never_cuts_an_item():
 @pytest.mark.skipif(not tmux_screen.available(), reason="tmux is not installed")
 @pytest.mark.parametrize("width", [80, 100])
 def test_a_capture_on_a_terminal_shows_its_progress_labels_whole(width, tmp_path):
-    model = P.server_from_options(vbuckets=64, items=3000, seed=8)
+    # paced, so that frames with the streams' positions are drawn before the end
+    model = P.server_from_options(vbuckets=64, items=3000, seed=8, scenarios=P.Scenarios(slow=0.01, slow_frames=16))
     with ThreadedServer(model) as srv:
         lines, code = tmux_screen.run_on_terminal(
             [DCPTOOL, "capture", f"couchbase://{srv.host}:{srv.port}/default", "-o", str(tmp_path / "caps")],
             width=width, tmpdir=str(tmp_path))
     assert code == 0, "\n".join(lines)
-    at = max(i for i, ln in enumerate(lines) if ln.startswith("dcp capture"))   # the last frame drawn
-    frame = lines[at:at + 6]
-    assert [ln.split("  ")[0] for ln in frame] == list(LABELS), "\n".join(lines)
+    # the last frame drawn with every label (a frame drawn before the first stream opened has
+    # no positions line yet); a cut label matches none
+    whole = [i for i, ln in enumerate(lines) if ln.startswith("dcp capture")
+             and [x.split("  ")[0] for x in lines[i:i + 6]] == list(LABELS)]
+    assert whole, "\n".join(lines)
+    frame = lines[whole[-1]:whole[-1] + 6]
     assert max(map(len, frame)) <= width and "\u2026" not in "".join(ln[:12] for ln in frame)
