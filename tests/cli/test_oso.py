@@ -183,7 +183,8 @@ def oso_captures(tmp_path_factory):
     snapshots (--max-messages) and resumed with `capture --resume`."""
     base = tmp_path_factory.mktemp("oso")
     # paced (small send batches), so that --max-messages stops the first run inside the OSO snapshots
-    model = shuffled_model(6, items=800, live=300, scenarios=P.Scenarios(slow=0.002, slow_frames=8))
+    # (paced enough that the first run's stop, slower on a loaded host, still lands inside them)
+    model = shuffled_model(6, items=800, live=300, scenarios=P.Scenarios(slow=0.02, slow_frames=8))
     with ThreadedServer(model) as srv:
         url = f"couchbase://{srv.host}:{srv.port}/default"
         capture(url, base / "oso", "--oso")
