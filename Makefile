@@ -1,7 +1,7 @@
 # The two set-up commands of the README. Each installs what it needs, idempotently.
 SHELL := /bin/bash
 VENV := .venv
-PYTEST_ARGS ?= -n 2 --dist loadgroup
+PYTEST_ARGS ?=
 
 .PHONY: demo test bench setup clean
 

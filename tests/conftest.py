@@ -72,15 +72,3 @@ def serve():
     yield start
     for s in started:
         s.stop()
-
-
-_SPARK_FIXTURES = {"spark", "fresh_spark_cli"}
-
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`make test` runs two workers), every test that uses Spark runs on
-    one worker (`--dist loadgroup`): one shared local session and one warm Spark Connect
-    server for the run, as without xdist, instead of a JVM of each kind per worker."""
-    for item in items:
-        if item.get_closest_marker("spark") or _SPARK_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("spark"))
