@@ -203,12 +203,13 @@ def test_refused_port_exits_3():
     assert "refused" in res.output
 
 
-def test_tls_to_a_plain_port_exits_3():
+def test_tls_to_a_plain_port_says_what_answered():
+    # what answered and what to do, exit 5 as every wrong server (CLI.md; test_wrong_server.py)
     model = P.server_from_options(vbuckets=1, items=1)
     with ThreadedServer(model) as srv:
         res = CliRunner().invoke(cli, ["stream", f"couchbases://{srv.host}:{srv.port}/default", "--insecure"])
-    assert res.exit_code == 3
-    assert "TLS" in res.output
+    assert res.exit_code == 5
+    assert "without TLS" in res.output and "use couchbase://" in res.output
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
