@@ -81,7 +81,8 @@ def test_a_credential_in_the_query_is_refused_and_never_stored(dcp, tmp_path, qu
 
 
 def error_text(res) -> str:
-    return res.stderr.strip().splitlines()[-1]
+    """The error line (a usage error's hint line after it names the command: left out)."""
+    return [ln for ln in res.stderr.strip().splitlines() if not ln.startswith("Try '")][-1]
 
 
 def test_an_unknown_query_parameter_is_named_never_its_value(dcp):
