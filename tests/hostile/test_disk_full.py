@@ -148,7 +148,7 @@ def test_background_writer_reports_its_death_to_the_network_side():
 
 def test_output_under_a_file_is_one_line_and_exit_2(tmp_path):
     """-o below a regular file can never be a directory: a usage error (exit 2, issue 24
-    item 14: as `-o /dev/null` and `-o FILE`), click's one Error line naming the path, nothing on stdout."""
+    item 14: as `-o /dev/null` and `-o FILE`), one error line naming the path (and click's hint), nothing on stdout."""
     blocker = tmp_path / "file"
     blocker.write_text("x")
     model = P.server_from_options(vbuckets=4, items=100, seed=1)
@@ -158,7 +158,7 @@ def test_output_under_a_file_is_one_line_and_exit_2(tmp_path):
                                "-o", str(blocker / "sub"), "--quiet"],
                               capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == "" and "Traceback" not in proc.stderr
-    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("Error:")]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("dcptool:")]   # a usage error's line
     assert len(errors) == 1 and str(blocker / "sub") in errors[0] and "not a directory" in errors[0], proc.stderr
 
 
