@@ -123,4 +123,6 @@ def test_from_now_has_no_lag_before_a_streams_first_change(tmp_path):
     last = _last_per_vbucket(rows)
     assert gauges.get("dcptool_dcp_vbucket_lag_items", {}) == {vb: float(r["lag_items"]) for vb, r in last.items()}
     best = max(rows, key=lambda r: (r["lag_items"], -int(r["ts"].value), -r["vbucket"]))
-    assert (fields["largest_lag_items"], fields["largest_lag_vbucket"]) == (best["lag_items"], best["vbucket"])
+    assert fields["largest_lag_items"] == best["lag_items"]
+    # among vbuckets tied at the largest lag (all 0 on a busy host that keeps up) either may be named
+    assert fields["largest_lag_vbucket"] in {r["vbucket"] for r in rows if r["lag_items"] == best["lag_items"]}
