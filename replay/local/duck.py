@@ -66,11 +66,14 @@ class DuckFrames:
             # DuckDB's own progress bar would write to the terminal: stdout carries only data
             self.con.execute("SET enable_progress_bar = false")
             # memory DuckDB frees in bulk (a hash table, the aggregate's states) goes back to the
-            # system at once, not kept by its allocator: the Parquet writer and the checksum
+            # system past 32 MiB, not kept by its allocator: the Parquet writer and the checksum
             # that read the result stream then fit under the query's peak (measured 1M frames,
-            # 100k documents: peak RSS 19 MiB less)
+            # 100k documents: peak RSS 19 MiB less than no flush). 32 MiB rather than 1 MiB:
+            # the bodies' blocks were returned and faulted in again (1M frames with bodies: 0.9
+            # -> 0.35 s of system CPU, peak RSS 268 -> 300-312 MiB; 300k bodies of 512 bytes:
+            # 2.2-2.4 -> 1.4-1.7 s, 796 -> 806-820 MiB)
             with contextlib.suppress(duckdb.Error):   # a setting of DuckDB >= 1.2
-                self.con.execute("SET allocator_bulk_deallocation_flush_threshold = '1MiB'")
+                self.con.execute("SET allocator_bulk_deallocation_flush_threshold = '32MiB'")
             with contextlib.suppress(duckdb.Error):   # without ICU, TIMESTAMPTZ is UTC already
                 self.con.execute("SET TimeZone = 'UTC'")
             self._views(paths, as_of)
@@ -199,23 +202,23 @@ class DuckFrames:
     def _sorted_sql(self, name: str) -> str | None:
         """The plan of `name` sorted by DuckDB (in parallel, spilling when it must) in the
         canonical order: the table's key, nulls first, blobs bytewise; None: the table is empty."""
-        sql = self._plan_sql(name)
-        return None if sql is None else f"SELECT * FROM ({sql}) _t ORDER BY {_order(name)}"
+        return self._plan_sql(name, sort=True)
 
-    def _plan_sql(self, name: str) -> str | None:
-        """The plan of `name`, unsorted; None: the table is empty."""
+    def _plan_sql(self, name: str, sort: bool = False) -> str | None:
+        """The plan of `name`, unsorted, or `sort`: in the canonical order; None: the table is
+        empty."""
         facts = self._facts()
         if name in ("undone", "rollbacks") and not facts.rollbacks:
             # no ROLLBACK answer by the Parquet statistics: both are empty, no query to plan
             return None
-        return plans.table_sql(D, name, self.source, facts)
+        return plans.table_sql(D, name, self.source, facts, order=_order(name) if sort else None)
 
     def write(self, name: str, path: str) -> int:
         """The plan table `name` written by DuckDB to the Parquet file `path` (one of the
         `outputs`), its rows: the canonical table (sorted, each column cast to its type of
         replay/rules/table_types.py), zstd, BATCH_ROWS rows a row group; read back by pyarrow
         it equals `table(name)`. A file left partial by a failed query is removed."""
-        sql = self._plan_sql(name)     # sorted below, once its columns are cast
+        sql = self._plan_sql(name, sort=True)     # the casts below keep its order
         columns = PLAN_COLUMNS[name]
         if sql is None:      # no rows: the schema alone
             body = ("SELECT " + ", ".join(f"CAST(NULL AS {t}) AS {c}" for c, t in columns)
@@ -223,9 +226,8 @@ class DuckFrames:
         else:
             with self._errors():
                 given = {r[0]: r[1] for r in self.con.execute(f"DESCRIBE {sql}").fetchall()}
-            body = (f"SELECT {', '.join(_cast(c, t, given.get(c, t)) for c, t in columns)} "
-                    f"FROM ({sql}) _t ORDER BY {_order(name)}")
-        copy = (f"COPY ({body}) TO {D.string(path)} (FORMAT parquet, COMPRESSION zstd, "
+            body = f"SELECT {', '.join(_cast(c, t, given.get(c, t)) for c, t in columns)} FROM ({sql}) _t"
+        copy = (f"COPY ({body}) TO {D.string(path)} (FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL 1, "
                 f"ROW_GROUP_SIZE {BATCH_ROWS}, USE_TMP_FILE false)")
         try:
             with self._errors():

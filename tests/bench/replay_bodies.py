@@ -63,10 +63,10 @@ _NO_BODIES = """
 import sys
 from dcptool.replay.rules import plans
 from dcptool.replay.rules.table_types import BODY_COLUMNS, PLAN_COLUMNS
-def _none(d, sql, source, name, coded=True, carried=False):
+def _none(d, sql, source, name, coded=True, carried=False, order=None):
     keep = ", ".join(c for c, _ in PLAN_COLUMNS[name] if c not in BODY_COLUMNS)
     return (f"SELECT {keep}, CAST(NULL AS BLOB) AS value, CAST(NULL AS VARCHAR) AS xattrs, "
-            f"CAST(NULL AS VARCHAR) AS value_json FROM ({sql}) _b")
+            f"CAST(NULL AS VARCHAR) AS value_json FROM ({sql}) _b" + (f" ORDER BY {order}" if order else ""))
 plans.with_bodies = _none
 from dcptool.cli import main
 main(sys.argv[1:])

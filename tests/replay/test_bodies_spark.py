@@ -35,6 +35,8 @@ def test_spark_bodies_equal_local(spark, tmp_path):
             r["datatype"] = 0
     cases = [(_files(tmp_path, coded, "coded"), None), (_files(tmp_path, plain, "plain"), None)]
     cases.append((cases[0][0], AsOf(ts_ns=body_caps.TS0 + 1000 * (len(coded.rows) // 2))))
+    # no commit, rollback or drop: `documents` by the window carrying `raw`, with the UDF
+    cases.append((_files(tmp_path, body_caps.generate(10, True), "coded-plain"), None))
     for files, as_of in cases:
         want = local.replay_local(files, as_of=as_of, tables=["documents", "history"])
         rep = spark_engine.replay_spark(spark, files, as_of=as_of)
@@ -45,6 +47,7 @@ def test_spark_bodies_equal_local(spark, tmp_path):
                 assert T.checksum(name, got) == T.checksum(name, want.table(name))
             assert want.table("documents").column("xattrs").null_count < want.table("documents").num_rows \
                 or files is cases[1][0]
+            assert want.table("documents").num_rows > 10
         finally:
             rep.close()
 
@@ -64,3 +67,19 @@ def test_a_json_field_by_spark_sql_equals_duckdb(spark, tmp_path):
         rep.close()
     assert got.num_rows == duck.num_rows > 5
     assert [tuple(r.values()) for r in got.to_pylist()] == [tuple(r.values()) for r in duck.to_pylist()]
+
+
+def test_spark_picks_documents_by_a_window_only_when_the_changes_are_plain():
+    """The window carrying `raw` stands for the aggregate only where the changes are a filter of
+    the frames: a rollback, a commit or a collection drop keeps the aggregate and the join."""
+    from dcptool.replay.rules import plans
+    ops = frozenset({"mutation", "deletion"})
+    plain = plans.table_sql(plans.SPARK, "documents", "{vb}", plans.PlanFacts({"c": 0}, False, ops, False))
+    assert "row_number()" in plain and "JOIN" not in plain
+    for facts in (plans.PlanFacts({"c": 0}, True, ops, False),
+                  plans.PlanFacts({"c": 0}, False, ops | {"commit"}, False),
+                  plans.PlanFacts({"c": 0}, False, ops | {"system_event"}, False)):
+        sql = plans.table_sql(plans.SPARK, "documents", "{vb}", facts)
+        assert "row_number()" not in sql and "max_by(" in sql and "_r ON _r._r_seq = _b._bseq" in sql
+    duck = plans.table_sql(plans.DUCKDB, "documents", "{vb}", plans.PlanFacts({"c": 0}, False, ops, False))
+    assert "row_number()" not in duck and "SEMI JOIN _pick" in duck
