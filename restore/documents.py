@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fnmatch
+import itertools
 import re
 from typing import Any, Callable, Iterator
 
@@ -19,10 +20,13 @@ from dcptool.protocol.errors import DcptoolError
 from dcptool.replay.local import duck
 from dcptool.replay.rules import plans
 
-BATCH_ROWS = 4096
+BATCH_ROWS = 1 << 15     # rows of the plan per record batch read from DuckDB
+SLICE_ROWS = 512         # rows made documents at a time (docs_of)
+_DOC_COLUMNS = ("collection_id", "rev", "cas", "flags", "expiry", "state", "datatype", "value")
 _SNAPPY, _XATTR = int(DatatypeBit.SNAPPY), int(DatatypeBit.XATTR)
 _CHANGE_OPS = frozenset({Opcode.DCP_MUTATION, Opcode.DCP_DELETION, Opcode.DCP_EXPIRATION, Opcode.DCP_PREPARE})
 _FLEX_MAGICS = frozenset({0x08, 0x18})
+_VALUE_OPS = ("mutation", "deletion", "expiration", "prepare")     # the frames a document's value is in
 
 
 class BadFrame(DcptoolError):
@@ -47,14 +51,19 @@ def key_matcher(pattern: str | None) -> Callable[[str], bool] | None:
 
 
 def _sql(frames: duck.DuckFrames, files: list[Any]) -> str:
-    # the values are cut from `raw` below as stored (Snappy and xattrs kept): no body columns
+    """The plan's documents with the value of each cut by DuckDB from the `raw` of the frame
+    whose value it is (`_bseq`: a commit's prepare; its last `value_len` bytes, as stored:
+    Snappy and the xattr section kept), the columns a document is made of."""
     docs = plans.table_sql(duck.D, "documents", frames.source, plans.PlanFacts.of(files, None), bodies=False)
-    prepare = ("(SELECT max_by(p.raw, p._seq) FROM vb_frames p WHERE p.op = 'prepare' AND p.vbucket = d.vbucket "
-               "AND p.key = d.key AND p.collection_id IS NOT DISTINCT FROM d.collection_id AND p._seq < f._seq)")
-    return ("SELECT d.vbucket, d.collection_id, d.key, d.rev_seqno, d.cas, d.state, d.item_flags, d.expiration, "
-            f"f.raw, CASE WHEN f.op = 'commit' THEN {prepare} END AS p_raw "
-            f"FROM ({docs}) d JOIN frames f ON f.frame_no = d.frame_no "
-            "AND (d.capture_id IS NULL OR f.capture_id = d.capture_id) AND f.direction = 'in'")
+    raw = "r.raw"
+    cut = (f"CASE WHEN {raw} IS NOT NULL AND d.value_len IS NOT NULL AND d.value_len <= octet_length({raw}) - 24 "
+           f"THEN {duck.D.tail(raw, 'd.value_len')} END")
+    ops = ", ".join(f"'{op}'" for op in _VALUE_OPS)
+    return ("SELECT d.vbucket, coalesce(d.collection_id, 0) AS collection_id, d.key, coalesce(d.rev_seqno, 0) AS rev, "
+            "coalesce(d.cas, 0) AS cas, coalesce(d.item_flags, 0) AS flags, coalesce(d.expiration, 0) AS expiry, "
+            f"d.state, coalesce(CAST(d.datatype AS INT), 0) AS datatype, {cut} AS value "
+            f"FROM ({docs}) d LEFT JOIN (SELECT _seq, raw FROM {frames.source} WHERE op IN ({ops})) r "
+            "ON r._seq = d._bseq")
 
 
 def value_of(raw: bytes) -> tuple[bytes, int]:
@@ -96,23 +105,59 @@ class CaptureDocuments:
     def select(self, keys: str | None = None) -> Iterator[Captured]:
         """Each document's last change (as of `as_of`), in no particular order (a restore's
         writes commute: each key is written once), filtered by `keys` (key_matcher)."""
-        for batch in self.batches(keys):
-            yield from batch
-
-    def batches(self, keys: str | None = None) -> Iterator[list[Captured]]:
-        """select() a batch at a time (BATCH_ROWS rows of the plan): what a caller runs in a
-        worker thread, DuckDB's work off its event loop."""
         match = key_matcher(keys)
+        for batch in self.record_batches():
+            for i in range(0, batch.num_rows, SLICE_ROWS):
+                part = batch.slice(i, SLICE_ROWS)
+                yield from map(Captured, docs_of(part, match), part.column("vbucket").to_pylist())
+
+    def record_batches(self) -> Iterator[Any]:
+        """The plan's rows (`_sql`) as Arrow record batches of BATCH_ROWS rows: what a caller
+        reads in a worker thread (DuckDB's work off its event loop, no Python object made per
+        row), turning a slice at a time into documents (docs_of) where it writes them."""
         rel = self.frames.con.sql(_sql(self.frames, self.files))
         reader = getattr(rel, "to_arrow_reader", None) or rel.fetch_record_batch
-        for batch in reader(BATCH_ROWS):
-            yield list(_docs(batch, match))
+        yield from reader(BATCH_ROWS)
 
     def close(self) -> None:
         """Ends a query still running in another thread (a stopped restore), then DuckDB."""
         with contextlib.suppress(Exception):
             self.frames.con.interrupt()
         self.frames.close()
+
+
+class Opening:
+    """The captures opened in a worker thread (`run`) while the target is bootstrapped:
+    DuckDB, the collections the changes are in, and the plan's first record batch (its
+    aggregate done, before the first write can be). `close()` ends it from the event loop
+    whatever it has reached (a query running is interrupted)."""
+
+    def __init__(self, files: list[Any], as_of: Any = None):
+        self.files, self.as_of = files, as_of
+        self.docs: CaptureDocuments | None = None
+        self.closed = False
+
+    def run(self) -> tuple[set[int], Iterator[Any]]:
+        """(the collection ids, the plan's record batches); in a worker thread."""
+        self.docs = CaptureDocuments(self.files, self.as_of)
+        if self.closed:                 # closed while DuckDB opened: nobody will read it
+            self.docs.close()
+            raise BadFrame("the restore stopped")
+        cids = self.docs.collection_ids()
+        batches = self.docs.record_batches()
+        first = next(batches, None)
+        return cids, (iter(()) if first is None else itertools.chain([first], batches))
+
+    def close(self) -> None:
+        self.closed = True
+        if self.docs is not None:
+            self.docs.close()
+
+
+def doc_slices(batch: Any, match: Callable[[str], bool] | None = None) -> Iterator[list[Doc]]:
+    """docs_of() a record batch, SLICE_ROWS rows at a time."""
+    for i in range(0, batch.num_rows, SLICE_ROWS):
+        yield docs_of(batch.slice(i, SLICE_ROWS), match)
 
 
 def select(files: list[Any], as_of: Any = None, keys: str | None = None,
@@ -125,19 +170,30 @@ def select(files: list[Any], as_of: Any = None, keys: str | None = None,
         docs.close()
 
 
-def _docs(batch: Any, match: Callable[[str], bool] | None) -> Iterator[Captured]:
-    """The documents of one record batch of the plan, column by column."""
-    cols = {name: batch.column(name).to_pylist() for name in batch.schema.names}
-    for i, key in enumerate(cols["key"]):
+def docs_of(batch: Any, match: Callable[[str], bool] | None = None) -> list[Doc]:
+    """The documents of rows of the plan (a record batch of `_sql`), column by column: a
+    tombstone keeps only its xattrs, a Snappy value is undone."""
+    keys = batch.column("key").to_pylist()
+    cols = zip(keys, *(batch.column(c).to_pylist() for c in _DOC_COLUMNS))
+    out = []
+    for key, cid, rev, cas, flags, expiry, state, dt, value in cols:
         if match is not None and not match(key.decode("utf-8", "replace")):
             continue
-        state = cols["state"][i]
-        value, dt = value_of(cols["p_raw"][i] or cols["raw"][i])
-        deleted = state != "live"
-        if deleted and not dt & _XATTR:
-            value, dt = b"", 0
-        doc = Doc(key=key, collection_id=cols["collection_id"][i] or 0, rev_seqno=cols["rev_seqno"][i] or 0,
-                  cas=cols["cas"][i] or 0, flags=cols["item_flags"][i] or 0,
-                  expiry=0 if deleted else (cols["expiration"][i] or 0), datatype=dt, deleted=deleted, value=value,
-                  expired=state == "expired")
-        yield Captured(doc, cols["vbucket"][i])
+        if state != "live":
+            if not dt & _XATTR:
+                out.append(Doc(key, cid, rev, cas, flags, 0, 0, True, b"", state == "expired"))
+                continue
+            expiry = 0
+        if value is None:
+            raise BadFrame(f"the capture holds no value for document {key.decode('utf-8', 'replace')!r}")
+        if dt & _SNAPPY:
+            value, dt = _unsnappy(value), dt & ~_SNAPPY
+        out.append(Doc(key, cid, rev, cas, flags, expiry, dt, state != "live", value, state == "expired"))
+    return out
+
+
+def _unsnappy(value: bytes) -> bytes:
+    try:
+        return snappy.decompress(value, DEFAULT_MAX_BODY)
+    except ValueError as exc:
+        raise BadFrame(f"a recorded value does not decompress: {exc}") from None

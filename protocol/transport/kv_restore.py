@@ -3,6 +3,14 @@ asyncio connection per KV node, the handshake of protocol/dcp/client/kv_writer.p
 SET_WITH_META / DEL_WITH_META pipelined (up to `window` requests in flight per connection,
 answers matched by opaque), routed by the cluster map.
 
+Two paths write. The pump (`start_pump`, `submit`, `room`: what a restore's documents go
+through) keeps a queue per link and tops each link's window up from it as answers arrive, the
+frames of a turn joined into one send, an answer judged from its header (no message decoded):
+a few microseconds a document. A write the pump cannot finish (no open link to the owner, a
+NOT_MY_VBUCKET whose body holds no newer map, a temporary status, a link that closed with it
+in flight or queued) goes to `write`, the per-document path below, which waits, asks the map
+again and re-routes.
+
 The map comes from GET_CLUSTER_CONFIG at bootstrap (a node with none: every vbucket is its,
 the number of vbuckets from GET_ALL_VB_SEQNOS). NOT_MY_VBUCKET with a newer map in its body
 applies it and re-routes the write; with none (or an older one) the map is asked again, with
@@ -15,10 +23,11 @@ owner within `timeout` fails the run."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import ssl
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 from dcptool.protocol.dcp.client import kv_writer
 from dcptool.protocol.dcp.client.kv_writer import Bootstrap, Doc, Handshake, Verdict
@@ -26,7 +35,7 @@ from dcptool.protocol.dcp.wire import cluster_config
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.cluster_config import ClusterConfig
 from dcptool.protocol.dcp.wire.constants import Feature, Opcode, Status
-from dcptool.protocol.dcp.wire.frames import FrameParser
+from dcptool.protocol.dcp.wire.frames import Frame, FrameParser
 from dcptool.protocol.errors import (
     ConnectFailed,
     ConnectionLost,
@@ -37,6 +46,8 @@ from dcptool.protocol.errors import (
 
 HANDSHAKE_TIMEOUT = 10.0
 BACKOFF_FIRST, BACKOFF_MAX = 0.1, 2.0
+_FINAL = frozenset({Verdict.WRITTEN, Verdict.SKIPPED, Verdict.FAILED})
+Done = Callable[[Doc, Verdict, int], None]          # a document's outcome: (doc, verdict, status)
 
 
 class KvLink:
@@ -52,6 +63,12 @@ class KvLink:
         self.closed: BaseException | None = None
         self.collections = Feature.COLLECTIONS in boot.features
         self.out: list[bytes] = []          # frames of this loop turn, written together (one send)
+        # the pump's writes (KvCluster.submit): queued, then in flight by opaque; what is
+        # answered, or left when the link fails, goes to the cluster's hooks
+        self.queue: collections.deque[tuple[Doc, int]] = collections.deque()
+        self.fast: dict[int, tuple[Doc, int]] = {}
+        self.on_answers: Callable[[KvLink, list[tuple[tuple[Doc, int], Frame]]], None] | None = None
+        self.on_lost: Callable[[KvLink, list[tuple[Doc, int]]], None] | None = None
         self.task = asyncio.get_running_loop().create_task(self._read())
 
     @classmethod
@@ -79,11 +96,18 @@ class KvLink:
                 data = await self.reader.read(1 << 18)
                 if not data:
                     raise ConnectionLost(f"{self.address} closed the connection")
+                fast, answered = self.fast, []
                 for fr in parser.feed(data):
+                    write = fast.pop(fr.opaque, None)
+                    if write is not None:
+                        answered.append((write, fr))
+                        continue
                     msg = m.decode(fr, self.collections)
                     fut = self.pending.pop(msg.opaque, None)
                     if fut is not None and not fut.done():
                         fut.set_result(msg)
+                if answered and self.on_answers is not None:
+                    self.on_answers(self, answered)
         except (OSError, DcptoolError, asyncio.IncompleteReadError) as exc:
             self._fail(exc if isinstance(exc, DcptoolError) else ConnectionLost(f"{self.address}: {exc}"))
         except asyncio.CancelledError:
@@ -96,18 +120,32 @@ class KvLink:
             if not fut.done():
                 fut.set_exception(exc)
         self.pending.clear()
+        left = list(self.fast.values()) + list(self.queue)
+        self.fast.clear()
+        self.queue.clear()
+        if left and self.on_lost is not None:
+            self.on_lost(self, left)
+
+    def next_opaque(self) -> int:
+        self.opaque = (self.opaque + 1) & 0xFFFFFFFF
+        return self.opaque
+
+    def send(self, frames: list[bytes]) -> None:
+        """Frames written now, in one send (the pump's)."""
+        if frames and self.closed is None and not self.writer.is_closing():
+            self.writer.write(b"".join(frames))
 
     async def call(self, build: Callable[[int], bytes]) -> m.Message:
         """`build(opaque)` gives the frame; its answer."""
         async with self.window:
             if self.closed is not None:
                 raise self.closed
-            self.opaque = (self.opaque + 1) & 0xFFFFFFFF
+            opaque = self.next_opaque()
             fut: asyncio.Future[m.Message] = asyncio.get_running_loop().create_future()
-            self.pending[self.opaque] = fut
+            self.pending[opaque] = fut
             if not self.out:
                 asyncio.get_running_loop().call_soon(self._flush)
-            self.out.append(build(self.opaque))
+            self.out.append(build(opaque))
             if self.writer.transport.get_write_buffer_size() > 1 << 20:
                 await self.writer.drain()
             return await fut
@@ -158,6 +196,15 @@ class KvCluster:
         self._opening: dict[str, asyncio.Task[KvLink]] = {}
         self._asking: asyncio.Task[None] | None = None
         self.seed_only: str | None = None        # the node of a bucket without a map
+        self._owners: list[str | None] | None = None    # owner() of each vbucket, until the map moves
+        # the pump (start_pump): documents submitted and not finished, the hooks, the waits
+        self.outstanding = 0
+        self._done: Done | None = None
+        self._failed: Callable[[BaseException], None] | None = None
+        self._slow: set[asyncio.Task[None]] = set()
+        self._room: asyncio.Future[None] | None = None
+        self._room_at = 0
+        self.closing = False
 
     def _handshake(self) -> Handshake:
         return Handshake(self.bucket, self.user, self.password, allow_plain=self.tls is not None)
@@ -171,13 +218,14 @@ class KvCluster:
             except (ConnectFailed, ConnectionLost, RemoteError) as exc:
                 last = exc
                 continue
-            self.links[link.address] = link
+            self.links[link.address] = self._adopt(link)
             self.manifest = link.boot.manifest
             if link.boot.config:
                 self._apply(link.boot.config, host)
             if self.config is None:
                 self.num_vbuckets = await self._count_vbuckets(link)
                 self.seed_only = link.address
+            self._owners = None
             return
         raise last if last is not None else ConnectFailed("no seed to connect to")
 
@@ -196,6 +244,7 @@ class KvCluster:
             return False
         self.config = cfg
         self.num_vbuckets = cfg.num_vbuckets
+        self._owners = None
         return True
 
     def owner(self, vb: int) -> str | None:
@@ -221,8 +270,19 @@ class KvCluster:
             link = await task
         finally:
             self._opening.pop(address, None)
-        self.links[address] = link
+        self.links[address] = self._adopt(link)
         return link
+
+    def _adopt(self, link: KvLink) -> KvLink:
+        link.on_answers, link.on_lost = self._answers, self._lost
+        return link
+
+    async def open_links(self) -> None:
+        """A link to every node that owns a vbucket (the pump writes only on open links);
+        one that does not open is left to `write`."""
+        for address in {a for a in self._owner_list() if a is not None}:
+            with contextlib.suppress(ConnectFailed, ConnectionLost, RemoteError):
+                await self.link_to(address)
 
     async def ask_config(self) -> None:
         """GET_CLUSTER_CONFIG from any live link (one request at a time however many ask)."""
@@ -277,7 +337,112 @@ class KvCluster:
             backoff = min(backoff * 2, BACKOFF_MAX)
             await self.ask_config()
 
+    # ---- the pump (see the module)
+    def start_pump(self, done: Done, failed: Callable[[BaseException], None]) -> None:
+        """`done(doc, verdict, status)` for each document submitted, once; `failed(error)`
+        when one cannot be written at all (no owner within `timeout`)."""
+        self._done, self._failed = done, failed
+
+    def _owner_list(self) -> list[str | None]:
+        if self._owners is None:
+            self._owners = [self.owner(vb) for vb in range(self.num_vbuckets)]
+        return self._owners
+
+    def submit(self, docs: Iterable[Doc]) -> None:
+        """Documents to write: each queued on its owner's link (`write` when there is no
+        open one), each link's window topped up at once."""
+        touched: dict[str, KvLink] = {}
+        for doc in docs:
+            self.outstanding += 1
+            link = self._route(doc)
+            if link is not None:
+                touched[link.address] = link
+        for link in touched.values():
+            self._fill(link)
+
+    def _route(self, doc: Doc) -> KvLink | None:
+        vb = kv_writer.vbucket_of(doc.key, self.num_vbuckets)
+        address = self._owner_list()[vb]
+        link = self.links.get(address) if address is not None else None
+        if link is None or link.closed is not None or (doc.collection_id and not link.collections):
+            self._write_slowly(doc)
+            return None
+        link.queue.append((doc, vb))
+        return link
+
+    def _fill(self, link: KvLink) -> None:
+        """As many queued writes as the link's window has room for, in one send."""
+        queue, fast = link.queue, link.fast
+        n = min(self.window - len(fast), len(queue))
+        if n <= 0 or link.closed is not None:
+            return
+        frames = []
+        force, coll, frame = self.force, link.collections, kv_writer.write_frame
+        for _ in range(n):
+            doc, vb = queue.popleft()
+            opaque = link.next_opaque()
+            fast[opaque] = (doc, vb)
+            frames.append(frame(doc, vbucket=vb, opaque=opaque, force=force, collections=coll))
+        link.send(frames)
+
+    def _answers(self, link: KvLink, answered: list[tuple[tuple[Doc, int], Frame]]) -> None:
+        touched = {link.address: link}
+        for (doc, _vb), fr in answered:
+            status = fr.vbucket_or_status
+            verdict = kv_writer.verdict(status)
+            if verdict in _FINAL:
+                self._finish(doc, verdict, status)
+            elif verdict is Verdict.REROUTE:
+                self.rerouted += 1
+                if self._apply(bytes(fr.value), link.address.rpartition(":")[0]):
+                    moved = self._route(doc)        # the body held a newer map: at once to the new owner
+                    if moved is not None:
+                        touched[moved.address] = moved
+                else:
+                    self._write_slowly(doc)
+            else:
+                self._write_slowly(doc)
+        for each in touched.values():
+            self._fill(each)
+
+    def _lost(self, link: KvLink, writes: list[tuple[Doc, int]]) -> None:
+        if not self.closing:
+            for doc, _vb in writes:
+                self._write_slowly(doc)
+
+    def _write_slowly(self, doc: Doc) -> None:
+        task = asyncio.get_running_loop().create_task(self._slowly(doc))
+        self._slow.add(task)
+        task.add_done_callback(self._slow.discard)
+
+    async def _slowly(self, doc: Doc) -> None:
+        try:
+            verdict, status = await self.write(doc)
+        except DcptoolError as exc:
+            if self._failed is not None:
+                self._failed(exc)
+            return
+        self._finish(doc, verdict, status)
+
+    def _finish(self, doc: Doc, verdict: Verdict, status: int) -> None:
+        self.outstanding -= 1
+        if self._done is not None:
+            self._done(doc, verdict, status)
+        room = self._room
+        if room is not None and self.outstanding <= self._room_at and not room.done():
+            room.set_result(None)
+
+    async def room(self, limit: int) -> None:
+        """Until at most `limit` submitted documents are not finished (0: all are)."""
+        while self.outstanding > limit:
+            self._room_at = limit
+            self._room = asyncio.get_running_loop().create_future()
+            await self._room
+
     async def close(self) -> None:
+        self.closing = True
+        for task in list(self._slow):
+            task.cancel()
         for link in list(self.links.values()):
             await link.close()
         self.links.clear()

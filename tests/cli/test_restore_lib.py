@@ -113,14 +113,21 @@ def test_the_value_is_cut_from_the_recorded_frame():
 
 
 class _Target:
-    """A stand-in for the cluster: every write is accepted at once."""
+    """A stand-in for the cluster's pump: every write is accepted at once."""
 
     def __init__(self):
         self.keys = []
 
-    async def write(self, doc):
-        self.keys.append(doc.key)
-        return W.Verdict.WRITTEN, 0
+    def start_pump(self, done, failed):
+        self.done = done
+
+    def submit(self, docs):
+        for doc in docs:
+            self.keys.append(doc.key)
+            self.done(doc, W.Verdict.WRITTEN, 0)
+
+    async def room(self, limit):
+        return None
 
 
 def _write(batches, inflight=4):
@@ -129,8 +136,8 @@ def _write(batches, inflight=4):
     opts = R.RestoreOptions(files=[], seeds=[], bucket="b", inflight=inflight, now=lambda: NOW)
 
     async def run():
-        await asyncio.wait_for(R._write_all(target, batches, {0: 0}, opts, counts, asyncio.Event(), lambda c: None),
-                               timeout=20)
+        await asyncio.wait_for(R._write_all(target, batches, lambda b: [[c.doc for c in b]], {0: 0}, opts, counts,
+                                            asyncio.Event(), lambda c: None), timeout=20)
     asyncio.run(run())
     return target, counts
 

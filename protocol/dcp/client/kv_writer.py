@@ -16,7 +16,7 @@ import dataclasses
 import enum
 import struct
 import zlib
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from dcptool.protocol.dcp.wire import leb128, sasl
 from dcptool.protocol.dcp.wire import messages as m
@@ -39,9 +39,10 @@ _IS_EXPIRATION = int(WithMetaOption.IS_EXPIRATION)
 _HEADER_EXTRAS = struct.Struct(">BBHBBHIIQIIQQI")   # request header, then the 28-byte with-meta extras
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Doc:
-    """One document as a capture last saw it (a tombstone when `deleted`)."""
+class Doc(NamedTuple):
+    """One document as a capture last saw it (a tombstone when `deleted`). A named tuple:
+    a restore makes one per document, and a tuple is made in a fraction of a frozen
+    dataclass's time."""
     key: bytes
     collection_id: int
     rev_seqno: int
