@@ -250,11 +250,11 @@ async def _restore(opts: RestoreOptions, progress: Callable[[RestoreCounts], Non
             with contextlib.suppress(Exception):
                 await opened
             raise
+        await cluster.open_links()
         if await _unless_stopped(opened, stop_wait):
             cids, batches = opened.result()
             manifest = parse_manifest(cluster.manifest) if cluster.manifest else None
             ids = target_ids(manifest, opts.collection_map, None, cids)
-            await cluster.open_links()
             match = documents.key_matcher(opts.keys)
             await _write_all(cluster, batches, lambda b: documents.doc_slices(b, match), ids, opts, counts, stop,
                              progress)

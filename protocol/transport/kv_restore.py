@@ -27,6 +27,7 @@ import collections
 import contextlib
 import ssl
 import time
+import zlib
 from typing import Callable, Iterable
 
 from dcptool.protocol.dcp.client import kv_writer
@@ -34,8 +35,13 @@ from dcptool.protocol.dcp.client.kv_writer import Bootstrap, Doc, Handshake, Ver
 from dcptool.protocol.dcp.wire import cluster_config
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.cluster_config import ClusterConfig
-from dcptool.protocol.dcp.wire.constants import Feature, Opcode, Status
-from dcptool.protocol.dcp.wire.frames import Frame, FrameParser
+from dcptool.protocol.dcp.wire.constants import (
+    DEFAULT_MAX_BODY,
+    Feature,
+    Opcode,
+    Status,
+)
+from dcptool.protocol.dcp.wire.frames import FrameParser, parse_frame, split_until_error
 from dcptool.protocol.errors import (
     ConnectFailed,
     ConnectionLost,
@@ -48,6 +54,8 @@ HANDSHAKE_TIMEOUT = 10.0
 BACKOFF_FIRST, BACKOFF_MAX = 0.1, 2.0
 _FINAL = frozenset({Verdict.WRITTEN, Verdict.SKIPPED, Verdict.FAILED})
 Done = Callable[[Doc, Verdict, int], None]          # a document's outcome: (doc, verdict, status)
+# a pump's write answered: ((doc, vbucket), status, the whole answer frame when not a success)
+Answered = tuple[tuple[Doc, int], int, bytes]
 
 
 class KvLink:
@@ -67,7 +75,7 @@ class KvLink:
         # answered, or left when the link fails, goes to the cluster's hooks
         self.queue: collections.deque[tuple[Doc, int]] = collections.deque()
         self.fast: dict[int, tuple[Doc, int]] = {}
-        self.on_answers: Callable[[KvLink, list[tuple[tuple[Doc, int], Frame]]], None] | None = None
+        self.on_answers: Callable[[KvLink, list[Answered]], None] | None = None
         self.on_lost: Callable[[KvLink, list[tuple[Doc, int]]], None] | None = None
         self.task = asyncio.get_running_loop().create_task(self._read())
 
@@ -90,29 +98,41 @@ class KvLink:
         return cls(reader, writer, address, window, hs.result)
 
     async def _read(self) -> None:
-        parser = FrameParser()
+        buf = bytearray()
         try:
             while True:
                 data = await self.reader.read(1 << 18)
                 if not data:
                     raise ConnectionLost(f"{self.address} closed the connection")
-                fast, answered = self.fast, []
-                for fr in parser.feed(data):
-                    write = fast.pop(fr.opaque, None)
-                    if write is not None:
-                        answered.append((write, fr))
-                        continue
-                    msg = m.decode(fr, self.collections)
-                    fut = self.pending.pop(msg.opaque, None)
-                    if fut is not None and not fut.done():
-                        fut.set_result(msg)
-                if answered and self.on_answers is not None:
-                    self.on_answers(self, answered)
+                buf += data
+                bounds, consumed, err = split_until_error(buf, DEFAULT_MAX_BODY)
+                self._frames(buf, bounds)
+                del buf[:consumed]
+                if err is not None:
+                    raise err
         except (OSError, DcptoolError, asyncio.IncompleteReadError) as exc:
             self._fail(exc if isinstance(exc, DcptoolError) else ConnectionLost(f"{self.address}: {exc}"))
         except asyncio.CancelledError:
             self._fail(ConnectionLost(f"{self.address}: closed"))
             raise
+
+    def _frames(self, buf: bytearray, bounds: list[tuple[int, int]]) -> None:
+        """The whole frames read: an answer to one of the pump's writes judged from its header
+        (its body kept only when it is not a success: a NOT_MY_VBUCKET's map), the others
+        decoded for `call`."""
+        fast, answered, answer_of = self.fast, [], kv_writer.answer_of
+        for pos, length in bounds:
+            opaque, status = answer_of(buf, pos)
+            write = fast.pop(opaque, None) if buf[pos] == 0x81 else None
+            if write is not None:
+                answered.append((write, status, b"" if status == 0 else bytes(buf[pos:pos + length])))
+                continue
+            msg = m.decode(parse_frame(buf, pos, length), self.collections)
+            fut = self.pending.pop(msg.opaque, None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+        if answered and self.on_answers is not None:
+            self.on_answers(self, answered)
 
     def _fail(self, exc: BaseException) -> None:
         self.closed = exc
@@ -130,10 +150,10 @@ class KvLink:
         self.opaque = (self.opaque + 1) & 0xFFFFFFFF
         return self.opaque
 
-    def send(self, frames: list[bytes]) -> None:
+    def send_bytes(self, data: bytes) -> None:
         """Frames written now, in one send (the pump's)."""
-        if frames and self.closed is None and not self.writer.is_closing():
-            self.writer.write(b"".join(frames))
+        if data and self.closed is None and not self.writer.is_closing():
+            self.writer.write(data)
 
     async def call(self, build: Callable[[int], bytes]) -> m.Message:
         """`build(opaque)` gives the frame; its answer."""
@@ -197,6 +217,7 @@ class KvCluster:
         self._asking: asyncio.Task[None] | None = None
         self.seed_only: str | None = None        # the node of a bucket without a map
         self._owners: list[str | None] | None = None    # owner() of each vbucket, until the map moves
+        self._links_by_vb: list[KvLink | None] | None = None     # their links (_vb_links)
         # the pump (start_pump): documents submitted and not finished, the hooks, the waits
         self.outstanding = 0
         self._done: Done | None = None
@@ -244,7 +265,7 @@ class KvCluster:
             return False
         self.config = cfg
         self.num_vbuckets = cfg.num_vbuckets
-        self._owners = None
+        self._owners = self._links_by_vb = None
         return True
 
     def owner(self, vb: int) -> str | None:
@@ -275,6 +296,7 @@ class KvCluster:
 
     def _adopt(self, link: KvLink) -> KvLink:
         link.on_answers, link.on_lost = self._answers, self._lost
+        self._links_by_vb = None
         return link
 
     async def open_links(self) -> None:
@@ -351,24 +373,27 @@ class KvCluster:
     def submit(self, docs: Iterable[Doc]) -> None:
         """Documents to write: each queued on its owner's link (`write` when there is no
         open one), each link's window topped up at once."""
-        touched: dict[str, KvLink] = {}
+        links = self._vb_links()
+        nvb, crc, n = self.num_vbuckets, zlib.crc32, 0
         for doc in docs:
-            self.outstanding += 1
-            link = self._route(doc)
-            if link is not None:
-                touched[link.address] = link
-        for link in touched.values():
-            self._fill(link)
+            n += 1
+            vb = ((crc(doc.key) >> 16) & 0x7FFF) % nvb      # kv_writer.vbucket_of
+            link = links[vb]
+            if link is None or link.closed is not None or (doc.collection_id and not link.collections):
+                self._write_slowly(doc)
+            else:
+                link.queue.append((doc, vb))
+        self.outstanding += n
+        for link in list(self.links.values()):
+            if link.queue:
+                self._fill(link)
 
-    def _route(self, doc: Doc) -> KvLink | None:
-        vb = kv_writer.vbucket_of(doc.key, self.num_vbuckets)
-        address = self._owner_list()[vb]
-        link = self.links.get(address) if address is not None else None
-        if link is None or link.closed is not None or (doc.collection_id and not link.collections):
-            self._write_slowly(doc)
-            return None
-        link.queue.append((doc, vb))
-        return link
+    def _vb_links(self) -> list[KvLink | None]:
+        """Each vbucket's owner's link (None: not open), until the map or the links change."""
+        if self._links_by_vb is None or any(link.closed is not None for link in self._links_by_vb if link):
+            owners = self._owner_list()
+            self._links_by_vb = [self.links.get(a) if a is not None else None for a in owners]
+        return self._links_by_vb
 
     def _fill(self, link: KvLink) -> None:
         """As many queued writes as the link's window has room for, in one send."""
@@ -376,34 +401,36 @@ class KvCluster:
         n = min(self.window - len(fast), len(queue))
         if n <= 0 or link.closed is not None:
             return
-        frames = []
-        force, coll, frame = self.force, link.collections, kv_writer.write_frame
-        for _ in range(n):
-            doc, vb = queue.popleft()
-            opaque = link.next_opaque()
-            fast[opaque] = (doc, vb)
-            frames.append(frame(doc, vbucket=vb, opaque=opaque, force=force, collections=coll))
-        link.send(frames)
+        writes = [queue.popleft() for _ in range(n)]
+        first = (link.opaque + 1) & 0xFFFFFFFF
+        for i, write in enumerate(writes):
+            fast[(first + i) & 0xFFFFFFFF] = write
+        link.opaque = (first + n - 1) & 0xFFFFFFFF
+        link.send_bytes(kv_writer.write_frames(writes, first, force=self.force, collections=link.collections))
 
-    def _answers(self, link: KvLink, answered: list[tuple[tuple[Doc, int], Frame]]) -> None:
-        touched = {link.address: link}
-        for (doc, _vb), fr in answered:
-            status = fr.vbucket_or_status
+    def _answers(self, link: KvLink, answered: list[Answered]) -> None:
+        done, written = self._done, Verdict.WRITTEN
+        for write, status, frame in answered:
+            if status == 0:                     # (the common case at once)
+                self.outstanding -= 1
+                if done is not None:
+                    done(write[0], written, 0)
+                continue
             verdict = kv_writer.verdict(status)
             if verdict in _FINAL:
-                self._finish(doc, verdict, status)
+                self._finish(write[0], verdict, status)
             elif verdict is Verdict.REROUTE:
                 self.rerouted += 1
-                if self._apply(bytes(fr.value), link.address.rpartition(":")[0]):
-                    moved = self._route(doc)        # the body held a newer map: at once to the new owner
-                    if moved is not None:
-                        touched[moved.address] = moved
+                value = m.decode_bytes(frame).value if frame else b""
+                if self._apply(bytes(value), link.address.rpartition(":")[0]):
+                    self.outstanding -= 1           # the body held a newer map: at once to the new owner
+                    self.submit([write[0]])
                 else:
-                    self._write_slowly(doc)
+                    self._write_slowly(write[0])
             else:
-                self._write_slowly(doc)
-        for each in touched.values():
-            self._fill(each)
+                self._write_slowly(write[0])
+        self._wake()
+        self._fill(link)
 
     def _lost(self, link: KvLink, writes: list[tuple[Doc, int]]) -> None:
         if not self.closing:
@@ -428,6 +455,9 @@ class KvCluster:
         self.outstanding -= 1
         if self._done is not None:
             self._done(doc, verdict, status)
+        self._wake()
+
+    def _wake(self) -> None:
         room = self._room
         if room is not None and self.outstanding <= self._room_at and not room.done():
             room.set_result(None)

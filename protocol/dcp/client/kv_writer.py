@@ -36,6 +36,7 @@ FEATURES = (Feature.XERROR, Feature.SELECT_BUCKET, Feature.JSON, Feature.COLLECT
 BASE_OPTIONS = int(WithMetaOption.FORCE_ACCEPT_WITH_META_OPS)
 FORCE_OPTIONS = BASE_OPTIONS | int(WithMetaOption.SKIP_CONFLICT_RESOLUTION)
 _IS_EXPIRATION = int(WithMetaOption.IS_EXPIRATION)
+_SET, _DEL = int(Opcode.SET_WITH_META), int(Opcode.DEL_WITH_META)
 _HEADER_EXTRAS = struct.Struct(">BBHBBHIIQIIQQI")   # request header, then the 28-byte with-meta extras
 
 
@@ -110,6 +111,44 @@ def write_frame(doc: Doc, *, vbucket: int, opaque: int, force: bool, collections
     body = 28 + len(key) + len(doc.value)
     return _HEADER_EXTRAS.pack(0x80, opcode, len(key), 28, doc.datatype, vbucket, body, opaque, 0, doc.flags,
                                doc.expiry, doc.rev_seqno, doc.cas, options) + key + doc.value
+
+
+def write_frames(writes: list[tuple[Doc, int]], first_opaque: int, *, force: bool, collections: bool) -> bytes:
+    """write_frame() of each (document, vbucket) of `writes`, opaques `first_opaque`,
+    `first_opaque` + 1, ... (within 32 bits), joined: the pump's batch, one Python loop with
+    no call per document but the header's pack."""
+    base = FORCE_OPTIONS if force else BASE_OPTIONS
+    pack, parts = _HEADER_EXTRAS.pack, []
+    prefixes: dict[int, bytes] = {}
+    opaque = first_opaque
+    for doc, vb in writes:
+        key = doc.key
+        if collections:
+            cid = doc.collection_id
+            prefix = prefixes.get(cid)
+            if prefix is None:
+                prefix = prefixes[cid] = leb128.encode(cid)
+            key = prefix + key
+        if doc.deleted:
+            opcode, options = _DEL, (base | _IS_EXPIRATION) if doc.expired else base
+        else:
+            opcode, options = _SET, base
+        value = doc.value
+        parts.append(pack(0x80, opcode, len(key), 28, doc.datatype, vb, 28 + len(key) + len(value), opaque, 0,
+                          doc.flags, doc.expiry, doc.rev_seqno, doc.cas, options))
+        parts.append(key)
+        parts.append(value)
+        opaque = (opaque + 1) & 0xFFFFFFFF
+    return b"".join(parts)
+
+
+_ANSWER = struct.Struct(">xxxxxxHxxxxI")      # a response header's status and opaque
+
+
+def answer_of(buf: bytes | bytearray, pos: int) -> tuple[int, int]:
+    """(opaque, status) of the whole response frame at `pos` (split and checked by the caller)."""
+    status, opaque = _ANSWER.unpack_from(buf, pos)
+    return opaque, status
 
 
 @dataclasses.dataclass
