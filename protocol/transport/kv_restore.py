@@ -421,7 +421,7 @@ class KvCluster:
                 self._finish(write[0], verdict, status)
             elif verdict is Verdict.REROUTE:
                 self.rerouted += 1
-                value = m.decode_bytes(frame).value if frame else b""
+                value = getattr(m.decode_bytes(frame), "value", b"") if frame else b""
                 if self._apply(bytes(value), link.address.rpartition(":")[0]):
                     self.outstanding -= 1           # the body held a newer map: at once to the new owner
                     self.submit([write[0]])
