@@ -1,8 +1,10 @@
 """The documents a restore writes: each key's last change in the captures (as of a point in
 time), chosen by the in-process replay engine's `documents` plan (replay/rules/plans.py, run
-by DuckDB over the capture: replay/local/duck.py), with the value, datatype and xattrs cut
-from the recorded frame of that change by the wire codec. A commit's value is its prepare's.
-Snappy is undone here; the XATTR bit and its section are kept as stored."""
+by DuckDB over the capture: replay/local/duck.py), with its value cut by DuckDB from the
+recorded frame the plan names (`_bseq`: a commit's value is its prepare's) as the bodies of
+replay's `documents` are: the frame's last `value_len` bytes. The rows come as Arrow record
+batches and are made documents a slice at a time (docs_of), column by column; Snappy is
+undone there, the XATTR bit and its section are kept as stored."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Any, Callable, Iterator
 
 from dcptool.protocol.dcp.client.kv_writer import Doc
 from dcptool.protocol.dcp.wire import snappy
-from dcptool.protocol.dcp.wire.constants import DEFAULT_MAX_BODY, DatatypeBit, Opcode
+from dcptool.protocol.dcp.wire.constants import DEFAULT_MAX_BODY, DatatypeBit
 from dcptool.protocol.errors import DcptoolError
 from dcptool.replay.local import duck
 from dcptool.replay.rules import plans
@@ -24,8 +26,6 @@ BATCH_ROWS = 1 << 15     # rows of the plan per record batch read from DuckDB
 SLICE_ROWS = 512         # rows made documents at a time (docs_of)
 _DOC_COLUMNS = ("collection_id", "rev", "cas", "flags", "expiry", "state", "datatype", "value")
 _SNAPPY, _XATTR = int(DatatypeBit.SNAPPY), int(DatatypeBit.XATTR)
-_CHANGE_OPS = frozenset({Opcode.DCP_MUTATION, Opcode.DCP_DELETION, Opcode.DCP_EXPIRATION, Opcode.DCP_PREPARE})
-_FLEX_MAGICS = frozenset({0x08, 0x18})
 _VALUE_OPS = ("mutation", "deletion", "expiration", "prepare")     # the frames a document's value is in
 
 
@@ -64,27 +64,6 @@ def _sql(frames: duck.DuckFrames, files: list[Any]) -> str:
             f"d.state, coalesce(CAST(d.datatype AS INT), 0) AS datatype, {cut} AS value "
             f"FROM ({docs}) d LEFT JOIN (SELECT _seq, raw FROM {frames.source} WHERE op IN ({ops})) r "
             "ON r._seq = d._bseq")
-
-
-def value_of(raw: bytes) -> tuple[bytes, int]:
-    """(value as stored, datatype without the Snappy bit) of a recorded change frame: only
-    its header is read (the replay chose the frame, its fields are in the row; the capture
-    checked its framing when it recorded it)."""
-    if len(raw) < 24 or raw[1] not in _CHANGE_OPS:
-        raise BadFrame(f"a recorded change is no document change ({len(raw)} bytes)")
-    flex = raw[0] in _FLEX_MAGICS
-    fe, kl = (raw[2], raw[3]) if flex else (0, (raw[2] << 8) | raw[3])
-    start = 24 + fe + raw[4] + kl
-    if start > len(raw):
-        raise BadFrame("a recorded change is shorter than its header says")
-    value, dt = raw[start:], raw[5]
-    if dt & _SNAPPY:
-        try:
-            value = snappy.decompress(value, DEFAULT_MAX_BODY)
-        except ValueError as exc:
-            raise BadFrame(f"a recorded value does not decompress: {exc}") from None
-        dt &= ~_SNAPPY
-    return value, dt
 
 
 class CaptureDocuments:

@@ -324,12 +324,18 @@ class KvCluster:
                 self._apply(bytes(getattr(rsp, "value", b"")), address.rpartition(":")[0])
                 return
 
-    async def write(self, doc: Doc) -> tuple[Verdict, int]:
+    async def write(self, doc: Doc, after: Verdict | None = None) -> tuple[Verdict, int]:
         """One document written to its vbucket's owner, re-routed as the map moves: (the
-        verdict, the status)."""
+        verdict, the status). `after` RETRY or REROUTE: the pump's try was answered so, the
+        wait (and the map asked again) comes first."""
         vb = kv_writer.vbucket_of(doc.key, self.num_vbuckets)
         start = time.monotonic()
         backoff = BACKOFF_FIRST
+        if after in (Verdict.RETRY, Verdict.REROUTE):
+            await asyncio.sleep(backoff)
+            backoff *= 2
+            if after is Verdict.REROUTE:
+                await self.ask_config()
         while True:
             address = self.owner(vb)
             status = -1
@@ -426,9 +432,9 @@ class KvCluster:
                     self.outstanding -= 1           # the body held a newer map: at once to the new owner
                     self.submit([write[0]])
                 else:
-                    self._write_slowly(write[0])
+                    self._write_slowly(write[0], verdict)
             else:
-                self._write_slowly(write[0])
+                self._write_slowly(write[0], verdict)
         self._wake()
         self._fill(link)
 
@@ -437,14 +443,14 @@ class KvCluster:
             for doc, _vb in writes:
                 self._write_slowly(doc)
 
-    def _write_slowly(self, doc: Doc) -> None:
-        task = asyncio.get_running_loop().create_task(self._slowly(doc))
+    def _write_slowly(self, doc: Doc, after: Verdict | None = None) -> None:
+        task = asyncio.get_running_loop().create_task(self._slowly(doc, after))
         self._slow.add(task)
         task.add_done_callback(self._slow.discard)
 
-    async def _slowly(self, doc: Doc) -> None:
+    async def _slowly(self, doc: Doc, after: Verdict | None) -> None:
         try:
-            verdict, status = await self.write(doc)
+            verdict, status = await self.write(doc, after)
         except DcptoolError as exc:
             if self._failed is not None:
                 self._failed(exc)
