@@ -300,11 +300,12 @@ class KvCluster:
         return link
 
     async def open_links(self) -> None:
-        """A link to every node that owns a vbucket (the pump writes only on open links);
-        one that does not open is left to `write`."""
-        for address in {a for a in self._owner_list() if a is not None}:
+        """A link to every node that owns a vbucket, the handshakes at once (the pump writes
+        only on open links); one that does not open is left to `write`."""
+        async def one(address: str) -> None:
             with contextlib.suppress(ConnectFailed, ConnectionLost, RemoteError):
                 await self.link_to(address)
+        await asyncio.gather(*(one(a) for a in sorted({a for a in self._owner_list() if a is not None})))
 
     async def ask_config(self) -> None:
         """GET_CLUSTER_CONFIG from any live link (one request at a time however many ask)."""
