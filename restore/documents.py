@@ -24,7 +24,7 @@ from dcptool.replay.rules import plans
 
 BATCH_ROWS = 1 << 15     # rows of the plan per record batch read from DuckDB
 SLICE_ROWS = 512         # rows made documents at a time (docs_of)
-_DOC_COLUMNS = ("collection_id", "rev", "cas", "flags", "expiry", "state", "datatype", "value")
+_TUPLE = tuple.__new__      # a Doc made of a row's values as they come (docs_of)
 _SNAPPY, _XATTR = int(DatatypeBit.SNAPPY), int(DatatypeBit.XATTR)
 _VALUE_OPS = ("mutation", "deletion", "expiration", "prepare")     # the frames a document's value is in
 
@@ -53,17 +53,30 @@ def key_matcher(pattern: str | None) -> Callable[[str], bool] | None:
 def _sql(frames: duck.DuckFrames, files: list[Any]) -> str:
     """The plan's documents with the value of each cut by DuckDB from the `raw` of the frame
     whose value it is (`_bseq`: a commit's prepare; its last `value_len` bytes, as stored:
-    Snappy and the xattr section kept), the columns a document is made of."""
+    Snappy and the xattr section kept), as `projection` columns."""
     docs = plans.table_sql(duck.D, "documents", frames.source, plans.PlanFacts.of(files, None), bodies=False)
     raw = "r.raw"
     cut = (f"CASE WHEN {raw} IS NOT NULL AND d.value_len IS NOT NULL AND d.value_len <= octet_length({raw}) - 24 "
            f"THEN {duck.D.tail(raw, 'd.value_len')} END")
     ops = ", ".join(f"'{op}'" for op in _VALUE_OPS)
-    return ("SELECT d.vbucket, coalesce(d.collection_id, 0) AS collection_id, d.key, coalesce(d.rev_seqno, 0) AS rev, "
-            "coalesce(d.cas, 0) AS cas, coalesce(d.item_flags, 0) AS flags, coalesce(d.expiration, 0) AS expiry, "
-            f"d.state, coalesce(CAST(d.datatype AS INT), 0) AS datatype, {cut} AS value "
-            f"FROM ({docs}) d LEFT JOIN (SELECT _seq, raw FROM {frames.source} WHERE op IN ({ops})) r "
-            "ON r._seq = d._bseq")
+    return projection(f"SELECT d.*, {cut} AS value FROM ({docs}) d LEFT JOIN (SELECT _seq, raw FROM {frames.source} "
+                      f"WHERE op IN ({ops})) r ON r._seq = d._bseq")
+
+
+def projection(rows: str) -> str:
+    """Over `rows` (the plan's `documents` columns and `value`, the value as stored), a
+    document's fields in Doc's order, then `snappy` (the value is to be decompressed) and
+    `vbucket`: a tombstone keeps only its xattrs (none: no value, datatype 0) and no expiry;
+    an expiration's tombstone is `expired`."""
+    dt = "coalesce(CAST(datatype AS INT), 0)"
+    gone = "coalesce(state <> 'live', false)"
+    bare = f"({gone} AND ({dt} & {_XATTR}) = 0)"
+    return (f"SELECT key, coalesce(collection_id, 0) AS collection_id, coalesce(rev_seqno, 0) AS rev_seqno, "
+            f"coalesce(cas, 0) AS cas, coalesce(item_flags, 0) AS flags, "
+            f"CASE WHEN {gone} THEN 0 ELSE coalesce(expiration, 0) END AS expiry, "
+            f"CASE WHEN {bare} THEN 0 ELSE {dt} END AS datatype, {gone} AS deleted, "
+            f"CASE WHEN {bare} THEN ''::BLOB ELSE value END AS value, coalesce(state = 'expired', false) AS expired, "
+            f"NOT {bare} AND ({dt} & {_SNAPPY}) <> 0 AS snappy, vbucket FROM ({rows}) _rows")
 
 
 class CaptureDocuments:
@@ -88,7 +101,9 @@ class CaptureDocuments:
         for batch in self.record_batches():
             for i in range(0, batch.num_rows, SLICE_ROWS):
                 part = batch.slice(i, SLICE_ROWS)
-                yield from map(Captured, docs_of(part, match), part.column("vbucket").to_pylist())
+                docs, rows = _docs_and_rows(part, match)
+                vbs = part.column("vbucket").to_pylist()
+                yield from map(Captured, docs, vbs if rows is None else [vbs[r] for r in rows])
 
     def record_batches(self) -> Iterator[Any]:
         """The plan's rows (`_sql`) as Arrow record batches of BATCH_ROWS rows: what a caller
@@ -150,25 +165,30 @@ def select(files: list[Any], as_of: Any = None, keys: str | None = None,
 
 
 def docs_of(batch: Any, match: Callable[[str], bool] | None = None) -> list[Doc]:
-    """The documents of rows of the plan (a record batch of `_sql`), column by column: a
-    tombstone keeps only its xattrs, a Snappy value is undone."""
-    keys = batch.column("key").to_pylist()
-    cols = zip(keys, *(batch.column(c).to_pylist() for c in _DOC_COLUMNS))
-    out = []
-    for key, cid, rev, cas, flags, expiry, state, dt, value in cols:
-        if match is not None and not match(key.decode("utf-8", "replace")):
-            continue
-        if state != "live":
-            if not dt & _XATTR:
-                out.append(Doc(key, cid, rev, cas, flags, 0, 0, True, b"", state == "expired"))
-                continue
-            expiry = 0
-        if value is None:
-            raise BadFrame(f"the capture holds no value for document {key.decode('utf-8', 'replace')!r}")
-        if dt & _SNAPPY:
-            value, dt = _unsnappy(value), dt & ~_SNAPPY
-        out.append(Doc(key, cid, rev, cas, flags, expiry, dt, state != "live", value, state == "expired"))
-    return out
+    """The documents of rows of `projection` (a record batch), made column by column with no
+    Python code per row (a Doc is a tuple of the row): then --keys, and Snappy undone."""
+    return _docs_and_rows(batch, match)[0]
+
+
+def _docs_and_rows(batch: Any, match: Callable[[str], bool] | None) -> tuple[list[Doc], list[int] | None]:
+    """(docs_of, the rows they are of: None when every row)."""
+    docs: list[Doc] = list(map(_TUPLE, itertools.repeat(Doc),
+                               zip(*(batch.column(c).to_pylist() for c in Doc._fields))))
+    snappy = batch.column("snappy").to_pylist()
+    rows = None
+    if match is not None:
+        rows = [i for i, d in enumerate(docs) if match(d.key.decode("utf-8", "replace"))]
+        docs, snappy = [docs[i] for i in rows], [snappy[i] for i in rows]
+    if batch.column("value").null_count:
+        for d in docs:
+            if d.value is None:
+                raise BadFrame(f"the capture holds no value for document {d.key.decode('utf-8', 'replace')!r}")
+    if True in snappy:
+        for i, packed in enumerate(snappy):
+            if packed:
+                d = docs[i]
+                docs[i] = d._replace(value=_unsnappy(d.value), datatype=d.datatype & ~_SNAPPY)
+    return docs, rows
 
 
 def _unsnappy(value: bytes) -> bytes:

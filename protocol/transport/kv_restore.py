@@ -36,12 +36,11 @@ from dcptool.protocol.dcp.wire import cluster_config
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.cluster_config import ClusterConfig
 from dcptool.protocol.dcp.wire.constants import (
-    DEFAULT_MAX_BODY,
     Feature,
     Opcode,
     Status,
 )
-from dcptool.protocol.dcp.wire.frames import FrameParser, parse_frame, split_until_error
+from dcptool.protocol.dcp.wire.frames import FrameParser, parse_frame
 from dcptool.protocol.errors import (
     ConnectFailed,
     ConnectionLost,
@@ -105,7 +104,7 @@ class KvLink:
                 if not data:
                     raise ConnectionLost(f"{self.address} closed the connection")
                 buf += data
-                bounds, consumed, err = split_until_error(buf, DEFAULT_MAX_BODY)
+                bounds, consumed, err = kv_writer.split_answers(buf)
                 self._frames(buf, bounds)
                 del buf[:consumed]
                 if err is not None:
@@ -116,14 +115,13 @@ class KvLink:
             self._fail(ConnectionLost(f"{self.address}: closed"))
             raise
 
-    def _frames(self, buf: bytearray, bounds: list[tuple[int, int]]) -> None:
+    def _frames(self, buf: bytearray, bounds: list[tuple[int, int, int, int]]) -> None:
         """The whole frames read: an answer to one of the pump's writes judged from its header
         (its body kept only when it is not a success: a NOT_MY_VBUCKET's map), the others
         decoded for `call`."""
-        fast, answered, answer_of = self.fast, [], kv_writer.answer_of
-        for pos, length in bounds:
-            opaque, status = answer_of(buf, pos)
-            write = fast.pop(opaque, None) if buf[pos] == 0x81 else None
+        fast, answered, magics = self.fast, [], kv_writer.ANSWER_MAGICS
+        for pos, length, opaque, status in bounds:
+            write = fast.pop(opaque, None) if buf[pos] in magics else None
             if write is not None:
                 answered.append((write, status, b"" if status == 0 else bytes(buf[pos:pos + length])))
                 continue

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pyarrow as pa
 import pytest
 
 from dcptool.protocol.dcp.client import kv_writer as W
@@ -154,22 +153,57 @@ def test_the_batch_encoder_is_the_per_document_one(force, collections):
                                             collections=collections) for i, (d, vb) in enumerate(docs))
 
 
+def _plan_rows(rows):
+    """`rows` (the plan's documents and their values as stored) through documents.projection
+    in DuckDB, as one record batch."""
+    import duckdb
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t (vbucket INT, collection_id UINTEGER, key BLOB, rev_seqno UBIGINT, cas UBIGINT, "
+                "item_flags UINTEGER, expiration UINTEGER, state VARCHAR, datatype UTINYINT, value BLOB)")
+    con.executemany("INSERT INTO t VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    return con.sql(D.projection("SELECT * FROM t")).to_arrow_table().to_batches()[0]
+
+
 def test_the_rows_of_the_plan_become_documents():
     import cramjam
     body = b'{"a":"' + b"z" * 200 + b'"}'
     xattrs = b"\x00\x00\x00\x0e\x00\x00\x00\x0a_sync\x00{}\x00"
-    batch = pa.RecordBatch.from_pydict({
-        "vbucket": [1, 2, 3, 4], "collection_id": [0, 8, 0, 0], "key": [b"a", b"b", b"c", b"d"],
-        "rev": [3, 4, 5, 6], "cas": [10, 11, 12, 13], "flags": [7, 7, 7, 7], "expiry": [0, 99, 50, 0],
-        "state": ["live", "deleted", "expired", "deleted"], "datatype": [3, 1, 0, 4],
-        "value": [bytes(cramjam.snappy.compress_raw(body)), b"x", b"", xattrs]})
+    batch = _plan_rows([
+        (1, 0, b"a", 3, 10, 7, 0, "live", 3, bytes(cramjam.snappy.compress_raw(body))),
+        (2, 8, b"b", 4, 11, 7, 99, "deleted", 1, b"x"),
+        (3, None, b"c", 5, 12, 7, 50, "expired", 0, b""),
+        (4, 0, b"d", 6, 13, 7, 0, "deleted", 4, xattrs),
+        (5, 0, b"e", 7, 14, 9, 77, "live", 1, b"{}")])
     docs = D.docs_of(batch)
-    assert [(d.key, d.value, d.datatype, d.deleted, d.expired, d.expiry) for d in docs] == [
-        (b"a", body, 1, False, False, 0),          # Snappy undone
-        (b"b", b"", 0, True, False, 0),            # a tombstone keeps nothing but xattrs
-        (b"c", b"", 0, True, True, 0),             # an expiration: DEL_WITH_META with IS_EXPIRATION
-        (b"d", xattrs, 4, True, False, 0)]         # a tombstone's xattrs kept as stored
-    assert [d.key for d in D.docs_of(batch, D.key_matcher("[ac]"))] == [b"a", b"c"]
-    missing = pa.RecordBatch.from_pydict({**batch.to_pydict(), "value": [None, None, None, None]})
-    with pytest.raises(D.BadFrame, match="'a'"):
+    assert [tuple(d) for d in docs] == [
+        (b"a", 0, 3, 10, 7, 0, 1, False, body, False),       # Snappy undone
+        (b"b", 8, 4, 11, 7, 0, 0, True, b"", False),         # a tombstone keeps nothing but xattrs
+        (b"c", 0, 5, 12, 7, 0, 0, True, b"", True),          # an expiration: DEL_WITH_META, IS_EXPIRATION
+        (b"d", 0, 6, 13, 7, 0, 4, True, xattrs, False),      # a tombstone's xattrs kept as stored
+        (b"e", 0, 7, 14, 9, 77, 1, False, b"{}", False)]     # a live document keeps its expiry
+    assert all(isinstance(d, W.Doc) for d in docs) and docs[4].expiry == 77
+    assert [d.key for d in D.docs_of(batch, D.key_matcher("[ace]"))] == [b"a", b"c", b"e"]
+    missing = _plan_rows([(1, 0, b"k1", 1, 1, 0, 0, "live", 1, None), (2, 0, b"k2", 1, 1, 0, 0, "live", 1, b"{}")])
+    with pytest.raises(D.BadFrame, match="'k1'"):
         D.docs_of(missing)
+    assert [d.key for d in D.docs_of(missing, D.key_matcher("k2"))] == [b"k2"]   # --keys first
+
+
+def test_answers_are_split_as_every_frame_is():
+    from dcptool.protocol.dcp.wire.frames import split_until_error
+    ok = m.encode(m.Response(opcode=Opcode.SET_WITH_META, opaque=7, status=0))
+    nmvb = m.encode(m.Response(opcode=Opcode.SET_WITH_META, opaque=8, status=Status.NOT_MY_VBUCKET, value=b'{"rev":9}'))
+    flex = m.encode(m.Response(opcode=Opcode.SET_WITH_META, opaque=9, status=Status.ETMPFAIL,
+                               frame_infos=((0, b"\x00\x05"),)))
+    push = m.encode(m.Request(opcode=Opcode.GET_CLUSTER_CONFIG, opaque=10, magic=0x82, value=b"{}"))
+    stream = ok + nmvb + flex + push + ok[:10]
+    bounds, consumed, err = W.split_answers(stream)
+    assert [(p, n) for p, n, _, _ in bounds] == split_until_error(stream)[0] and consumed == len(stream) - 10
+    assert [(o, st) for _, _, o, st in bounds][:3] == [(7, 0), (8, Status.NOT_MY_VBUCKET), (9, Status.ETMPFAIL)]
+    assert err is None
+    bad = ok + b"\x42" + ok[1:]
+    bounds, consumed, err = W.split_answers(bad)
+    assert len(bounds) == 1 and consumed == len(ok) and err is not None and "magic" in str(err)
+    huge = bytearray(ok)
+    huge[8:12] = (1 << 30).to_bytes(4, "big")          # a body past the cap: refused, not waited for
+    assert W.split_answers(bytes(huge))[2] is not None

@@ -21,12 +21,15 @@ from typing import Callable, NamedTuple
 from dcptool.protocol.dcp.wire import leb128, sasl
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.constants import (
+    DEFAULT_MAX_BODY,
+    HEADER_LEN,
     Feature,
     Opcode,
     Status,
     WithMetaOption,
     status_name,
 )
+from dcptool.protocol.dcp.wire.frames import check_header
 from dcptool.protocol.errors import AuthRefused, ErrorCode, RemoteError
 
 FEATURES = (Feature.XERROR, Feature.SELECT_BUCKET, Feature.JSON, Feature.COLLECTIONS, Feature.XATTR,
@@ -142,13 +145,32 @@ def write_frames(writes: list[tuple[Doc, int]], first_opaque: int, *, force: boo
     return b"".join(parts)
 
 
-_ANSWER = struct.Struct(">xxxxxxHxxxxI")      # a response header's status and opaque
+_HEAD = struct.Struct(">BBHBBHII")     # magic, opcode, key length, extras length, datatype, status, body, opaque
+ANSWER_MAGICS = frozenset({0x81, 0x18})   # a response, classic or flexible: status and opaque at the same place
 
 
-def answer_of(buf: bytes | bytearray, pos: int) -> tuple[int, int]:
-    """(opaque, status) of the whole response frame at `pos` (split and checked by the caller)."""
-    status, opaque = _ANSWER.unpack_from(buf, pos)
-    return opaque, status
+def split_answers(buf: bytes | bytearray, max_body: int = DEFAULT_MAX_BODY) -> tuple[
+        list[tuple[int, int, int, int]], int, RemoteError | None]:
+    """The whole frames at the start of `buf`: ([(offset, length, opaque, status), ...],
+    bytes consumed, the error of a bad header or None), as frames.split_until_error splits
+    them; a classic response (the pump's answers) is checked from its one unpacked header,
+    any other frame by frames.check_header (its status: that field of its header)."""
+    out: list[tuple[int, int, int, int]] = []
+    pos, n, unpack = 0, len(buf), _HEAD.unpack_from
+    try:
+        while pos + HEADER_LEN <= n:
+            magic, _op, kl, el, _dt, status, bl, opaque = unpack(buf, pos)
+            if magic == 0x81 and bl <= max_body and el + kl <= bl:
+                length = HEADER_LEN + bl
+            else:
+                length = check_header(buf, pos, max_body)
+            if pos + length > n:
+                break
+            out.append((pos, length, opaque, status))
+            pos += length
+    except RemoteError as exc:
+        return out, pos, exc
+    return out, pos, None
 
 
 @dataclasses.dataclass
