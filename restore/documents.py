@@ -15,7 +15,7 @@ import itertools
 import re
 from typing import Any, Callable, Iterator
 
-from dcptool.protocol.dcp.client.kv_writer import Doc
+from dcptool.protocol.dcp.client.kv_writer import DOC_FIELDS, Doc
 from dcptool.protocol.dcp.wire import snappy
 from dcptool.protocol.dcp.wire.constants import DEFAULT_MAX_BODY, DatatypeBit
 from dcptool.protocol.errors import DcptoolError
@@ -173,7 +173,7 @@ def docs_of(batch: Any, match: Callable[[str], bool] | None = None) -> list[Doc]
 def _docs_and_rows(batch: Any, match: Callable[[str], bool] | None) -> tuple[list[Doc], list[int] | None]:
     """(docs_of, the rows they are of: None when every row)."""
     docs: list[Doc] = list(map(_TUPLE, itertools.repeat(Doc),
-                               zip(*(batch.column(c).to_pylist() for c in Doc._fields))))
+                               zip(*(batch.column(c).to_pylist() for c in DOC_FIELDS))))
     snappy = batch.column("snappy").to_pylist()
     rows = None
     if match is not None:

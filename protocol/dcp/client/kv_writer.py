@@ -59,6 +59,9 @@ class Doc(NamedTuple):
     expired: bool = False  # a tombstone of an expiry (DEL_WITH_META with IS_EXPIRATION)
 
 
+DOC_FIELDS: tuple[str, ...] = tuple(Doc.__annotations__)    # a Doc's fields in order (restore's rows)
+
+
 class Verdict(enum.Enum):
     WRITTEN = "written"
     SKIPPED = "skipped"        # the target holds a newer or equal version (KEY_EEXISTS)
