@@ -22,8 +22,7 @@ from dcptool.protocol.errors import DcptoolError
 from dcptool.replay.local import duck
 from dcptool.replay.rules import plans
 
-BATCH_ROWS = 1 << 15     # rows of the plan per record batch read from DuckDB
-SLICE_ROWS = 512         # rows made documents at a time (docs_of)
+SLICE_ROWS = 512         # rows of the plan read and made documents at a time (docs_of)
 _TUPLE = tuple.__new__      # a Doc made of a row's values as they come (docs_of)
 _SNAPPY, _XATTR = int(DatatypeBit.SNAPPY), int(DatatypeBit.XATTR)
 _VALUE_OPS = ("mutation", "deletion", "expiration", "prepare")     # the frames a document's value is in
@@ -50,7 +49,7 @@ def key_matcher(pattern: str | None) -> Callable[[str], bool] | None:
     return lambda key: fnmatch.fnmatchcase(key, pattern)
 
 
-def _sql(frames: duck.DuckFrames, files: list[Any]) -> str:
+def _sql(frames: duck.DuckFrames, files: list[Any], extra: tuple[str, ...] = ()) -> str:
     """The plan's documents with the value of each cut by DuckDB from the `raw` of the frame
     whose value it is (`_bseq`: a commit's prepare; its last `value_len` bytes, as stored:
     Snappy and the xattr section kept), as `projection` columns."""
@@ -60,23 +59,23 @@ def _sql(frames: duck.DuckFrames, files: list[Any]) -> str:
            f"THEN {duck.D.tail(raw, 'd.value_len')} END")
     ops = ", ".join(f"'{op}'" for op in _VALUE_OPS)
     return projection(f"SELECT d.*, {cut} AS value FROM ({docs}) d LEFT JOIN (SELECT _seq, raw FROM {frames.source} "
-                      f"WHERE op IN ({ops})) r ON r._seq = d._bseq")
+                      f"WHERE op IN ({ops})) r ON r._seq = d._bseq", extra)
 
 
-def projection(rows: str) -> str:
+def projection(rows: str, extra: tuple[str, ...] = ()) -> str:
     """Over `rows` (the plan's `documents` columns and `value`, the value as stored), a
-    document's fields in Doc's order, then `snappy` (the value is to be decompressed) and
-    `vbucket`: a tombstone keeps only its xattrs (none: no value, datatype 0) and no expiry;
-    an expiration's tombstone is `expired`."""
+    document's fields in Doc's order (then the `extra` columns of `rows`): a tombstone keeps
+    only its xattrs (none: no value, datatype 0) and no expiry; an expiration's tombstone is
+    `expired`. The datatype keeps the Snappy bit of a value still compressed (docs_of)."""
     dt = "coalesce(CAST(datatype AS INT), 0)"
     gone = "coalesce(state <> 'live', false)"
     bare = f"({gone} AND ({dt} & {_XATTR}) = 0)"
-    return (f"SELECT key, coalesce(collection_id, 0) AS collection_id, coalesce(rev_seqno, 0) AS rev_seqno, "
-            f"coalesce(cas, 0) AS cas, coalesce(item_flags, 0) AS flags, "
-            f"CASE WHEN {gone} THEN 0 ELSE coalesce(expiration, 0) END AS expiry, "
-            f"CASE WHEN {bare} THEN 0 ELSE {dt} END AS datatype, {gone} AS deleted, "
-            f"CASE WHEN {bare} THEN ''::BLOB ELSE value END AS value, coalesce(state = 'expired', false) AS expired, "
-            f"NOT {bare} AND ({dt} & {_SNAPPY}) <> 0 AS snappy, vbucket FROM ({rows}) _rows")
+    fields = {"key": "key", "collection_id": "coalesce(collection_id, 0)", "rev_seqno": "coalesce(rev_seqno, 0)",
+              "cas": "coalesce(cas, 0)", "flags": "coalesce(item_flags, 0)",
+              "expiry": f"CASE WHEN {gone} THEN 0 ELSE coalesce(expiration, 0) END",
+              "datatype": f"CASE WHEN {bare} THEN 0 ELSE {dt} END", "deleted": gone,
+              "value": f"CASE WHEN {bare} THEN ''::BLOB ELSE value END", "expired": "coalesce(state = 'expired', false)"}
+    return ("SELECT " + ", ".join([f"{fields[f]} AS {f}" for f in DOC_FIELDS] + list(extra)) + f" FROM ({rows}) _rows")
 
 
 class CaptureDocuments:
@@ -98,20 +97,14 @@ class CaptureDocuments:
         """Each document's last change (as of `as_of`), in no particular order (a restore's
         writes commute: each key is written once), filtered by `keys` (key_matcher)."""
         match = key_matcher(keys)
-        for batch in self.record_batches():
-            for i in range(0, batch.num_rows, SLICE_ROWS):
-                part = batch.slice(i, SLICE_ROWS)
-                docs, rows = _docs_and_rows(part, match)
-                vbs = part.column("vbucket").to_pylist()
-                yield from map(Captured, docs, vbs if rows is None else [vbs[r] for r in rows])
+        rows = self.frames.con.execute(_sql(self.frames, self.files, ("vbucket",)))
+        while part := rows.fetchmany(SLICE_ROWS):
+            for doc, row in zip(*_docs_and_rows([r[:-1] for r in part], match)):
+                yield Captured(doc, part[row][-1])
 
-    def record_batches(self) -> Iterator[Any]:
-        """The plan's rows (`_sql`) as Arrow record batches of BATCH_ROWS rows: what a caller
-        reads in a worker thread (DuckDB's work off its event loop, no Python object made per
-        row), turning a slice at a time into documents (docs_of) where it writes them."""
-        rel = self.frames.con.sql(_sql(self.frames, self.files))
-        reader = getattr(rel, "to_arrow_reader", None) or rel.fetch_record_batch
-        yield from reader(BATCH_ROWS)
+    def rows(self) -> Rows:
+        """The plan's rows (`_sql`), read as the caller asks (Rows)."""
+        return Rows(self.frames.con.execute(_sql(self.frames, self.files)))
 
     def close(self) -> None:
         """Ends a query still running in another thread (a stopped restore), then DuckDB."""
@@ -120,9 +113,30 @@ class CaptureDocuments:
         self.frames.close()
 
 
+class Rows:
+    """The plan's rows as DuckDB hands them over (tuples, no pyarrow): `first()` runs the plan
+    to its first rows (its aggregate done: what a worker thread does), then `slices(match)`
+    gives them SLICE_ROWS at a time as documents, each read where it is written (a short
+    call on the event loop: no other thread holds the GIL for long)."""
+
+    def __init__(self, cursor: Any):
+        self.cursor = cursor
+        self.head: list[tuple[Any, ...]] = []
+
+    def first(self) -> "Rows":
+        self.head = self.cursor.fetchmany(SLICE_ROWS)
+        return self
+
+    def slices(self, match: Callable[[str], bool] | None = None) -> Iterator[list[Doc]]:
+        part, self.head = self.head, []
+        while part:
+            yield docs_of(part, match)
+            part = self.cursor.fetchmany(SLICE_ROWS)
+
+
 class Opening:
     """The captures opened in a worker thread (`run`) while the target is bootstrapped:
-    DuckDB, the collections the changes are in, and the plan's first record batch (its
+    DuckDB, the collections the changes are in, and the plan run to its first rows (its
     aggregate done, before the first write can be). `close()` ends it from the event loop
     whatever it has reached (a query running is interrupted)."""
 
@@ -131,27 +145,18 @@ class Opening:
         self.docs: CaptureDocuments | None = None
         self.closed = False
 
-    def run(self) -> tuple[set[int], Iterator[Any]]:
-        """(the collection ids, the plan's record batches); in a worker thread."""
+    def run(self) -> tuple[set[int], Rows]:
+        """(the collection ids, the plan's rows); in a worker thread."""
         self.docs = CaptureDocuments(self.files, self.as_of)
         if self.closed:                 # closed while DuckDB opened: nobody will read it
             self.docs.close()
             raise BadFrame("the restore stopped")
-        cids = self.docs.collection_ids()
-        batches = self.docs.record_batches()
-        first = next(batches, None)
-        return cids, (iter(()) if first is None else itertools.chain([first], batches))
+        return self.docs.collection_ids(), self.docs.rows().first()
 
     def close(self) -> None:
         self.closed = True
         if self.docs is not None:
             self.docs.close()
-
-
-def doc_slices(batch: Any, match: Callable[[str], bool] | None = None) -> Iterator[list[Doc]]:
-    """docs_of() a record batch, SLICE_ROWS rows at a time."""
-    for i in range(0, batch.num_rows, SLICE_ROWS):
-        yield docs_of(batch.slice(i, SLICE_ROWS), match)
 
 
 def select(files: list[Any], as_of: Any = None, keys: str | None = None,
@@ -164,31 +169,25 @@ def select(files: list[Any], as_of: Any = None, keys: str | None = None,
         docs.close()
 
 
-def docs_of(batch: Any, match: Callable[[str], bool] | None = None) -> list[Doc]:
-    """The documents of rows of `projection` (a record batch), made column by column with no
-    Python code per row (a Doc is a tuple of the row): then --keys, and Snappy undone."""
-    return _docs_and_rows(batch, match)[0]
+def docs_of(rows: list[tuple[Any, ...]], match: Callable[[str], bool] | None = None) -> list[Doc]:
+    """The documents of rows of `projection` (each row a Doc's fields in order: a Doc is made
+    of it with no Python code per row), filtered by --keys, Snappy undone."""
+    return _docs_and_rows(rows, match)[0]
 
 
-def _docs_and_rows(batch: Any, match: Callable[[str], bool] | None) -> tuple[list[Doc], list[int] | None]:
-    """(docs_of, the rows they are of: None when every row)."""
-    docs: list[Doc] = list(map(_TUPLE, itertools.repeat(Doc),
-                               zip(*(batch.column(c).to_pylist() for c in DOC_FIELDS))))
-    snappy = batch.column("snappy").to_pylist()
-    rows = None
+def _docs_and_rows(rows: list[tuple[Any, ...]], match: Callable[[str], bool] | None) -> tuple[list[Doc], list[int]]:
+    """(docs_of, the index of each one's row)."""
+    docs: list[Doc] = list(map(_TUPLE, itertools.repeat(Doc), rows))
+    kept = range(len(docs))
     if match is not None:
-        rows = [i for i, d in enumerate(docs) if match(d.key.decode("utf-8", "replace"))]
-        docs, snappy = [docs[i] for i in rows], [snappy[i] for i in rows]
-    if batch.column("value").null_count:
-        for d in docs:
-            if d.value is None:
-                raise BadFrame(f"the capture holds no value for document {d.key.decode('utf-8', 'replace')!r}")
-    if True in snappy:
-        for i, packed in enumerate(snappy):
-            if packed:
-                d = docs[i]
-                docs[i] = d._replace(value=_unsnappy(d.value), datatype=d.datatype & ~_SNAPPY)
-    return docs, rows
+        kept = [i for i, d in enumerate(docs) if match(d.key.decode("utf-8", "replace"))]   # type: ignore[assignment]
+        docs = [docs[i] for i in kept]
+    for i, d in enumerate(docs):
+        if d.value is None:
+            raise BadFrame(f"the capture holds no value for document {d.key.decode('utf-8', 'replace')!r}")
+        if d.datatype & _SNAPPY:
+            docs[i] = d._replace(value=_unsnappy(d.value), datatype=d.datatype & ~_SNAPPY)
+    return docs, list(kept)
 
 
 def _unsnappy(value: bytes) -> bytes:

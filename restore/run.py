@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import ssl
 import time
-from typing import Any, Awaitable, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, Iterator
 
 from dcptool.protocol.dcp.client.kv_writer import Doc, Verdict
 from dcptool.protocol.dcp.client.manifest import Manifest, parse_manifest
@@ -25,8 +25,6 @@ from dcptool.protocol.errors import DcptoolError, LateUsageError
 from dcptool.protocol.transport.kv_restore import KvCluster
 from dcptool.restore import documents
 from dcptool.restore.documents import Captured, select
-
-_B = TypeVar("_B")
 
 
 class UnknownTargetCollection(LateUsageError):
@@ -142,14 +140,12 @@ def kept(opts: RestoreOptions, docs: Iterable[Doc], ids: dict[int, int], counts:
         yield doc if cid == doc.collection_id else doc._replace(collection_id=cid)
 
 
-async def _write_all(cluster: KvCluster, batches: Iterator[_B], slices: Callable[[_B], Iterable[list[Doc]]],
-                     ids: dict[int, int], opts: RestoreOptions, counts: RestoreCounts, stop: asyncio.Event,
-                     progress: Callable[[RestoreCounts], None]) -> None:
-    """The batches come from a worker thread (the capture's DuckDB query off the event loop;
-    the next batch read while this one is written), each made documents a slice at a time
-    (`slices`: here, where the writes are, so no other thread holds the GIL for long) into the
-    cluster's pump, which keeps at most about `opts.inflight` of them submitted and not
-    finished; the first error, or the stop event, ends the run."""
+async def _write_all(cluster: KvCluster, slices: Iterator[list[Doc]], ids: dict[int, int], opts: RestoreOptions,
+                     counts: RestoreCounts, stop: asyncio.Event, progress: Callable[[RestoreCounts], None]) -> None:
+    """The documents a slice at a time (documents.Rows: read here, where the writes are, a
+    short call each once the plan's first rows are in) into the cluster's pump, which keeps
+    at most about `opts.inflight` of them submitted and not finished; the first error (a
+    failed read of the capture raises from `slices`), or the stop event, ends the run."""
     loop = asyncio.get_running_loop()
     errors: list[BaseException] = []
 
@@ -171,25 +167,15 @@ async def _write_all(cluster: KvCluster, batches: Iterator[_B], slices: Callable
 
     cluster.start_pump(done, failed)
     stopped: asyncio.Task[Any] = loop.create_task(stop.wait())
-    fetch: asyncio.Future[_B | None] = loop.run_in_executor(None, next, batches, None)
     try:
-        while not stop.is_set():
-            # (a failed read of the capture raises here: a plan error ends the restore)
-            if not await _unless_stopped(fetch, stopped):
+        for docs in slices:
+            cluster.submit(kept(opts, docs, ids, counts))
+            if not await _unless_stopped(cluster.room(opts.inflight), stopped):
                 break
-            batch = fetch.result()
-            if batch is None:
-                await _unless_stopped(cluster.room(0), stopped)
-                break
-            fetch = loop.run_in_executor(None, next, batches, None)
-            for docs in slices(batch):
-                cluster.submit(kept(opts, docs, ids, counts))
-                if not await _unless_stopped(cluster.room(opts.inflight), stopped):
-                    break
+        else:
+            await _unless_stopped(cluster.room(0), stopped)
     finally:
         stopped.cancel()
-        if not fetch.done():
-            fetch.cancel()
     if errors:
         raise errors[0]
 
@@ -252,11 +238,10 @@ async def _restore(opts: RestoreOptions, progress: Callable[[RestoreCounts], Non
             raise
         await cluster.open_links()
         if await _unless_stopped(opened, stop_wait):
-            cids, batches = opened.result()
+            cids, rows = opened.result()
             manifest = parse_manifest(cluster.manifest) if cluster.manifest else None
             ids = target_ids(manifest, opts.collection_map, None, cids)
-            match = documents.key_matcher(opts.keys)
-            await _write_all(cluster, batches, lambda b: documents.doc_slices(b, match), ids, opts, counts, stop,
+            await _write_all(cluster, rows.slices(documents.key_matcher(opts.keys)), ids, opts, counts, stop,
                              progress)
     finally:
         for sig in signals:

@@ -116,8 +116,9 @@ def _write(batches, inflight=4):
     opts = R.RestoreOptions(files=[], seeds=[], bucket="b", inflight=inflight, now=lambda: NOW)
 
     async def run():
-        await asyncio.wait_for(R._write_all(target, batches, lambda b: [[c.doc for c in b]], {0: 0}, opts, counts,
-                                            asyncio.Event(), lambda c: None), timeout=20)
+        slices = ([c.doc for c in batch] for batch in batches)
+        await asyncio.wait_for(R._write_all(target, slices, {0: 0}, opts, counts, asyncio.Event(), lambda c: None),
+                               timeout=20)
     asyncio.run(run())
     return target, counts
 

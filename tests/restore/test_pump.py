@@ -90,9 +90,9 @@ def _restore(node: Node, docs: list[W.Doc], window: int = 4) -> R.RestoreCounts:
         try:
             await cluster.connect()
             await cluster.open_links()
-            batches = iter([docs[i:i + 25] for i in range(0, len(docs), 25)])
-            await asyncio.wait_for(R._write_all(cluster, batches, lambda b: [b], {0: 0}, opts, counts,
-                                                asyncio.Event(), lambda c: None), 30)
+            slices = iter([docs[i:i + 25] for i in range(0, len(docs), 25)])
+            await asyncio.wait_for(R._write_all(cluster, slices, {0: 0}, opts, counts, asyncio.Event(),
+                                                lambda c: None), 30)
         finally:
             await cluster.close()
             node.server.close()
@@ -155,13 +155,13 @@ def test_the_batch_encoder_is_the_per_document_one(force, collections):
 
 def _plan_rows(rows):
     """`rows` (the plan's documents and their values as stored) through documents.projection
-    in DuckDB, as one record batch."""
+    in DuckDB, as DuckDB hands them over."""
     import duckdb
     con = duckdb.connect()
     con.execute("CREATE TABLE t (vbucket INT, collection_id UINTEGER, key BLOB, rev_seqno UBIGINT, cas UBIGINT, "
                 "item_flags UINTEGER, expiration UINTEGER, state VARCHAR, datatype UTINYINT, value BLOB)")
     con.executemany("INSERT INTO t VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
-    return con.sql(D.projection("SELECT * FROM t")).to_arrow_table().to_batches()[0]
+    return con.execute(D.projection("SELECT * FROM t")).fetchall()
 
 
 def test_the_rows_of_the_plan_become_documents():
