@@ -102,9 +102,10 @@ def _doc_key(conn: Any, req: Any) -> tuple[int, bytes]:
         raise MetaRefused(Status.EINVAL, "key required")
     if len(key) > MAX_KEY:
         raise MetaRefused(Status.EINVAL, f"key longer than {MAX_KEY} bytes")
-    man = getattr(conn.bucket, "manifest", None)
-    if cid and (man is None or cid not in man.live_ids()):
-        raise MetaRefused(Status.UNKNOWN_COLLECTION, body=man.error_body() if man is not None else b"")
+    if cid:
+        man = getattr(conn.bucket, "manifest", None)
+        if man is None or cid not in man.live_ids():
+            raise MetaRefused(Status.UNKNOWN_COLLECTION, body=man.error_body() if man is not None else b"")
     return cid, bytes(key)
 
 
@@ -131,7 +132,7 @@ def _options(conn: Any, req: m.SetWithMeta) -> int:
         raise MetaRefused(Status.EINVAL, f"unknown options 0x{opts:x}")
     if opts & _REGENERATE and not opts & _SKIP:
         raise MetaRefused(Status.EINVAL, "REGENERATE_CAS needs SKIP_CONFLICT_RESOLUTION")
-    if mode_of(conn) == "lww" and not opts & _FORCE_ACCEPT:
+    if not opts & _FORCE_ACCEPT and mode_of(conn) == "lww":
         raise MetaRefused(Status.EINVAL, "an LWW bucket needs FORCE_ACCEPT_WITH_META_OPS")
     if not req.meta_cas and not opts & _REGENERATE:
         raise MetaRefused(Status.EINVAL, "the document's CAS is 0")
