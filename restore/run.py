@@ -226,7 +226,7 @@ async def _restore(opts: RestoreOptions, progress: Callable[[RestoreCounts], Non
     stop_wait: asyncio.Task[Any] = loop.create_task(stop.wait())
     opening = documents.Opening(opts.files, opts.as_of)
     try:
-        # the capture opens in DuckDB and its plan runs to its first batch (a second or more)
+        # the capture opens in DuckDB and its plan runs to its first rows (a second or more)
         # while the target is bootstrapped
         opened = loop.run_in_executor(None, opening.run)
         try:
