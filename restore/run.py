@@ -3,8 +3,9 @@ a live bucket with SET_WITH_META / DEL_WITH_META (protocol/transport/kv_restore.
 
 Before anything is written: the target is bootstrapped (map, collections manifest) and every
 collection the documents go to must exist there (`--collection-map` renames), else
-UnknownTargetCollection (a usage error). Then the documents stream from the capture and are
-written with at most `inflight` writes in flight over the cluster; a document whose expiry
+UnknownTargetCollection (a usage error). Then the documents stream from the capture into the
+cluster's pump (`window` requests in flight per connection, about `inflight` documents
+submitted and not finished at most); a document whose expiry
 has passed is skipped and counted (`replace_ttl`: written with no expiry instead). The stop
 event ends the run within a moment: the writes in flight are abandoned (each is whole or not
 at all on the target, and a re-run writes what is missing: conflict resolution makes it
@@ -50,7 +51,7 @@ class RestoreOptions:
     replace_ttl: bool = False
     dry_run: bool = False
     window: int = 64              # requests in flight per connection
-    inflight: int = 512           # writes in flight over the cluster
+    inflight: int = 512           # documents submitted to the pump and not finished (queued or in flight)
     timeout: float = 30.0
     now: Callable[[], float] = time.time
 
