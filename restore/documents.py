@@ -1,28 +1,31 @@
 """The documents a restore writes: each key's last change in the captures (as of a point in
 time), chosen by the in-process replay engine's `documents` plan (replay/rules/plans.py, run
-by DuckDB over the capture: replay/local/duck.py), with the value, datatype and xattrs cut
-from the recorded frame of that change by the wire codec. A commit's value is its prepare's.
-Snappy is undone here; the XATTR bit and its section are kept as stored."""
+by DuckDB over the capture: replay/local/duck.py), with its value cut by DuckDB from the
+recorded frame the plan names (`_bseq`: a commit's value is its prepare's) as the bodies of
+replay's `documents` are: the frame's last `value_len` bytes. The rows come as Arrow record
+batches and are made documents a slice at a time (docs_of), column by column; Snappy is
+undone there, the XATTR bit and its section are kept as stored."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import fnmatch
+import itertools
 import re
 from typing import Any, Callable, Iterator
 
-from dcptool.protocol.dcp.client.kv_writer import Doc
+from dcptool.protocol.dcp.client.kv_writer import DOC_FIELDS, Doc
 from dcptool.protocol.dcp.wire import snappy
-from dcptool.protocol.dcp.wire.constants import DEFAULT_MAX_BODY, DatatypeBit, Opcode
+from dcptool.protocol.dcp.wire.constants import DEFAULT_MAX_BODY, DatatypeBit
 from dcptool.protocol.errors import DcptoolError
 from dcptool.replay.local import duck
 from dcptool.replay.rules import plans
 
-BATCH_ROWS = 4096
+SLICE_ROWS = 512         # rows of the plan read and made documents at a time (docs_of)
+_TUPLE = tuple.__new__      # a Doc made of a row's values as they come (docs_of)
 _SNAPPY, _XATTR = int(DatatypeBit.SNAPPY), int(DatatypeBit.XATTR)
-_CHANGE_OPS = frozenset({Opcode.DCP_MUTATION, Opcode.DCP_DELETION, Opcode.DCP_EXPIRATION, Opcode.DCP_PREPARE})
-_FLEX_MAGICS = frozenset({0x08, 0x18})
+_VALUE_OPS = ("mutation", "deletion", "expiration", "prepare")     # the frames a document's value is in
 
 
 class BadFrame(DcptoolError):
@@ -46,36 +49,33 @@ def key_matcher(pattern: str | None) -> Callable[[str], bool] | None:
     return lambda key: fnmatch.fnmatchcase(key, pattern)
 
 
-def _sql(frames: duck.DuckFrames, files: list[Any]) -> str:
-    # the values are cut from `raw` below as stored (Snappy and xattrs kept): no body columns
+def _sql(frames: duck.DuckFrames, files: list[Any], extra: tuple[str, ...] = ()) -> str:
+    """The plan's documents with the value of each cut by DuckDB from the `raw` of the frame
+    whose value it is (`_bseq`: a commit's prepare; its last `value_len` bytes, as stored:
+    Snappy and the xattr section kept), as `projection` columns."""
     docs = plans.table_sql(duck.D, "documents", frames.source, plans.PlanFacts.of(files, None), bodies=False)
-    prepare = ("(SELECT max_by(p.raw, p._seq) FROM vb_frames p WHERE p.op = 'prepare' AND p.vbucket = d.vbucket "
-               "AND p.key = d.key AND p.collection_id IS NOT DISTINCT FROM d.collection_id AND p._seq < f._seq)")
-    return ("SELECT d.vbucket, d.collection_id, d.key, d.rev_seqno, d.cas, d.state, d.item_flags, d.expiration, "
-            f"f.raw, CASE WHEN f.op = 'commit' THEN {prepare} END AS p_raw "
-            f"FROM ({docs}) d JOIN frames f ON f.frame_no = d.frame_no "
-            "AND (d.capture_id IS NULL OR f.capture_id = d.capture_id) AND f.direction = 'in'")
+    raw = "r.raw"
+    cut = (f"CASE WHEN {raw} IS NOT NULL AND d.value_len IS NOT NULL AND d.value_len <= octet_length({raw}) - 24 "
+           f"THEN {duck.D.tail(raw, 'd.value_len')} END")
+    ops = ", ".join(f"'{op}'" for op in _VALUE_OPS)
+    return projection(f"SELECT d.*, {cut} AS value FROM ({docs}) d LEFT JOIN (SELECT _seq, raw FROM {frames.source} "
+                      f"WHERE op IN ({ops})) r ON r._seq = d._bseq", extra)
 
 
-def value_of(raw: bytes) -> tuple[bytes, int]:
-    """(value as stored, datatype without the Snappy bit) of a recorded change frame: only
-    its header is read (the replay chose the frame, its fields are in the row; the capture
-    checked its framing when it recorded it)."""
-    if len(raw) < 24 or raw[1] not in _CHANGE_OPS:
-        raise BadFrame(f"a recorded change is no document change ({len(raw)} bytes)")
-    flex = raw[0] in _FLEX_MAGICS
-    fe, kl = (raw[2], raw[3]) if flex else (0, (raw[2] << 8) | raw[3])
-    start = 24 + fe + raw[4] + kl
-    if start > len(raw):
-        raise BadFrame("a recorded change is shorter than its header says")
-    value, dt = raw[start:], raw[5]
-    if dt & _SNAPPY:
-        try:
-            value = snappy.decompress(value, DEFAULT_MAX_BODY)
-        except ValueError as exc:
-            raise BadFrame(f"a recorded value does not decompress: {exc}") from None
-        dt &= ~_SNAPPY
-    return value, dt
+def projection(rows: str, extra: tuple[str, ...] = ()) -> str:
+    """Over `rows` (the plan's `documents` columns and `value`, the value as stored), a
+    document's fields in Doc's order (then the `extra` columns of `rows`): a tombstone keeps
+    only its xattrs (none: no value, datatype 0) and no expiry; an expiration's tombstone is
+    `expired`. The datatype keeps the Snappy bit of a value still compressed (docs_of)."""
+    dt = "coalesce(CAST(datatype AS INT), 0)"
+    gone = "coalesce(state <> 'live', false)"
+    bare = f"({gone} AND ({dt} & {_XATTR}) = 0)"
+    fields = {"key": "key", "collection_id": "coalesce(collection_id, 0)", "rev_seqno": "coalesce(rev_seqno, 0)",
+              "cas": "coalesce(cas, 0)", "flags": "coalesce(item_flags, 0)",
+              "expiry": f"CASE WHEN {gone} THEN 0 ELSE coalesce(expiration, 0) END",
+              "datatype": f"CASE WHEN {bare} THEN 0 ELSE {dt} END", "deleted": gone,
+              "value": f"CASE WHEN {bare} THEN ''::BLOB ELSE value END", "expired": "coalesce(state = 'expired', false)"}
+    return ("SELECT " + ", ".join([f"{fields[f]} AS {f}" for f in DOC_FIELDS] + list(extra)) + f" FROM ({rows}) _rows")
 
 
 class CaptureDocuments:
@@ -96,23 +96,67 @@ class CaptureDocuments:
     def select(self, keys: str | None = None) -> Iterator[Captured]:
         """Each document's last change (as of `as_of`), in no particular order (a restore's
         writes commute: each key is written once), filtered by `keys` (key_matcher)."""
-        for batch in self.batches(keys):
-            yield from batch
-
-    def batches(self, keys: str | None = None) -> Iterator[list[Captured]]:
-        """select() a batch at a time (BATCH_ROWS rows of the plan): what a caller runs in a
-        worker thread, DuckDB's work off its event loop."""
         match = key_matcher(keys)
-        rel = self.frames.con.sql(_sql(self.frames, self.files))
-        reader = getattr(rel, "to_arrow_reader", None) or rel.fetch_record_batch
-        for batch in reader(BATCH_ROWS):
-            yield list(_docs(batch, match))
+        rows = self.frames.con.execute(_sql(self.frames, self.files, ("vbucket",)))
+        while part := rows.fetchmany(SLICE_ROWS):
+            for doc, row in zip(*_docs_and_rows([r[:-1] for r in part], match)):
+                yield Captured(doc, part[row][-1])
+
+    def rows(self) -> Rows:
+        """The plan's rows (`_sql`), read as the caller asks (Rows)."""
+        return Rows(self.frames.con.execute(_sql(self.frames, self.files)))
 
     def close(self) -> None:
         """Ends a query still running in another thread (a stopped restore), then DuckDB."""
         with contextlib.suppress(Exception):
             self.frames.con.interrupt()
         self.frames.close()
+
+
+class Rows:
+    """The plan's rows as DuckDB hands them over (tuples, no pyarrow): `first()` runs the plan
+    to its first rows (its aggregate done: what a worker thread does), then `slices(match)`
+    gives them SLICE_ROWS at a time as documents, each read where it is written (a short
+    call on the event loop: no other thread holds the GIL for long)."""
+
+    def __init__(self, cursor: Any):
+        self.cursor = cursor
+        self.head: list[tuple[Any, ...]] = []
+
+    def first(self) -> "Rows":
+        self.head = self.cursor.fetchmany(SLICE_ROWS)
+        return self
+
+    def slices(self, match: Callable[[str], bool] | None = None) -> Iterator[list[Doc]]:
+        part, self.head = self.head, []
+        while part:
+            yield docs_of(part, match)
+            part = self.cursor.fetchmany(SLICE_ROWS)
+
+
+class Opening:
+    """The captures opened in a worker thread (`run`) while the target is bootstrapped:
+    DuckDB, the collections the changes are in, and the plan run to its first rows (its
+    aggregate done, before the first write can be). `close()` ends it from the event loop
+    whatever it has reached (a query running is interrupted)."""
+
+    def __init__(self, files: list[Any], as_of: Any = None):
+        self.files, self.as_of = files, as_of
+        self.docs: CaptureDocuments | None = None
+        self.closed = False
+
+    def run(self) -> tuple[set[int], Rows]:
+        """(the collection ids, the plan's rows); in a worker thread."""
+        self.docs = CaptureDocuments(self.files, self.as_of)
+        if self.closed:                 # closed while DuckDB opened: nobody will read it
+            self.docs.close()
+            raise BadFrame("the restore stopped")
+        return self.docs.collection_ids(), self.docs.rows().first()
+
+    def close(self) -> None:
+        self.closed = True
+        if self.docs is not None:
+            self.docs.close()
 
 
 def select(files: list[Any], as_of: Any = None, keys: str | None = None,
@@ -125,19 +169,29 @@ def select(files: list[Any], as_of: Any = None, keys: str | None = None,
         docs.close()
 
 
-def _docs(batch: Any, match: Callable[[str], bool] | None) -> Iterator[Captured]:
-    """The documents of one record batch of the plan, column by column."""
-    cols = {name: batch.column(name).to_pylist() for name in batch.schema.names}
-    for i, key in enumerate(cols["key"]):
-        if match is not None and not match(key.decode("utf-8", "replace")):
-            continue
-        state = cols["state"][i]
-        value, dt = value_of(cols["p_raw"][i] or cols["raw"][i])
-        deleted = state != "live"
-        if deleted and not dt & _XATTR:
-            value, dt = b"", 0
-        doc = Doc(key=key, collection_id=cols["collection_id"][i] or 0, rev_seqno=cols["rev_seqno"][i] or 0,
-                  cas=cols["cas"][i] or 0, flags=cols["item_flags"][i] or 0,
-                  expiry=0 if deleted else (cols["expiration"][i] or 0), datatype=dt, deleted=deleted, value=value,
-                  expired=state == "expired")
-        yield Captured(doc, cols["vbucket"][i])
+def docs_of(rows: list[tuple[Any, ...]], match: Callable[[str], bool] | None = None) -> list[Doc]:
+    """The documents of rows of `projection` (each row a Doc's fields in order: a Doc is made
+    of it with no Python code per row), filtered by --keys, Snappy undone."""
+    return _docs_and_rows(rows, match)[0]
+
+
+def _docs_and_rows(rows: list[tuple[Any, ...]], match: Callable[[str], bool] | None) -> tuple[list[Doc], list[int]]:
+    """(docs_of, the index of each one's row)."""
+    docs: list[Doc] = list(map(_TUPLE, itertools.repeat(Doc), rows))
+    kept = range(len(docs))
+    if match is not None:
+        kept = [i for i, d in enumerate(docs) if match(d.key.decode("utf-8", "replace"))]   # type: ignore[assignment]
+        docs = [docs[i] for i in kept]
+    for i, d in enumerate(docs):
+        if d.value is None:
+            raise BadFrame(f"the capture holds no value for document {d.key.decode('utf-8', 'replace')!r}")
+        if d.datatype & _SNAPPY:
+            docs[i] = d._replace(value=_unsnappy(d.value), datatype=d.datatype & ~_SNAPPY)
+    return docs, list(kept)
+
+
+def _unsnappy(value: bytes) -> bytes:
+    try:
+        return snappy.decompress(value, DEFAULT_MAX_BODY)
+    except ValueError as exc:
+        raise BadFrame(f"a recorded value does not decompress: {exc}") from None

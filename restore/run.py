@@ -3,8 +3,9 @@ a live bucket with SET_WITH_META / DEL_WITH_META (protocol/transport/kv_restore.
 
 Before anything is written: the target is bootstrapped (map, collections manifest) and every
 collection the documents go to must exist there (`--collection-map` renames), else
-UnknownTargetCollection (a usage error). Then the documents stream from the capture and are
-written with at most `inflight` writes in flight over the cluster; a document whose expiry
+UnknownTargetCollection (a usage error). Then the documents stream from the capture into the
+cluster's pump (`window` requests in flight per connection, about `inflight` documents
+submitted and not finished at most); a document whose expiry
 has passed is skipped and counted (`replace_ttl`: written with no expiry instead). The stop
 event ends the run within a moment: the writes in flight are abandoned (each is whole or not
 at all on the target, and a re-run writes what is missing: conflict resolution makes it
@@ -17,13 +18,14 @@ import contextlib
 import dataclasses
 import ssl
 import time
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Awaitable, Callable, Iterable, Iterator
 
 from dcptool.protocol.dcp.client.kv_writer import Doc, Verdict
 from dcptool.protocol.dcp.client.manifest import Manifest, parse_manifest
 from dcptool.protocol.errors import DcptoolError, LateUsageError
 from dcptool.protocol.transport.kv_restore import KvCluster
-from dcptool.restore.documents import Captured, CaptureDocuments, select
+from dcptool.restore import documents
+from dcptool.restore.documents import Captured, select
 
 
 class UnknownTargetCollection(LateUsageError):
@@ -49,7 +51,7 @@ class RestoreOptions:
     replace_ttl: bool = False
     dry_run: bool = False
     window: int = 64              # requests in flight per connection
-    inflight: int = 512           # writes in flight over the cluster
+    inflight: int = 512           # documents submitted to the pump and not finished (queued or in flight)
     timeout: float = 30.0
     now: Callable[[], float] = time.time
 
@@ -120,72 +122,74 @@ def _missing(cid: int) -> int:
 
 
 def prepared(opts: RestoreOptions, docs: Iterable[Captured], ids: dict[int, int], counts: RestoreCounts) -> Iterator[Doc]:
+    """kept() of the documents of `docs`."""
+    return kept(opts, (c.doc for c in docs), ids, counts)
+
+
+def kept(opts: RestoreOptions, docs: Iterable[Doc], ids: dict[int, int], counts: RestoreCounts) -> Iterator[Doc]:
+    """The documents to write, counted: a passed expiry skipped (or, `replace_ttl`, none),
+    the collection ids the target's (`ids`: target_ids)."""
     now = int(opts.now())
-    for c in docs:
-        doc = c.doc
+    for doc in docs:
         counts.documents += 1
         if not doc.deleted and doc.expiry and doc.expiry <= now:
             if not opts.replace_ttl:
                 counts.expired += 1
                 continue
-            doc = dataclasses.replace(doc, expiry=0)
-        yield dataclasses.replace(doc, collection_id=ids.get(doc.collection_id, doc.collection_id))
+            doc = doc._replace(expiry=0)
+        cid = ids.get(doc.collection_id, doc.collection_id)
+        yield doc if cid == doc.collection_id else doc._replace(collection_id=cid)
 
 
-async def _write_all(cluster: KvCluster, batches: Iterator[list[Captured]], ids: dict[int, int], opts: RestoreOptions,
+async def _write_all(cluster: KvCluster, slices: Iterator[list[Doc]], ids: dict[int, int], opts: RestoreOptions,
                      counts: RestoreCounts, stop: asyncio.Event, progress: Callable[[RestoreCounts], None]) -> None:
-    """The documents come a batch at a time from a worker thread (the capture's DuckDB query
-    never holds up the writes in flight) through a bounded queue to `opts.inflight` writers;
-    the first error, or the stop event, ends them all."""
+    """The documents a slice at a time (documents.Rows: read here, where the writes are, a
+    short call each once the plan's first rows are in) into the cluster's pump, which keeps
+    at most about `opts.inflight` of them submitted and not finished; the first error (a
+    failed read of the capture raises from `slices`), or the stop event, ends the run."""
     loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Doc | None] = asyncio.Queue(maxsize=2 * opts.inflight)
     errors: list[BaseException] = []
 
-    async def feed() -> None:
-        while (batch := await loop.run_in_executor(None, next, batches, None)) is not None:
-            for doc in prepared(opts, batch, ids, counts):
-                await queue.put(doc)
-        for _ in range(opts.inflight):
-            await queue.put(None)
+    def done(doc: Doc, verdict: Verdict, status: int) -> None:
+        if verdict is Verdict.WRITTEN:
+            counts.written += 1
+            counts.deleted += doc.deleted
+        elif verdict is Verdict.SKIPPED:
+            counts.skipped += 1
+        else:
+            counts.failed += 1
+            name = f"0x{status:02x}" if status >= 0 else "no_answer"
+            counts.statuses[name] = counts.statuses.get(name, 0) + 1
+        progress(counts)
 
-    async def writer() -> None:
-        while (doc := await queue.get()) is not None:
-            try:
-                verdict, status = await cluster.write(doc)
-            except DcptoolError as exc:
-                errors.append(exc)
-                stop.set()
-                return
-            if verdict is Verdict.WRITTEN:
-                counts.written += 1
-                counts.deleted += doc.deleted
-            elif verdict is Verdict.SKIPPED:
-                counts.skipped += 1
-            else:
-                counts.failed += 1
-                name = f"0x{status:02x}" if status >= 0 else "no_answer"
-                counts.statuses[name] = counts.statuses.get(name, 0) + 1
-            progress(counts)
+    def failed(exc: BaseException) -> None:
+        errors.append(exc)
+        stop.set()
 
-    feeder = loop.create_task(feed())
-    tasks = [feeder] + [loop.create_task(writer()) for _ in range(opts.inflight)]
+    cluster.start_pump(done, failed)
     stopped: asyncio.Task[Any] = loop.create_task(stop.wait())
-    pending: set[asyncio.Task[Any]] = set(tasks)
-    # the feeder is waited on with the writers: when reading the capture fails, the writers
-    # would otherwise wait on an empty queue for ever (a restore hung after a plan error)
-    while pending - {feeder} and not stop.is_set():
-        _done, pending = await asyncio.wait(pending | {stopped}, return_when=asyncio.FIRST_COMPLETED)
-        pending.discard(stopped)
-        failure = feeder.exception() if feeder.done() and not feeder.cancelled() else None
-        if failure is not None:
-            errors.append(failure)
-            break
-    stopped.cancel()
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    try:
+        for docs in slices:
+            cluster.submit(kept(opts, docs, ids, counts))
+            if not await _unless_stopped(cluster.room(opts.inflight), stopped):
+                break
+        else:
+            await _unless_stopped(cluster.room(0), stopped)
+    finally:
+        stopped.cancel()
     if errors:
         raise errors[0]
+
+
+async def _unless_stopped(aw: Awaitable[Any], stopped: asyncio.Task[Any]) -> bool:
+    """Waits for `aw` unless the stop event comes first (then False; `aw` cancelled)."""
+    task = asyncio.ensure_future(aw)
+    await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    if not task.done():
+        task.cancel()
+        return False
+    task.result()
+    return True
 
 
 def dry_run(opts: RestoreOptions, emit: Callable[[dict[str, Any]], None]) -> RestoreCounts:
@@ -220,27 +224,33 @@ async def _restore(opts: RestoreOptions, progress: Callable[[RestoreCounts], Non
         loop.add_signal_handler(sig, stopped, sig)
     cluster = KvCluster(opts.seeds, opts.bucket, opts.user, opts.password, tls=opts.tls, window=opts.window,
                         timeout=opts.timeout, force=opts.force)
+    stop_wait: asyncio.Task[Any] = loop.create_task(stop.wait())
+    opening = documents.Opening(opts.files, opts.as_of)
     try:
-        # the capture opens in DuckDB (a second or so) while the target is bootstrapped
-        opening = loop.run_in_executor(None, CaptureDocuments, opts.files, opts.as_of)
+        # the capture opens in DuckDB and its plan runs to its first rows (a second or more)
+        # while the target is bootstrapped
+        opened = loop.run_in_executor(None, opening.run)
         try:
             await cluster.connect()
         except BaseException:
+            opening.close()
             with contextlib.suppress(Exception):
-                (await opening).close()
+                await opened
             raise
-        captured = await opening
-        manifest = parse_manifest(cluster.manifest) if cluster.manifest else None
-        try:
-            ids = target_ids(manifest, opts.collection_map, None, captured.collection_ids())
-            await _write_all(cluster, captured.batches(opts.keys), ids, opts, counts, stop, progress)
-        finally:
-            captured.close()
+        await cluster.open_links()
+        if await _unless_stopped(opened, stop_wait):
+            cids, rows = opened.result()
+            manifest = parse_manifest(cluster.manifest) if cluster.manifest else None
+            ids = target_ids(manifest, opts.collection_map, None, cids)
+            await _write_all(cluster, rows.slices(documents.key_matcher(opts.keys)), ids, opts, counts, stop,
+                             progress)
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
         counts.rerouted = cluster.rerouted
         counts.seconds = time.monotonic() - start
         counts.interrupted = stop.is_set()
+        stop_wait.cancel()
+        opening.close()
         await cluster.close()
     return counts

@@ -16,17 +16,20 @@ import dataclasses
 import enum
 import struct
 import zlib
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from dcptool.protocol.dcp.wire import leb128, sasl
 from dcptool.protocol.dcp.wire import messages as m
 from dcptool.protocol.dcp.wire.constants import (
+    DEFAULT_MAX_BODY,
+    HEADER_LEN,
     Feature,
     Opcode,
     Status,
     WithMetaOption,
     status_name,
 )
+from dcptool.protocol.dcp.wire.frames import check_header
 from dcptool.protocol.errors import AuthRefused, ErrorCode, RemoteError
 
 FEATURES = (Feature.XERROR, Feature.SELECT_BUCKET, Feature.JSON, Feature.COLLECTIONS, Feature.XATTR,
@@ -36,12 +39,14 @@ FEATURES = (Feature.XERROR, Feature.SELECT_BUCKET, Feature.JSON, Feature.COLLECT
 BASE_OPTIONS = int(WithMetaOption.FORCE_ACCEPT_WITH_META_OPS)
 FORCE_OPTIONS = BASE_OPTIONS | int(WithMetaOption.SKIP_CONFLICT_RESOLUTION)
 _IS_EXPIRATION = int(WithMetaOption.IS_EXPIRATION)
+_SET, _DEL = int(Opcode.SET_WITH_META), int(Opcode.DEL_WITH_META)
 _HEADER_EXTRAS = struct.Struct(">BBHBBHIIQIIQQI")   # request header, then the 28-byte with-meta extras
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Doc:
-    """One document as a capture last saw it (a tombstone when `deleted`)."""
+class Doc(NamedTuple):
+    """One document as a capture last saw it (a tombstone when `deleted`). A named tuple:
+    a restore makes one per document, and a tuple is made in a fraction of a frozen
+    dataclass's time."""
     key: bytes
     collection_id: int
     rev_seqno: int
@@ -52,6 +57,9 @@ class Doc:
     deleted: bool
     value: bytes           # as stored: the xattr section first when datatype has XATTR
     expired: bool = False  # a tombstone of an expiry (DEL_WITH_META with IS_EXPIRATION)
+
+
+DOC_FIELDS: tuple[str, ...] = tuple(Doc.__annotations__)    # a Doc's fields in order (restore's rows)
 
 
 class Verdict(enum.Enum):
@@ -109,6 +117,63 @@ def write_frame(doc: Doc, *, vbucket: int, opaque: int, force: bool, collections
     body = 28 + len(key) + len(doc.value)
     return _HEADER_EXTRAS.pack(0x80, opcode, len(key), 28, doc.datatype, vbucket, body, opaque, 0, doc.flags,
                                doc.expiry, doc.rev_seqno, doc.cas, options) + key + doc.value
+
+
+def write_frames(writes: list[tuple[Doc, int]], first_opaque: int, *, force: bool, collections: bool) -> bytes:
+    """write_frame() of each (document, vbucket) of `writes`, opaques `first_opaque`,
+    `first_opaque` + 1, ... (within 32 bits), joined: the pump's batch, one Python loop with
+    no call per document but the header's pack."""
+    base = FORCE_OPTIONS if force else BASE_OPTIONS
+    pack, parts = _HEADER_EXTRAS.pack, []
+    prefixes: dict[int, bytes] = {}
+    opaque = first_opaque
+    for doc, vb in writes:
+        key = doc.key
+        if collections:
+            cid = doc.collection_id
+            prefix = prefixes.get(cid)
+            if prefix is None:
+                prefix = prefixes[cid] = leb128.encode(cid)
+            key = prefix + key
+        if doc.deleted:
+            opcode, options = _DEL, (base | _IS_EXPIRATION) if doc.expired else base
+        else:
+            opcode, options = _SET, base
+        value = doc.value
+        parts.append(pack(0x80, opcode, len(key), 28, doc.datatype, vb, 28 + len(key) + len(value), opaque, 0,
+                          doc.flags, doc.expiry, doc.rev_seqno, doc.cas, options))
+        parts.append(key)
+        parts.append(value)
+        opaque = (opaque + 1) & 0xFFFFFFFF
+    return b"".join(parts)
+
+
+_HEAD = struct.Struct(">BBHBBHII")     # magic, opcode, key length, extras length, datatype, status, body, opaque
+ANSWER_MAGICS = frozenset({0x81, 0x18})   # a response, classic or flexible: status and opaque at the same place
+
+
+def split_answers(buf: bytes | bytearray, max_body: int = DEFAULT_MAX_BODY) -> tuple[
+        list[tuple[int, int, int, int]], int, RemoteError | None]:
+    """The whole frames at the start of `buf`: ([(offset, length, opaque, status), ...],
+    bytes consumed, the error of a bad header or None), as frames.split_until_error splits
+    them; a classic response (the pump's answers) is checked from its one unpacked header,
+    any other frame by frames.check_header (its status: that field of its header)."""
+    out: list[tuple[int, int, int, int]] = []
+    pos, n, unpack = 0, len(buf), _HEAD.unpack_from
+    try:
+        while pos + HEADER_LEN <= n:
+            magic, _op, kl, el, _dt, status, bl, opaque = unpack(buf, pos)
+            if magic == 0x81 and bl <= max_body and el + kl <= bl:
+                length = HEADER_LEN + bl
+            else:
+                length = check_header(buf, pos, max_body)
+            if pos + length > n:
+                break
+            out.append((pos, length, opaque, status))
+            pos += length
+    except RemoteError as exc:
+        return out, pos, exc
+    return out, pos, None
 
 
 @dataclasses.dataclass

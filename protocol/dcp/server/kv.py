@@ -444,7 +444,7 @@ def handle(conn: Any, req: Any, now: float) -> None:
     in OPCODES)."""
     op = req.op_code
     try:
-        if op not in DURABLE_COMMANDS and any(fid == DURABILITY_FRAME for fid, _ in req.frame_infos):
+        if req.frame_infos and op not in DURABLE_COMMANDS and any(fid == DURABILITY_FRAME for fid, _ in req.frame_infos):
             raise BadRequest(Status.EINVAL, "the command does not support durability requirements")
         if op == Opcode.NOOP_CLIENT:                      # NOOP (an SDK's ping)
             _answer(conn, req)
