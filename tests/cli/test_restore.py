@@ -245,24 +245,6 @@ def test_an_unknown_target_collection_exits_2_before_writing(source):
         assert _docs_state(model) == {} and getattr(model, "kv_writes", 0) == 0
 
 
-def test_sigint_stops_it_within_2_seconds_with_its_summary(source):
-    caps, *_ = source
-    model = _target()
-    with ThreadedServer(model) as srv:
-        url = f"couchbase://{srv.host}:{srv.port}/default"
-        proc = subprocess.Popen([DCPTOOL, "restore", str(caps), url, "--user", USER, "--window", "1", "--json"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-        deadline = time.monotonic() + 60
-        while getattr(model, "kv_writes", 0) < 5:
-            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
-            time.sleep(0.005)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=10)     # a bound, not a measure: the writes in flight are dropped
-    assert proc.returncode == 130, err
-    summary = json.loads(out)
-    assert summary["interrupted"] is True and 0 < summary["written"] < summary["documents"] and "Traceback" not in err
-
-
 def test_no_server_exits_3_and_a_wrong_password_4_each_with_one_line(source):
     from tests.support.cli_util import error_line
     from tests.support.ports import refused_port
