@@ -84,7 +84,7 @@ class CaptureDocuments:
 
     def __init__(self, files: list[Any], as_of: Any = None, memory: int | None = None):
         self.files = files
-        self.frames = duck.DuckFrames(files, as_of, memory)
+        self.frames = duck.DuckFrames(files, as_of, memory, one_query=True)
 
     def collection_ids(self) -> set[int]:
         """The collections the captured changes are in (a scan of one column, no plan)."""
