@@ -1,6 +1,6 @@
 """Shared fixtures: the test run's own state directory, one local SparkSession for the whole
-run (bound to 127.0.0.1), a failover capture made once, and the fresh-process `replay
---spark` commands run once in one process. Helpers that tests import live
+run (bound to 127.0.0.1), one warm Spark Connect server, a failover capture made once, and
+the fresh-process `replay --spark` commands run once in one process. Helpers that tests import live
 in tests/support/ (paths, ports, ...), never here: no test imports conftest."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import os
 import pytest
 
 from tests.support.paths import DCPTOOL
+from tests.support.spark_jvm import JVM_OPTS
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -17,6 +18,13 @@ def _own_state_dir(tmp_path_factory):
     """`replay --spark` uses a warm server recorded in the state directory: not the user's."""
     os.environ["DCPTOOL_STATE_DIR"] = str(tmp_path_factory.mktemp("state"))
     os.environ.setdefault("DCPTOOL_SPARK_CDS", "0")   # no 180 MB class archive per test run (test_spark_cds.py)
+    # Every JVM the suite starts lives for seconds to minutes on tiny data: C1 only and the
+    # serial collector halve its CPU (JIT and GC threads), with the same results. pyspark's
+    # launcher adds SPARK_SUBMIT_OPTS to every driver it starts (the shared session, fresh
+    # `replay --spark` processes, the warm server, the cluster test's driver), spark-class
+    # SPARK_DAEMON_JAVA_OPTS to a standalone Master and Worker; neither prints anything.
+    os.environ.setdefault("SPARK_SUBMIT_OPTS", JVM_OPTS)
+    os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", JVM_OPTS)
 
 
 @pytest.fixture(scope="session")
@@ -28,6 +36,16 @@ def spark():
                            conf={"spark.sql.shuffle.partitions": "4"})
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def warm_server(tmp_path_factory):
+    """The suite's warm Spark Connect server (tests/support/warm_server.py), started by the
+    first test that `ensure()`s it, stopped at the end of the run."""
+    from tests.support.warm_server import WarmServer
+    server = WarmServer(str(tmp_path_factory.mktemp("warm-state")))
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

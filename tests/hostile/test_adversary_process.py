@@ -27,7 +27,6 @@ import pytest
 
 from dcptool.protocol.dcp.server import producer as P
 from tests.support import capgen
-from tests.support.ports import PortTaken, pick_port, start_with_retry
 from tests.support.synapse_serve import ServeSynapse as SynapseServer
 from tests.support.threaded_server import ThreadedServer
 
@@ -402,24 +401,12 @@ def test_apply_exit_and_exceptions_are_one_line_naming_the_function(tmp_path, na
 
 # --- items 1 and 12: the warm Spark Connect server --------------------------------------------
 
-@pytest.fixture(scope="module")
-def warm(tmp_path_factory):
-    """A warm server in a state directory of this module's own (stopped at the end)."""
-    state = str(tmp_path_factory.mktemp("warm-state"))
-    env = _env(DCPTOOL_STATE_DIR=state)
-
-    def start():
-        r = subprocess.run([DCPTOOL, "spark", "start", "--port", str(pick_port()), "--idle-timeout", "10m"],
-                           capture_output=True, text=True, timeout=400, env=env)
-        if r.returncode != 0 and ("in use" in r.stderr or "taken" in r.stderr):
-            raise PortTaken(r.stderr)
-        return r
-    res = start_with_retry(start)
-    assert res.returncode == 0, res.stderr
-    try:
-        yield env
-    finally:
-        subprocess.run([DCPTOOL, "spark", "stop"], capture_output=True, timeout=120, env=env)
+@pytest.fixture
+def warm(warm_server):
+    """The environment of a replay on the suite's warm server (tests/support/warm_server.py,
+    started here when it is not running)."""
+    warm_server.ensure()
+    return _env(DCPTOOL_STATE_DIR=warm_server.dir)
 
 
 @pytest.mark.spark

@@ -18,6 +18,7 @@ from dcptool.replay.spark import engine as spark_engine
 from dcptool.replay.store import reader
 from tests.support import capgen
 from tests.support.paths import ROOT
+from tests.support.spark_jvm import JVM_OPTS
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -119,7 +120,8 @@ def test_standalone_cluster_gives_local_checksums(spark, cluster, tmp_path):
     url = cluster.master_url()
     # the driver starts while the Worker registers; its application waits for the executor
     with subprocess.Popen([sys.executable, "-m", "dcptool.cli", "replay", "--master", url,
-                           "--conf", "spark.executor.memory=768m", "--checksum", "--format", "jsonl", str(d)],
+                           "--conf", "spark.executor.memory=768m", "--conf", f"spark.executor.extraJavaOptions={JVM_OPTS}",
+                           "--checksum", "--format", "jsonl", str(d)],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) as proc:
         try:
             cluster.wait_for_worker()

@@ -2,8 +2,9 @@
 and replay through it: it starts, answers, listens on 127.0.0.1 only, is reused, gives the
 checksums of the embedded local session (and --apply the local engine's output), stops on
 `spark stop` and after its idle time; an unreachable --remote is one line and exit 3, and a
-dead recorded server falls back to the embedded session. Two JVM starts in all (the module's
-server, and the one the idle test lets stop)."""
+dead recorded server falls back to the embedded session. Two JVM starts in all (the suite's
+warm server, shared with tests/hostile/test_adversary_process.py, and the one the idle test
+lets stop; a later user of the shared server starts it again)."""
 
 from __future__ import annotations
 
@@ -23,22 +24,20 @@ from dcptool.replay.spark import engine as spark_engine
 from dcptool.replay.store import reader
 from tests.support import capgen
 from tests.support.paths import ROOT
-from tests.support.ports import PortTaken, pick_port, refused_port, start_with_retry
+from tests.support.ports import refused_port
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
 
 @pytest.fixture(scope="module")
-def state(tmp_path_factory):
-    """A state directory and the port of this module's server (set by `_start`); the server
-    (if any) is stopped at the end."""
-    d = str(tmp_path_factory.mktemp("connect-state"))
+def state(warm_server):
+    """The suite's warm server (tests/support/warm_server.py): its state directory, in this
+    module's environment too (connect_server reads it), and its port (set by `_start`)."""
     saved = os.environ.get(connect_server.STATE_ENV)
-    os.environ[connect_server.STATE_ENV] = d
+    os.environ[connect_server.STATE_ENV] = warm_server.dir
     try:
-        yield {"dir": d, "port": None}
+        yield {"dir": warm_server.dir, "port": None, "server": warm_server}
     finally:
-        connect_server.stop()
         if saved is None:
             os.environ.pop(connect_server.STATE_ENV, None)
         else:
@@ -46,36 +45,20 @@ def state(tmp_path_factory):
 
 
 def dcptool(state, *args, env=None, timeout=300):
-    full = dict(os.environ, PYTHONPATH=ROOT, **{connect_server.STATE_ENV: state["dir"]}, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "dcptool.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full)
+    return state["server"].dcptool(*args, env=env, timeout=timeout)
 
 
 def _start(state, *args):
     """`spark start ARGS` on the running server's port, or on a picked one, picked again when
-    another program took it meanwhile: the JVM's gRPC port is given on the command line (it
-    cannot bind port 0 and report it), so this is the retry-on-conflict of docs/TESTING.md."""
-    def attempt():
-        rec = connect_server.current()
-        port = rec.port if rec is not None else pick_port()
-        r = dcptool(state, "spark", "start", "--port", str(port), *args, "--json")
-        if r.returncode != 0 and rec is None and ("is taken by another program" in r.stderr or _bind_failed(state)):
-            raise PortTaken(r.stderr)
-        return port, r
-    state["port"], r = start_with_retry(attempt)
+    another program took it meanwhile (WarmServer.start)."""
+    r = state["server"].start(*args)
+    state["port"] = state["server"].port
     return r
-
-
-def _bind_failed(state) -> bool:
-    """The last start in the server's log failed to bind its port."""
-    log = os.path.join(state["dir"], "spark-connect.log")
-    last = open(log, errors="replace").read().rsplit(" starting on ", 1)[-1] if os.path.exists(log) else ""
-    return "Address already in use" in last or "BindException" in last
 
 
 @pytest.fixture
 def server(state):
-    """The module's server, started when it is not running (start is idempotent)."""
+    """The suite's warm server, started when it is not running (start is idempotent)."""
     r = _start(state, "--idle-timeout", "10m")
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
