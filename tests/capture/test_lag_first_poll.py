@@ -6,7 +6,6 @@ there or the 3 s have passed."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import threading
 import time
@@ -16,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dcptool.protocol.dcp.server import producer as P
 from tests.support.paths import DCPTOOL
-from tests.support.processes import stop_process
+from tests.support.processes import interrupt_then_stop
 from tests.support.threaded_server import ThreadedServer
 
 VBUCKETS = 64
@@ -60,9 +59,5 @@ def test_fresh_capture_has_the_lag_gauge_for_every_vbucket_within_3s(tmp_path):
                 time.sleep(0.05)
             assert seen == set(range(VBUCKETS)), f"{len(seen)} of {VBUCKETS} vbuckets within {WINDOW:g} s"
         finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(30)
-            finally:
-                stop_process(proc)
+            interrupt_then_stop(proc)
     assert proc.returncode == 130

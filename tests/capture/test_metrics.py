@@ -5,7 +5,6 @@ anything connects), and a real Prometheus scraping a running capture."""
 from __future__ import annotations
 
 import re
-import signal
 import socket
 import subprocess
 import threading
@@ -20,7 +19,7 @@ from dcptool.protocol.dcp.server import producer as P
 from dcptool.protocol.errors import LateUsageError
 from tests.support.cli_util import error_line, run
 from tests.support.paths import DCPTOOL
-from tests.support.processes import stop_process
+from tests.support.processes import interrupt_then_stop
 from tests.support.prometheus import Prometheus
 from tests.support.threaded_server import ThreadedServer
 
@@ -161,9 +160,5 @@ def test_real_prometheus_scrapes_the_lag(tmp_path):
         finally:
             if prom is not None:
                 prom.stop()
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(30)
-            finally:
-                stop_process(proc)
+            interrupt_then_stop(proc)
     assert proc.returncode == 130

@@ -30,3 +30,15 @@ def kill_if_running(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.kill()
         proc.communicate()
+
+
+def interrupt_then_stop(proc: subprocess.Popen, timeout: float = 30) -> None:
+    """For a `finally:`: SIGINT, as a user's Ctrl-C, a wait of up to `timeout` for the process
+    to end by itself (its exit code stays for the test to check), then stop_process whatever
+    happened, so nothing is left running."""
+    import signal
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout)
+    finally:
+        stop_process(proc)
