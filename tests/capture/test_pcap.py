@@ -34,12 +34,45 @@ from tests.support.synapse_env import RedisServer
 from tests.support.tshark_util import _flat, require_tshark
 
 COLS = ["conn", "direction", "raw", "ts"]
-PROVENANCE = ("capture_id", "ts")
-SECRET = "pw-Zq8!in-the-packets-never-in-a-capture"    # a capture's own id, and when each side saw the bytes
+# where and when a frame was recorded: a capture's own id, when each side saw the bytes, and the
+# frame's place among both directions. dcptool's capture puts a request it sends (a lag poll, a
+# buffer ack) where its event loop sent it among the frames it has read; the wire, and so the
+# import, where the kernel put the packet among those that had arrived: the same bytes each way,
+# interleaved differently from run to run (the first lag poll goes out as the streams open)
+PROVENANCE = ("capture_id", "ts", "frame_no")
+SECRET = "pw-Zq8!in-the-packets-never-in-a-capture"
 
 
 def rows(path, cols=COLS):
     return read_capture_table(find_captures([str(path)]), cols).to_pylist()
+
+
+def each_way(path) -> dict[str, list[bytes]]:
+    """The frames of a capture in order, each direction apart (see PROVENANCE)."""
+    out: dict[str, list[bytes]] = {"in": [], "out": []}
+    for r in rows(path):
+        out[r["direction"]].append(r["raw"])
+    return out
+
+
+def assert_same_frames_each_way(own, imported) -> None:
+    """Both captures hold the same frames in the same order in each direction, and some each way."""
+    mine, wire = each_way(own), each_way(imported)
+    for way in ("in", "out"):
+        same = wire[way] == mine[way]
+        assert same and mine[way], f"{way}: {first_difference(wire[way], mine[way])}"
+
+
+def first_difference(a: list, b: list) -> str:
+    """Where two long lists part, in one line (pytest's own diff of 3,000 documents with
+    their bodies takes longer than a CI run)."""
+    if len(a) != len(b):
+        return f"{len(a)} against {len(b)} entries"
+    i = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    if isinstance(a[i], dict):
+        keys = sorted(k for k in a[i].keys() | b[i].keys() if a[i].get(k) != b[i].get(k))
+        return f"entry {i} differs in {keys}"
+    return f"entry {i} differs"
 
 
 def documents(path) -> list[dict]:
@@ -142,9 +175,9 @@ def test_tcpdump_of_a_dcp_session_imports_to_the_same_documents(tmp_path, dcp_se
     assert res.returncode == 0, res.stderr
     assert "imported 3,0" in res.stderr and "warning" not in res.stderr
     own, imp = documents(d / "own"), documents(tmp_path / "imp")
-    assert len(own) == 3000 and imp == own
-    assert [(r["direction"], r["raw"]) for r in rows(tmp_path / "imp")] == \
-        [(r["direction"], r["raw"]) for r in rows(d / "own")]
+    same = imp == own
+    assert len(own) == 3000 and same, first_difference(imp, own)
+    assert_same_frames_each_way(d / "own", tmp_path / "imp")
 
 
 def _table(path, name) -> list[dict]:
@@ -491,9 +524,10 @@ def test_tcpdumps_pcap_converted_to_pcapng_by_editcap_imports_the_same(tmp_path,
     subprocess.run([exe, "-F", "pcapng", str(d / "session.pcap"), str(tmp_path / "s.pcapng")], check=True, timeout=60)
     res = run("import", str(tmp_path / "s.pcapng"), "-o", str(tmp_path / "imp"))
     assert res.returncode == 0, res.stderr
-    assert documents(tmp_path / "imp") == documents(d / "own")
-    assert [(r["direction"], r["raw"]) for r in rows(tmp_path / "imp")] == \
-        [(r["direction"], r["raw"]) for r in rows(d / "own")]
+    imp, own = documents(tmp_path / "imp"), documents(d / "own")
+    same = imp == own
+    assert same and own, first_difference(imp, own)
+    assert_same_frames_each_way(d / "own", tmp_path / "imp")
 
 
 @pytest.mark.parametrize("link", ["ethernet", "vlan", "sll", "sll2", "null", "raw6"])
