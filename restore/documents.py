@@ -25,7 +25,6 @@ from dcptool.replay.rules import plans
 SLICE_ROWS = 512         # rows of the plan read and made documents at a time (docs_of)
 _TUPLE = tuple.__new__      # a Doc made of a row's values as they come (docs_of)
 _SNAPPY, _XATTR = int(DatatypeBit.SNAPPY), int(DatatypeBit.XATTR)
-_VALUE_OPS = ("mutation", "deletion", "expiration", "prepare")     # the frames a document's value is in
 
 
 class BadFrame(DcptoolError):
@@ -54,13 +53,8 @@ def _sql(frames: duck.DuckFrames, files: list[Any], extra: tuple[str, ...] = ())
     whose value it is (`_bseq`: a commit's prepare; its last `value_len` bytes, as stored:
     Snappy and the xattr section kept), as `projection` columns."""
     docs = plans.table_sql(duck.D, "documents", frames.source, plans.PlanFacts.of(files, None), bodies=False)
-    raw = "r.raw"
-    cut = (f"CASE WHEN {raw} IS NOT NULL AND d.value_len IS NOT NULL AND d.value_len <= octet_length({raw}) - 24 "
-           f"THEN {duck.D.tail(raw, 'd.value_len')} END")
-    ops = ", ".join(f"'{op}'" for op in _VALUE_OPS)
-    return projection(f"SELECT d.*, {cut} AS value FROM ({docs}) d LEFT JOIN (SELECT _seq, raw FROM {frames.source} "
-                      f"WHERE op IN ({ops})) r ON r._seq = d._bseq", extra)
-
+    return projection(f"SELECT *, {plans.value_as_sent(duck.D, '_raw', 'value_len')} AS value "
+                      f"FROM ({plans.with_raw(docs, frames.source)}) d", extra)
 
 def projection(rows: str, extra: tuple[str, ...] = ()) -> str:
     """Over `rows` (the plan's `documents` columns and `value`, the value as stored), a

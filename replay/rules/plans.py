@@ -392,6 +392,20 @@ SELECT vbucket, collection_id, key, by_seqno, op,
 FROM _chg WHERE _n = 1"""
 
 
+def with_raw(sql: str, source: str) -> str:
+    """The rows of `sql` (a plan with `_bseq`) with `_raw`: the `raw` of the frame whose value
+    is the row's, joined in by frame order (null when that frame is not in `source`)."""
+    return (f"SELECT _b.*, _r.raw AS _raw FROM ({sql}) _b LEFT JOIN (SELECT _seq AS _r_seq, raw FROM {source} "
+            f"WHERE op IN {_in(BODY_OPS)}) _r ON _r._r_seq = _b._bseq")
+
+
+def value_as_sent(d: Dialect, raw: str, value_len: str) -> str:
+    """The value as sent of the frame `raw`: its last `value_len` bytes (a DCP frame's body
+    ends with its value); null when either is null or the length does not fit after a header."""
+    return (f"CASE WHEN {raw} IS NOT NULL AND {value_len} IS NOT NULL AND {value_len} <= octet_length({raw}) - 24 "
+            f"THEN {d.tail(raw, value_len)} END")
+
+
 def with_bodies(d: Dialect, sql: str, source: str, name: str, coded: bool = True, carried: bool = False,
                 order: str | None = None) -> str:
     """The plan `sql` (the columns of `name` but the body ones, and `_bseq`: the frame whose
@@ -407,12 +421,8 @@ def with_bodies(d: Dialect, sql: str, source: str, name: str, coded: bool = True
     value_json, peak RSS lower)."""
     keep = ", ".join(c for c, _ in PLAN_COLUMNS[name] if c not in BODY_COLUMNS)
     dt = "coalesce(CAST(datatype AS INT), 0)"
-    joined = sql if carried else (f"SELECT _b.*, _r.raw AS _raw FROM ({sql}) _b LEFT JOIN (SELECT _seq AS _r_seq, raw FROM {source} "
-              f"WHERE op IN {_in(BODY_OPS)}) _r ON _r._r_seq = _b._bseq")
-    joined = _sorted(joined, order)
-    cut = (f"CASE WHEN _raw IS NOT NULL AND value_len IS NOT NULL AND value_len <= octet_length(_raw) - 24 "
-           f"THEN {d.tail('_raw', 'value_len')} END")
-    sent = f"SELECT {keep}, {cut} AS _v FROM ({joined}) _j"
+    joined = _sorted(sql if carried else with_raw(sql, source), order)
+    sent = f"SELECT {keep}, {value_as_sent(d, '_raw', 'value_len')} AS _v FROM ({joined}) _j"
     if coded:
         when = f"({dt} & {bodies.CODED}) <> 0"
         called = (f"SELECT {keep}, _v, CASE WHEN {when} THEN {bodies.FUNCTION}(CASE WHEN {when} THEN _v END, "
