@@ -114,15 +114,26 @@ def serve_synapse(bind, port, server_name, items, seed, from_file, rate, ping_in
             raise click.UsageError(str(exc)) from None
 
     async def main():
+        from dcptool.protocol.transport.served import Served
         stop = server_stop_event()
+        served, srv = Served(), None
         if http_port is not None:      # the catch-up endpoint of a writer (docs/SERVE.md)
             import os
 
             from dcptool.protocol.synapse.server import catch_up_answer
             from dcptool.protocol.transport.synapse_http import serve_http
             secret = os.environ.get("DCPTOOL_REPLICATION_SECRET") or None
-            srv = await serve_http(bind, http_port, lambda target, auth: catch_up_answer(feed, target, auth, secret))
+            srv = await serve_http(bind, http_port, lambda target, auth: catch_up_answer(feed, target, auth, secret),
+                                   served)
             http["at"] = srv.sockets[0].getsockname()[:2]
+        try:
+            await serve(stop)
+        finally:
+            if srv is not None:
+                srv.close()
+            await served.end(1.0)
+
+    async def serve(stop):
         if redis_url:
             from dcptool.protocol.transport.synapse_redis_serve import publish
 

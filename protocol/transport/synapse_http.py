@@ -13,6 +13,7 @@ from typing import Callable
 from dcptool.protocol.errors import ErrorCode, RemoteError
 from dcptool.protocol.synapse.catchup import MAX_ANSWER
 from dcptool.protocol.text import printable
+from dcptool.protocol.transport.served import Served
 
 MAX_HEAD = 64 * 1024
 
@@ -129,9 +130,10 @@ Answer = Callable[[str, "str | None"], "tuple[int, bytes]"]   # (target, Authori
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed"}
 
 
-async def serve_http(bind: str, port: int, answer: Answer) -> asyncio.AbstractServer:
+async def serve_http(bind: str, port: int, answer: Answer, served: Served | None = None) -> asyncio.AbstractServer:
     """A small replication listener: each GET answered by ``answer(target, authorization)``
-    (sans-IO, e.g. protocol/synapse/server.py catch_up_answer), one request per connection."""
+    (sans-IO, e.g. protocol/synapse/server.py catch_up_answer), one request per connection;
+    its connections tracked by `served` (transport/served.py: ended at a stop by its owner)."""
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
@@ -150,4 +152,4 @@ async def serve_http(bind: str, port: int, answer: Answer) -> asyncio.AbstractSe
             pass
         finally:
             writer.close()
-    return await asyncio.start_server(handle, bind, port, limit=MAX_HEAD)
+    return await asyncio.start_server((served or Served()).wrap(handle), bind, port, limit=MAX_HEAD)

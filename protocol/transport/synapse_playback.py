@@ -9,11 +9,8 @@ from typing import Callable, Sequence
 
 from dcptool.protocol.synapse.framing import LineFramer
 from dcptool.protocol.synapse.recorded_server import PlaybackSession
-from dcptool.protocol.transport.synapse_tcp_redis import (
-    close_served,
-    read_client_lines,
-    serve_until_stopped,
-)
+from dcptool.protocol.transport.served import close_served, serve_until_stopped
+from dcptool.protocol.transport.synapse_tcp_redis import read_client_lines
 
 
 async def serve_playback(bind: str, port: int, make_session: Callable[[], PlaybackSession], *,

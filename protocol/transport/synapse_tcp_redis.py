@@ -31,6 +31,7 @@ from dcptool.protocol.synapse.framing import MAX_LINE, LineFramer
 from dcptool.protocol.synapse.server import Feed, ServerConnection
 from dcptool.protocol.text import printable
 from dcptool.protocol.transport import probe
+from dcptool.protocol.transport.served import close_served, serve_until_stopped
 
 log = logging.getLogger("dcptool.synapse")
 
@@ -424,32 +425,6 @@ async def read_client_lines(reader: asyncio.StreamReader, framer: LineFramer,
         write(receive(lines))
         if after is not None:
             await after()
-
-
-async def close_served(writer: asyncio.StreamWriter, reader_task: asyncio.Future[None]) -> None:
-    """End a served connection: stop reading, send what is queued, close (bounded waits)."""
-    reader_task.cancel()
-    try:
-        await writer.drain()
-    except (ConnectionError, OSError):
-        pass
-    writer.close()
-    try:
-        await asyncio.wait_for(writer.wait_closed(), 1.0)
-    except (ConnectionError, OSError, asyncio.TimeoutError):
-        pass
-
-
-async def serve_until_stopped(handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
-                              bind: str, port: int, on_listening: Callable[[str, int], None],
-                              stop: asyncio.Event) -> None:
-    """Listen on bind:port with `handle` per connection, announce the address, serve until
-    `stop` is set."""
-    server = await asyncio.start_server(handle, bind, port)
-    sock = server.sockets[0].getsockname()
-    on_listening(sock[0], sock[1])
-    async with server:
-        await stop.wait()
 
 
 async def serve_tcp(bind: str, port: int, make_connection: Callable[[], ServerConnection], feed: Feed, *,
