@@ -194,30 +194,31 @@ def _unread_stream(url, *args):
     return p, r
 
 
-def _pipe_full(r, pid):
-    """The writer has filled the pipe (it now waits for a reader that never comes): one of its
-    threads sleeps in a pipe write (Linux's wchan: `pipe_write`, `anon_pipe_write`), or the
-    pipe holds 60,000 bytes. The byte count alone is not enough: a pipe is 16 pages and each
-    write that does not fit in the last page's room takes a new one, so writes of ~700-byte
-    rows fill it at about 56,000 bytes (it failed half the runs of a loaded host)."""
+def _pipe_filled(r):
+    """Once the writer has begun (the pipe holds some of its rows), the rest of the pipe's room
+    is taken here, through a write end of our own on the same pipe: the pipe is then full and
+    every further write of the process waits for a reader that never comes. Waiting for the
+    process to fill it alone was not deterministic: it writes without blocking and polls, so
+    no wait channel shows it stuck, and how full a pipe of 16 pages gets depends on how its
+    writes were cut (~56,000 bytes of ~700-byte rows, 60,850 on a loaded host)."""
     import array
     import fcntl
-    import glob
     import termios
     buf = array.array("i", [0])
     fcntl.ioctl(r, termios.FIONREAD, buf)
-    if buf[0] >= 60_000:
-        return True
     if buf[0] == 0:
         return False
-    for path in glob.glob(f"/proc/{pid}/task/*/wchan"):
-        try:
-            with open(path) as f:
-                if "pipe_write" in f.read():
-                    return True
-        except OSError:
-            continue
-    return False
+    fd = os.open(f"/proc/self/fd/{r}", os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        for size in (4096, 512, 64, 8, 1):   # a write up to PIPE_BUF goes in whole or not at all
+            while True:
+                try:
+                    os.write(fd, b"\n" * size)
+                except BlockingIOError:
+                    break
+    finally:
+        os.close(fd)
+    return True
 
 
 def _ends(p, r, sig=None):
@@ -239,7 +240,7 @@ def test_dcp_stream_into_an_unread_pipe_ends_on_signals(sig, code):
     model = P.server_from_options(vbuckets=8, items=3000, seed=33, value_size=300)
     with ThreadedServer(model) as srv:
         p, r = _unread_stream(f"couchbase://{srv.host}:{srv.port}/default", "--to", "forever")
-        _until(lambda: _pipe_full(r, p.pid) or p.poll() is not None)
+        _until(lambda: _pipe_filled(r) or p.poll() is not None)
         assert p.poll() is None
         rc, took, err = _ends(p, r, sig)
     assert rc == code, err
@@ -252,7 +253,7 @@ def test_synapse_stream_into_an_unread_pipe_ends_on_sigterm():
     srv = SynapseServer("--items", "3000", "--rate", "0")
     try:
         p, r = _unread_stream(f"synapse://{srv.address}")
-        _until(lambda: _pipe_full(r, p.pid) or p.poll() is not None)
+        _until(lambda: _pipe_filled(r) or p.poll() is not None)
         assert p.poll() is None
         rc, took, err = _ends(p, r, signal.SIGTERM)
     finally:
@@ -280,7 +281,7 @@ def test_replay_into_an_unread_pipe_ends_on_sigterm(tmp_path):
     p = subprocess.Popen([DCPTOOL, "replay", cap, "--table", "frames", "--format", "jsonl"], stdout=w,
                          stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     os.close(w)
-    _until(lambda: _pipe_full(r, p.pid) or p.poll() is not None)
+    _until(lambda: _pipe_filled(r) or p.poll() is not None)
     assert p.poll() is None
     rc, took, err = _ends(p, r, signal.SIGTERM)
     assert rc == 143, err
