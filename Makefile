@@ -2,6 +2,8 @@
 SHELL := /bin/bash
 VENV := .venv
 PYTEST_ARGS ?=
+# two pytest-xdist workers, a test file at a time (docs/TESTING.md "Suite time"); PYTEST_WORKERS=0 runs serially
+PYTEST_WORKERS ?= 2
 
 .PHONY: demo test bench setup clean
 
@@ -12,7 +14,7 @@ demo:
 test:
 	@bash scripts/setup.sh --test
 	@bash scripts/lint.sh
-	@$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	@$(VENV)/bin/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench:
 	@bash scripts/setup.sh --test

@@ -30,7 +30,7 @@ def locked_redis(tmp_path_factory):
 def test_password_from_env_and_file_and_never_recorded(locked_redis, tmp_path):
     url = f"synapse+redis://127.0.0.1:{locked_redis.port}/0?server_name=hs.test"
     res = CliRunner().invoke(cli, ["capture", url, "-o", str(tmp_path / "a"), "--quiet", "--json",
-                                   "--duration", "1s"], env={"DCPTOOL_PASSWORD": SECRET})
+                                   "--max-messages", "1", "--duration", "30s"], env={"DCPTOOL_PASSWORD": SECRET})
     assert res.exit_code == 0, res.stderr
     rows = read_capture_table(find_captures([str(tmp_path / "a")])).to_pylist()
     # our REPLICATE went out and came back to us (Redis delivers our own publications)
