@@ -2,7 +2,8 @@
 SHELL := /bin/bash
 VENV := .venv
 PYTEST_ARGS ?=
-# two pytest-xdist workers, a test file at a time (docs/TESTING.md "Suite time"); PYTEST_WORKERS=0 runs serially
+# two pytest-xdist workers, a test file at a time, the files with the most tests first (docs/TESTING.md
+# "Suite time"); PYTEST_WORKERS=0 runs serially
 PYTEST_WORKERS ?= 2
 
 .PHONY: demo test bench setup clean

@@ -1,7 +1,7 @@
 """Shared fixtures, once per pytest-xdist worker (`make test` runs two, a file at a time):
 the run's own state directory, one local SparkSession (bound to 127.0.0.1), one warm Spark
 Connect server, a failover capture, and the fresh-process `replay --spark` commands run in one
-process; and the order of the files (Spark's first). Helpers that tests import live
+process. Helpers that tests import live
 in tests/support/ (paths, ports, ...), never here: no test imports conftest."""
 
 from __future__ import annotations
@@ -92,16 +92,3 @@ def serve():
     for s in started:
         s.stop()
 
-
-_SPARK_FIXTURES = {"spark", "warm_server", "fresh_spark_cli"}
-
-
-def pytest_collection_modifyitems(config, items):
-    """The files whose tests start Spark JVMs (the `spark` marker, or a Spark fixture) run
-    first, each file's tests in their order: `make test` runs two pytest-xdist workers a file
-    at a time (docs/TESTING.md), and these files are the longest, so started last they left
-    one worker running them alone at the end."""
-    def heavy(item) -> bool:
-        return item.get_closest_marker("spark") is not None or bool(_SPARK_FIXTURES & set(item.fixturenames))
-    files = {item.nodeid.split("::")[0] for item in items if heavy(item)}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in files)   # stable: order kept within each part
