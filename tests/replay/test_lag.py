@@ -78,9 +78,15 @@ def test_to_now_capture_ends_at_lag_zero(captures):
 
 
 def test_stream_summary_names_the_largest_lag(captures):
-    base, _, _ = captures
+    """The largest lag of any poll, the first included: that one goes out as the streams open,
+    so what it sees depends on how far the producer got meanwhile (0 on a quiet host, 250, a
+    whole vbucket, once on a loaded one); never more than the vbucket's high seqno."""
+    base, done, _ = captures
     summary = json.loads((base / "stream.json").read_text())
-    assert summary["largest_lag_items"] == 0 and summary["largest_lag_vbucket"] in range(VBUCKETS)
+    highs = {r["vbucket"]: r["high_seqno"] for r in local.replay_local(done).table("vbuckets").to_pylist()}
+    vb = summary["largest_lag_vbucket"]
+    assert vb in range(VBUCKETS)
+    assert 0 <= summary["largest_lag_items"] <= highs[vb]
     assert summary["largest_lag_at"].endswith("Z")
 
 
